@@ -1,0 +1,189 @@
+// DeepSeek-V4 forward pass (spec §3.5-§3.7), in the order transformers 5.17 computes it.
+#include "model/model.h"
+
+#include <cmath>
+
+#include "io/config_json.h"
+#include "model/rope.h"
+
+namespace sparrow {
+
+namespace {
+
+std::string tap_name(int64_t layer, const char* what) { return "L" + std::to_string(layer) + "." + what; }
+
+void tap(const ForwardOptions& opt, int64_t layer, const char* what, const Tensor& t) {
+  if (opt.tap) (*opt.tap)(tap_name(layer, what), t);
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir) {
+  std::unique_ptr<Model> model(new Model());
+  SPARROW_ASSIGN_OR_RETURN(model->config_, model_config_load(dir));
+  SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
+  auto weights = model_weights_load(*model->checkpoint_, model->config_);
+  if (!weights.is_ok()) return weights.status().with_context(dir.string());
+  model->weights_ = std::move(weights).value();
+  model->rope_main_ = rope_table_make(model->config_.rope_main, model->config_.rope_dim);
+  model->rope_compress_ = rope_table_make(model->config_.rope_compress, model->config_.rope_dim);
+  return model;
+}
+
+Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions& opt) const {
+  const ModelConfig& c = config_;
+  const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
+  // streams is (T, S, D)
+  Tensor streams = be.alloc(ElemType::kF32, {T, S, D});
+  be.embed({.out = streams, .table = &weights_.embed}, batch);
+  if (opt.tap) (*opt.tap)("embed", streams);
+  for (int64_t l = 0; l < c.num_layers; ++l) layer_forward(be, batch, l, streams, opt);
+  // hidden is (T, D)
+  Tensor hidden = be.alloc(ElemType::kF32, {T, D});
+  be.hc_head({.out = hidden, .streams = streams, .weights = &weights_.hc_head, .hc_eps = c.hc_eps,
+              .norm_eps = c.rms_norm_eps});
+  be.rms_norm({.out = hidden, .in = hidden, .weight = weights_.norm, .group = D, .eps = c.rms_norm_eps});
+  if (opt.tap) (*opt.tap)("head.hidden", hidden);
+  // logits is (T, V)
+  Tensor logits = be.alloc(ElemType::kF32, {T, c.vocab_size});
+  be.linear({.out = logits, .in = hidden, .weight = &weights_.head});
+  if (opt.tap) (*opt.tap)("logits", logits);
+  return logits;
+}
+
+// One decoder layer: mHC around attention, then mHC around the MoE (spec §3.5).
+void Model::layer_forward(Backend& be, const BatchInfo& batch, int64_t l, Tensor& streams,
+                          const ForwardOptions& opt) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[l];
+  const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
+  Tensor u = be.alloc(ElemType::kF32, {T, D});
+  Tensor post = be.alloc(ElemType::kF32, {T, S});
+  Tensor comb = be.alloc(ElemType::kF32, {T, S, S});
+
+  be.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &L.hc_attn,
+             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps});
+  tap(opt, l, "hc_attn.post", post);
+  tap(opt, l, "hc_attn.comb", comb);
+  be.rms_norm({.out = u, .in = u, .weight = L.attn_norm, .group = D, .eps = c.rms_norm_eps});
+  tap(opt, l, "attn.in", u);
+  Tensor y = attention_forward(be, batch, l, u, opt);
+  be.hc_post({.streams = streams, .sublayer = y, .post = post, .comb = comb});
+  tap(opt, l, "hc_attn.out", streams);
+
+  be.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &L.hc_ffn,
+             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps});
+  tap(opt, l, "hc_ffn.post", post);
+  tap(opt, l, "hc_ffn.comb", comb);
+  be.rms_norm({.out = u, .in = u, .weight = L.ffn_norm, .group = D, .eps = c.rms_norm_eps});
+  tap(opt, l, "moe.in", u);
+  Tensor z = moe_forward(be, batch, l, u, opt);
+  be.hc_post({.streams = streams, .sublayer = z, .post = post, .comb = comb});
+  tap(opt, l, "hc_ffn.out", streams);
+}
+
+// Spec §3.3. x is (T, D); returns (T, D).
+Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, const Tensor& x,
+                                const ForwardOptions& opt) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[l];
+  const AttentionKind kind = c.attention[l];
+  const RopeTable& rope = kind == AttentionKind::kSliding ? rope_main_ : rope_compress_;
+  const int64_t T = batch.num_tokens(), H = c.num_heads, Dh = c.head_dim, D = c.hidden_size;
+  const double eps = c.rms_norm_eps;
+
+  // Q path: qr = q_norm(wq_a x); q = per-head unweighted norm(wq_b qr), rotated.
+  Tensor qr = be.alloc(ElemType::kF32, {T, c.q_lora_rank});
+  be.linear({.out = qr, .in = x, .weight = &L.wq_a});
+  be.rms_norm({.out = qr, .in = qr, .weight = L.q_norm, .group = c.q_lora_rank, .eps = eps});
+  tap(opt, l, "attn.qr", qr);
+  Tensor q = be.alloc(ElemType::kF32, {T, H, Dh});
+  be.linear({.out = q, .in = qr, .weight = &L.wq_b});
+  be.rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = eps});
+  be.rope({.x = q, .table = &rope, .direction = RopeDirection::kForward}, batch);
+  tap(opt, l, "attn.q", q);
+
+  // KV path: one shared head, K = V.
+  Tensor kv = be.alloc(ElemType::kF32, {T, 1, Dh});
+  be.linear({.out = kv, .in = x, .weight = &L.wkv});
+  be.rms_norm({.out = kv, .in = kv, .weight = L.kv_norm, .group = Dh, .eps = eps});
+  be.rope({.x = kv, .table = &rope, .direction = RopeDirection::kForward}, batch);
+  kv = kv.reshaped({T, Dh});
+  tap(opt, l, "attn.kv", kv);
+
+  Tensor selected;
+  if (kind != AttentionKind::kSliding) {
+    const bool csa = kind == AttentionKind::kCsa;
+    const int64_t width = csa ? 2 * Dh : Dh;
+    Tensor ckv = be.alloc(ElemType::kF32, {T, width});
+    Tensor cgate = be.alloc(ElemType::kF32, {T, width});
+    be.linear({.out = ckv, .in = x, .weight = &L.compressor.wkv});
+    be.linear({.out = cgate, .in = x, .weight = &L.compressor.wgate});
+    be.compressor({.kv = ckv, .gate = cgate, .ape = L.compressor.ape, .norm_weight = L.compressor.norm,
+                   .batch = &batch, .rope = &rope, .layer = l, .slot = CompressorSlot::kMain,
+                   .ratio = c.compress_ratio[l], .dim = Dh, .overlap = csa, .norm_eps = eps});
+    if (csa) {
+      // Lightning Indexer: its own compressor at index_head_dim, then scores and top-k.
+      const int64_t Hi = c.index_heads, di = c.index_head_dim;
+      Tensor ikv = be.alloc(ElemType::kF32, {T, 2 * di});
+      Tensor igate = be.alloc(ElemType::kF32, {T, 2 * di});
+      be.linear({.out = ikv, .in = x, .weight = &L.index_compressor.wkv});
+      be.linear({.out = igate, .in = x, .weight = &L.index_compressor.wgate});
+      be.compressor({.kv = ikv, .gate = igate, .ape = L.index_compressor.ape,
+                     .norm_weight = L.index_compressor.norm, .batch = &batch, .rope = &rope, .layer = l,
+                     .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,
+                     .norm_eps = eps});
+      Tensor iq = be.alloc(ElemType::kF32, {T, Hi, di});
+      be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b});
+      be.rope({.x = iq, .table = &rope, .direction = RopeDirection::kForward}, batch);
+      tap(opt, l, "attn.indexer.q", iq);
+      Tensor iw = be.alloc(ElemType::kF32, {T, Hi});
+      be.linear({.out = iw, .in = x, .weight = &L.index_weights_proj});
+      tap(opt, l, "attn.indexer.weights", iw);
+      selected = be.alloc(ElemType::kI32, {T, c.index_topk});
+      be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
+                       .ratio = c.compress_ratio[l], .k = c.index_topk});
+      tap(opt, l, "attn.indexer.topk", selected);
+    }
+  }
+
+  Tensor o = be.alloc(ElemType::kF32, {T, H, Dh});
+  be.attention({.out = o, .q = q, .kv = kv, .selected = selected, .sinks = L.attn_sink, .batch = &batch, .layer = l,
+                 .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
+                 .scale = 1.0 / std::sqrt(static_cast<double>(Dh))});
+  be.window_append({.kv = kv, .batch = &batch, .layer = l});
+  // V carried rotated dims: undo the rotation at the query position (spec §3.3).
+  be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse}, batch);
+  tap(opt, l, "attn.core", o);
+
+  const int64_t G = c.o_groups;
+  Tensor grouped = be.alloc(ElemType::kF32, {T, G * c.o_lora_rank});
+  be.grouped_linear({.out = grouped, .in = o.reshaped({T, H * Dh}), .weight = &L.wo_a, .groups = G});
+  Tensor out = be.alloc(ElemType::kF32, {T, D});
+  be.linear({.out = out, .in = grouped, .weight = &L.wo_b});
+  tap(opt, l, "attn.out", out);
+  return out;
+}
+
+// Spec §3.4. x is (T, D); returns (T, D).
+Tensor Model::moe_forward(Backend& be, const BatchInfo& batch, int64_t l, const Tensor& x,
+                          const ForwardOptions& opt) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[l];
+  const int64_t T = batch.num_tokens(), K = c.experts_per_token;
+  Tensor experts = be.alloc(ElemType::kI32, {T, K});
+  Tensor weights = be.alloc(ElemType::kF32, {T, K});
+  be.router({.out_experts = experts, .out_weights = weights, .x = x, .gate = &L.gate, .bias = L.gate_bias,
+             .tid2eid = L.tid2eid, .batch = &batch, .kind = c.moe[l], .k = K,
+             .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement});
+  tap(opt, l, "moe.router.experts", experts);
+  tap(opt, l, "moe.router.weights", weights);
+  Tensor out = be.alloc(ElemType::kF32, {T, c.hidden_size});
+  be.moe({.out = out, .x = x, .experts = experts, .weights = weights, .routed = &L.experts,
+          .shared = c.num_shared_experts == 1 ? &L.shared : nullptr, .swiglu_limit = c.swiglu_limit,
+          .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement});
+  tap(opt, l, "moe.out", out);
+  return out;
+}
+
+}  // namespace sparrow

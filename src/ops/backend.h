@@ -1,0 +1,246 @@
+// The op interface: the DeepSeek-V4 model (src/model) is written once over these ops; each
+// backend (src/backends/cpu is the reference, CUDA comes later) implements all of them.
+//
+// Ops are sized like the fused GPU kernels they will become (mHC pre/post, norm, projection,
+// compressor update, indexer scoring + top-k, sparse attention with sink, router, grouped experts),
+// not scalar tensor algebra. Every op takes a batch of T tokens drawn from one or more sequences
+// (continuous batching): BatchInfo says which sequence and position each token has. Per-sequence
+// decode state is owned by the runtime and created by the backend (create_sequence_state).
+//
+// Params structs are filled with designated initialisers; outputs come first.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "ops/tensor.h"
+
+namespace sparrow {
+
+// Per-sequence decode state of every layer (window ring, compressor buffers, compressed entries,
+// indexer keys). Opaque to the model; each backend defines its own layout.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  // Tokens this state has absorbed (the position of the next token).
+  virtual int64_t length() const = 0;
+  // Marks `n` more tokens as absorbed; called by the runtime after a forward over them.
+  virtual void advance(int64_t n) = 0;
+};
+
+// T tokens from several sequences. REQUIRES: a sequence's tokens are contiguous, in position
+// order, and continue exactly where its state left off (positions[first] == state->length()).
+struct BatchInfo {
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int64_t> positions;     // [T] absolute position in its sequence
+  std::vector<int32_t> seq_of_token;  // [T] index into `seqs`
+  std::vector<SequenceState*> seqs;   // not owned
+  std::vector<int64_t> seq_begin;     // per sequence: first token index in the batch
+  std::vector<int64_t> seq_end;       // per sequence: one past its last token
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+};
+
+// RoPE frequencies of one layer flavour: inv_freq[i] for pair i of the trailing rope dims.
+struct RopeTable {
+  std::vector<double> inv_freq;  // [rope_dim/2]
+  int64_t rope_dim() const { return 2 * static_cast<int64_t>(inv_freq.size()); }
+};
+
+struct HcWeights {
+  TensorView fn;     // [mix, S*D]
+  TensorView base;   // [mix]
+  TensorView scale;  // [3] (sites) or [1] (head)
+};
+
+struct ExpertWeights {
+  WeightMatrix w1;  // gate [F, D]
+  WeightMatrix w2;  // down [D, F]
+  WeightMatrix w3;  // up   [F, D]
+};
+
+// ---- params -------------------------------------------------------------------------------------
+
+struct EmbedParams {
+  Tensor out;                 // [T, S, D] every stream a copy of the embedding row
+  const WeightMatrix* table;  // [V, D]
+};
+
+struct HcPreParams {
+  Tensor out_input;  // [T, D]   sub-layer input u = sum_j pre_j X[j]
+  Tensor out_post;   // [T, S]   post_k = 2 sigmoid(.)
+  Tensor out_comb;   // [T, S, S] Sinkhorn-normalised comb[j][k] (row j = source stream)
+  Tensor streams;    // [T, S, D]
+  const HcWeights* weights;
+  int64_t sinkhorn_iters;
+  double hc_eps;
+  double norm_eps;
+};
+
+struct HcPostParams {
+  Tensor streams;     // [T, S, D] in/out: X'[k] = post_k y + sum_j comb[j][k] X[j]
+  Tensor sublayer;    // [T, D] y
+  Tensor post;        // [T, S]
+  Tensor comb;        // [T, S, S]
+};
+
+struct HcHeadParams {
+  Tensor out;        // [T, D]
+  Tensor streams;    // [T, S, D]
+  const HcWeights* weights;
+  double hc_eps;
+  double norm_eps;
+};
+
+struct RmsNormParams {
+  Tensor out;         // [T, N] (may alias in)
+  Tensor in;          // [T, N]
+  TensorView weight;  // [group] or empty for the unweighted norm
+  int64_t group;      // each row is normalised in groups of this many values (N % group == 0)
+  double eps;
+};
+
+struct LinearParams {
+  Tensor out;               // [T, N]
+  Tensor in;                // [T, K]
+  const WeightMatrix* weight;  // [N, K]
+};
+
+// wo_a: groups of G heads' outputs, each projected by its own [R, Kg] block of rows.
+struct GroupedLinearParams {
+  Tensor out;                  // [T, G*R]
+  Tensor in;                   // [T, G*Kg]
+  const WeightMatrix* weight;  // [G*R, Kg] group-major rows
+  int64_t groups;
+};
+
+enum class RopeDirection : uint8_t { kForward, kInverse };
+
+struct RopeParams {
+  Tensor x;              // [T, n, width] in place; rotates the trailing table.rope_dim() dims
+  const RopeTable* table;
+  RopeDirection direction;
+};
+
+enum class CompressorSlot : uint8_t { kMain, kIndexer };
+
+// Absorbs the batch's projected rows into each sequence's compressor buffer of `layer`, and for
+// every window that completes: softmax-pools it per channel, RMS-normalises it, rotates it at
+// position w*ratio and appends it to the sequence's compressed entries.
+struct CompressorParams {
+  Tensor kv;                // [T, width] width = 2*dim (overlapping, CSA) or dim (HCA)
+  Tensor gate;              // [T, width] without the positional bias
+  TensorView ape;           // [ratio, width] positional bias added to gate rows
+  TensorView norm_weight;   // [dim]
+  const BatchInfo* batch;
+  const RopeTable* rope;
+  int64_t layer;
+  CompressorSlot slot;
+  int64_t ratio;
+  int64_t dim;
+  bool overlap;             // CSA: entry w pools window w-1's first half and window w's second half
+  double norm_eps;
+};
+
+// Lightning Indexer: score_t(w) = sum_h weight_h ReLU(q_h . K_w) * di^-1/2 * Hi^-1/2 over the
+// visible entries w < floor((t+1)/ratio), then top-k. Ties: higher score first, then lower entry
+// index. Slots past the visible count hold -1.
+struct IndexerTopkParams {
+  Tensor out_indices;  // [T, k] int32
+  Tensor q;            // [T, Hi, di] rotated
+  Tensor head_weights; // [T, Hi] weights_proj(x)
+  const BatchInfo* batch;
+  int64_t layer;
+  int64_t ratio;
+  int64_t k;
+};
+
+// Appends the batch's window keys to each sequence's ring (after attention has read the ring).
+struct WindowAppendParams {
+  Tensor kv;  // [T, Dh]
+  const BatchInfo* batch;
+  int64_t layer;
+};
+
+// Sparse attention with a per-head sink over (window entries) ∪ (compressed entries): all visible
+// ones for HCA, the indexer's selection for CSA, none for window-only layers. K = V.
+struct AttentionParams {
+  Tensor out;             // [T, H, Dh]
+  Tensor q;               // [T, H, Dh]
+  Tensor kv;              // [T, Dh] this batch's window keys (not yet in the ring)
+  Tensor selected;        // [T, k] int32 for CSA, empty otherwise
+  TensorView sinks;       // [H]
+  const BatchInfo* batch;
+  int64_t layer;
+  AttentionKind kind;
+  int64_t ratio;          // compression ratio (CSA/HCA)
+  int64_t window;         // W
+  double scale;           // softmax scale, Dh^-1/2
+};
+
+// Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.
+enum class RoutedScalePlacement : uint8_t {
+  kInRouterWeights,  // the router returns weights already multiplied by the factor
+  kInExpertCombine,  // the router returns normalised weights; the combine multiplies
+};
+
+struct RouterParams {
+  Tensor out_experts;   // [T, K] int32
+  Tensor out_weights;   // [T, K]
+  Tensor x;             // [T, D]
+  const WeightMatrix* gate;  // [E, D]
+  TensorView bias;      // [E] selection-only bias (scored routing), else empty
+  TensorView tid2eid;   // [V, K] (hash routing), else empty
+  const BatchInfo* batch;
+  MoeKind kind;
+  int64_t k;
+  double routed_scale;
+  RoutedScalePlacement placement;
+};
+
+struct MoeParams {
+  Tensor out;            // [T, D] sum of weighted routed experts + shared expert
+  Tensor x;              // [T, D]
+  Tensor experts;        // [T, K] int32
+  Tensor weights;        // [T, K]
+  const std::vector<ExpertWeights>* routed;
+  const ExpertWeights* shared;   // may be null
+  double swiglu_limit;           // 0 = no clamp
+  double routed_scale;
+  RoutedScalePlacement placement;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  virtual Tensor alloc(ElemType type, std::vector<int64_t> shape) = 0;
+  // Copies host values into a new tensor / back out (tests, taps, logits).
+  virtual Tensor upload_f32(const std::vector<float>& values, std::vector<int64_t> shape) = 0;
+  virtual std::vector<float> download_f32(const Tensor& t) = 0;
+  virtual std::vector<int32_t> download_i32(const Tensor& t) = 0;
+
+  virtual std::unique_ptr<SequenceState> create_sequence_state(const ModelConfig& config) = 0;
+
+  virtual void embed(const EmbedParams& p, const BatchInfo& batch) = 0;
+  virtual void hc_pre(const HcPreParams& p) = 0;
+  virtual void hc_post(const HcPostParams& p) = 0;
+  virtual void hc_head(const HcHeadParams& p) = 0;
+  virtual void rms_norm(const RmsNormParams& p) = 0;
+  virtual void linear(const LinearParams& p) = 0;
+  virtual void grouped_linear(const GroupedLinearParams& p) = 0;
+  virtual void rope(const RopeParams& p, const BatchInfo& batch) = 0;
+  virtual void compressor(const CompressorParams& p) = 0;
+  virtual void indexer_topk(const IndexerTopkParams& p) = 0;
+  virtual void attention(const AttentionParams& p) = 0;
+  virtual void window_append(const WindowAppendParams& p) = 0;
+  virtual void router(const RouterParams& p) = 0;
+  virtual void moe(const MoeParams& p) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace sparrow

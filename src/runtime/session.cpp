@@ -1,0 +1,75 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace sparrow {
+
+BatchInfo batch_build(const std::vector<SequenceChunk>& chunks) {
+  BatchInfo b;
+  for (const SequenceChunk& c : chunks) {
+    const int32_t s = static_cast<int32_t>(b.seqs.size());
+    b.seqs.push_back(c.state);
+    b.seq_begin.push_back(b.num_tokens());
+    const int64_t start = c.state->length();
+    for (size_t i = 0; i < c.ids.size(); ++i) {
+      b.token_ids.push_back(c.ids[i]);
+      b.positions.push_back(start + static_cast<int64_t>(i));
+      b.seq_of_token.push_back(s);
+    }
+    b.seq_end.push_back(b.num_tokens());
+  }
+  return b;
+}
+
+Status token_ids_check(std::span<const int32_t> ids, int64_t vocab_size) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      return Status::invalid_argument("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                                      " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  return Status::ok();
+}
+
+Expected<std::vector<float>> Session::logits(std::span<const int32_t> ids, int64_t chunk) const {
+  SPARROW_RETURN_IF_ERROR(token_ids_check(ids, model_.config().vocab_size));
+  if (ids.empty()) return Status::invalid_argument("no token ids given");
+  const int64_t T = static_cast<int64_t>(ids.size());
+  if (chunk <= 0) chunk = T;
+  auto state = backend_.create_sequence_state(model_.config());
+  std::vector<float> all;
+  all.reserve(static_cast<size_t>(T * model_.config().vocab_size));
+  for (int64_t begin = 0; begin < T; begin += chunk) {
+    const int64_t n = std::min(chunk, T - begin);
+    BatchInfo batch = batch_build({{state.get(), ids.subspan(begin, n)}});
+    Tensor logits = model_.forward(backend_, batch, options_);
+    state->advance(n);
+    std::vector<float> host = backend_.download_f32(logits);
+    all.insert(all.end(), host.begin(), host.end());
+  }
+  return all;
+}
+
+Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt, int64_t n) const {
+  SPARROW_RETURN_IF_ERROR(token_ids_check(prompt, model_.config().vocab_size));
+  if (prompt.empty()) return Status::invalid_argument("generation needs at least one prompt token");
+  if (n < 0) return Status::invalid_argument("number of tokens to generate must be >= 0, got " + std::to_string(n));
+  const int64_t V = model_.config().vocab_size;
+  auto state = backend_.create_sequence_state(model_.config());
+  std::vector<int32_t> out;
+  std::vector<int32_t> next(prompt.begin(), prompt.end());
+  while (static_cast<int64_t>(out.size()) < n) {
+    BatchInfo batch = batch_build({{state.get(), next}});
+    Tensor logits = model_.forward(backend_, batch, options_);
+    state->advance(static_cast<int64_t>(next.size()));
+    std::vector<float> host = backend_.download_f32(logits);
+    const float* last = host.data() + (host.size() - V);
+    const int32_t best = static_cast<int32_t>(std::max_element(last, last + V) - last);  // first max wins
+    out.push_back(best);
+    next.assign(1, best);
+  }
+  return out;
+}
+
+}  // namespace sparrow

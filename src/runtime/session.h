@@ -1,0 +1,47 @@
+// Runs token sequences through a Model on a Backend: batch assembly, one-shot or chunked prefill,
+// token-by-token decode and greedy generation. The runtime owns the per-sequence states.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+#include "ops/backend.h"
+#include "sparrow/status.h"
+
+namespace sparrow {
+
+// One sequence's share of a batch: the state it continues and its next tokens.
+struct SequenceChunk {
+  SequenceState* state;
+  std::span<const int32_t> ids;
+};
+
+// Builds a BatchInfo whose positions continue each state. REQUIRES: distinct states.
+BatchInfo batch_build(const std::vector<SequenceChunk>& chunks);
+
+// Checks every id is inside the vocabulary; the error names the first bad id and its position.
+Status token_ids_check(std::span<const int32_t> ids, int64_t vocab_size);
+
+class Session {
+ public:
+  Session(const Model& model, Backend& backend, ForwardOptions options = {})
+      : model_(model), backend_(backend), options_(options) {}
+
+  // Logits [T, V] (row-major) of every position of `ids`, fed `chunk` tokens per forward
+  // (chunk <= 0: all at once; chunk = 1: token-by-token decode), starting from an empty state.
+  Expected<std::vector<float>> logits(std::span<const int32_t> ids, int64_t chunk) const;
+
+  // Greedy continuation: prefill `prompt`, then `n` decode steps; returns the n new ids.
+  // Ties in the argmax go to the lower token id.
+  Expected<std::vector<int32_t>> generate(std::span<const int32_t> prompt, int64_t n) const;
+
+ private:
+  const Model& model_;
+  Backend& backend_;
+  ForwardOptions options_;
+};
+
+}  // namespace sparrow

@@ -1,0 +1,28 @@
+// Random tiny DeepSeek-V4 checkpoints written by the tests themselves (released names and config
+// schema), for properties that need no oracle: chunking invariance, load-time validation.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace sparrow::testing {
+
+// A small config: D=32, H=2, Dh=16 (rope 4), E=4, K=2, hc=2, window 8, CSA ratio 4, HCA ratio 8,
+// index_topk 2. `layers` gives each layer's attention kind; the first `hash_layers` use hash MoE.
+ModelConfig tiny_config(const std::vector<AttentionKind>& layers, int64_t hash_layers);
+
+// Writes config.json + model.safetensors. `mutate` may edit the tensor list before writing (to plant
+// a bad shape or dtype).
+void write_test_model(const std::filesystem::path& dir, const ModelConfig& c, uint64_t seed,
+                      const std::function<void(std::vector<TensorToWrite>&)>& mutate = {});
+
+// A fresh empty directory under the system temp dir.
+std::filesystem::path make_temp_dir(const std::string& tag);
+
+}  // namespace sparrow::testing
