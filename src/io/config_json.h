@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "model/config.h"
+#include "core/model_config.h"
 #include "sparrow/status.h"
 
 namespace sparrow {

@@ -18,7 +18,6 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <utility>
 
 namespace sparrow {
@@ -280,7 +279,10 @@ Status SafetensorsFile::parse_header() {
   ranges.reserve(header.size());
 
   for (const std::string& key : key_order) {
-    const json& entry = header.at(key);  // present: key_order holds exactly the object's keys
+    const auto found = header.find(key);
+    if (found == header.end())  // both passes read the same bytes, so this would be a bug
+      return Status::internal(where(path_) + "key " + in_quotes(key) + " seen by the SAX pass is missing");
+    const json& entry = *found;
     if (key == kMetadataKey) {
       if (!entry.is_object()) return Status::corrupt(where(path_) + "__metadata__ is not a JSON object");
       for (const auto& [mk, mv] : entry.items()) {
@@ -317,7 +319,9 @@ Status SafetensorsFile::parse_header() {
       } else if (d.is_number_integer()) {  // signed and not unsigned: negative
         return bad("negative dimension " + std::to_string(d.get<int64_t>()) + " at axis " + std::to_string(axis));
       } else {
-        return bad("shape element at axis " + std::to_string(axis) + " is not an integer: " + d.dump());
+        // type_name, not dump(): dump() recurses and a hostile element can be nested arbitrarily deep.
+        return bad("shape element at axis " + std::to_string(axis) + " is a JSON " + d.type_name() +
+                   ", not an integer");
       }
     }
     uint64_t numel = 0, nbytes = 0;
@@ -396,6 +400,8 @@ Expected<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::open(con
   return ckpt;
 }
 
+// On failure by_name_ may keep entries pointing into `file`, which is then destroyed; that is
+// harmless because every caller abandons the whole checkpoint on error.
 Status SafetensorsCheckpoint::add_file(std::unique_ptr<SafetensorsFile> file) {
   for (const TensorView& t : file->tensors()) {
     auto [it, inserted] = by_name_.emplace(t.name, Entry{&t, file.get()});

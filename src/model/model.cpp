@@ -19,6 +19,9 @@ void tap(const ForwardOptions& opt, int64_t layer, const char* what, const Tenso
 }  // namespace
 
 Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return Status::not_found("model directory '" + dir.string() + "' does not exist or is not a directory");
   std::unique_ptr<Model> model(new Model());
   SPARROW_ASSIGN_OR_RETURN(model->config_, model_config_load(dir));
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "io/safetensors.h"
-#include "model/config.h"
+#include "core/model_config.h"
 #include "model/weights.h"
 #include "ops/backend.h"
 #include "sparrow/status.h"

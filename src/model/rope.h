@@ -2,7 +2,7 @@
 // no attention factor) for CSA/HCA layers.
 #pragma once
 
-#include "model/config.h"
+#include "core/model_config.h"
 #include "ops/backend.h"
 
 namespace sparrow {

@@ -9,7 +9,7 @@
 
 #include "core/tensor.h"
 #include "io/safetensors.h"
-#include "model/config.h"
+#include "core/model_config.h"
 #include "ops/backend.h"
 #include "sparrow/status.h"
 

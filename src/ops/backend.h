@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "model/config.h"
+#include "core/model_config.h"
 #include "ops/tensor.h"
 
 namespace sparrow {

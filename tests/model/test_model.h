@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "model/config.h"
+#include "core/model_config.h"
 
 namespace sparrow::testing {
 

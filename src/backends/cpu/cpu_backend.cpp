@@ -4,8 +4,6 @@
 // for clarity first: one output element is computed by one thread in a fixed order, which makes
 // results deterministic and independent of the thread count and of which other tokens share the
 // batch (batch invariance). Formulas cite spec sections (../shared/docs/dsv4-spec.md).
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +13,7 @@
 #include "backends/cpu/cpu_state.h"
 #include "backends/cpu/weight_reader.h"
 #include "core/check.h"
+#include "core/thread_pool.h"
 #include "ops/backend.h"
 
 namespace sparrow {
@@ -123,12 +122,13 @@ class CpuBackend final : public Backend {
   void embed(const EmbedParams& p, const BatchInfo& batch) override {
     // out is (T, S, D)
     const int64_t T = p.out.dim(0), S = p.out.dim(1), D = p.out.dim(2);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = p.out.f32() + t * S * D;
-      weight_row(*p.table, batch.token_ids[t], row);
-      for (int64_t s = 1; s < S; ++s) std::memcpy(row + s * D, row, D * sizeof(float));
-    }
+    parallel_for(T, T * S * D, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* row = p.out.f32() + t * S * D;
+        weight_row(*p.table, batch.token_ids[t], row);
+        for (int64_t s = 1; s < S; ++s) std::memcpy(row + s * D, row, D * sizeof(float));
+      }
+    });
   }
 
   // Spec §3.2: pre/post/comb from the flattened streams, Sinkhorn with eps in every denominator,
@@ -140,95 +140,98 @@ class CpuBackend final : public Backend {
     const double eps = p.hc_eps;
     const double scale_pre = load_float(w.scale, 0), scale_post = load_float(w.scale, 1),
                  scale_comb = load_float(w.scale, 2);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      const float* X = p.streams.f32() + t * S * D;
-      std::vector<double> m;
-      hc_mix(X, S * D, w.fn, mix, p.norm_eps, m);
-      std::vector<double> pre(S), comb(S * S);
-      for (int64_t j = 0; j < S; ++j) {
-        pre[j] = sigmoid(m[j] * scale_pre + load_float(w.base, j)) + eps;
-        p.out_post.f32()[t * S + j] = static_cast<float>(2.0 * sigmoid(m[S + j] * scale_post + load_float(w.base, S + j)));
-      }
-      for (int64_t j = 0; j < S; ++j) {
-        // Row j: softmax over k, then + eps.
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t k = 0; k < S; ++k) {
-          comb[j * S + k] = m[2 * S + j * S + k] * scale_comb + load_float(w.base, 2 * S + j * S + k);
-          mx = std::max(mx, comb[j * S + k]);
-        }
-        double sum = 0.0;
-        for (int64_t k = 0; k < S; ++k) sum += (comb[j * S + k] = std::exp(comb[j * S + k] - mx));
-        for (int64_t k = 0; k < S; ++k) comb[j * S + k] = comb[j * S + k] / sum + eps;
-      }
-      auto normalise_columns = [&] {
-        for (int64_t k = 0; k < S; ++k) {
-          double sum = 0.0;
-          for (int64_t j = 0; j < S; ++j) sum += comb[j * S + k];
-          for (int64_t j = 0; j < S; ++j) comb[j * S + k] /= sum + eps;
-        }
-      };
-      auto normalise_rows = [&] {
+    parallel_for(T, T * S * D * 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* X = p.streams.f32() + t * S * D;
+        std::vector<double> m;
+        hc_mix(X, S * D, w.fn, mix, p.norm_eps, m);
+        std::vector<double> pre(S), comb(S * S);
         for (int64_t j = 0; j < S; ++j) {
-          double sum = 0.0;
-          for (int64_t k = 0; k < S; ++k) sum += comb[j * S + k];
-          for (int64_t k = 0; k < S; ++k) comb[j * S + k] /= sum + eps;
+          pre[j] = sigmoid(m[j] * scale_pre + load_float(w.base, j)) + eps;
+          p.out_post.f32()[t * S + j] = static_cast<float>(2.0 * sigmoid(m[S + j] * scale_post + load_float(w.base, S + j)));
         }
-      };
-      normalise_columns();
-      for (int64_t it = 1; it < p.sinkhorn_iters; ++it) {
-        normalise_rows();
+        for (int64_t j = 0; j < S; ++j) {
+          // Row j: softmax over k, then + eps.
+          double mx = -std::numeric_limits<double>::infinity();
+          for (int64_t k = 0; k < S; ++k) {
+            comb[j * S + k] = m[2 * S + j * S + k] * scale_comb + load_float(w.base, 2 * S + j * S + k);
+            mx = std::max(mx, comb[j * S + k]);
+          }
+          double sum = 0.0;
+          for (int64_t k = 0; k < S; ++k) sum += (comb[j * S + k] = std::exp(comb[j * S + k] - mx));
+          for (int64_t k = 0; k < S; ++k) comb[j * S + k] = comb[j * S + k] / sum + eps;
+        }
+        auto normalise_columns = [&] {
+          for (int64_t k = 0; k < S; ++k) {
+            double sum = 0.0;
+            for (int64_t j = 0; j < S; ++j) sum += comb[j * S + k];
+            for (int64_t j = 0; j < S; ++j) comb[j * S + k] /= sum + eps;
+          }
+        };
+        auto normalise_rows = [&] {
+          for (int64_t j = 0; j < S; ++j) {
+            double sum = 0.0;
+            for (int64_t k = 0; k < S; ++k) sum += comb[j * S + k];
+            for (int64_t k = 0; k < S; ++k) comb[j * S + k] /= sum + eps;
+          }
+        };
         normalise_columns();
+        for (int64_t it = 1; it < p.sinkhorn_iters; ++it) {
+          normalise_rows();
+          normalise_columns();
+        }
+        for (int64_t i = 0; i < S * S; ++i) p.out_comb.f32()[t * S * S + i] = static_cast<float>(comb[i]);
+        float* u = p.out_input.f32() + t * D;
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
+          u[d] = static_cast<float>(acc);
+        }
       }
-      for (int64_t i = 0; i < S * S; ++i) p.out_comb.f32()[t * S * S + i] = static_cast<float>(comb[i]);
-      float* u = p.out_input.f32() + t * D;
-      for (int64_t d = 0; d < D; ++d) {
-        double acc = 0.0;
-        for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
-        u[d] = static_cast<float>(acc);
-      }
-    }
+    });
   }
 
   // X'[k] = post_k y + sum_j comb[j][k] X[j]: comb is applied transposed (traps.md row 13).
   void hc_post(const HcPostParams& p) override {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      float* X = p.streams.f32() + t * S * D;
-      const float* y = p.sublayer.f32() + t * D;
-      const float* post = p.post.f32() + t * S;
-      const float* comb = p.comb.f32() + t * S * S;
-      std::vector<float> out(S * D);
-      for (int64_t k = 0; k < S; ++k) {
-        for (int64_t d = 0; d < D; ++d) {
-          double acc = static_cast<double>(post[k]) * y[d];
-          for (int64_t j = 0; j < S; ++j) acc += static_cast<double>(comb[j * S + k]) * X[j * D + d];
-          out[k * D + d] = static_cast<float>(acc);
+    parallel_for(T, T * S * S * D, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* X = p.streams.f32() + t * S * D;
+        const float* y = p.sublayer.f32() + t * D;
+        const float* post = p.post.f32() + t * S;
+        const float* comb = p.comb.f32() + t * S * S;
+        std::vector<float> out(S * D);
+        for (int64_t k = 0; k < S; ++k) {
+          for (int64_t d = 0; d < D; ++d) {
+            double acc = static_cast<double>(post[k]) * y[d];
+            for (int64_t j = 0; j < S; ++j) acc += static_cast<double>(comb[j * S + k]) * X[j * D + d];
+            out[k * D + d] = static_cast<float>(acc);
+          }
         }
+        std::memcpy(X, out.data(), out.size() * sizeof(float));
       }
-      std::memcpy(X, out.data(), out.size() * sizeof(float));
-    }
+    });
   }
 
   void hc_head(const HcHeadParams& p) override {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     const HcWeights& w = *p.weights;
     const double scale = load_float(w.scale, 0);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      const float* X = p.streams.f32() + t * S * D;
-      std::vector<double> m;
-      hc_mix(X, S * D, w.fn, S, p.norm_eps, m);
-      std::vector<double> pre(S);
-      for (int64_t j = 0; j < S; ++j) pre[j] = sigmoid(m[j] * scale + load_float(w.base, j)) + p.hc_eps;
-      float* out = p.out.f32() + t * D;
-      for (int64_t d = 0; d < D; ++d) {
-        double acc = 0.0;
-        for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
-        out[d] = static_cast<float>(acc);
+    parallel_for(T, T * S * D * S, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* X = p.streams.f32() + t * S * D;
+        std::vector<double> m;
+        hc_mix(X, S * D, w.fn, S, p.norm_eps, m);
+        std::vector<double> pre(S);
+        for (int64_t j = 0; j < S; ++j) pre[j] = sigmoid(m[j] * scale + load_float(w.base, j)) + p.hc_eps;
+        float* out = p.out.f32() + t * D;
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
+          out[d] = static_cast<float>(acc);
+        }
       }
-    }
+    });
   }
 
   void rms_norm(const RmsNormParams& p) override {
@@ -236,14 +239,15 @@ class CpuBackend final : public Backend {
     const int64_t N = p.in.numel() / T;
     SPARROW_CHECK_EQ(N % p.group, 0);
     const TensorView* weight = p.weight.data ? &p.weight : nullptr;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t g = 0; g < N / p.group; ++g) {
-        float* dst = p.out.f32() + t * N + g * p.group;
-        if (p.out.f32() != p.in.f32()) std::memcpy(dst, p.in.f32() + t * N + g * p.group, p.group * sizeof(float));
-        rms_normalise(dst, p.group, weight, p.eps);
+    parallel_for(T, T * N, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t g = 0; g < N / p.group; ++g) {
+          float* dst = p.out.f32() + t * N + g * p.group;
+          if (p.out.f32() != p.in.f32()) std::memcpy(dst, p.in.f32() + t * N + g * p.group, p.group * sizeof(float));
+          rms_normalise(dst, p.group, weight, p.eps);
+        }
       }
-    }
+    });
   }
 
   void linear(const LinearParams& p) override {
@@ -251,15 +255,13 @@ class CpuBackend final : public Backend {
     const int64_t T = p.in.dim(0), K = w.in, N = w.out;
     SPARROW_CHECK_EQ(p.in.numel(), T * K);
     SPARROW_CHECK_EQ(p.out.numel(), T * N);
-#pragma omp parallel
-    {
+    parallel_for(N, N * T * K, [&](int64_t begin, int64_t end) {
       std::vector<float> row(K);
-#pragma omp for schedule(static)
-      for (int64_t n = 0; n < N; ++n) {
+      for (int64_t n = begin; n < end; ++n) {
         weight_row(w, n, row.data());
         for (int64_t t = 0; t < T; ++t) p.out.f32()[t * N + n] = static_cast<float>(dot(p.in.f32() + t * K, row.data(), K));
       }
-    }
+    });
   }
 
   void grouped_linear(const GroupedLinearParams& p) override {
@@ -267,27 +269,26 @@ class CpuBackend final : public Backend {
     const int64_t T = p.in.dim(0), G = p.groups, Kg = w.in, R = w.out / G;
     SPARROW_CHECK_EQ(p.in.numel(), T * G * Kg);
     SPARROW_CHECK_EQ(p.out.numel(), T * G * R);
-#pragma omp parallel
-    {
+    parallel_for(G * R, G * R * T * Kg, [&](int64_t begin, int64_t end) {
       std::vector<float> row(Kg);
-#pragma omp for schedule(static)
-      for (int64_t n = 0; n < G * R; ++n) {
+      for (int64_t n = begin; n < end; ++n) {
         const int64_t g = n / R;
         weight_row(w, n, row.data());
         for (int64_t t = 0; t < T; ++t)
           p.out.f32()[t * G * R + n] = static_cast<float>(dot(p.in.f32() + (t * G + g) * Kg, row.data(), Kg));
       }
-    }
+    });
   }
 
   void rope(const RopeParams& p, const BatchInfo& batch) override {
     const int64_t T = p.x.dim(0), n = p.x.dim(1), width = p.x.dim(2);
     const int64_t rd = p.table->rope_dim();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < n; ++h)
-        rotate(p.x.f32() + (t * n + h) * width + (width - rd), *p.table, static_cast<double>(batch.positions[t]),
-               p.direction);
+    parallel_for(T, T * n * width, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t h = 0; h < n; ++h)
+          rotate(p.x.f32() + (t * n + h) * width + (width - rd), *p.table, static_cast<double>(batch.positions[t]),
+                 p.direction);
+    });
   }
 
   // Spec §3.3 "Compressor" and §5.2. Rows are buffered until a window of `ratio` tokens completes;
@@ -299,109 +300,112 @@ class CpuBackend final : public Backend {
     const int64_t m = p.ratio;
     SPARROW_CHECK_EQ(p.kv.numel(), batch.num_tokens() * width);
     const int64_t nseq = static_cast<int64_t>(batch.seqs.size());
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t s = 0; s < nseq; ++s) {
-      auto& state = static_cast<CpuSequenceState*>(batch.seqs[s])->layer(p.layer);
-      CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
-      for (int64_t t = batch.seq_begin[s]; t < batch.seq_end[s]; ++t) {
-        const int64_t pos = batch.positions[t];
-        SPARROW_CHECK_EQ(pos, buf.count * m + buf.pending);
-        const float* kv = p.kv.f32() + t * width;
-        const float* gate = p.gate.f32() + t * width;
-        float* dst_kv = buf.pending_kv.data() + buf.pending * width;
-        float* dst_gate = buf.pending_gate.data() + buf.pending * width;
-        for (int64_t c = 0; c < width; ++c) {
-          dst_kv[c] = kv[c];
-          dst_gate[c] = gate[c] + load_float(p.ape, (pos % m) * width + c);
+    parallel_for(nseq, batch.num_tokens() * width * 8, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        auto& state = static_cast<CpuSequenceState*>(batch.seqs[s])->layer(p.layer);
+        CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
+        for (int64_t t = batch.seq_begin[s]; t < batch.seq_end[s]; ++t) {
+          const int64_t pos = batch.positions[t];
+          SPARROW_CHECK_EQ(pos, buf.count * m + buf.pending);
+          const float* kv = p.kv.f32() + t * width;
+          const float* gate = p.gate.f32() + t * width;
+          float* dst_kv = buf.pending_kv.data() + buf.pending * width;
+          float* dst_gate = buf.pending_gate.data() + buf.pending * width;
+          for (int64_t c = 0; c < width; ++c) {
+            dst_kv[c] = kv[c];
+            dst_gate[c] = gate[c] + load_float(p.ape, (pos % m) * width + c);
+          }
+          if (++buf.pending == m) emit_entry(p, buf);
         }
-        if (++buf.pending == m) emit_entry(p, buf);
       }
-    }
+    });
   }
 
   void indexer_topk(const IndexerTopkParams& p) override {
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), Hi = p.q.dim(1), di = p.q.dim(2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(Hi));
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t t = 0; t < T; ++t) {
-      const auto& keys = static_cast<CpuSequenceState*>(batch.seqs[batch.seq_of_token[t]])->layer(p.layer).indexer;
-      const int64_t visible = (batch.positions[t] + 1) / p.ratio;
-      SPARROW_CHECK_LE(visible, keys.count);
-      std::vector<std::pair<double, int32_t>> scored(visible);
-      for (int64_t w = 0; w < visible; ++w) {
-        double score = 0.0;
-        for (int64_t h = 0; h < Hi; ++h) {
-          const double d = dot(p.q.f32() + (t * Hi + h) * di, keys.entries.data() + w * di, di);
-          score += static_cast<double>(p.head_weights.f32()[t * Hi + h]) * std::max(d, 0.0);
+    parallel_for(T, T * Hi * di * 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const auto& keys = static_cast<CpuSequenceState*>(batch.seqs[batch.seq_of_token[t]])->layer(p.layer).indexer;
+        const int64_t visible = (batch.positions[t] + 1) / p.ratio;
+        SPARROW_CHECK_LE(visible, keys.count);
+        std::vector<std::pair<double, int32_t>> scored(visible);
+        for (int64_t w = 0; w < visible; ++w) {
+          double score = 0.0;
+          for (int64_t h = 0; h < Hi; ++h) {
+            const double d = dot(p.q.f32() + (t * Hi + h) * di, keys.entries.data() + w * di, di);
+            score += static_cast<double>(p.head_weights.f32()[t * Hi + h]) * std::max(d, 0.0);
+          }
+          scored[w] = {score * scale, static_cast<int32_t>(w)};
         }
-        scored[w] = {score * scale, static_cast<int32_t>(w)};
+        // Higher score first; among equal scores the lower entry index (a documented tie-break:
+        // torch.topk leaves tie order unspecified, traps.md row 17).
+        const int64_t keep = std::min<int64_t>(p.k, visible);
+        std::partial_sort(scored.begin(), scored.begin() + keep, scored.end(), [](const auto& a, const auto& b) {
+          return a.first != b.first ? a.first > b.first : a.second < b.second;
+        });
+        int32_t* out = p.out_indices.i32() + t * p.k;
+        for (int64_t i = 0; i < p.k; ++i) out[i] = i < keep ? scored[i].second : -1;
       }
-      // Higher score first; among equal scores the lower entry index (a documented tie-break:
-      // torch.topk leaves tie order unspecified, traps.md row 17).
-      const int64_t keep = std::min<int64_t>(p.k, visible);
-      std::partial_sort(scored.begin(), scored.begin() + keep, scored.end(), [](const auto& a, const auto& b) {
-        return a.first != b.first ? a.first > b.first : a.second < b.second;
-      });
-      int32_t* out = p.out_indices.i32() + t * p.k;
-      for (int64_t i = 0; i < p.k; ++i) out[i] = i < keep ? scored[i].second : -1;
-    }
+    });
   }
 
   void attention(const AttentionParams& p) override {
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t s = batch.seq_of_token[t];
-      const auto& state = static_cast<CpuSequenceState*>(batch.seqs[s])->layer(p.layer);
-      const int64_t pos = batch.positions[t];
-      const int64_t first_in_batch = batch.positions[batch.seq_begin[s]];
-      // Candidate keys: the window [pos-W+1, pos] (older ones from the ring, the rest from this
-      // batch), then compressed entries.
-      std::vector<const float*> keys;
-      for (int64_t q = std::max<int64_t>(0, pos - p.window + 1); q <= pos; ++q) {
-        if (q >= first_in_batch) {
-          keys.push_back(p.kv.f32() + (batch.seq_begin[s] + (q - first_in_batch)) * Dh);
-        } else {
-          keys.push_back(state.ring.data() + (q % p.window) * Dh);
+    parallel_for(T, T * H * Dh * 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t s = batch.seq_of_token[t];
+        const auto& state = static_cast<CpuSequenceState*>(batch.seqs[s])->layer(p.layer);
+        const int64_t pos = batch.positions[t];
+        const int64_t first_in_batch = batch.positions[batch.seq_begin[s]];
+        // Candidate keys: the window [pos-W+1, pos] (older ones from the ring, the rest from this
+        // batch), then compressed entries.
+        std::vector<const float*> keys;
+        for (int64_t q = std::max<int64_t>(0, pos - p.window + 1); q <= pos; ++q) {
+          if (q >= first_in_batch) {
+            keys.push_back(p.kv.f32() + (batch.seq_begin[s] + (q - first_in_batch)) * Dh);
+          } else {
+            keys.push_back(state.ring.data() + (q % p.window) * Dh);
+          }
+        }
+        if (p.kind == AttentionKind::kHca) {
+          const int64_t visible = (pos + 1) / p.ratio;
+          SPARROW_CHECK_LE(visible, state.main.count);
+          for (int64_t w = 0; w < visible; ++w) keys.push_back(state.main.entries.data() + w * Dh);
+        } else if (p.kind == AttentionKind::kCsa) {
+          const int64_t k = p.selected.dim(1);
+          for (int64_t i = 0; i < k; ++i) {
+            const int32_t w = p.selected.i32()[t * k + i];
+            if (w < 0) continue;
+            SPARROW_CHECK_LT(w, state.main.count);
+            keys.push_back(state.main.entries.data() + static_cast<int64_t>(w) * Dh);
+          }
+        }
+        std::vector<double> logits(keys.size());
+        std::vector<double> acc(Dh);
+        for (int64_t h = 0; h < H; ++h) {
+          const float* q = p.q.f32() + (t * H + h) * Dh;
+          // The sink joins the max and the denominator but carries no value (spec §3.3).
+          const double sink = load_float(p.sinks, h);
+          double mx = sink;
+          for (size_t j = 0; j < keys.size(); ++j) {
+            logits[j] = dot(q, keys[j], Dh) * p.scale;
+            mx = std::max(mx, logits[j]);
+          }
+          double denom = std::exp(sink - mx);
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (size_t j = 0; j < keys.size(); ++j) {
+            const double e = std::exp(logits[j] - mx);
+            denom += e;
+            for (int64_t d = 0; d < Dh; ++d) acc[d] += e * keys[j][d];
+          }
+          float* o = p.out.f32() + (t * H + h) * Dh;
+          for (int64_t d = 0; d < Dh; ++d) o[d] = static_cast<float>(acc[d] / denom);
         }
       }
-      if (p.kind == AttentionKind::kHca) {
-        const int64_t visible = (pos + 1) / p.ratio;
-        SPARROW_CHECK_LE(visible, state.main.count);
-        for (int64_t w = 0; w < visible; ++w) keys.push_back(state.main.entries.data() + w * Dh);
-      } else if (p.kind == AttentionKind::kCsa) {
-        const int64_t k = p.selected.dim(1);
-        for (int64_t i = 0; i < k; ++i) {
-          const int32_t w = p.selected.i32()[t * k + i];
-          if (w < 0) continue;
-          SPARROW_CHECK_LT(w, state.main.count);
-          keys.push_back(state.main.entries.data() + static_cast<int64_t>(w) * Dh);
-        }
-      }
-      std::vector<double> logits(keys.size());
-      std::vector<double> acc(Dh);
-      for (int64_t h = 0; h < H; ++h) {
-        const float* q = p.q.f32() + (t * H + h) * Dh;
-        // The sink joins the max and the denominator but carries no value (spec §3.3).
-        const double sink = load_float(p.sinks, h);
-        double mx = sink;
-        for (size_t j = 0; j < keys.size(); ++j) {
-          logits[j] = dot(q, keys[j], Dh) * p.scale;
-          mx = std::max(mx, logits[j]);
-        }
-        double denom = std::exp(sink - mx);
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (size_t j = 0; j < keys.size(); ++j) {
-          const double e = std::exp(logits[j] - mx);
-          denom += e;
-          for (int64_t d = 0; d < Dh; ++d) acc[d] += e * keys[j][d];
-        }
-        float* o = p.out.f32() + (t * H + h) * Dh;
-        for (int64_t d = 0; d < Dh; ++d) o[d] = static_cast<float>(acc[d] / denom);
-      }
-    }
+    });
   }
 
   void window_append(const WindowAppendParams& p) override {
@@ -421,43 +425,42 @@ class CpuBackend final : public Backend {
     const WeightMatrix& gate = *p.gate;
     const int64_t T = p.x.dim(0), D = gate.in, E = gate.out, K = p.k;
     std::vector<double> logits(T * E);
-#pragma omp parallel
-    {
+    parallel_for(E, E * T * D, [&](int64_t begin, int64_t end) {
       std::vector<float> row(D);
-#pragma omp for schedule(static)
-      for (int64_t e = 0; e < E; ++e) {
+      for (int64_t e = begin; e < end; ++e) {
         weight_row(gate, e, row.data());
         for (int64_t t = 0; t < T; ++t) logits[t * E + e] = dot(p.x.f32() + t * D, row.data(), D);
       }
-    }
+    });
     const double scale = p.placement == RoutedScalePlacement::kInRouterWeights ? p.routed_scale : 1.0;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<double> log_score(E);
-      for (int64_t e = 0; e < E; ++e) log_score[e] = log_sqrt_softplus(logits[t * E + e]);
-      std::vector<int32_t> chosen(K);
-      if (p.kind == MoeKind::kHash) {
-        const int64_t id = batch.token_ids[t];
-        for (int64_t i = 0; i < K; ++i) chosen[i] = static_cast<int32_t>(load_index(p.tid2eid, id * K + i));
-      } else {
-        std::vector<std::pair<double, int32_t>> biased(E);
-        for (int64_t e = 0; e < E; ++e)
-          biased[e] = {std::exp(log_score[e]) + load_float(p.bias, e), static_cast<int32_t>(e)};
-        std::partial_sort(biased.begin(), biased.begin() + K, biased.end(), [](const auto& a, const auto& b) {
-          return a.first != b.first ? a.first > b.first : a.second < b.second;
-        });
-        for (int64_t i = 0; i < K; ++i) chosen[i] = biased[i].second;
+    parallel_for(T, T * E * 8, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        std::vector<double> log_score(E);
+        for (int64_t e = 0; e < E; ++e) log_score[e] = log_sqrt_softplus(logits[t * E + e]);
+        std::vector<int32_t> chosen(K);
+        if (p.kind == MoeKind::kHash) {
+          const int64_t id = batch.token_ids[t];
+          for (int64_t i = 0; i < K; ++i) chosen[i] = static_cast<int32_t>(load_index(p.tid2eid, id * K + i));
+        } else {
+          std::vector<std::pair<double, int32_t>> biased(E);
+          for (int64_t e = 0; e < E; ++e)
+            biased[e] = {std::exp(log_score[e]) + load_float(p.bias, e), static_cast<int32_t>(e)};
+          std::partial_sort(biased.begin(), biased.begin() + K, biased.end(), [](const auto& a, const auto& b) {
+            return a.first != b.first ? a.first > b.first : a.second < b.second;
+          });
+          for (int64_t i = 0; i < K; ++i) chosen[i] = biased[i].second;
+        }
+        // g_i = s_i / sum s, evaluated as exp(log s_i - max) / sum exp(. - max).
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t i = 0; i < K; ++i) mx = std::max(mx, log_score[chosen[i]]);
+        double sum = 0.0;
+        for (int64_t i = 0; i < K; ++i) sum += std::exp(log_score[chosen[i]] - mx);
+        for (int64_t i = 0; i < K; ++i) {
+          p.out_experts.i32()[t * K + i] = chosen[i];
+          p.out_weights.f32()[t * K + i] = static_cast<float>(std::exp(log_score[chosen[i]] - mx) / sum * scale);
+        }
       }
-      // g_i = s_i / sum s, evaluated as exp(log s_i - max) / sum exp(. - max).
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t i = 0; i < K; ++i) mx = std::max(mx, log_score[chosen[i]]);
-      double sum = 0.0;
-      for (int64_t i = 0; i < K; ++i) sum += std::exp(log_score[chosen[i]] - mx);
-      for (int64_t i = 0; i < K; ++i) {
-        p.out_experts.i32()[t * K + i] = chosen[i];
-        p.out_weights.f32()[t * K + i] = static_cast<float>(std::exp(log_score[chosen[i]] - mx) / sum * scale);
-      }
-    }
+    });
   }
 
   // Routed experts grouped by expert (each expert's rows are decoded once per batch), then the
@@ -496,15 +499,16 @@ class CpuBackend final : public Backend {
       for (int64_t t = 0; t < T; ++t) xs.emplace_back(p.x.f32() + t * D, p.x.f32() + (t + 1) * D);
       swiglu_ffn(*p.shared, xs, p.swiglu_limit, shared_out);
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t d = 0; d < D; ++d) {
-        double acc = 0.0;
-        for (int64_t i = 0; i < K; ++i) acc += contrib[(t * K + i) * D + d];
-        if (p.shared) acc += shared_out[t][d];
-        p.out.f32()[t * D + d] = static_cast<float>(acc);
+    parallel_for(T, T * K * D, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0.0;
+          for (int64_t i = 0; i < K; ++i) acc += contrib[(t * K + i) * D + d];
+          if (p.shared) acc += shared_out[t][d];
+          p.out.f32()[t * D + d] = static_cast<float>(acc);
+        }
       }
-    }
+    });
   }
 
  private:
@@ -525,11 +529,9 @@ class CpuBackend final : public Backend {
     const int64_t R = static_cast<int64_t>(xs.size());
     const int64_t F = w.w1.out, D = w.w1.in;
     std::vector<float> h(R * F);
-#pragma omp parallel
-    {
+    parallel_for(F, F * R * D, [&](int64_t begin, int64_t end) {
       std::vector<float> r1(D), r3(D);
-#pragma omp for schedule(static)
-      for (int64_t f = 0; f < F; ++f) {
+      for (int64_t f = begin; f < end; ++f) {
         weight_row(w.w1, f, r1.data());
         weight_row(w.w3, f, r3.data());
         for (int64_t r = 0; r < R; ++r) {
@@ -542,18 +544,16 @@ class CpuBackend final : public Backend {
           h[r * F + f] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
         }
       }
-    }
+    });
     const int64_t Dout = w.w2.out;
     ys.assign(R, std::vector<float>(Dout));
-#pragma omp parallel
-    {
+    parallel_for(Dout, Dout * R * F, [&](int64_t begin, int64_t end) {
       std::vector<float> r2(F);
-#pragma omp for schedule(static)
-      for (int64_t d = 0; d < Dout; ++d) {
+      for (int64_t d = begin; d < end; ++d) {
         weight_row(w.w2, d, r2.data());
         for (int64_t r = 0; r < R; ++r) ys[r][d] = static_cast<float>(dot(h.data() + r * F, r2.data(), F));
       }
-    }
+    });
   }
 
   // Pools the completed window in `buf`, normalises, rotates at w*ratio and appends (spec §5.2).

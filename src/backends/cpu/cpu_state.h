@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "model/config.h"
+#include "core/model_config.h"
 #include "ops/backend.h"
 
 namespace sparrow::cpu {

@@ -3,7 +3,8 @@
 // Both config.json schemas map onto it (spec §1.1): the released one (`compress_ratios`,
 // `num_hash_layers`, `qk_rope_head_dim`, `rope_scaling`) and the transformers one (`layer_types`,
 // `mlp_layer_types`, `compress_rates`, `rope_parameters` with `main`/`compress`,
-// `partial_rotary_factor`). Parsing and validation live in src/io/config_json.*.
+// `partial_rotary_factor`). Parsing and validation live in src/io/config_json.*. It sits in core so
+// io, ops and the backends can share it without depending on src/model.
 #pragma once
 
 #include <cstdint>
