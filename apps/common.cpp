@@ -1,0 +1,75 @@
+#include "common.h"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "core/npy.h"
+#include "runtime/backend_factory.h"
+
+namespace sparrow::app {
+
+Expected<std::vector<int32_t>> parse_ids(const std::string& arg) {
+  std::vector<int32_t> ids;
+  if (arg.size() > 4 && arg.substr(arg.size() - 4) == ".npy") {
+    SPARROW_ASSIGN_OR_RETURN(NpyArray a, npy_read(arg));
+    if (a.shape.size() != 1)
+      return Status::invalid_argument(arg + ": token ids must be a 1-D array, got " + std::to_string(a.shape.size()) +
+                                      " dimensions");
+    SPARROW_ASSIGN_OR_RETURN(std::vector<int64_t> wide, npy_to_i64(a));
+    for (int64_t v : wide) {
+      if (v < INT32_MIN || v > INT32_MAX)
+        return Status::invalid_argument(arg + ": token id " + std::to_string(v) + " out of range");
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    if (ids.empty()) return Status::invalid_argument(arg + ": no token ids");
+    return ids;
+  }
+  std::stringstream ss(arg);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < INT32_MIN || v > INT32_MAX)
+      return Status::invalid_argument("--ids: '" + item +
+                                      "' is not a token id (expected a .npy file or a list like 1,2,3)");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return Status::invalid_argument("--ids: no token ids given");
+  return ids;
+}
+
+void fail(const Status& s) {
+  std::fprintf(stderr, "sparrow: %s\n", s.to_string().c_str());
+  throw CLI::RuntimeError(1);
+}
+
+std::unique_ptr<Model> load_model_or_fail(const std::string& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "sparrow: loading %s ...\n", dir.c_str());
+  auto model = Model::load(dir);
+  if (!model.is_ok()) fail(model.status());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const ModelConfig& c = (*model)->config();
+  std::fprintf(stderr, "sparrow: loaded %lld layers, hidden %lld, vocab %lld in %.2f s\n",
+               static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
+               static_cast<long long>(c.vocab_size), s);
+  return std::move(model).value();
+}
+
+void add_backend_option(CLI::App* cmd, std::string* backend) {
+  cmd->add_option("--backend", *backend, "Compute backend: " + backend_names())->capture_default_str();
+}
+
+std::unique_ptr<Backend> make_backend_or_fail(const std::string& name) {
+  auto be = backend_create(name);
+  if (!be.is_ok()) fail(be.status());
+  return std::move(be).value();
+}
+
+}  // namespace sparrow::app

@@ -1,0 +1,33 @@
+// Helpers shared by the sparrow subcommands (one file per subcommand: apps/cmd_*.cpp).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "ops/backend.h"
+#include "sparrow/status.h"
+
+namespace sparrow::app {
+
+// IDS is a .npy file of int32/int64 [T] or a comma-separated list.
+Expected<std::vector<int32_t>> parse_ids(const std::string& arg);
+
+// Prints "sparrow: <status>" on stderr and ends the subcommand with exit status 1.
+[[noreturn]] void fail(const Status& s);
+
+// Loads a model, printing progress on stderr.
+std::unique_ptr<Model> load_model_or_fail(const std::string& dir);
+
+// Adds --backend (cpu, or cuda in CUDA builds) to a subcommand.
+void add_backend_option(CLI::App* cmd, std::string* backend);
+std::unique_ptr<Backend> make_backend_or_fail(const std::string& name);
+
+// Each subcommand registers itself here.
+void add_logits_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+
+}  // namespace sparrow::app
