@@ -66,6 +66,8 @@ void add_backend_option(CLI::App* cmd, std::string* backend) {
   cmd->add_option("--backend", *backend, "Compute backend: " + backend_names())->capture_default_str();
 }
 
+std::string backend_names_for_help() { return backend_names(); }
+
 std::unique_ptr<Backend> make_backend_or_fail(const std::string& name) {
   auto be = backend_create(name);
   if (!be.is_ok()) fail(be.status());

@@ -25,9 +25,12 @@ std::unique_ptr<Model> load_model_or_fail(const std::string& dir);
 // Adds --backend (cpu, or cuda in CUDA builds) to a subcommand.
 void add_backend_option(CLI::App* cmd, std::string* backend);
 std::unique_ptr<Backend> make_backend_or_fail(const std::string& name);
+std::string backend_names_for_help();
 
 // Each subcommand registers itself here.
 void add_logits_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_dump_command(CLI::App& app);
+void add_diff_command(CLI::App& app);
 
 }  // namespace sparrow::app

@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   sparrow::app::add_logits_command(app);
   sparrow::app::add_generate_command(app);
+  sparrow::app::add_dump_command(app);
+  sparrow::app::add_diff_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

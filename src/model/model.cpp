@@ -1,8 +1,10 @@
 // DeepSeek-V4 forward pass (spec §3.5-§3.7), in the order transformers 5.17 computes it.
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
 #include "io/config_json.h"
 #include "model/rope.h"
 
@@ -16,14 +18,29 @@ void tap(const ForwardOptions& opt, int64_t layer, const char* what, const Tenso
   if (opt.tap) (*opt.tap)(tap_name(layer, what), t);
 }
 
+// The forced selection for `what` in `layer`, uploaded as [T, values/T], or an empty tensor.
+Tensor forced_decision(Backend& be, const ForwardOptions& opt, int64_t layer, const char* what, int64_t T) {
+  if (!opt.forced) return {};
+  auto it = opt.forced->find(tap_name(layer, what));
+  if (it == opt.forced->end()) return {};
+  const int64_t n = static_cast<int64_t>(it->second.size());
+  SPARROW_CHECK(T > 0 && n % T == 0);
+  return be.upload_i32(it->second, {T, n / T});
+}
+
 }  // namespace
 
-Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir) {
+Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, const ModelOverrides& overrides) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     return Status::not_found("model directory '" + dir.string() + "' does not exist or is not a directory");
   std::unique_ptr<Model> model(new Model());
   SPARROW_ASSIGN_OR_RETURN(model->config_, model_config_load(dir));
+  if (overrides.index_topk) {
+    if (*overrides.index_topk < 1)
+      return Status::invalid_argument("--index-topk must be >= 1, got " + std::to_string(*overrides.index_topk));
+    model->config_.index_topk = *overrides.index_topk;
+  }
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   auto weights = model_weights_load(*model->checkpoint_, model->config_);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
@@ -144,8 +161,16 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       be.linear({.out = iw, .in = x, .weight = &L.index_weights_proj});
       tap(opt, l, "attn.indexer.weights", iw);
       selected = be.alloc(ElemType::kI32, {T, c.index_topk});
+      Tensor scores;  // [T, C] only when tapping: C = entries visible to the batch's last token
+      if (opt.tap) {
+        int64_t C = 0;
+        for (int64_t t = 0; t < T; ++t) C = std::max(C, (batch.positions[t] + 1) / c.compress_ratio[l]);
+        scores = be.alloc(ElemType::kF32, {T, C});
+      }
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
-                       .ratio = c.compress_ratio[l], .k = c.index_topk});
+                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores});
+      if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
+      if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) selected = forced;
       tap(opt, l, "attn.indexer.topk", selected);
     }
   }
@@ -178,7 +203,8 @@ Tensor Model::moe_forward(Backend& be, const BatchInfo& batch, int64_t l, const 
   Tensor weights = be.alloc(ElemType::kF32, {T, K});
   be.router({.out_experts = experts, .out_weights = weights, .x = x, .gate = &L.gate, .bias = L.gate_bias,
              .tid2eid = L.tid2eid, .batch = &batch, .kind = c.moe[l], .k = K,
-             .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement});
+             .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement,
+             .forced_experts = forced_decision(be, opt, l, "moe.router.experts", T)});
   tap(opt, l, "moe.router.experts", experts);
   tap(opt, l, "moe.router.weights", weights);
   Tensor out = be.alloc(ElemType::kF32, {T, c.hidden_size});

@@ -7,8 +7,11 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "core/model_config.h"
@@ -21,15 +24,26 @@ namespace sparrow {
 // Receives (name, tensor) for every tapped intermediate, in execution order.
 using TapFn = std::function<void(const std::string& name, const Tensor& value)>;
 
+// Selections to impose instead of computing them (`sparrow diff --force-decisions`): tap name
+// ("L3.attn.indexer.topk" [T, k], "L0.moe.router.experts" [T, K]) -> int32 values, for one forward
+// over the same tokens.
+using ForcedDecisions = std::map<std::string, std::vector<int32_t>>;
+
 struct ForwardOptions {
   RoutedScalePlacement routed_scale_placement = RoutedScalePlacement::kInRouterWeights;
-  const TapFn* tap = nullptr;  // null: taps off
+  const TapFn* tap = nullptr;                // null: taps off
+  const ForcedDecisions* forced = nullptr;   // null: every decision computed
+};
+
+// Run-time changes to what config.json says (for experiments: `--index-topk`).
+struct ModelOverrides {
+  std::optional<int64_t> index_topk;
 };
 
 class Model {
  public:
   // Loads config.json and the safetensors checkpoint from `dir` and checks every tensor.
-  static Expected<std::unique_ptr<Model>> load(const std::filesystem::path& dir);
+  static Expected<std::unique_ptr<Model>> load(const std::filesystem::path& dir, const ModelOverrides& overrides = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }

@@ -155,6 +155,9 @@ struct IndexerTopkParams {
   int64_t layer;
   int64_t ratio;
   int64_t k;
+  // Optional [T, C] fp32: every entry's score, -inf where not visible. Only for taps (C may exceed
+  // a sequence's entry count; those columns are -inf too).
+  Tensor out_scores = {};
 };
 
 // Appends the batch's window keys to each sequence's ring (after attention has read the ring).
@@ -198,6 +201,9 @@ struct RouterParams {
   int64_t k;
   double routed_scale;
   RoutedScalePlacement placement;
+  // Optional [T, K] int32: route to these experts instead of selecting (sparrow diff
+  // --force-decisions); the weights are still computed from this router's scores.
+  Tensor forced_experts = {};
 };
 
 struct MoeParams {
@@ -220,6 +226,7 @@ class Backend {
   virtual Tensor alloc(ElemType type, std::vector<int64_t> shape) = 0;
   // Copies host values into a new tensor / back out (tests, taps, logits).
   virtual Tensor upload_f32(const std::vector<float>& values, std::vector<int64_t> shape) = 0;
+  virtual Tensor upload_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape) = 0;
   virtual std::vector<float> download_f32(const Tensor& t) = 0;
   virtual std::vector<int32_t> download_i32(const Tensor& t) = 0;
 

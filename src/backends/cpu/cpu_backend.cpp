@@ -105,6 +105,13 @@ class CpuBackend final : public Backend {
     return t;
   }
 
+  Tensor upload_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape) override {
+    Tensor t = alloc(ElemType::kI32, std::move(shape));
+    SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
+    std::memcpy(t.i32(), values.data(), values.size() * sizeof(int32_t));
+    return t;
+  }
+
   std::vector<float> download_f32(const Tensor& t) override {
     SPARROW_CHECK(t.type() == ElemType::kF32);
     return std::vector<float>(t.f32(), t.f32() + t.numel());
@@ -339,6 +346,11 @@ class CpuBackend final : public Backend {
           }
           scored[w] = {score * scale, static_cast<int32_t>(w)};
         }
+        if (!p.out_scores.empty()) {
+          const int64_t C = p.out_scores.dim(1);
+          float* row = p.out_scores.f32() + t * C;
+          for (int64_t w = 0; w < C; ++w) row[w] = w < visible ? static_cast<float>(scored[w].first) : kNegInf;
+        }
         // Higher score first; among equal scores the lower entry index (a documented tie-break:
         // torch.topk leaves tie order unspecified, traps.md row 17).
         const int64_t keep = std::min<int64_t>(p.k, visible);
@@ -438,7 +450,12 @@ class CpuBackend final : public Backend {
         std::vector<double> log_score(E);
         for (int64_t e = 0; e < E; ++e) log_score[e] = log_sqrt_softplus(logits[t * E + e]);
         std::vector<int32_t> chosen(K);
-        if (p.kind == MoeKind::kHash) {
+        if (!p.forced_experts.empty()) {
+          for (int64_t i = 0; i < K; ++i) {
+            chosen[i] = p.forced_experts.i32()[t * K + i];
+            SPARROW_CHECK(chosen[i] >= 0 && chosen[i] < E);
+          }
+        } else if (p.kind == MoeKind::kHash) {
           const int64_t id = batch.token_ids[t];
           for (int64_t i = 0; i < K; ++i) chosen[i] = static_cast<int32_t>(load_index(p.tid2eid, id * K + i));
         } else {
