@@ -32,5 +32,6 @@ void add_logits_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_dump_command(CLI::App& app);
 void add_diff_command(CLI::App& app);
+void add_recall_command(CLI::App& app);
 
 }  // namespace sparrow::app

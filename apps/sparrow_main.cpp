@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   sparrow::app::add_generate_command(app);
   sparrow::app::add_dump_command(app);
   sparrow::app::add_diff_command(app);
+  sparrow::app::add_recall_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

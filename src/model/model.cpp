@@ -41,6 +41,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
       return Status::invalid_argument("--index-topk must be >= 1, got " + std::to_string(*overrides.index_topk));
     model->config_.index_topk = *overrides.index_topk;
   }
+  model->index_keys_ = overrides.index_keys;
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   auto weights = model_weights_load(*model->checkpoint_, model->config_);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
@@ -152,7 +153,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       be.compressor({.kv = ikv, .gate = igate, .ape = L.index_compressor.ape,
                      .norm_weight = L.index_compressor.norm, .batch = &batch, .rope = &rope, .layer = l,
                      .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,
-                     .norm_eps = eps});
+                     .norm_eps = eps, .key_precision = index_keys_});
       Tensor iq = be.alloc(ElemType::kF32, {T, Hi, di});
       be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b});
       be.rope({.x = iq, .table = &rope, .direction = RopeDirection::kForward}, batch);
@@ -170,7 +171,10 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
                        .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores});
       if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
-      if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) selected = forced;
+      if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) {
+        tap(opt, l, "attn.indexer.topk_own", selected);  // what this side would have picked
+        selected = forced;
+      }
       tap(opt, l, "attn.indexer.topk", selected);
     }
   }

@@ -38,6 +38,7 @@ struct ForwardOptions {
 // Run-time changes to what config.json says (for experiments: `--index-topk`).
 struct ModelOverrides {
   std::optional<int64_t> index_topk;
+  KeyPrecision index_keys = KeyPrecision::kF32;  // precision the indexer keys are stored in
 };
 
 class Model {
@@ -63,6 +64,7 @@ class Model {
 
   std::unique_ptr<SafetensorsCheckpoint> checkpoint_;
   ModelConfig config_;
+  KeyPrecision index_keys_ = KeyPrecision::kF32;
   ModelWeights weights_;
   RopeTable rope_main_, rope_compress_;
 };

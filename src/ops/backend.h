@@ -16,6 +16,7 @@
 
 #include "core/tensor.h"
 #include "core/model_config.h"
+#include "core/quant_sim.h"
 #include "ops/tensor.h"
 
 namespace sparrow {
@@ -142,6 +143,8 @@ struct CompressorParams {
   int64_t dim;
   bool overlap;             // CSA: entry w pools window w-1's first half and window w's second half
   double norm_eps;
+  // Rounding of each emitted entry as stored (indexer keys: `--index-keys`); kF32 stores as computed.
+  KeyPrecision key_precision = KeyPrecision::kF32;
 };
 
 // Lightning Indexer: score_t(w) = sum_h weight_h ReLU(q_h . K_w) * di^-1/2 * Hi^-1/2 over the

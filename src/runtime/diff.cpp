@@ -84,6 +84,7 @@ DiffReport diff_taps(const std::vector<TapRecord>& a, const std::vector<TapRecor
     d.selection = tap_is_selection(ra.name);
     d.shape_a = ra.shape;
     const TapRecord* rb = find(b, ra.name);
+    if (!rb && tap_is_informational(ra.name)) continue;
     if (!rb) {
       d.present_in_b = false;
       d.diverged = true;
@@ -91,7 +92,7 @@ DiffReport diff_taps(const std::vector<TapRecord>& a, const std::vector<TapRecor
       d.shape_b = rb->shape;
       if (d.selection) {
         selection_overlap(ra, *rb, d);
-        d.diverged = d.shape_mismatch || d.overlap_min < opt.min_overlap;
+        d.diverged = !tap_is_informational(ra.name) && (d.shape_mismatch || d.overlap_min < opt.min_overlap);
       } else if (ra.shape != rb->shape || ra.type != rb->type) {
         d.shape_mismatch = true;
         d.diverged = true;

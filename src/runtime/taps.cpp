@@ -28,8 +28,10 @@ int64_t tap_layer(const std::string& name) {
 }
 
 bool tap_is_selection(const std::string& name) {
-  return name.ends_with(".indexer.topk") || name.ends_with(".router.experts");
+  return name.ends_with(".indexer.topk") || name.ends_with(".indexer.topk_own") || name.ends_with(".router.experts");
 }
+
+bool tap_is_informational(const std::string& name) { return name.ends_with("_own"); }
 
 void TapRecorder::record(const std::string& name, const Tensor& t) {
   if (!tap_pattern_match(pattern_, name)) return;

@@ -30,6 +30,10 @@ int64_t tap_layer(const std::string& name);
 // Selections (indexer top-k, expert choice) are compared as sets, not values.
 bool tap_is_selection(const std::string& name);
 
+// `*_own` taps record what a side would have picked while --force-decisions imposed another
+// side's picks: reported, never a divergence.
+bool tap_is_informational(const std::string& name);
+
 class TapRecorder {
  public:
   TapRecorder(Backend& backend, std::string pattern) : backend_(backend), pattern_(std::move(pattern)) {

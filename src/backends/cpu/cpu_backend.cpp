@@ -603,6 +603,7 @@ class CpuBackend final : public Backend {
     rms_normalise(entry.data(), dim, &p.norm_weight, p.norm_eps);
     const int64_t w = buf.count;
     rotate(entry.data() + dim - p.rope->rope_dim(), *p.rope, static_cast<double>(w * m), RopeDirection::kForward);
+    simulate_key_precision(entry.data(), dim, p.key_precision);
     buf.entries.insert(buf.entries.end(), entry.begin(), entry.end());
     ++buf.count;
     if (p.overlap) {
