@@ -1,6 +1,7 @@
 #include "runtime/diff.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -152,9 +153,12 @@ std::string diff_report_text(const DiffReport& r) {
     std::string first_bad;
     int taps = 0;
   };
+  // Rows in execution order: the embedding, each layer, then the head (final norm and logits).
+  constexpr int64_t kHeadRow = INT64_MAX;
+  auto row_key = [](const TapDiff& d) { return d.layer >= 0 ? d.layer : (d.name == "embed" ? -1 : kHeadRow); };
   std::map<int64_t, Row> rows;
   for (const TapDiff& d : r.taps) {
-    Row& row = rows[d.layer];
+    Row& row = rows[row_key(d)];
     ++row.taps;
     if (!d.selection && d.rel_err >= row.worst_rel) {
       row.worst_rel = d.rel_err;
@@ -170,7 +174,8 @@ std::string diff_report_text(const DiffReport& r) {
   o << line;
   for (const auto& [layer, row] : rows) {
     std::snprintf(line, sizeof line, "%-6s %5d %12.3e  %-28s %11.3f  %s\n",
-                  layer < 0 ? "-" : std::to_string(layer).c_str(), row.taps, row.worst_rel, row.worst_tap.c_str(),
+                  layer == -1 ? "embed" : layer == kHeadRow ? "head" : std::to_string(layer).c_str(), row.taps,
+                  row.worst_rel, row.worst_tap.c_str(),
                   row.min_overlap, row.first_bad.empty() ? "-" : row.first_bad.c_str());
     o << line;
   }
