@@ -9,8 +9,8 @@ namespace sparrow::app {
 
 void add_diff_command(CLI::App& app) {
   struct Side {
-    std::string model, backend = "cpu", precision = "fp32";
-    int64_t index_topk = 0;
+    std::string model, backend = "cpu";
+    ModelRunOptions run;
   };
   struct Opts {
     Side a, b;
@@ -26,10 +26,7 @@ void add_diff_command(CLI::App& app) {
     const std::string t = tag;
     cmd->add_option("--backend-" + t, side->backend, "Backend of side " + t + ": " + backend_names_for_help())
         ->capture_default_str();
-    cmd->add_option("--precision-" + t, side->precision, "Precision profile of side " + t + " (fp32)")
-        ->capture_default_str();
-    cmd->add_option("--index-topk-" + t, side->index_topk, "Override index_topk on side " + t)
-        ->check(CLI::PositiveNumber);
+    add_model_run_options(cmd, &side->run, "-" + t);
   }
   cmd->add_option("--ids", opts->ids, "Token ids: a .npy file or a list like 1,2,3")->required();
   cmd->add_option("--taps", opts->taps, "Only compare taps matching these globs")->capture_default_str();
@@ -43,12 +40,8 @@ void add_diff_command(CLI::App& app) {
     auto ids = parse_ids(opts->ids);
     if (!ids.is_ok()) fail(ids.status());
     auto run = [&](const Side& side, const ForcedDecisions* forced) {
-      if (side.precision != "fp32")
-        fail(Status::unsupported("--precision '" + side.precision + "': only the fp32 profile exists so far"));
       auto backend = make_backend_or_fail(side.backend);
-      ModelOverrides ov;
-      if (side.index_topk > 0) ov.index_topk = side.index_topk;
-      auto model = Model::load(side.model, ov);
+      auto model = Model::load(side.model, model_overrides_or_fail(side.run));
       if (!model.is_ok()) fail(model.status());
       // Selections are always recorded: --force-decisions and the set comparison need them.
       const std::string pattern = opts->taps == "*" ? "*" : opts->taps + ",*.indexer.topk,*.router.experts";

@@ -9,6 +9,7 @@ namespace sparrow::app {
 void add_dump_command(CLI::App& app) {
   struct Opts {
     std::string model, ids, taps = "*", out, backend = "cpu";
+    ModelRunOptions run;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("dump", "Run one forward and write the named intermediates (taps) to a .safetensors");
@@ -18,11 +19,12 @@ void add_dump_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--out", opts->out, "Output .safetensors path")->required();
   add_backend_option(cmd, &opts->backend);
+  add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
     auto ids = parse_ids(opts->ids);
     if (!ids.is_ok()) fail(ids.status());
     auto backend = make_backend_or_fail(opts->backend);
-    auto model = load_model_or_fail(opts->model);
+    auto model = load_model_or_fail(opts->model, model_overrides_or_fail(opts->run));
     auto records = taps_run(*model, *backend, *ids, opts->taps);
     if (!records.is_ok()) fail(records.status());
     if (records->empty()) fail(Status::invalid_argument("--taps '" + opts->taps + "' matches no tap name"));

@@ -11,6 +11,7 @@ void add_generate_command(CLI::App& app) {
   struct Opts {
     std::string model, ids, backend = "cpu";
     int64_t n = 16;
+    ModelRunOptions run;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("generate", "Greedy-decode N tokens after the prompt and print their ids");
@@ -18,11 +19,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--ids", opts->ids, "Prompt token ids: a .npy file or a list like 1,2,3")->required();
   cmd->add_option("-n", opts->n, "Number of tokens to generate")->check(CLI::NonNegativeNumber)->capture_default_str();
   add_backend_option(cmd, &opts->backend);
+  add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
     auto ids = parse_ids(opts->ids);
     if (!ids.is_ok()) fail(ids.status());
     auto backend = make_backend_or_fail(opts->backend);
-    auto model = load_model_or_fail(opts->model);
+    auto model = load_model_or_fail(opts->model, model_overrides_or_fail(opts->run));
     Session session(*model, *backend);
     const auto t0 = std::chrono::steady_clock::now();
     auto out = session.generate(*ids, opts->n);

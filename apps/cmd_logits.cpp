@@ -11,6 +11,7 @@ void add_logits_command(CLI::App& app) {
   struct Opts {
     std::string model, ids, out, backend = "cpu";
     int64_t chunk = 0;
+    ModelRunOptions run;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("logits", "Write the logits of every position as a float32 [T, vocab] .npy");
@@ -20,11 +21,12 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--chunk", opts->chunk, "Feed the prompt N tokens at a time (1 = token-by-token decode; 0 = all)")
       ->check(CLI::NonNegativeNumber);
   add_backend_option(cmd, &opts->backend);
+  add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
     auto ids = parse_ids(opts->ids);
     if (!ids.is_ok()) fail(ids.status());
     auto backend = make_backend_or_fail(opts->backend);
-    auto model = load_model_or_fail(opts->model);
+    auto model = load_model_or_fail(opts->model, model_overrides_or_fail(opts->run));
     Session session(*model, *backend);
     auto logits = session.logits(*ids, opts->chunk);
     if (!logits.is_ok()) fail(logits.status());

@@ -49,10 +49,10 @@ void fail(const Status& s) {
   throw CLI::RuntimeError(1);
 }
 
-std::unique_ptr<Model> load_model_or_fail(const std::string& dir) {
+std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOverrides& overrides) {
   const auto t0 = std::chrono::steady_clock::now();
   std::fprintf(stderr, "sparrow: loading %s ...\n", dir.c_str());
-  auto model = Model::load(dir);
+  auto model = Model::load(dir, overrides);
   if (!model.is_ok()) fail(model.status());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = (*model)->config();
@@ -60,6 +60,27 @@ std::unique_ptr<Model> load_model_or_fail(const std::string& dir) {
                static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
                static_cast<long long>(c.vocab_size), s);
   return std::move(model).value();
+}
+
+void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix) {
+  const std::string side = suffix.empty() ? "" : " of side " + suffix.substr(1);
+  cmd->add_option("--precision" + suffix, o->precision, "Numerics profile" + side + ": fp32 or deepseek-ref")
+      ->capture_default_str();
+  cmd->add_option("--index-keys" + suffix, o->index_keys, "Indexer key storage" + side + ": fp32, bf16, fp8 or fp4")
+      ->capture_default_str();
+  cmd->add_option("--index-topk" + suffix, o->index_topk, "Override index_topk" + side)->check(CLI::PositiveNumber);
+}
+
+ModelOverrides model_overrides_or_fail(const ModelRunOptions& o) {
+  ModelOverrides ov;
+  auto precision = precision_from_name(o.precision);
+  if (!precision) fail(Status::invalid_argument("--precision '" + o.precision + "' is not fp32 or deepseek-ref"));
+  ov.precision = *precision;
+  auto keys = key_precision_from_name(o.index_keys);
+  if (!keys) fail(Status::invalid_argument("--index-keys '" + o.index_keys + "' is not fp32, bf16, fp8 or fp4"));
+  ov.index_keys = *keys;
+  if (o.index_topk > 0) ov.index_topk = o.index_topk;
+  return ov;
 }
 
 void add_backend_option(CLI::App* cmd, std::string* backend) {

@@ -20,7 +20,15 @@ Expected<std::vector<int32_t>> parse_ids(const std::string& arg);
 [[noreturn]] void fail(const Status& s);
 
 // Loads a model, printing progress on stderr.
-std::unique_ptr<Model> load_model_or_fail(const std::string& dir);
+std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOverrides& overrides = {});
+
+// --precision, --index-keys, --index-topk (with a suffix: --precision-a, ...): run-time numerics.
+struct ModelRunOptions {
+  std::string precision = "fp32", index_keys = "fp32";
+  int64_t index_topk = 0;
+};
+void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");
+ModelOverrides model_overrides_or_fail(const ModelRunOptions& o);
 
 // Adds --backend (cpu, or cuda in CUDA builds) to a subcommand.
 void add_backend_option(CLI::App* cmd, std::string* backend);

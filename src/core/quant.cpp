@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/dtype.h"
 
 namespace sparrow {
 
@@ -12,22 +13,17 @@ uint8_t f32_to_e4m3(float x) {
   if (std::isnan(x)) return sign | 0x7F;
   const float a = std::fabs(x);
   if (a >= kE4m3Max) return sign | 0x7E;  // 0x7E = exponent 15, mantissa 6 = 448
-  // a = m * 2^e with m in [0.5, 1): floor(log2 a) = e - 1. Below 2^-6 the spacing stays 2^-9
-  // (subnormals); otherwise 3 mantissa bits give a spacing of 2^(floor(log2 a) - 3).
-  int e = 0;
-  std::frexp(a, &e);
-  const int quantum_exp = std::max(e - 1, -6) - 3;
-  // Scaling by a power of two is exact here (a >= 2^-149 and the result is at most 16), so the
-  // only rounding is nearbyint's, which rounds to nearest even in the default mode.
-  const float n = std::nearbyint(std::ldexp(a, -quantum_exp));
-  const float v = std::ldexp(n, quantum_exp);  // the rounded magnitude, <= 448 since a < 448
-  if (v == 0.0f) return sign;
-  if (v < 0x1p-6f) return sign | static_cast<uint8_t>(n);  // subnormal: v = man * 2^-9, man 1..7
-  int ve = 0;
-  std::frexp(v, &ve);
-  const int exp_field = ve - 1 + 7;                          // bias 7, 1..15
-  const int man = static_cast<int>(std::ldexp(v, -(ve - 1) + 3)) - 8;  // v / 2^(E-3) in [8, 16)
-  return sign | static_cast<uint8_t>(exp_field << 3 | man);
+  if (a < 0x1p-6f) {
+    // Subnormal range: multiples of 2^-9. a * 512 is exact and nearbyint rounds to nearest even;
+    // n = 8 is the smallest normal, whose code is also 8.
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  // Normal: round the 23-bit fp32 mantissa to 3 bits, nearest even (a carry into the exponent is
+  // the correct result), then rebias the exponent from 127 to 7. a < 448 keeps the result <= 448.
+  uint32_t u = f32_to_bits(a);
+  u += 0x7FFFFu + ((u >> 20) & 1u);
+  const uint32_t exp_field = (u >> 23) - 127 + 7;  // 1..15
+  return sign | static_cast<uint8_t>(exp_field << 3 | ((u >> 20) & 7u));
 }
 
 uint8_t f32_to_e2m1(float x) {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "core/check.h"
 #include "core/dtype.h"
 #include "core/quant.h"
 
@@ -41,19 +43,51 @@ void simulate_key_precision(float* x, int64_t n, KeyPrecision p) {
       for (int64_t i = 0; i < n; ++i) x[i] = e4m3_to_f32(f32_to_e4m3(x[i] / s)) * s;
       return;
     }
-    case KeyPrecision::kFp4: {
-      constexpr int64_t kBlock = 32;
-      for (int64_t b = 0; b < n; b += kBlock) {
-        const int64_t e = std::min(n, b + kBlock);
-        // The reference floors amax at 6 * 2^-126 so an all-zero block gets a finite scale.
-        float amax = 6.0f * std::ldexp(1.0f, -126);
-        for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const float s = std::ldexp(1.0f, pow2_scale_exponent(amax, kE2m1Max));
-        for (int64_t i = b; i < e; ++i) x[i] = e2m1_to_f32(f32_to_e2m1(std::clamp(x[i] / s, -6.0f, 6.0f))) * s;
-      }
+    case KeyPrecision::kFp4:
+      fp4_pow2_quant_sim(x, n);
       return;
-    }
   }
+}
+
+void fp8_pow2_quant_sim(float* x, int64_t n, int64_t block) {
+  for (int64_t b = 0; b < n; b += block) {
+    const int64_t e = std::min(n, b + block);
+    float amax = 1e-4f;  // the reference's floor: an all-zero block still gets a finite scale
+    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = std::ldexp(1.0f, pow2_scale_exponent(amax, kE4m3Max));
+    for (int64_t i = b; i < e; ++i) x[i] = e4m3_to_f32(f32_to_e4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max))) * s;
+  }
+}
+
+void fp4_pow2_quant_sim(float* x, int64_t n) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    // The reference floors amax at 6 * 2^-126 so an all-zero block gets a finite scale.
+    float amax = kE2m1Max * std::ldexp(1.0f, -126);
+    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = std::ldexp(1.0f, pow2_scale_exponent(amax, kE2m1Max));
+    for (int64_t i = b; i < e; ++i) x[i] = e2m1_to_f32(f32_to_e2m1(std::clamp(x[i] / s, -kE2m1Max, kE2m1Max))) * s;
+  }
+}
+
+void hadamard_transform(float* x, int64_t n) {
+  SPARROW_CHECK(n > 0 && (n & (n - 1)) == 0);
+  // In-place butterflies in fp64, then one scale: the result is the exact product rounded once.
+  std::vector<double> v(x, x + n);
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const double a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(v[i] * scale);
+}
+
+void bf16_round_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_round(x[i]);
 }
 
 }  // namespace sparrow

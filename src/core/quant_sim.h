@@ -22,4 +22,20 @@ const char* key_precision_name(KeyPrecision p);
 // Rounds x[0..n) as stored in precision p and read back.
 void simulate_key_precision(float* x, int64_t n, KeyPrecision p);
 
+// The reference's power-of-two FP8 quantisation (spec §3.0.5, §3.0.6), in place: per block of
+// `block` values, amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)), x <- e4m3(clamp(x/s)) * s.
+// Block 128 before FP8/FP4 GEMMs, block 64 for the KV "simulation".
+void fp8_pow2_quant_sim(float* x, int64_t n, int64_t block);
+
+// The reference's FP4 simulation (spec §3.0.7), in place: blocks of 32, amax floored at 6*2^-126,
+// s = 2^ceil(log2(amax/6)), x <- e2m1(clamp(x/s, ±6)) * s.
+void fp4_pow2_quant_sim(float* x, int64_t n);
+
+// y = x H_n / sqrt(n), H_n the Sylvester (natural-order) Walsh-Hadamard matrix (spec §3.0.8), in
+// place. REQUIRES n a power of two.
+void hadamard_transform(float* x, int64_t n);
+
+// bf16 round-to-nearest-even of every value, in place.
+void bf16_round_inplace(float* x, int64_t n);
+
 }  // namespace sparrow

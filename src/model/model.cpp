@@ -30,7 +30,8 @@ Tensor forced_decision(Backend& be, const ForwardOptions& opt, int64_t layer, co
 
 }  // namespace
 
-Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, const ModelOverrides& overrides) {
+Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, const ModelOverrides& overrides,
+                                             const LoadProgressFn& progress) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     return Status::not_found("model directory '" + dir.string() + "' does not exist or is not a directory");
@@ -42,8 +43,9 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
     model->config_.index_topk = *overrides.index_topk;
   }
   model->index_keys_ = overrides.index_keys;
+  model->precision_ = overrides.precision;
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
-  auto weights = model_weights_load(*model->checkpoint_, model->config_);
+  auto weights = model_weights_load(*model->checkpoint_, model->config_, progress);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
   model->weights_ = std::move(weights).value();
   model->rope_main_ = rope_table_make(model->config_.rope_main, model->config_.rope_dim);
@@ -51,21 +53,45 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
   return model;
 }
 
+std::optional<Precision> precision_from_name(std::string_view name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "deepseek-ref") return Precision::kDeepseekRef;
+  return std::nullopt;
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kDeepseekRef: return "deepseek-ref";
+  }
+  return "?";
+}
+
+Status Model::check_backend(const Backend& backend) const {
+  if (precision_ == Precision::kDeepseekRef && !backend.supports_reference_numerics())
+    return Status::unsupported(std::string("precision profile deepseek-ref is not implemented on the ") +
+                               backend.name() + " backend (use --backend cpu)");
+  return Status::ok();
+}
+
 Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
+  const bool ref = precision_ == Precision::kDeepseekRef;
   const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
   // streams is (T, S, D)
   Tensor streams = be.alloc(ElemType::kF32, {T, S, D});
   be.embed({.out = streams, .table = &weights_.embed}, batch);
+  if (ref) be.quant_sim({.x = streams, .row = D, .dims = D, .kind = QuantSimKind::kBf16});
   if (opt.tap) (*opt.tap)("embed", streams);
   for (int64_t l = 0; l < c.num_layers; ++l) layer_forward(be, batch, l, streams, opt);
   // hidden is (T, D)
   Tensor hidden = be.alloc(ElemType::kF32, {T, D});
   be.hc_head({.out = hidden, .streams = streams, .weights = &weights_.hc_head, .hc_eps = c.hc_eps,
-              .norm_eps = c.rms_norm_eps});
-  be.rms_norm({.out = hidden, .in = hidden, .weight = weights_.norm, .group = D, .eps = c.rms_norm_eps});
+              .norm_eps = c.rms_norm_eps, .round_bf16 = ref});
+  be.rms_norm({.out = hidden, .in = hidden, .weight = weights_.norm, .group = D, .eps = c.rms_norm_eps,
+               .round_bf16 = ref});
   if (opt.tap) (*opt.tap)("head.hidden", hidden);
-  // logits is (T, V)
+  // logits is (T, V); the reference computes them in fp32 too (spec §4 row 12).
   Tensor logits = be.alloc(ElemType::kF32, {T, c.vocab_size});
   be.linear({.out = logits, .in = hidden, .weight = &weights_.head});
   if (opt.tap) (*opt.tap)("logits", logits);
@@ -77,72 +103,85 @@ void Model::layer_forward(Backend& be, const BatchInfo& batch, int64_t l, Tensor
                           const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[l];
+  const bool ref = precision_ == Precision::kDeepseekRef;
   const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
   Tensor u = be.alloc(ElemType::kF32, {T, D});
   Tensor post = be.alloc(ElemType::kF32, {T, S});
   Tensor comb = be.alloc(ElemType::kF32, {T, S, S});
 
   be.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &L.hc_attn,
-             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps});
+             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps,
+             .round_bf16 = ref});
   tap(opt, l, "hc_attn.post", post);
   tap(opt, l, "hc_attn.comb", comb);
-  be.rms_norm({.out = u, .in = u, .weight = L.attn_norm, .group = D, .eps = c.rms_norm_eps});
+  be.rms_norm({.out = u, .in = u, .weight = L.attn_norm, .group = D, .eps = c.rms_norm_eps, .round_bf16 = ref});
   tap(opt, l, "attn.in", u);
   Tensor y = attention_forward(be, batch, l, u, opt);
-  be.hc_post({.streams = streams, .sublayer = y, .post = post, .comb = comb});
+  be.hc_post({.streams = streams, .sublayer = y, .post = post, .comb = comb, .round_bf16 = ref});
   tap(opt, l, "hc_attn.out", streams);
 
   be.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &L.hc_ffn,
-             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps});
+             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps,
+             .round_bf16 = ref});
   tap(opt, l, "hc_ffn.post", post);
   tap(opt, l, "hc_ffn.comb", comb);
-  be.rms_norm({.out = u, .in = u, .weight = L.ffn_norm, .group = D, .eps = c.rms_norm_eps});
+  be.rms_norm({.out = u, .in = u, .weight = L.ffn_norm, .group = D, .eps = c.rms_norm_eps, .round_bf16 = ref});
   tap(opt, l, "moe.in", u);
   Tensor z = moe_forward(be, batch, l, u, opt);
-  be.hc_post({.streams = streams, .sublayer = z, .post = post, .comb = comb});
+  be.hc_post({.streams = streams, .sublayer = z, .post = post, .comb = comb, .round_bf16 = ref});
   tap(opt, l, "hc_ffn.out", streams);
 }
 
-// Spec §3.3. x is (T, D); returns (T, D).
+// Spec §3.3. x is (T, D); returns (T, D). Under deepseek-ref the linears the release stores as
+// FP8 quantise their input (act_quant) and every stored tensor is bf16, as in the reference.
 Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, const Tensor& x,
                                 const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[l];
   const AttentionKind kind = c.attention[l];
   const RopeTable& rope = kind == AttentionKind::kSliding ? rope_main_ : rope_compress_;
+  const bool ref = precision_ == Precision::kDeepseekRef;
   const int64_t T = batch.num_tokens(), H = c.num_heads, Dh = c.head_dim, D = c.hidden_size;
   const double eps = c.rms_norm_eps;
 
   // Q path: qr = q_norm(wq_a x); q = per-head unweighted norm(wq_b qr), rotated.
   Tensor qr = be.alloc(ElemType::kF32, {T, c.q_lora_rank});
-  be.linear({.out = qr, .in = x, .weight = &L.wq_a});
-  be.rms_norm({.out = qr, .in = qr, .weight = L.q_norm, .group = c.q_lora_rank, .eps = eps});
+  be.linear({.out = qr, .in = x, .weight = &L.wq_a, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.rms_norm({.out = qr, .in = qr, .weight = L.q_norm, .group = c.q_lora_rank, .eps = eps, .round_bf16 = ref});
   tap(opt, l, "attn.qr", qr);
   Tensor q = be.alloc(ElemType::kF32, {T, H, Dh});
-  be.linear({.out = q, .in = qr, .weight = &L.wq_b});
-  be.rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = eps});
-  be.rope({.x = q, .table = &rope, .direction = RopeDirection::kForward}, batch);
+  be.linear({.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = eps, .round_bf16 = ref});
+  be.rope({.x = q, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.q", q);
 
-  // KV path: one shared head, K = V.
+  // KV path: one shared head, K = V. The reference stores its nope dims FP8-simulated.
   Tensor kv = be.alloc(ElemType::kF32, {T, 1, Dh});
-  be.linear({.out = kv, .in = x, .weight = &L.wkv});
-  be.rms_norm({.out = kv, .in = kv, .weight = L.kv_norm, .group = Dh, .eps = eps});
-  be.rope({.x = kv, .table = &rope, .direction = RopeDirection::kForward}, batch);
+  be.linear({.out = kv, .in = x, .weight = &L.wkv, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.rms_norm({.out = kv, .in = kv, .weight = L.kv_norm, .group = Dh, .eps = eps, .round_bf16 = ref});
+  be.rope({.x = kv, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
   kv = kv.reshaped({T, Dh});
+  if (ref) be.quant_sim({.x = kv, .row = Dh, .dims = c.nope_dim(), .kind = QuantSimKind::kFp8Pow2Block64});
   tap(opt, l, "attn.kv", kv);
 
   Tensor selected;
   if (kind != AttentionKind::kSliding) {
     const bool csa = kind == AttentionKind::kCsa;
     const int64_t width = csa ? 2 * Dh : Dh;
+    // The compressor's projections run in fp32 in the reference too (spec §4 row 8).
     Tensor ckv = be.alloc(ElemType::kF32, {T, width});
     Tensor cgate = be.alloc(ElemType::kF32, {T, width});
     be.linear({.out = ckv, .in = x, .weight = &L.compressor.wkv});
     be.linear({.out = cgate, .in = x, .weight = &L.compressor.wgate});
+    std::vector<QuantSimKind> kv_sim, key_sim;
+    if (ref) {
+      kv_sim = {QuantSimKind::kFp8Pow2Block64};
+      key_sim = {QuantSimKind::kHadamardBf16, QuantSimKind::kFp4Pow2Block32};
+    }
     be.compressor({.kv = ckv, .gate = cgate, .ape = L.compressor.ape, .norm_weight = L.compressor.norm,
                    .batch = &batch, .rope = &rope, .layer = l, .slot = CompressorSlot::kMain,
-                   .ratio = c.compress_ratio[l], .dim = Dh, .overlap = csa, .norm_eps = eps});
+                   .ratio = c.compress_ratio[l], .dim = Dh, .overlap = csa, .norm_eps = eps,
+                   .round_bf16 = ref, .entry_sim = kv_sim});
     if (csa) {
       // Lightning Indexer: its own compressor at index_head_dim, then scores and top-k.
       const int64_t Hi = c.index_heads, di = c.index_head_dim;
@@ -153,13 +192,17 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       be.compressor({.kv = ikv, .gate = igate, .ape = L.index_compressor.ape,
                      .norm_weight = L.index_compressor.norm, .batch = &batch, .rope = &rope, .layer = l,
                      .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,
-                     .norm_eps = eps, .key_precision = index_keys_});
+                     .norm_eps = eps, .key_precision = index_keys_, .round_bf16 = ref, .entry_sim = key_sim});
       Tensor iq = be.alloc(ElemType::kF32, {T, Hi, di});
-      be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b});
-      be.rope({.x = iq, .table = &rope, .direction = RopeDirection::kForward}, batch);
+      be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b, .act_quant_fp8 = ref, .round_bf16 = ref});
+      be.rope({.x = iq, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
+      if (ref) {
+        be.quant_sim({.x = iq, .row = di, .dims = di, .kind = QuantSimKind::kHadamardBf16});
+        be.quant_sim({.x = iq, .row = di, .dims = di, .kind = QuantSimKind::kFp4Pow2Block32});
+      }
       tap(opt, l, "attn.indexer.q", iq);
       Tensor iw = be.alloc(ElemType::kF32, {T, Hi});
-      be.linear({.out = iw, .in = x, .weight = &L.index_weights_proj});
+      be.linear({.out = iw, .in = x, .weight = &L.index_weights_proj, .round_bf16 = ref});
       tap(opt, l, "attn.indexer.weights", iw);
       selected = be.alloc(ElemType::kI32, {T, c.index_topk});
       Tensor scores;  // [T, C] only when tapping: C = entries visible to the batch's last token
@@ -169,7 +212,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
         scores = be.alloc(ElemType::kF32, {T, C});
       }
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
-                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores});
+                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = ref});
       if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
       if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) {
         tap(opt, l, "attn.indexer.topk_own", selected);  // what this side would have picked
@@ -182,17 +225,18 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   Tensor o = be.alloc(ElemType::kF32, {T, H, Dh});
   be.attention({.out = o, .q = q, .kv = kv, .selected = selected, .sinks = L.attn_sink, .batch = &batch, .layer = l,
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
-                 .scale = 1.0 / std::sqrt(static_cast<double>(Dh))});
+                 .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref});
   be.window_append({.kv = kv, .batch = &batch, .layer = l});
   // V carried rotated dims: undo the rotation at the query position (spec §3.3).
-  be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse}, batch);
+  be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.core", o);
 
+  // wo_a is a bf16 GEMM in the reference (dequantised at conversion), wo_b an FP8 one.
   const int64_t G = c.o_groups;
   Tensor grouped = be.alloc(ElemType::kF32, {T, G * c.o_lora_rank});
-  be.grouped_linear({.out = grouped, .in = o.reshaped({T, H * Dh}), .weight = &L.wo_a, .groups = G});
+  be.grouped_linear({.out = grouped, .in = o.reshaped({T, H * Dh}), .weight = &L.wo_a, .groups = G, .round_bf16 = ref});
   Tensor out = be.alloc(ElemType::kF32, {T, D});
-  be.linear({.out = out, .in = grouped, .weight = &L.wo_b});
+  be.linear({.out = out, .in = grouped, .weight = &L.wo_b, .act_quant_fp8 = ref, .round_bf16 = ref});
   tap(opt, l, "attn.out", out);
   return out;
 }
@@ -214,7 +258,8 @@ Tensor Model::moe_forward(Backend& be, const BatchInfo& batch, int64_t l, const 
   Tensor out = be.alloc(ElemType::kF32, {T, c.hidden_size});
   be.moe({.out = out, .x = x, .experts = experts, .weights = weights, .routed = &L.experts,
           .shared = c.num_shared_experts == 1 ? &L.shared : nullptr, .swiglu_limit = c.swiglu_limit,
-          .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement});
+          .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement,
+          .ref_numerics = precision_ == Precision::kDeepseekRef});
   tap(opt, l, "moe.out", out);
   return out;
 }

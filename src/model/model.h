@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -36,17 +37,35 @@ struct ForwardOptions {
 };
 
 // Run-time changes to what config.json says (for experiments: `--index-topk`).
+// Numerics profiles (spec §4). kFp32 is the reference: fp32 activations, no rounding. kDeepseekRef
+// emulates DeepSeek's own inference code: power-of-two FP8 activation quantisation before the
+// GEMMs the release stores as FP8/FP4, FP8-simulated KV nope dims, Hadamard + FP4-simulated
+// indexer q/k, bf16 index scores, the routing weight applied before w2, and bf16 rounding wherever
+// the reference keeps bf16 tensors (between sub-layers, norms, RoPE, projections).
+enum class Precision : uint8_t { kFp32, kDeepseekRef };
+std::optional<Precision> precision_from_name(std::string_view name);  // "fp32", "deepseek-ref"
+const char* precision_name(Precision p);
+
 struct ModelOverrides {
   std::optional<int64_t> index_topk;
   KeyPrecision index_keys = KeyPrecision::kF32;  // precision the indexer keys are stored in
+  Precision precision = Precision::kFp32;
 };
+
+// Called while Model::load checks the weight table: (layers checked, layers in total).
+using LoadProgressFn = std::function<void(int64_t done, int64_t total)>;
 
 class Model {
  public:
-  // Loads config.json and the safetensors checkpoint from `dir` and checks every tensor.
-  static Expected<std::unique_ptr<Model>> load(const std::filesystem::path& dir, const ModelOverrides& overrides = {});
+  // Loads config.json and the safetensors checkpoint from `dir` and checks every tensor. The
+  // checkpoint stays mmap'd in its stored format; loading reads headers and tid2eid only.
+  static Expected<std::unique_ptr<Model>> load(const std::filesystem::path& dir, const ModelOverrides& overrides = {},
+                                               const LoadProgressFn& progress = {});
 
   const ModelConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  // The model can run on `backend` with its precision profile (deepseek-ref needs quant_sim).
+  Status check_backend(const Backend& backend) const;
   const ModelWeights& weights() const { return weights_; }
   const RopeTable& rope_main() const { return rope_main_; }
   const RopeTable& rope_compress() const { return rope_compress_; }
@@ -65,6 +84,7 @@ class Model {
   std::unique_ptr<SafetensorsCheckpoint> checkpoint_;
   ModelConfig config_;
   KeyPrecision index_keys_ = KeyPrecision::kF32;
+  Precision precision_ = Precision::kFp32;
   ModelWeights weights_;
   RopeTable rope_main_, rope_compress_;
 };

@@ -173,10 +173,25 @@ Status load_tid2eid(const Resolver& r, const std::string& stem, const ModelConfi
   return Status::ok();
 }
 
-Status load_expert(const Resolver& r, const std::string& p, int64_t F, int64_t D, ExpertWeights* e) {
+// config.json's expert_dtype ("fp4": packed e2m1 in I8, "fp8": F8_E4M3) says how the routed experts
+// are stored; a quantised expert in the other format means the config and the tensors disagree.
+// Float experts are unambiguous and accepted whatever expert_dtype says.
+Status check_expert_dtype(const WeightMatrix& w, const std::string& expert_dtype) {
+  const bool mismatch = (expert_dtype == "fp4" && w.format == WeightFormat::kFp8Block) ||
+                        (expert_dtype == "fp8" && w.format == WeightFormat::kFp4Packed);
+  if (!mismatch) return Status::ok();
+  return Status::invalid_argument("tensor '" + w.data.name + "' has dtype " + dtype_name(w.data.dtype) +
+                                  ", expected " + (expert_dtype == "fp4" ? "I8 (packed FP4)" : "F8_E4M3") +
+                                  " because config.json says expert_dtype \"" + expert_dtype + "\"");
+}
+
+Status load_expert(const Resolver& r, const std::string& p, int64_t F, int64_t D, ExpertWeights* e,
+                   const std::string& expert_dtype = "") {
   SPARROW_RETURN_IF_ERROR(load_matrix(r, p + "w1", F, D, &e->w1, QuantAllowed::kAny));
   SPARROW_RETURN_IF_ERROR(load_matrix(r, p + "w2", D, F, &e->w2, QuantAllowed::kAny));
-  return load_matrix(r, p + "w3", F, D, &e->w3, QuantAllowed::kAny);
+  SPARROW_RETURN_IF_ERROR(load_matrix(r, p + "w3", F, D, &e->w3, QuantAllowed::kAny));
+  for (const WeightMatrix* w : {&e->w1, &e->w2, &e->w3}) SPARROW_RETURN_IF_ERROR(check_expert_dtype(*w, expert_dtype));
+  return Status::ok();
 }
 
 Status load_layer(const Resolver& r, const ModelConfig& c, int64_t i, LayerWeights* L) {
@@ -219,7 +234,7 @@ Status load_layer(const Resolver& r, const ModelConfig& c, int64_t i, LayerWeigh
   L->experts.resize(c.num_experts);
   for (int64_t e = 0; e < c.num_experts; ++e)
     SPARROW_RETURN_IF_ERROR(
-        load_expert(r, f + "experts." + std::to_string(e) + ".", c.moe_intermediate, D, &L->experts[e]));
+        load_expert(r, f + "experts." + std::to_string(e) + ".", c.moe_intermediate, D, &L->experts[e], c.expert_dtype));
   if (c.num_shared_experts == 1)
     SPARROW_RETURN_IF_ERROR(load_expert(r, f + "shared_experts.", c.moe_intermediate, D, &L->shared));
   return Status::ok();
@@ -227,7 +242,8 @@ Status load_layer(const Resolver& r, const ModelConfig& c, int64_t i, LayerWeigh
 
 }  // namespace
 
-Expected<ModelWeights> model_weights_load(const SafetensorsCheckpoint& ckpt, const ModelConfig& c) {
+Expected<ModelWeights> model_weights_load(const SafetensorsCheckpoint& ckpt, const ModelConfig& c,
+                                          const std::function<void(int64_t done, int64_t total)>& progress) {
   Resolver r(ckpt);
   ModelWeights w;
   const int64_t D = c.hidden_size, S = c.hc_mult;
@@ -238,7 +254,10 @@ Expected<ModelWeights> model_weights_load(const SafetensorsCheckpoint& ckpt, con
   SPARROW_RETURN_IF_ERROR(load_hc(r, "hc_head_fn", "hc_head_base", "hc_head_scale", S, S * D, 1, &w.hc_head,
                                   {"hc_head.hc_fn"}, {"hc_head.hc_base"}, {"hc_head.hc_scale"}));
   w.layers.resize(c.num_layers);
-  for (int64_t i = 0; i < c.num_layers; ++i) SPARROW_RETURN_IF_ERROR(load_layer(r, c, i, &w.layers[i]));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    SPARROW_RETURN_IF_ERROR(load_layer(r, c, i, &w.layers[i]));
+    if (progress) progress(i + 1, c.num_layers);
+  }
   return w;
 }
 

@@ -4,6 +4,7 @@
 // into the mmap'd checkpoint in its stored format (float, FP8 block-scaled or packed FP4).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -55,7 +56,10 @@ struct ModelWeights {
 };
 
 // Resolves and validates every tensor. Errors name the tensor, the expected and the found
-// shape/dtype. The views point into `ckpt`, which must outlive the result.
-Expected<ModelWeights> model_weights_load(const SafetensorsCheckpoint& ckpt, const ModelConfig& config);
+// shape/dtype. The views point into `ckpt`, which must outlive the result. Reads no weight data
+// (only tid2eid, whose ids are range-checked), so loading touches almost none of the mapping.
+// `progress`, if set, is called after each layer with (layers checked, num_layers).
+Expected<ModelWeights> model_weights_load(const SafetensorsCheckpoint& ckpt, const ModelConfig& config,
+                                          const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace sparrow

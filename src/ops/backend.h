@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -78,6 +80,7 @@ struct HcPreParams {
   int64_t sinkhorn_iters;
   double hc_eps;
   double norm_eps;
+  bool round_bf16 = false;  // store u rounded to bf16 (deepseek-ref)
 };
 
 struct HcPostParams {
@@ -85,6 +88,7 @@ struct HcPostParams {
   Tensor sublayer;    // [T, D] y
   Tensor post;        // [T, S]
   Tensor comb;        // [T, S, S]
+  bool round_bf16 = false;  // streams rounded to bf16 once, post and comb kept fp32 (deepseek-ref)
 };
 
 struct HcHeadParams {
@@ -93,6 +97,7 @@ struct HcHeadParams {
   const HcWeights* weights;
   double hc_eps;
   double norm_eps;
+  bool round_bf16 = false;
 };
 
 struct RmsNormParams {
@@ -101,12 +106,17 @@ struct RmsNormParams {
   TensorView weight;  // [group] or empty for the unweighted norm
   int64_t group;      // each row is normalised in groups of this many values (N % group == 0)
   double eps;
+  bool round_bf16 = false;
 };
 
 struct LinearParams {
   Tensor out;               // [T, N]
   Tensor in;                // [T, K]
   const WeightMatrix* weight;  // [N, K]
+  // deepseek-ref: the input goes through the power-of-two FP8 quantisation in blocks of 128 (as
+  // before the reference's FP8/FP4 GEMMs, spec §3.0.5) and the output is rounded to bf16.
+  bool act_quant_fp8 = false;
+  bool round_bf16 = false;
 };
 
 // wo_a: groups of G heads' outputs, each projected by its own [R, Kg] block of rows.
@@ -115,6 +125,7 @@ struct GroupedLinearParams {
   Tensor in;                   // [T, G*Kg]
   const WeightMatrix* weight;  // [G*R, Kg] group-major rows
   int64_t groups;
+  bool round_bf16 = false;
 };
 
 enum class RopeDirection : uint8_t { kForward, kInverse };
@@ -123,6 +134,22 @@ struct RopeParams {
   Tensor x;              // [T, n, width] in place; rotates the trailing table.rope_dim() dims
   const RopeTable* table;
   RopeDirection direction;
+  bool round_bf16 = false;
+};
+
+// The deepseek-ref profile's in-place roundings of stored tensors (spec §3.0.5-§3.0.8).
+enum class QuantSimKind : uint8_t {
+  kFp8Pow2Block64,  // KV nope dims: e4m3 with power-of-two scales per 64 values
+  kFp4Pow2Block32,  // indexer q/k: e2m1 with power-of-two scales per 32 values
+  kHadamardBf16,    // indexer q/k: x H / sqrt(n) over the whole `dims`, then bf16
+  kBf16,            // plain bf16 rounding (tensors the reference keeps in bf16)
+};
+
+struct QuantSimParams {
+  Tensor x;      // viewed as rows of `row` values; each row's first `dims` values are rounded
+  int64_t row;
+  int64_t dims;
+  QuantSimKind kind;
 };
 
 enum class CompressorSlot : uint8_t { kMain, kIndexer };
@@ -145,6 +172,11 @@ struct CompressorParams {
   double norm_eps;
   // Rounding of each emitted entry as stored (indexer keys: `--index-keys`); kF32 stores as computed.
   KeyPrecision key_precision = KeyPrecision::kF32;
+  // deepseek-ref: the pooled entry is rounded to bf16 before the norm, the norm and rotation output
+  // bf16, then `entry_sim` rounds it as the reference stores it (KV: FP8 on the nope dims; indexer
+  // keys: Hadamard then FP4).
+  bool round_bf16 = false;
+  std::vector<QuantSimKind> entry_sim = {};
 };
 
 // Lightning Indexer: score_t(w) = sum_h weight_h ReLU(q_h . K_w) * di^-1/2 * Hi^-1/2 over the
@@ -161,6 +193,8 @@ struct IndexerTopkParams {
   // Optional [T, C] fp32: every entry's score, -inf where not visible. Only for taps (C may exceed
   // a sequence's entry count; those columns are -inf too).
   Tensor out_scores = {};
+  // deepseek-ref: head dot products, weighted ReLUs and the head sum rounded to bf16 (spec §3.3).
+  bool bf16_scores = false;
 };
 
 // Appends the batch's window keys to each sequence's ring (after attention has read the ring).
@@ -184,6 +218,7 @@ struct AttentionParams {
   int64_t ratio;          // compression ratio (CSA/HCA)
   int64_t window;         // W
   double scale;           // softmax scale, Dh^-1/2
+  bool round_bf16 = false;
 };
 
 // Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.
@@ -219,6 +254,9 @@ struct MoeParams {
   double swiglu_limit;           // 0 = no clamp
   double routed_scale;
   RoutedScalePlacement placement;
+  // deepseek-ref (spec §3.4): expert inputs FP8-quantised (blocks of 128), the routing weight
+  // multiplied in before w2 as bf16(g * h) (then FP8-quantised), the sum rounded to bf16.
+  bool ref_numerics = false;
 };
 
 class Backend {
@@ -249,7 +287,15 @@ class Backend {
   virtual void window_append(const WindowAppendParams& p) = 0;
   virtual void router(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
+  // Only the deepseek-ref profile uses it; the model refuses that profile on backends without it.
+  virtual void quant_sim(const QuantSimParams& p);
+  virtual bool supports_reference_numerics() const { return false; }
 };
+
+inline void Backend::quant_sim(const QuantSimParams&) {
+  std::fprintf(stderr, "sparrow: backend %s has no quant_sim op\n", name());
+  std::abort();
+}
 
 std::unique_ptr<Backend> make_cpu_backend();
 

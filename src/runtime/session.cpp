@@ -33,6 +33,7 @@ Status token_ids_check(std::span<const int32_t> ids, int64_t vocab_size) {
 }
 
 Expected<std::vector<float>> Session::logits(std::span<const int32_t> ids, int64_t chunk) const {
+  SPARROW_RETURN_IF_ERROR(model_.check_backend(backend_));
   SPARROW_RETURN_IF_ERROR(token_ids_check(ids, model_.config().vocab_size));
   if (ids.empty()) return Status::invalid_argument("no token ids given");
   const int64_t T = static_cast<int64_t>(ids.size());
@@ -52,6 +53,7 @@ Expected<std::vector<float>> Session::logits(std::span<const int32_t> ids, int64
 }
 
 Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt, int64_t n) const {
+  SPARROW_RETURN_IF_ERROR(model_.check_backend(backend_));
   SPARROW_RETURN_IF_ERROR(token_ids_check(prompt, model_.config().vocab_size));
   if (prompt.empty()) return Status::invalid_argument("generation needs at least one prompt token");
   if (n < 0) return Status::invalid_argument("number of tokens to generate must be >= 0, got " + std::to_string(n));

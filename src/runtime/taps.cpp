@@ -50,6 +50,7 @@ void TapRecorder::record(const std::string& name, const Tensor& t) {
 Expected<std::vector<TapRecord>> taps_run(const Model& model, Backend& backend, const std::vector<int32_t>& ids,
                                           const std::string& pattern, const ForcedDecisions* forced) {
   SPARROW_RETURN_IF_ERROR(token_ids_check(ids, model.config().vocab_size));
+  SPARROW_RETURN_IF_ERROR(model.check_backend(backend));
   if (ids.empty()) return Status::invalid_argument("no token ids given");
   TapRecorder recorder(backend, pattern);
   auto state = backend.create_sequence_state(model.config());

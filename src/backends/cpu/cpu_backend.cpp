@@ -65,6 +65,20 @@ void rms_normalise(float* x, int64_t n, const TensorView* weight, double eps) {
   }
 }
 
+void apply_sim(float* x, int64_t n, QuantSimKind kind) {
+  switch (kind) {
+    case QuantSimKind::kFp8Pow2Block64:
+      return fp8_pow2_quant_sim(x, n, 64);
+    case QuantSimKind::kFp4Pow2Block32:
+      return fp4_pow2_quant_sim(x, n);
+    case QuantSimKind::kHadamardBf16:
+      hadamard_transform(x, n);
+      return bf16_round_inplace(x, n);
+    case QuantSimKind::kBf16:
+      return bf16_round_inplace(x, n);
+  }
+}
+
 double dot(const float* a, const float* b, int64_t n) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(a[i]) * b[i];
@@ -194,6 +208,7 @@ class CpuBackend final : public Backend {
           for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
           u[d] = static_cast<float>(acc);
         }
+        if (p.round_bf16) bf16_round_inplace(u, D);
       }
     });
   }
@@ -215,6 +230,7 @@ class CpuBackend final : public Backend {
             out[k * D + d] = static_cast<float>(acc);
           }
         }
+        if (p.round_bf16) bf16_round_inplace(out.data(), S * D);
         std::memcpy(X, out.data(), out.size() * sizeof(float));
       }
     });
@@ -237,6 +253,7 @@ class CpuBackend final : public Backend {
           for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
           out[d] = static_cast<float>(acc);
         }
+        if (p.round_bf16) bf16_round_inplace(out, D);
       }
     });
   }
@@ -252,6 +269,7 @@ class CpuBackend final : public Backend {
           float* dst = p.out.f32() + t * N + g * p.group;
           if (p.out.f32() != p.in.f32()) std::memcpy(dst, p.in.f32() + t * N + g * p.group, p.group * sizeof(float));
           rms_normalise(dst, p.group, weight, p.eps);
+          if (p.round_bf16) bf16_round_inplace(dst, p.group);
         }
       }
     });
@@ -262,11 +280,22 @@ class CpuBackend final : public Backend {
     const int64_t T = p.in.dim(0), K = w.in, N = w.out;
     SPARROW_CHECK_EQ(p.in.numel(), T * K);
     SPARROW_CHECK_EQ(p.out.numel(), T * N);
+    const float* in = p.in.f32();
+    std::vector<float> quantised;
+    if (p.act_quant_fp8) {
+      // Each token's activation in blocks of 128, as the reference's act_quant feeds its GEMMs.
+      quantised.assign(in, in + T * K);
+      for (int64_t t = 0; t < T; ++t) fp8_pow2_quant_sim(quantised.data() + t * K, K, 128);
+      in = quantised.data();
+    }
     parallel_for(N, N * T * K, [&](int64_t begin, int64_t end) {
       std::vector<float> row(K);
       for (int64_t n = begin; n < end; ++n) {
         weight_row(w, n, row.data());
-        for (int64_t t = 0; t < T; ++t) p.out.f32()[t * N + n] = static_cast<float>(dot(p.in.f32() + t * K, row.data(), K));
+        for (int64_t t = 0; t < T; ++t) {
+          const float v = static_cast<float>(dot(in + t * K, row.data(), K));
+          p.out.f32()[t * N + n] = p.round_bf16 ? bf16_round(v) : v;
+        }
       }
     });
   }
@@ -281,8 +310,10 @@ class CpuBackend final : public Backend {
       for (int64_t n = begin; n < end; ++n) {
         const int64_t g = n / R;
         weight_row(w, n, row.data());
-        for (int64_t t = 0; t < T; ++t)
-          p.out.f32()[t * G * R + n] = static_cast<float>(dot(p.in.f32() + (t * G + g) * Kg, row.data(), Kg));
+        for (int64_t t = 0; t < T; ++t) {
+          const float v = static_cast<float>(dot(p.in.f32() + (t * G + g) * Kg, row.data(), Kg));
+          p.out.f32()[t * G * R + n] = p.round_bf16 ? bf16_round(v) : v;
+        }
       }
     });
   }
@@ -296,7 +327,17 @@ class CpuBackend final : public Backend {
           rotate(p.x.f32() + (t * n + h) * width + (width - rd), *p.table, static_cast<double>(batch.positions[t]),
                  p.direction);
     });
+    if (p.round_bf16) bf16_round_inplace(p.x.f32(), p.x.numel());
   }
+
+  void quant_sim(const QuantSimParams& p) override {
+    const int64_t rows = p.x.numel() / p.row;
+    SPARROW_CHECK_EQ(rows * p.row, p.x.numel());
+    SPARROW_CHECK_LE(p.dims, p.row);
+    for (int64_t r = 0; r < rows; ++r) apply_sim(p.x.f32() + r * p.row, p.dims, p.kind);
+  }
+
+  bool supports_reference_numerics() const override { return true; }
 
   // Spec §3.3 "Compressor" and §5.2. Rows are buffered until a window of `ratio` tokens completes;
   // the overlapping (CSA) form pools 2*ratio slots: the previous window's first half and the
@@ -342,9 +383,16 @@ class CpuBackend final : public Backend {
           double score = 0.0;
           for (int64_t h = 0; h < Hi; ++h) {
             const double d = dot(p.q.f32() + (t * Hi + h) * di, keys.entries.data() + w * di, di);
-            score += static_cast<double>(p.head_weights.f32()[t * Hi + h]) * std::max(d, 0.0);
+            const double weight = p.head_weights.f32()[t * Hi + h];
+            if (p.bf16_scores) {
+              // The reference folds both scales into bf16 head weights and keeps every product bf16.
+              const float wh = bf16_round(static_cast<float>(weight * scale));
+              score += bf16_round(std::max(bf16_round(static_cast<float>(d)), 0.0f) * wh);
+            } else {
+              score += weight * std::max(d, 0.0);
+            }
           }
-          scored[w] = {score * scale, static_cast<int32_t>(w)};
+          scored[w] = {p.bf16_scores ? bf16_round(static_cast<float>(score)) : score * scale, static_cast<int32_t>(w)};
         }
         if (!p.out_scores.empty()) {
           const int64_t C = p.out_scores.dim(1);
@@ -415,6 +463,7 @@ class CpuBackend final : public Backend {
           }
           float* o = p.out.f32() + (t * H + h) * Dh;
           for (int64_t d = 0; d < Dh; ++d) o[d] = static_cast<float>(acc[d] / denom);
+          if (p.round_bf16) bf16_round_inplace(o, Dh);
         }
       }
     });
@@ -501,12 +550,17 @@ class CpuBackend final : public Backend {
     for (int64_t e = 0; e < E; ++e) {
       if (by_expert[e].empty()) continue;
       std::vector<std::vector<float>> xs;
-      for (auto [t, i] : by_expert[e]) xs.emplace_back(p.x.f32() + t * D, p.x.f32() + (t + 1) * D);
+      std::vector<double> gs;
+      for (auto [t, i] : by_expert[e]) {
+        xs.emplace_back(p.x.f32() + t * D, p.x.f32() + (t + 1) * D);
+        gs.push_back(static_cast<double>(p.weights.f32()[t * K + i]) * combine_scale);
+      }
       std::vector<std::vector<float>> ys;
-      swiglu_ffn(routed[e], xs, p.swiglu_limit, ys);
+      // The reference multiplies the routing weight in before w2; the fp32 profile after it.
+      swiglu_ffn(routed[e], xs, p.swiglu_limit, p.ref_numerics ? &gs : nullptr, ys);
       for (size_t r = 0; r < xs.size(); ++r) {
         auto [t, i] = by_expert[e][r];
-        const double g = static_cast<double>(p.weights.f32()[t * K + i]) * combine_scale;
+        const double g = p.ref_numerics ? 1.0 : gs[r];
         for (int64_t d = 0; d < D; ++d) contrib[(t * K + i) * D + d] = static_cast<float>(g * ys[r][d]);
       }
     }
@@ -514,7 +568,8 @@ class CpuBackend final : public Backend {
     if (p.shared) {
       std::vector<std::vector<float>> xs;
       for (int64_t t = 0; t < T; ++t) xs.emplace_back(p.x.f32() + t * D, p.x.f32() + (t + 1) * D);
-      swiglu_ffn(*p.shared, xs, p.swiglu_limit, shared_out);
+      const std::vector<double> ones(xs.size(), 1.0);
+      swiglu_ffn(*p.shared, xs, p.swiglu_limit, p.ref_numerics ? &ones : nullptr, shared_out);
     }
     parallel_for(T, T * K * D, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
@@ -522,7 +577,7 @@ class CpuBackend final : public Backend {
           double acc = 0.0;
           for (int64_t i = 0; i < K; ++i) acc += contrib[(t * K + i) * D + d];
           if (p.shared) acc += shared_out[t][d];
-          p.out.f32()[t * D + d] = static_cast<float>(acc);
+          p.out.f32()[t * D + d] = p.ref_numerics ? bf16_round(static_cast<float>(acc)) : static_cast<float>(acc);
         }
       }
     });
@@ -540,11 +595,15 @@ class CpuBackend final : public Backend {
     return v;
   }
 
-  // ys[r] = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)) for each row x of xs.
-  static void swiglu_ffn(const ExpertWeights& w, const std::vector<std::vector<float>>& xs, double limit,
-                         std::vector<std::vector<float>>& ys) {
+  // ys[r] = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)) for each row x of xs. With `ref_weights`
+  // (deepseek-ref, spec §3.4) the inputs of w1/w3 and of w2 are FP8-quantised in blocks of 128 and
+  // w2 reads bf16(g_r * h): the routing weight enters before w2.
+  static void swiglu_ffn(const ExpertWeights& w, std::vector<std::vector<float>> xs, double limit,
+                         const std::vector<double>* ref_weights, std::vector<std::vector<float>>& ys) {
     const int64_t R = static_cast<int64_t>(xs.size());
     const int64_t F = w.w1.out, D = w.w1.in;
+    if (ref_weights)
+      for (auto& x : xs) fp8_pow2_quant_sim(x.data(), D, 128);
     std::vector<float> h(R * F);
     parallel_for(F, F * R * D, [&](int64_t begin, int64_t end) {
       std::vector<float> r1(D), r3(D);
@@ -562,6 +621,13 @@ class CpuBackend final : public Backend {
         }
       }
     });
+    if (ref_weights) {
+      for (int64_t r = 0; r < R; ++r) {
+        float* hr = h.data() + r * F;
+        for (int64_t f = 0; f < F; ++f) hr[f] = bf16_round(static_cast<float>((*ref_weights)[r] * hr[f]));
+        fp8_pow2_quant_sim(hr, F, 128);
+      }
+    }
     const int64_t Dout = w.w2.out;
     ys.assign(R, std::vector<float>(Dout));
     parallel_for(Dout, Dout * R * F, [&](int64_t begin, int64_t end) {
@@ -600,9 +666,14 @@ class CpuBackend final : public Backend {
       }
       entry[c] = static_cast<float>(num / den);
     }
+    if (p.round_bf16) bf16_round_inplace(entry.data(), dim);
     rms_normalise(entry.data(), dim, &p.norm_weight, p.norm_eps);
+    if (p.round_bf16) bf16_round_inplace(entry.data(), dim);
     const int64_t w = buf.count;
     rotate(entry.data() + dim - p.rope->rope_dim(), *p.rope, static_cast<double>(w * m), RopeDirection::kForward);
+    if (p.round_bf16) bf16_round_inplace(entry.data(), dim);
+    for (QuantSimKind kind : p.entry_sim)
+      apply_sim(entry.data(), kind == QuantSimKind::kFp8Pow2Block64 ? dim - p.rope->rope_dim() : dim, kind);
     simulate_key_precision(entry.data(), dim, p.key_precision);
     buf.entries.insert(buf.entries.end(), entry.begin(), entry.end());
     ++buf.count;
