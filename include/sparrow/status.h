@@ -18,6 +18,8 @@ enum class StatusCode {
   kCorrupt,          // a file whose bytes contradict its own header or the format
   kUnsupported,      // valid input that this build does not handle (yet)
   kIoError,          // the operating system refused (open, mmap, read, write)
+  kUnavailable,      // a temporary refusal: try again later (a full queue)
+  kCancelled,        // the caller cancelled the work
   kInternal,         // an invariant broke: a bug in Sparrow
 };
 
@@ -30,6 +32,8 @@ class [[nodiscard]] Status {
   static Status corrupt(std::string msg) { return {StatusCode::kCorrupt, std::move(msg)}; }
   static Status unsupported(std::string msg) { return {StatusCode::kUnsupported, std::move(msg)}; }
   static Status io_error(std::string msg) { return {StatusCode::kIoError, std::move(msg)}; }
+  static Status unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
+  static Status cancelled(std::string msg) { return {StatusCode::kCancelled, std::move(msg)}; }
   static Status internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
 
   bool is_ok() const { return code_ == StatusCode::kOk; }
@@ -65,6 +69,8 @@ inline const char* status_code_name(StatusCode code) {
     case StatusCode::kCorrupt: return "Corrupt";
     case StatusCode::kUnsupported: return "Unsupported";
     case StatusCode::kIoError: return "I/O error";
+    case StatusCode::kUnavailable: return "Unavailable";
+    case StatusCode::kCancelled: return "Cancelled";
     case StatusCode::kInternal: return "Internal error";
   }
   return "Unknown";

@@ -22,6 +22,10 @@ struct SequenceChunk {
 // Builds a BatchInfo whose positions continue each state. REQUIRES: distinct states.
 BatchInfo batch_build(const std::vector<SequenceChunk>& chunks);
 
+// Bytes of decode state one sequence of `context` tokens needs (the CPU backend's layout); the
+// engine reserves this much per request against its state budget.
+int64_t sequence_state_bytes_estimate(const ModelConfig& c, int64_t context);
+
 // Checks every id is inside the vocabulary; the error names the first bad id and its position.
 Status token_ids_check(std::span<const int32_t> ids, int64_t vocab_size);
 

@@ -1,0 +1,155 @@
+// The engine: continuous batching, batch invariance (traps.md row 11), admission control,
+// cancellation, sampling reproducibility, request validation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "io/config_json.h"
+#include "runtime/session.h"
+#include "sparrow/engine.h"
+
+namespace sparrow {
+namespace {
+
+const std::string kModel = std::string(SPARROW_FIXTURES_DIR) + "/mixed_hc2";
+
+std::unique_ptr<Engine> make(EngineOptions o = {}) {
+  o.model_dir = kModel;
+  auto e = Engine::create(o);
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+GenerationRequest greedy(std::vector<int32_t> prompt, int64_t n) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = n;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(int i, int len) {
+  std::vector<int32_t> p;
+  for (int j = 0; j < len; ++j) p.push_back((i * 31 + j * 7 + 3) % 128);
+  return p;
+}
+
+TEST(Engine, GreedyOutputIsTheSameAloneAndAmong31Others) {
+  auto engine = make({.max_batch = 32, .step_token_budget = 64});
+  const auto target = greedy(prompt_of(0, 40), 24);
+  const auto alone = engine->generate(target);
+  ASSERT_TRUE(alone.is_ok()) << alone.status().to_string();
+  ASSERT_EQ(alone->tokens.size(), 24u);
+  // The same request, submitted among 31 others of different lengths, so its prompt is chunked
+  // differently and its decode steps share batches with other requests' prefill.
+  std::vector<std::future<Expected<GenerationResult>>> others;
+  for (int i = 1; i <= 31; ++i)
+    others.push_back(std::async(std::launch::async, [&, i] { return engine->generate(greedy(prompt_of(i, 5 + 3 * i), 8 + i % 9)); }));
+  auto crowded = std::async(std::launch::async, [&] { return engine->generate(target); });
+  const auto together = crowded.get();
+  for (auto& f : others) EXPECT_TRUE(f.get().is_ok());
+  ASSERT_TRUE(together.is_ok());
+  EXPECT_EQ(together->tokens, alone->tokens);
+  EXPECT_EQ(engine->stats().state_bytes, 0) << "every request's state must be freed";
+}
+
+TEST(Engine, SeededSamplingIsReproducible) {
+  auto engine = make();
+  GenerationRequest r = greedy(prompt_of(3, 12), 20);
+  r.sampling = {.temperature = 0.9, .top_p = 0.9, .top_k = 50, .seed = 42};
+  const auto a = engine->generate(r), b = engine->generate(r);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  r.sampling.seed = 43;
+  const auto c = engine->generate(r);
+  EXPECT_NE(c->tokens, a->tokens) << "a different seed should give different samples here";
+}
+
+TEST(Engine, StopTokensEndGeneration) {
+  auto engine = make();
+  auto free_run = engine->generate(greedy(prompt_of(5, 10), 12));
+  ASSERT_TRUE(free_run.is_ok());
+  GenerationRequest r = greedy(prompt_of(5, 10), 12);
+  r.stop_tokens = {free_run->tokens[3]};
+  const auto stopped = engine->generate(r);
+  ASSERT_TRUE(stopped.is_ok());
+  EXPECT_EQ(stopped->reason, FinishReason::kStop);
+  const auto first = std::find(free_run->tokens.begin(), free_run->tokens.end(), free_run->tokens[3]);
+  EXPECT_EQ(stopped->tokens, std::vector<int32_t>(free_run->tokens.begin(), first + 1));
+  EXPECT_EQ(free_run->reason, FinishReason::kLength);
+}
+
+TEST(Engine, InvalidRequestsNameTheField) {
+  auto engine = make({.max_context = 64});
+  auto expect = [&](GenerationRequest r, const std::string& field) {
+    auto id = engine->enqueue(std::move(r), {});
+    ASSERT_FALSE(id.is_ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(id.status().message().find(field), std::string::npos) << id.status().message();
+  };
+  expect(greedy({}, 4), "prompt");
+  expect(greedy({1, 500}, 4), "prompt");
+  expect(greedy({1, 2}, 0), "max_tokens");
+  expect(greedy(prompt_of(1, 60), 10), "max_tokens");
+  expect(greedy(prompt_of(1, 70), 1), "prompt");
+  GenerationRequest r = greedy({1}, 2);
+  r.sampling.top_p = 0;
+  expect(r, "top_p");
+  r = greedy({1}, 2);
+  r.sampling.temperature = -1;
+  expect(r, "temperature");
+}
+
+TEST(Engine, FullQueueRefusesAndCancelFreesState) {
+  // One slot and a queue of two: the third waiting request is refused with kUnavailable.
+  auto engine = make({.max_batch = 1, .step_token_budget = 4, .max_queue = 2});
+  std::promise<void> first_token;
+  std::atomic<bool> seen{false};
+  std::promise<FinishReason> long_end;
+  auto long_id = engine->enqueue(greedy(prompt_of(1, 30), 500), [&](const GenerationEvent& ev) {
+    if (!ev.tokens.empty() && !seen.exchange(true)) first_token.set_value();
+    if (ev.finished) long_end.set_value(ev.reason);
+  });
+  ASSERT_TRUE(long_id.is_ok());
+  first_token.get_future().wait();  // running now, holding the only slot
+  ASSERT_TRUE(engine->enqueue(greedy({1}, 2), {}).is_ok());
+  ASSERT_TRUE(engine->enqueue(greedy({2}, 2), {}).is_ok());
+  auto refused = engine->enqueue(greedy({3}, 2), {});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  engine->cancel(*long_id);
+  EXPECT_EQ(long_end.get_future().get(), FinishReason::kCancelled);
+  engine->shutdown(/*finish=*/true);
+  EXPECT_EQ(engine->stats().state_bytes, 0);
+  EXPECT_EQ(engine->stats().running, 0);
+  EXPECT_FALSE(engine->enqueue(greedy({1}, 2), {}).is_ok()) << "no admission after shutdown";
+}
+
+TEST(Engine, StateBudgetMakesRequestsWaitInsteadOfFailing) {
+  // A budget that fits one request's state at a time: all still complete, one after another.
+  const ModelConfig config = model_config_load(kModel).value();
+  const int64_t one = sequence_state_bytes_estimate(config, 20 + 6);
+  auto engine = make({.state_budget_bytes = one + one / 2});
+  std::atomic<int64_t> max_running{0};
+  std::vector<std::promise<void>> done(4);
+  for (int i = 0; i < 4; ++i) {
+    auto id = engine->enqueue(greedy(prompt_of(i, 20), 6), [&, i](const GenerationEvent& ev) {
+      int64_t seen = max_running.load();
+      const int64_t now = engine->stats().running;
+      while (now > seen && !max_running.compare_exchange_weak(seen, now)) {
+      }
+      if (ev.finished) {
+        EXPECT_EQ(ev.completion_tokens, 6);
+        done[i].set_value();
+      }
+    });
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+  }
+  for (auto& d : done) d.get_future().wait();
+  EXPECT_EQ(max_running.load(), 1) << "the budget admits one request at a time";
+}
+
+}  // namespace
+}  // namespace sparrow
