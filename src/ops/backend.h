@@ -289,6 +289,7 @@ class Backend {
   virtual void moe(const MoeParams& p) = 0;
   // Only the deepseek-ref profile uses it; the model refuses that profile on backends without it.
   virtual void quant_sim(const QuantSimParams& p);
+  // quant_sim, the *_bf16 rounding flags and CompressorParams::key_precision are implemented.
   virtual bool supports_reference_numerics() const { return false; }
 };
 
