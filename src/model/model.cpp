@@ -94,8 +94,9 @@ Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions&
   be.rms_norm({.out = hidden, .in = hidden, .weight = weights_.norm, .group = D, .eps = c.rms_norm_eps,
                .round_bf16 = ref});
   if (opt.tap) (*opt.tap)("head.hidden", hidden);
-  // logits is (T, V); the reference computes them in fp32 too (spec §4 row 12).
-  Tensor logits = be.alloc(ElemType::kF32, {T, c.vocab_size});
+  if (opt.logits_rows) hidden = be.gather_rows(hidden, *opt.logits_rows);
+  // logits is (rows, V); the reference computes them in fp32 too (spec §4 row 12).
+  Tensor logits = be.alloc(ElemType::kF32, {hidden.dim(0), c.vocab_size});
   be.linear({.out = logits, .in = hidden, .weight = &weights_.head});
   if (opt.tap) (*opt.tap)("logits", logits);
   return logits;

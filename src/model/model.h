@@ -34,6 +34,9 @@ struct ForwardOptions {
   RoutedScalePlacement routed_scale_placement = RoutedScalePlacement::kInRouterWeights;
   const TapFn* tap = nullptr;                // null: taps off
   const ForcedDecisions* forced = nullptr;   // null: every decision computed
+  // Token indices to compute logits for (e.g. each sequence's last token when generating);
+  // null: every token. The returned logits have one row per listed token, in that order.
+  const std::vector<int64_t>* logits_rows = nullptr;
 };
 
 // Run-time changes to what config.json says (for experiments: `--index-topk`).

@@ -287,11 +287,23 @@ class Backend {
   virtual void window_append(const WindowAppendParams& p) = 0;
   virtual void router(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
+  // out[i] = in[rows[i]] for a [T, N] tensor. The default goes through the host; backends may do
+  // better.
+  virtual Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows);
   // Only the deepseek-ref profile uses it; the model refuses that profile on backends without it.
   virtual void quant_sim(const QuantSimParams& p);
   // quant_sim, the *_bf16 rounding flags and CompressorParams::key_precision are implemented.
   virtual bool supports_reference_numerics() const { return false; }
 };
+
+inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>& rows) {
+  const int64_t n = in.numel() / in.dim(0);
+  const std::vector<float> all = download_f32(in);
+  std::vector<float> picked;
+  picked.reserve(rows.size() * n);
+  for (int64_t r : rows) picked.insert(picked.end(), all.begin() + r * n, all.begin() + (r + 1) * n);
+  return upload_f32(picked, {static_cast<int64_t>(rows.size()), n});
+}
 
 inline void Backend::quant_sim(const QuantSimParams&) {
   std::fprintf(stderr, "sparrow: backend %s has no quant_sim op\n", name());

@@ -188,7 +188,11 @@ void Engine::Impl::step() {
   }
   if (chunks.empty()) return;
   BatchInfo batch = batch_build(chunks);
-  const std::vector<float> logits = backend->download_f32(model->forward(*backend, batch));
+  // Only each sequence's last token can need a sample: the head runs on those rows alone.
+  std::vector<int64_t> last_rows;
+  for (size_t s = 0; s < members.size(); ++s) last_rows.push_back(batch.seq_end[s] - 1);
+  const std::vector<float> logits =
+      backend->download_f32(model->forward(*backend, batch, {.logits_rows = &last_rows}));
   int64_t prompt_tokens = 0, new_tokens = 0;
   for (size_t s = 0; s < members.size(); ++s) {
     Running& r = *members[s];
@@ -199,7 +203,7 @@ void Engine::Impl::step() {
       prompt_tokens += n;
       if (!r.decoding()) continue;  // more prompt to feed; no token yet
     }
-    const float* row = logits.data() + (batch.seq_end[s] - 1) * V;
+    const float* row = logits.data() + static_cast<int64_t>(s) * V;
     const int32_t token = r.sampler.sample(std::span<const float>(row, V));
     r.generated.push_back(token);
     r.next_input.assign(1, token);

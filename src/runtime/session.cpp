@@ -63,10 +63,13 @@ Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt
   std::vector<int32_t> next(prompt.begin(), prompt.end());
   while (static_cast<int64_t>(out.size()) < n) {
     BatchInfo batch = batch_build({{state.get(), next}});
-    Tensor logits = model_.forward(backend_, batch, options_);
+    const std::vector<int64_t> last_row = {batch.num_tokens() - 1};
+    ForwardOptions opt = options_;
+    opt.logits_rows = &last_row;
+    Tensor logits = model_.forward(backend_, batch, opt);
     state->advance(static_cast<int64_t>(next.size()));
     std::vector<float> host = backend_.download_f32(logits);
-    const float* last = host.data() + (host.size() - V);
+    const float* last = host.data();
     const int32_t best = static_cast<int32_t>(std::max_element(last, last + V) - last);  // first max wins
     out.push_back(best);
     next.assign(1, best);

@@ -111,3 +111,24 @@ TEST_F(ChunkingTest, BatchedSequencesMatchAlone) {
 
 }  // namespace
 }  // namespace sparrow
+
+namespace sparrow {
+namespace {
+
+TEST_F(ChunkingTest, LogitsRowsSelectsRowsOfTheFullLogits) {
+  const int64_t V = model_->config().vocab_size;
+  const auto ids = random_ids(21, V, 5);
+  auto s1 = backend_->create_sequence_state(model_->config());
+  const auto full = backend_->download_f32(model_->forward(*backend_, batch_build({{s1.get(), ids}})));
+  auto s2 = backend_->create_sequence_state(model_->config());
+  const std::vector<int64_t> rows = {20, 3, 7};
+  const auto some = backend_->download_f32(
+      model_->forward(*backend_, batch_build({{s2.get(), ids}}), {.logits_rows = &rows}));
+  ASSERT_EQ(some.size(), rows.size() * V);
+  for (size_t i = 0; i < rows.size(); ++i)
+    EXPECT_EQ(std::vector<float>(some.begin() + i * V, some.begin() + (i + 1) * V),
+              std::vector<float>(full.begin() + rows[i] * V, full.begin() + (rows[i] + 1) * V));
+}
+
+}  // namespace
+}  // namespace sparrow
