@@ -1,0 +1,499 @@
+#!/usr/bin/env python3
+"""Train a tiny DeepSeek-V4 (transformers 5.17 `DeepseekV4ForCausalLM`) that retrieves needles.
+
+See tools/train_needle/README.md.  In short:
+
+* model: 4 layers [sliding, CSA, HCA, CSA], MLPs [hash, hash, scored, scored], hc_mult 4,
+  byte-level vocabulary (256 bytes + 4 specials = 260 ids);
+* data: a haystack of random lower-case filler words, 2..6 needles "[123K]" (a 3-digit value, then
+  a one-letter upper-case key K; value before key so that a local attention can fold the value
+  into the key token) at random depths, then one question line per needle "?K123\n" in a random
+  order; the loss is cross-entropy on the three value digits of every question only;
+* Lightning Indexer training as in DeepSeek's DSA: the indexer's inputs are detached, and its
+  scores over the compressed entries get a KL loss towards the main attention's (head-summed,
+  L1-normalised) probability mass on those entries, recomputed *densely* over every causally
+  visible entry.  Phase 1 ("dense warm-up") runs the CSA layers with index_topk raised above the
+  entry count, so the main attention learns on all entries while the indexer learns to imitate it;
+  phase 2 ("sparse") runs with the real index_topk, so the main model learns under the indexer's
+  selection (the KL loss continues).
+* seeded; curves go to train_log.jsonl; the checkpoint is written with save_pretrained (float32).
+* evaluation: Recall@1 per length with transformers' multi-token forward (use_cache=False,
+  float32, TF32 off): a prompt with 4 needles and one question "?K", the three answer digits
+  teacher-forced;
+  a trial counts when the argmax at all three answer positions is right (the same as greedy
+  decoding the three digits).
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import transformers  # noqa: E402
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdv4  # noqa: E402
+
+SL, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer: bytes 0..255 are ids 0..255; four specials after them.
+# ------------------------------------------------------------------------------------------------
+BOS, EOS, PAD, UNUSED = 256, 257, 258, 259
+VOCAB = 260
+
+TOKENIZER_DESC = {
+    "type": "byte-level",
+    "vocab_size": VOCAB,
+    "description": "id b (0..255) is the byte b of the UTF-8 text; no merges, no normalisation",
+    "special_tokens": {"<bos>": BOS, "<eos>": EOS, "<pad>": PAD, "<unused>": UNUSED},
+    "add_bos": True,
+    "add_eos": False,
+}
+
+
+def encode(text):
+    return list(text.encode("utf-8"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Config
+# ------------------------------------------------------------------------------------------------
+CFG = dict(
+    hidden=128, heads=4, head_dim=64, partial_rotary=0.25, q_lora=64, o_groups=2, o_lora=32,
+    index_heads=4, index_head_dim=32, index_topk=16, experts=8, topk_experts=2, moe_inter=128,
+    window=64, csa_rate=4, hca_rate=32, max_pos=16384,
+    rope_theta=10000.0, compress_theta=160000.0, yarn_factor=4.0, yarn_orig=4096,
+    layers=[SL, CSA, HCA, CSA], mlp=["hash_moe", "hash_moe", "moe", "moe"], hc=4,
+    swiglu_limit=10.0, routed_scale=1.5,
+)
+
+
+def build_config(c=CFG):
+    rope = {
+        "main": {"rope_type": "default", "rope_theta": c["rope_theta"], "partial_rotary_factor": c["partial_rotary"]},
+        "compress": {
+            "rope_type": "yarn", "rope_theta": c["compress_theta"], "factor": c["yarn_factor"],
+            "original_max_position_embeddings": c["yarn_orig"], "beta_fast": 32.0, "beta_slow": 1.0,
+            "attention_factor": 1.0, "partial_rotary_factor": c["partial_rotary"],
+        },
+    }
+    return DeepseekV4Config(
+        vocab_size=VOCAB, hidden_size=c["hidden"], num_hidden_layers=len(c["layers"]),
+        num_attention_heads=c["heads"], num_key_value_heads=1, head_dim=c["head_dim"],
+        q_lora_rank=c["q_lora"], o_groups=c["o_groups"], o_lora_rank=c["o_lora"],
+        index_n_heads=c["index_heads"], index_head_dim=c["index_head_dim"], index_topk=c["index_topk"],
+        n_routed_experts=c["experts"], num_experts_per_tok=c["topk_experts"], n_shared_experts=1,
+        moe_intermediate_size=c["moe_inter"], scoring_func="sqrtsoftplus", norm_topk_prob=True,
+        routed_scaling_factor=c["routed_scale"], sliding_window=c["window"], hc_mult=c["hc"],
+        hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_limit=c["swiglu_limit"],
+        max_position_embeddings=c["max_pos"], rope_theta=c["rope_theta"],
+        compress_rope_theta=c["compress_theta"], partial_rotary_factor=c["partial_rotary"],
+        compress_rates={CSA: c["csa_rate"], HCA: c["hca_rate"]}, layer_types=list(c["layers"]),
+        mlp_layer_types=list(c["mlp"]), num_nextn_predict_layers=0, initializer_range=0.02,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", rope_parameters=rope,
+        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+    )
+
+
+def init_extra(model, cfg, seed):
+    """What _init_weights leaves degenerate: hash table (all zeros → expert 0 twice), sinks etc."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if isinstance(mod, mdv4.DeepseekV4HashRouter):
+                rows, k = mod.tid2eid.shape
+                table = torch.rand((rows, cfg.n_routed_experts), generator=g).argsort(dim=1)[:, :k]
+                mod.tid2eid.copy_(table)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+FILLER_ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
+UPPER = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
+DIGITS = np.frombuffer(b"0123456789", dtype=np.uint8)
+NEEDLE_LEN = 6  # "[123K]": value first, then the one-letter key
+QUESTION_LEN = 6  # "?K123\n"
+
+
+def filler(rng, n):
+    """Random lower-case 'words' of 2..8 letters separated by spaces (and an occasional '. ')."""
+    out = np.empty(n, dtype=np.uint8)
+    i = 0
+    while i < n:
+        w = int(rng.integers(2, 9))
+        out[i:i + w] = rng.choice(FILLER_ALPHABET, size=min(w, n - i))
+        i += w
+        if i < n:
+            out[i] = ord(" ")
+            i += 1
+    return out
+
+
+def make_keys(rng, n):
+    return [bytes([int(c)]) for c in rng.choice(UPPER, n, replace=False)]
+
+
+def make_sample(rng, length, n_needles, n_questions, depths=None):
+    """Return (ids int64 [length], answer positions list, needle info).
+
+    Layout: <bos> haystack-with-needles questions.  The questions take n_questions*QUESTION_LEN bytes at the
+    end; the last question is the one whose answer ends at the last position.
+    `depths`: optional list of fractions in [0,1] for the needles (else uniform random).
+    Answer positions p are those whose *target* is a value digit: logits[p] predicts ids[p+1].
+    """
+    q_bytes = n_questions * QUESTION_LEN
+    hay_len = length - 1 - q_bytes
+    assert hay_len > n_needles * (NEEDLE_LEN + 2) + 16, "length too short"
+    hay = filler(rng, hay_len)
+    keys = make_keys(rng, n_needles)
+    vals = [bytes(rng.choice(DIGITS, 3)) for _ in range(n_needles)]
+    # non-overlapping needle slots: pick sorted starts with gaps
+    slots = hay_len - n_needles * (NEEDLE_LEN + 1)
+    if depths is None:
+        starts = np.sort(rng.integers(0, slots, size=n_needles))
+        order = rng.permutation(n_needles)
+    else:
+        starts = np.array(sorted(int(d * (slots - 1)) for d in depths))
+        order = np.arange(n_needles)
+    starts = starts + np.arange(n_needles) * (NEEDLE_LEN + 1)
+    needle_pos = {}
+    for j, s in enumerate(starts):
+        idx = order[j]
+        hay[s:s + NEEDLE_LEN] = np.frombuffer(b"[" + vals[idx] + keys[idx] + b"]", dtype=np.uint8)
+        needle_pos[idx] = int(s)
+    q_order = rng.permutation(n_needles)[:n_questions] if depths is None else np.arange(n_questions)
+    qs = b"".join(b"?" + keys[i] + vals[i] + b"\n" for i in q_order)
+    ids = np.concatenate([[BOS], hay.astype(np.int64), np.frombuffer(qs, dtype=np.uint8).astype(np.int64)])
+    assert len(ids) == length
+    qstart = 1 + hay_len
+    answer_pos = []
+    for qi in range(n_questions):
+        base = qstart + qi * QUESTION_LEN  # '?'
+        for d in range(3):  # digit at base+2+d is predicted from position base+1+d
+            answer_pos.append(base + 1 + d)
+    info = [dict(key=keys[i].decode(), value=vals[i].decode(), pos=needle_pos[i] + 1) for i in q_order]
+    return ids, answer_pos, info
+
+
+def make_batch(rng, batch, length, device):
+    ids, mask = [], []
+    for _ in range(batch):
+        n = int(rng.integers(2, 7))
+        x, ap, _ = make_sample(rng, length, n, n)
+        m = np.zeros(length, dtype=np.float32)
+        m[ap] = 1.0
+        ids.append(x)
+        mask.append(m)
+    ids = torch.from_numpy(np.stack(ids)).to(device)
+    mask = torch.from_numpy(np.stack(mask)).to(device)
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------------------------
+# Indexer KL (DSA-style) via hooks
+# ------------------------------------------------------------------------------------------------
+class IndexerTrainer:
+    def __init__(self, model):
+        self.model = model
+        self.handles = []
+        self.csa = []  # (attention module, compressor module)
+        self.cap = {}
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            if isinstance(attn.compressor, mdv4.DeepseekV4CSACompressor):
+                self.csa.append((attn, attn.compressor))
+                i = attn.layer_idx
+                self.handles.append(attn.register_forward_pre_hook(self._attn_pre(i), with_kwargs=True))
+                self.handles.append(attn.compressor.register_forward_hook(self._comp_hook(i)))
+                self.handles.append(attn.compressor.indexer.register_forward_pre_hook(self._idx_pre))
+                self.handles.append(attn.compressor.indexer.scorer.register_forward_hook(self._scorer_hook(i)))
+        self.enabled = True
+
+    def set_topk(self, k):
+        for _attn, comp in self.csa:
+            comp.indexer.index_topk = k
+
+    def _attn_pre(self, i):
+        def hook(mod, args, kwargs):
+            if self.enabled:
+                h = args[0] if args else kwargs["hidden_states"]
+                self.cap.setdefault(i, {})["h"] = h.detach()
+                self.cap[i]["pe"] = kwargs["position_embeddings"]["compress"]
+                self.cap[i]["pos"] = kwargs["position_ids"]
+        return hook
+
+    def _comp_hook(self, i):
+        def hook(mod, args, out):
+            if self.enabled:
+                self.cap.setdefault(i, {})["ckv"] = out[0].detach()
+        return hook
+
+    @staticmethod
+    def _idx_pre(mod, args):
+        # DSA: the indexer learns only from its own loss, so cut its inputs from the main graph.
+        return (args[0].detach(), args[1].detach()) + tuple(args[2:])
+
+    def _scorer_hook(self, i):
+        def hook(mod, args, out):
+            if self.enabled:
+                self.cap.setdefault(i, {})["scores"] = out
+        return hook
+
+    def kl_loss(self, q_rows=None):
+        """Mean over CSA layers of KL(p_attn || softmax(index scores)) over causally visible entries."""
+        losses = []
+        for attn, comp in self.csa:
+            c = self.cap.get(attn.layer_idx)
+            if not c or "scores" not in c:
+                continue
+            h, (cos, sin), pos, ckv, scores = c["h"], c["pe"], c["pos"], c["ckv"], c["scores"]
+            T = ckv.shape[2]
+            if T == 0:
+                continue
+            rate = comp.compress_rate
+            with torch.no_grad():
+                q = attn.q_b_proj(attn.q_a_norm(attn.q_a_proj(h)))
+                q = q.view(*h.shape[:-1], -1, attn.head_dim).transpose(1, 2)
+                q = attn.q_b_norm(q)
+                q = mdv4.apply_rotary_pos_emb(q, cos, sin)  # [B,H,S,D]
+                logits = torch.matmul(q.float(), ckv.float().transpose(-1, -2)) * attn.scaling  # [B,H,S,T]
+                thr = ((pos + 1) // rate).expand(h.shape[0], -1)  # [B,S] (position_ids may be [1,S])
+                ent = torch.arange(T, device=h.device)
+                invalid = ent.view(1, 1, -1) >= thr.unsqueeze(-1)  # [B,S,T]
+                logits = logits.masked_fill(invalid.unsqueeze(1), float("-inf"))
+                rows = (~invalid).any(-1)  # [B,S]
+                p = torch.softmax(logits, dim=-1).nan_to_num(0.0).sum(1)  # [B,S,T]
+                p = p / p.sum(-1, keepdim=True).clamp_min(1e-20)
+            s = scores.float().masked_fill(invalid, -1e30)  # finite: all-masked rows must not give NaN grads
+            logq = torch.log_softmax(s, dim=-1)
+            kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).masked_fill(invalid | (p == 0), 0.0).sum(-1)
+            if q_rows is not None:
+                rows = rows & q_rows
+            losses.append(kl[rows].mean())
+        self.cap = {}
+        if not losses:
+            return None
+        return torch.stack(losses).mean()
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation (transformers multi-token forward)
+# ------------------------------------------------------------------------------------------------
+def make_sample_single(rng, length, n_needles, depths):
+    """One question (about needle 0, at depths[0]); total length exactly `length`."""
+    hay_len = length - 1 - QUESTION_LEN
+    hay = filler(rng, hay_len)
+    keys = make_keys(rng, n_needles)
+    vals = [bytes(rng.choice(DIGITS, 3)) for _ in range(n_needles)]
+    slots = hay_len - n_needles * (NEEDLE_LEN + 1)
+    raw = [int(d * (slots - 1)) for d in depths]
+    order = sorted(range(n_needles), key=lambda j: raw[j])
+    starts = {}
+    for rank, j in enumerate(order):
+        starts[j] = sorted(raw)[rank] + rank * (NEEDLE_LEN + 1)
+    for j in range(n_needles):
+        s = starts[j]
+        hay[s:s + NEEDLE_LEN] = np.frombuffer(b"[" + vals[j] + keys[j] + b"]", dtype=np.uint8)
+    q = b"?" + keys[0] + vals[0] + b"\n"
+    ids = np.concatenate([[BOS], hay.astype(np.int64), np.frombuffer(q, dtype=np.uint8).astype(np.int64)])
+    assert len(ids) == length
+    base = 1 + hay_len
+    ap = [base + 1 + d for d in range(3)]
+    return ids, ap, dict(key=keys[0].decode(), value=vals[0].decode(), pos=starts[0] + 1,
+                         depth=float(depths[0]))
+
+
+@torch.no_grad()
+def evaluate(model, lengths, trials, seed, device, batch_tokens, save_dir=None, save_per_length=0):
+    model.eval()
+    table = []
+    for L in lengths:
+        prompts = [make_sample_single(np.random.default_rng(seed + L * 1000 + t), L, 4,
+                                      [(t + 0.5) / trials] + list(np.random.default_rng(seed + L + t).uniform(0, 1, 3)))
+                   for t in range(trials)]
+        bs = max(1, batch_tokens // L)
+        hits, digit_hits = 0, 0
+        for b0 in range(0, trials, bs):
+            chunk = prompts[b0:b0 + bs]
+            ids = torch.from_numpy(np.stack([p[0] for p in chunk])).to(device)
+            logits = model(input_ids=ids, use_cache=False).logits
+            for j, (x, ap, info) in enumerate(chunk):
+                pred = logits[j, ap].argmax(-1).cpu().numpy()
+                tgt = x[[a + 1 for a in ap]]
+                ok = (pred == tgt)
+                digit_hits += int(ok.sum())
+                hits += int(ok.all())
+        table.append(dict(length=L, recall=hits / trials, digit_acc=digit_hits / (3 * trials), trials=trials))
+        print(f"  eval L={L}: recall@1 {hits / trials:.3f} digit acc {digit_hits / (3 * trials):.3f}", flush=True)
+        if save_dir and save_per_length:
+            os.makedirs(save_dir, exist_ok=True)
+            for t in range(min(save_per_length, trials)):
+                x, ap, info = prompts[t]
+                prompt = x[:ap[0] + 1]  # ends with the key letter: next token is the first digit
+                np.save(os.path.join(save_dir, f"L{L}_t{t}.npy"), prompt.astype(np.int64))
+                with open(os.path.join(save_dir, f"L{L}_t{t}.json"), "w") as fh:
+                    json.dump(dict(info, length=L, full_ids_len=int(len(x)), answer=info["value"]), fh)
+    model.train()
+    return table
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--train-seconds", type=float, default=190)
+    ap.add_argument("--max-steps", type=int, default=10 ** 9)
+    ap.add_argument("--tokens-per-step", type=int, default=24576)
+    ap.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
+    ap.add_argument("--warmup-frac", type=float, default=0.3, help="fraction of time in dense warm-up")
+    ap.add_argument("--short-frac", type=float, default=0.35, help="fraction of time at lengths <= 512")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--kl-weight", type=float, default=1.0)
+    ap.add_argument("--eval-lengths", default="256,512,1024,2048,4096,8192")
+    ap.add_argument("--eval-trials", type=int, default=64)
+    ap.add_argument("--eval-every", type=float, default=60, help="seconds between quick evals")
+    ap.add_argument("--save-prompts", type=int, default=4)
+    args = ap.parse_args()
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001
+        pass
+    os.makedirs(args.out, exist_ok=True)
+    print(f"transformers {transformers.__version__} torch {torch.__version__} device {device}", flush=True)
+
+    cfg = build_config()
+    model = DeepseekV4ForCausalLM(cfg)
+    init_extra(model, cfg, args.seed)
+    model.to(device).train()
+    print("rope main", model.model.rotary_emb.main_inv_freq[:4].tolist(),
+          "compress", model.model.rotary_emb.compress_inv_freq[:4].tolist(), flush=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params / 1e6:.2f} M", flush=True)
+
+    idx_params = [p for n, p in model.named_parameters() if ".indexer." in n]
+    main_params = [p for n, p in model.named_parameters() if ".indexer." not in n]
+    opt = torch.optim.AdamW([{"params": main_params, "weight_decay": 0.01},
+                             {"params": idx_params, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    trainer = IndexerTrainer(model)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    short = [L for L in lengths if L <= 512] or lengths[:1]
+    rng = np.random.default_rng(args.seed)
+    log = open(os.path.join(args.out, "train_log.jsonl"), "w")
+    t0 = time.time()
+    step = 0
+    last_eval = t0
+    ema = None
+    dense_topk = 1 << 30
+    phase = None
+    while True:
+        el = time.time() - t0
+        frac = el / args.train_seconds
+        if frac >= 1.0 or step >= args.max_steps:
+            break
+        new_phase = "dense" if frac < args.warmup_frac else "sparse"
+        if new_phase != phase:
+            trainer.set_topk(dense_topk if new_phase == "dense" else cfg.index_topk)
+            print(f"[{el:6.1f}s] step {step}: phase {new_phase}", flush=True)
+            phase = new_phase
+        # lr: linear warm-up 50 steps, cosine on time to 10%
+        lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        pool = short if frac < args.short_frac else lengths
+        w = np.array([L_ ** -0.5 for L_ in pool])
+        L = int(rng.choice(pool, p=w / w.sum()))
+        B = max(1, args.tokens_per_step // L)
+        ids, amask = make_batch(rng, B, L, device)
+        out = model(input_ids=ids, use_cache=False, output_router_logits=True)
+        logits = out.logits[:, :-1].float()
+        tgt = ids[:, 1:]
+        m = amask[:, :-1]
+        ce = F.cross_entropy(logits.reshape(-1, VOCAB), tgt.reshape(-1), reduction="none").view_as(m)
+        ce = (ce * m).sum() / m.sum()
+        with torch.no_grad():
+            acc = ((logits.argmax(-1) == tgt).float() * m).sum() / m.sum()
+        kl = trainer.kl_loss()
+        aux = out.aux_loss if out.aux_loss is not None else torch.zeros((), device=device)
+        loss = ce + 0.01 * aux + (args.kl_weight * kl if kl is not None else 0.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        rec = dict(step=step, t=round(time.time() - t0, 2), phase=phase, L=L, B=B, lr=lr, ce=float(ce.detach()),
+                   acc=float(acc), kl=None if kl is None else float(kl), aux=float(aux), gnorm=float(gn))
+        log.write(json.dumps(rec) + "\n")
+        ema = float(ce) if ema is None else 0.95 * ema + 0.05 * float(ce)
+        if step % 25 == 0 or step <= 3:
+            print(f"[{rec['t']:6.1f}s] step {step} {phase} L={L} B={B} ce {float(ce):.3f} (ema {ema:.3f}) "
+                  f"acc {float(acc):.3f} kl {rec['kl'] if kl is None else round(float(kl), 4)} "
+                  f"aux {float(aux):.3f} lr {lr:.2e} mem {torch.cuda.max_memory_allocated() / 2**30 if device.type == 'cuda' else 0:.1f}G", flush=True)
+        if time.time() - last_eval > args.eval_every:
+            last_eval = time.time()
+            trainer.enabled = False
+            tab = evaluate(model, [512, 2048], 16, 999, device, 65536)
+            trainer.enabled = True
+            log.write(json.dumps(dict(step=step, t=round(time.time() - t0, 2), quick_eval=tab)) + "\n")
+            log.flush()
+    log.flush()
+    train_time = time.time() - t0
+    print(f"trained {step} steps in {train_time:.1f}s", flush=True)
+
+    # ---- save -----------------------------------------------------------------------------------
+    trainer.set_topk(cfg.index_topk)
+    for h in trainer.handles:
+        h.remove()
+    model.eval()
+    ckpt = os.path.join(args.out, "needle-tiny")
+    model.cpu().save_pretrained(ckpt, safe_serialization=True)
+    for f in os.listdir(ckpt):
+        if f not in ("config.json", "model.safetensors", "generation_config.json"):
+            os.remove(os.path.join(ckpt, f))
+    with open(os.path.join(ckpt, "tokenizer_desc.json"), "w") as fh:
+        json.dump(TOKENIZER_DESC, fh, indent=1)
+
+    # ---- reload + evaluate (float32, TF32 off, multi-token forward) ------------------------------
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    loaded = DeepseekV4ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
+    eval_lengths = [int(x) for x in args.eval_lengths.split(",")]
+    table = evaluate(loaded, eval_lengths, args.eval_trials, 4242, device, 65536,
+                     save_dir=os.path.join(args.out, "prompts"), save_per_length=args.save_prompts)
+    # also at index_topk raised above every entry count (dense CSA) for reference
+    for _n, mod in loaded.named_modules():
+        if isinstance(mod, mdv4.DeepseekV4Indexer):
+            mod.index_topk = 1 << 30
+    dense_tab = evaluate(loaded, eval_lengths, args.eval_trials, 4242, device, 65536)
+    summary = dict(steps=step, train_seconds=round(train_time, 1), params=n_params, config=CFG,
+                   args=vars(args), recall=table, recall_dense_csa=dense_tab,
+                   versions=dict(transformers=transformers.__version__, torch=torch.__version__))
+    with open(os.path.join(args.out, "summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print(json.dumps(dict(recall=table, recall_dense_csa=dense_tab)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
