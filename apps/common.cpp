@@ -6,6 +6,7 @@
 
 #include "core/npy.h"
 #include "runtime/backend_factory.h"
+#include "tools/progress.h"
 
 namespace sparrow::app {
 
@@ -49,16 +50,26 @@ void fail(const Status& s) {
   throw CLI::RuntimeError(1);
 }
 
+bool& verbose_flag() {
+  static bool verbose = false;
+  return verbose;
+}
+
 std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOverrides& overrides) {
   const auto t0 = std::chrono::steady_clock::now();
   std::fprintf(stderr, "sparrow: loading %s ...\n", dir.c_str());
-  auto model = Model::load(dir, overrides);
+  ProgressBar bar("sparrow: checking tensors", stderr_is_terminal());
+  auto model = Model::load(dir, overrides, [&](int64_t done, int64_t total) { bar.update(done, total, "layers"); });
+  bar.finish();
   if (!model.is_ok()) fail(model.status());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = (*model)->config();
   std::fprintf(stderr, "sparrow: loaded %lld layers, hidden %lld, vocab %lld in %.2f s\n",
                static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
                static_cast<long long>(c.vocab_size), s);
+  if (verbose_flag())
+    std::fprintf(stderr, "sparrow: load time %.3f s, peak RSS %.1f MiB, RSS now %.1f MiB\n", s,
+                 process_peak_rss_bytes() / 1048576.0, process_rss_bytes() / 1048576.0);
   return std::move(model).value();
 }
 

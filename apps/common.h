@@ -19,7 +19,8 @@ Expected<std::vector<int32_t>> parse_ids(const std::string& arg);
 // Prints "sparrow: <status>" on stderr and ends the subcommand with exit status 1.
 [[noreturn]] void fail(const Status& s);
 
-// Loads a model, printing progress on stderr.
+// Loads a model, printing progress on stderr (a progress bar when stderr is a terminal; with
+// --verbose, the load time and peak RSS).
 std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOverrides& overrides = {});
 
 // --precision, --index-keys, --index-topk (with a suffix: --precision-a, ...): run-time numerics.
@@ -29,6 +30,9 @@ struct ModelRunOptions {
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");
 ModelOverrides model_overrides_or_fail(const ModelRunOptions& o);
+
+// The global -v/--verbose flag (sparrow_main.cpp); accepted before or after the subcommand.
+bool& verbose_flag();
 
 // Adds --backend (cpu, or cuda in CUDA builds) to a subcommand.
 void add_backend_option(CLI::App* cmd, std::string* backend);
@@ -41,5 +45,11 @@ void add_generate_command(CLI::App& app);
 void add_dump_command(CLI::App& app);
 void add_diff_command(CLI::App& app);
 void add_recall_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
+void add_synth_command(CLI::App& app);
+void add_tokenize_commands(CLI::App& app);  // tokenize, detokenize
+void add_run_command(CLI::App& app);
+void add_render_chat_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace sparrow::app

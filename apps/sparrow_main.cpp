@@ -7,11 +7,20 @@
 int main(int argc, char** argv) {
   CLI::App app{"Sparrow: a DeepSeek-V4 inference engine"};
   app.require_subcommand(1);
+  // Subcommands inherit fallthrough, so --verbose also works after the subcommand's name.
+  app.fallthrough();
+  app.add_flag("-v,--verbose", sparrow::app::verbose_flag(), "Print load time and peak RSS");
   sparrow::app::add_logits_command(app);
   sparrow::app::add_generate_command(app);
   sparrow::app::add_dump_command(app);
   sparrow::app::add_diff_command(app);
   sparrow::app::add_recall_command(app);
+  sparrow::app::add_quantize_command(app);
+  sparrow::app::add_synth_command(app);
+  sparrow::app::add_tokenize_commands(app);
+  sparrow::app::add_run_command(app);
+  sparrow::app::add_render_chat_command(app);
+  sparrow::app::add_serve_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "backends/cpu/weight_reader.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
@@ -40,15 +41,22 @@ float load_float(const TensorView& t, int64_t i) {
 
 namespace {
 
+// Safetensors does not promise aligned data (a file may pack a BF16 tensor after an odd-sized
+// one), so rows are read through byte pointers and memcpy, never through a cast pointer.
 void float_row(const WeightMatrix& w, int64_t row, float* dst) {
   const int64_t base = row * w.in;
+  const auto* bytes = static_cast<const uint8_t*>(w.data.data);
   switch (w.data.dtype) {
     case DType::kF32:
-      std::memcpy(dst, static_cast<const float*>(w.data.data) + base, sizeof(float) * w.in);
+      std::memcpy(dst, bytes + 4 * base, sizeof(float) * w.in);
       return;
     case DType::kBF16: {
-      const auto* src = static_cast<const uint16_t*>(w.data.data) + base;
-      for (int64_t i = 0; i < w.in; ++i) dst[i] = bf16_to_f32(src[i]);
+      const uint8_t* src = bytes + 2 * base;
+      for (int64_t i = 0; i < w.in; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
       return;
     }
     default:
@@ -57,28 +65,41 @@ void float_row(const WeightMatrix& w, int64_t row, float* dst) {
   }
 }
 
-// FP8 e4m3 with one scale per [block_out, block_in] tile; partial edge tiles allowed.
+// Every e4m3 code's value (the same floats e4m3_to_f32 returns), so a row decodes by lookup.
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int c = 0; c < 256; ++c) v[c] = e4m3_to_f32(static_cast<uint8_t>(c));
+  }
+};
+const E4m3Table kE4m3;
+
+// FP8 e4m3 with one scale per [block_out, block_in] tile; partial edge tiles allowed. The scale is
+// decoded once per tile (e8m0 bits or F32); each element is code value * scale, one fp32 rounding.
 void fp8_row(const WeightMatrix& w, int64_t row, float* dst) {
   const auto* src = static_cast<const uint8_t*>(w.data.data) + row * w.in;
   const int64_t scale_cols = w.scale.dim(1);
   const int64_t srow = row / w.block_out;
-  for (int64_t i = 0; i < w.in; ++i) {
-    const float s = load_float(w.scale, srow * scale_cols + i / w.block_in);
-    dst[i] = e4m3_to_f32(src[i]) * s;
+  for (int64_t b = 0; b * w.block_in < w.in; ++b) {
+    const float s = load_float(w.scale, srow * scale_cols + b);
+    const int64_t end = std::min(w.in, (b + 1) * w.block_in);
+    for (int64_t i = b * w.block_in; i < end; ++i) dst[i] = kE4m3.v[src[i]] * s;
   }
 }
 
 // Packed e2m1: byte j of a row holds input 2j in its low nibble and 2j+1 in its high nibble;
-// one scale per 1 x block_in run of inputs.
+// one scale per 1 x block_in run of inputs (block_in is even: the loader requires 32).
 void fp4_row(const WeightMatrix& w, int64_t row, float* dst) {
   const auto* src = static_cast<const uint8_t*>(w.data.data) + row * (w.in / 2);
   const int64_t scale_cols = w.scale.dim(1);
-  for (int64_t j = 0; j < w.in / 2; ++j) {
-    const uint8_t b = src[j];
-    const int64_t i0 = 2 * j;
-    const float s = load_float(w.scale, row * scale_cols + i0 / w.block_in);
-    dst[i0] = e2m1_to_f32(b & 0xf) * s;
-    dst[i0 + 1] = e2m1_to_f32(b >> 4) * s;
+  for (int64_t b = 0; b * w.block_in < w.in; ++b) {
+    const float s = load_float(w.scale, row * scale_cols + b);
+    const int64_t end = std::min(w.in, (b + 1) * w.block_in) / 2;
+    for (int64_t j = b * w.block_in / 2; j < end; ++j) {
+      const uint8_t byte = src[j];
+      dst[2 * j] = e2m1_to_f32(byte & 0xf) * s;
+      dst[2 * j + 1] = e2m1_to_f32(byte >> 4) * s;
+    }
   }
 }
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The CUDA backend's acceptance run, on a machine with a Hopper GPU: the GPU op and parity tests
+# (sparrow_cuda_tests), then `sparrow logits --backend cuda` against `--backend cpu` on every
+# fixture in three feeding modes (one-shot prefill, chunked prefill, token-by-token decode), and
+# optionally a synthetic 2-layer V4-Flash. Ends with a summary table; exit status 0 when all pass.
+#
+#   scripts/gpu-check.sh [--bin DIR] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
+#     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
+#                 CUDA runtime linked statically); default: configure and build build-gpu/ here
+#     --synth     also write a synthetic V4-Flash with `sparrow synth` (real dimensions, released
+#                 formats, 8 experts a layer; 2 layers are about 2.6 GB, in $TMPDIR or /tmp) and
+#                 compare CUDA with CPU logits on a prompt, one-shot and token by token
+#     --synth-layers N  its main layers (default 2: SWA, SWA; 4 adds a CSA and an HCA layer)
+#     --synth-tokens N  prompt length (default 40; 128 or more lets the HCA layer emit an entry)
+#     --logs DIR  where logs and .npy files go (default: $OUT if set, else /tmp/sparrow-gpu-check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+bin="" synth=0 synth_layers=2 synth_tokens=40 logs="${OUT:-/tmp/sparrow-gpu-check}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin="$2"; shift 2 ;;
+    --synth) synth=1; shift ;;
+    --synth-layers) synth_layers="$2"; shift 2 ;;
+    --synth-tokens) synth_tokens="$2"; shift 2 ;;
+    --logs) logs="$2"; shift 2 ;;
+    *) echo "usage: $0 [--bin DIR] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$logs"
+if [ -z "$bin" ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARROW_CUDA=ON >"$logs/build.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" --target sparrow sparrow_cuda_tests sparrow_npy_compare >>"$logs/build.log" 2>&1 ||
+    { tail -30 "$logs/build.log"; echo "gpu-check: build failed"; exit 1; }
+  bin=build-gpu/bin
+fi
+bin=$(cd "$bin" && pwd)
+export SPARROW_FIXTURES_DIR="$root/tests/fixtures"
+
+card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+[ -n "$card" ] || card="(nvidia-smi found no GPU)"
+rows=()   # check<TAB>result<TAB>detail
+failures=0
+row() {
+  rows+=("$1"$'\t'"$2"$'\t'"$3")
+  [ "$2" = PASS ] || failures=$((failures + 1))
+}
+
+# 1. Every op against the CPU op, and the gtest parity suite (fixtures, every layer kind, batching).
+t0=$(date +%s)
+"$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest.log" 2>&1
+rc=$?
+passed=$(grep -E '^\[  PASSED  \]' "$logs/gtest.log" | grep -oE '[0-9]+' | head -1)
+skipped=$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$logs/gtest.log" | grep -oE '[0-9]+' | head -1)
+failed=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$logs/gtest.log" | grep -oE '[0-9]+' | head -1)
+detail="passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed:-0} ($(( $(date +%s) - t0 )) s)"
+if [ "$rc" -eq 0 ] && [ "${skipped:-0}" -eq 0 ] && [ "${passed:-0}" -gt 0 ]; then
+  row "sparrow_cuda_tests (ops + parity)" PASS "$detail"
+else
+  row "sparrow_cuda_tests (ops + parity)" FAIL "$detail, exit $rc"
+  grep -E '^\[  FAILED  \]|Failure|CHECK failed|CUDA' "$logs/gtest.log" | head -20
+fi
+worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)
+[ -n "$worst" ] && row "gtest parity, worst of $(grep -c '^\[cuda-parity\]' "$logs/gtest.log") runs" PASS "rel $worst"
+
+# 2. The CLI end to end: cuda vs cpu logits on every fixture, three feeding modes.
+compare() {  # name got ref
+  local out
+  out=$("$bin/sparrow_npy_compare" "$2" "$3" 1e-4 2>&1)
+  if [ $? -eq 0 ]; then
+    row "$1" PASS "rel $(echo "$out" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2)"
+  else
+    row "$1" FAIL "$out"
+  fi
+}
+for dir in "$root"/tests/fixtures/*/; do
+  f=$(basename "$dir")
+  [ -f "$dir/ids.npy" ] || continue
+  "$bin/sparrow" logits --model "$dir" --ids "$dir/ids.npy" --out "$logs/$f.cpu.npy" >>"$logs/cli.log" 2>&1 ||
+    { row "logits $f (cpu reference)" FAIL "see cli.log"; continue; }
+  for mode in one-shot:0 chunked-5:5 decode:1; do
+    name=${mode%%:*} chunk=${mode##*:}
+    if "$bin/sparrow" logits --backend cuda --model "$dir" --ids "$dir/ids.npy" --chunk "$chunk" \
+        --out "$logs/$f.cuda.$name.npy" >>"$logs/cli.log" 2>&1; then
+      compare "logits --backend cuda $f $name" "$logs/$f.cuda.$name.npy" "$logs/$f.cpu.npy"
+    else
+      row "logits --backend cuda $f $name" FAIL "exit status $? (see cli.log)"
+    fi
+  done
+done
+
+# 3. A synthetic V4-Flash (real dimensions, released formats) on a short prompt.
+if [ "$synth" -eq 1 ]; then
+  model="${TMPDIR:-/tmp}/sparrow-synth-v4flash"
+  ids=$(awk -v n="$synth_tokens" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (i * 7919 + 13) % 129280 }')
+  name="synth V4-Flash $synth_layers layers, $synth_tokens tokens"
+  t0=$(date +%s)
+  rm -rf "$model"
+  if "$bin/sparrow" synth --layers "$synth_layers" --experts 8 --out "$model" >>"$logs/synth.log" 2>&1 &&
+     "$bin/sparrow" logits --model "$model" --ids $ids --out "$logs/synth.cpu.npy" >>"$logs/synth.log" 2>&1 &&
+     "$bin/sparrow" logits --backend cuda --model "$model" --ids $ids --out "$logs/synth.cuda.npy" >>"$logs/synth.log" 2>&1 &&
+     "$bin/sparrow" logits --backend cuda --model "$model" --ids $ids --chunk 1 --out "$logs/synth.cuda.decode.npy" \
+       >>"$logs/synth.log" 2>&1; then
+    compare "$name one-shot ($(( $(date +%s) - t0 )) s)" "$logs/synth.cuda.npy" "$logs/synth.cpu.npy"
+    compare "$name decode" "$logs/synth.cuda.decode.npy" "$logs/synth.cpu.npy"
+  else
+    row "$name" FAIL "see synth.log: $(tail -1 "$logs/synth.log")"
+  fi
+  rm -rf "$model" "$logs"/synth*.npy
+fi
+
+echo
+echo "gpu-check $(date -u '+%Y-%m-%d %H:%M UTC') on $card"
+echo
+echo "rel = max|cuda - cpu| / max|cpu| over all positions and the whole vocabulary (bar: 1e-4)"
+echo
+echo "| check | result | detail |"
+echo "|---|---|---|"
+for r in "${rows[@]}"; do
+  IFS=$'\t' read -r a b c <<<"$r"
+  echo "| $a | $b | $c |"
+done
+echo
+if [ "$failures" -eq 0 ]; then echo "gpu-check: all passed"; else echo "gpu-check: $failures FAILED"; fi
+[ "$failures" -eq 0 ]

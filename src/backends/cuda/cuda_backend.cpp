@@ -1,0 +1,607 @@
+// The CUDA backend's host side: validates each op's arguments, uploads what the kernels need
+// (weights once, the batch's positions and ids once per batch, small per-op plans), tracks the
+// per-sequence counters, and launches the kernels declared in kernels.h.
+//
+// It mirrors src/backends/cpu/cpu_backend.cpp op for op; where the CPU walks a sequence's tokens in
+// order (compressor), the host plans the same walk (which windows complete, where entries go) and
+// the kernel replays it.
+#include "backends/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_state.h"
+#include "backends/cuda/kernels.h"
+#include "core/check.h"
+
+namespace sparrow {
+namespace cuda {
+
+void launch_check(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "sparrow: CUDA launch failed in %s: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+  static const bool sync = [] {
+    const char* v = std::getenv("SPARROW_CUDA_SYNC");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  if (sync && (err = cudaDeviceSynchronize()) != cudaSuccess) {
+    std::fprintf(stderr, "sparrow: CUDA kernel failed in %s: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  SPARROW_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  SPARROW_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
+}
+
+// Errors are ignored here: at process exit the runtime may already be unloading.
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void CompressorBuffer::init(int64_t r, int64_t d, bool ov) {
+  ratio = r;
+  dim = d;
+  overlap = ov;
+  const int64_t width = overlap ? 2 * dim : dim;
+  pending_kv = DeviceBuffer(ratio * width * sizeof(float));
+  pending_gate = DeviceBuffer(ratio * width * sizeof(float));
+  if (overlap) {
+    prev_kv = DeviceBuffer(ratio * dim * sizeof(float));
+    prev_gate = DeviceBuffer(ratio * dim * sizeof(float));
+  }
+}
+
+void CompressorBuffer::reserve(int64_t n) {
+  if (n <= capacity) return;
+  const int64_t cap = std::max<int64_t>({n, 2 * capacity, 16});
+  DeviceBuffer grown(cap * dim * sizeof(float));
+  if (count > 0)
+    SPARROW_CUDA_CHECK(cudaMemcpy(grown.get(), entries.get(), count * dim * sizeof(float), cudaMemcpyDeviceToDevice));
+  entries = std::move(grown);
+  capacity = cap;
+}
+
+CudaSequenceState::CudaSequenceState(const ModelConfig& c) : layers_(c.num_layers) {
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerState& s = layers_[l];
+    s.window = c.sliding_window;
+    s.ring = DeviceBuffer(c.sliding_window * c.head_dim * sizeof(float));
+    const int64_t m = c.compress_ratio[l];
+    if (c.attention[l] == AttentionKind::kCsa) {
+      s.main.init(m, c.head_dim, /*overlap=*/true);
+      s.indexer.init(m, c.index_head_dim, /*overlap=*/true);
+    } else if (c.attention[l] == AttentionKind::kHca) {
+      s.main.init(m, c.head_dim, /*overlap=*/false);
+    }
+  }
+}
+
+LayerState& CudaSequenceState::layer(int64_t l) {
+  SPARROW_CHECK(l >= 0 && l < static_cast<int64_t>(layers_.size()));
+  return layers_[l];
+}
+
+namespace {
+
+CudaSequenceState& cuda_state(SequenceState* s) {
+  auto* cs = dynamic_cast<CudaSequenceState*>(s);
+  SPARROW_CHECK(cs != nullptr && "a SequenceState from another backend was passed to the CUDA backend");
+  return *cs;
+}
+
+template <class T>
+DeviceBuffer upload_vector(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+  return b;
+}
+
+RopeTableArg rope_arg(const RopeTable& table) {
+  RopeTableArg a;
+  SPARROW_CHECK_LE(static_cast<int64_t>(table.inv_freq.size()), kMaxRopePairs);
+  a.pairs = static_cast<int>(table.inv_freq.size());
+  for (size_t i = 0; i < table.inv_freq.size(); ++i) a.inv_freq[i] = table.inv_freq[i];
+  return a;
+}
+
+bool is_float_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3 || t == DType::kF8E8M0;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  const char* name() const override { return "cuda"; }
+
+  Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
+    void* p = nullptr;
+    SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
+    SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    std::shared_ptr<void> storage(p, [](void* q) { cudaFree(q); });
+    return Tensor(storage, p, type, std::move(shape));
+  }
+
+  Tensor upload_f32(const std::vector<float>& values, std::vector<int64_t> shape) override {
+    Tensor t = alloc(ElemType::kF32, std::move(shape));
+    SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
+    copy_to_device(t.f32(), values.data(), values.size() * sizeof(float));
+    return t;
+  }
+
+  Tensor upload_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape) override {
+    Tensor t = alloc(ElemType::kI32, std::move(shape));
+    SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
+    copy_to_device(t.i32(), values.data(), values.size() * sizeof(int32_t));
+    return t;
+  }
+
+  std::vector<float> download_f32(const Tensor& t) override {
+    SPARROW_CHECK(t.type() == ElemType::kF32);
+    std::vector<float> v(t.numel());
+    if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), t.f32(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+  std::vector<int32_t> download_i32(const Tensor& t) override {
+    SPARROW_CHECK(t.type() == ElemType::kI32);
+    std::vector<int32_t> v(t.numel());
+    if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), t.i32(), v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+  std::unique_ptr<SequenceState> create_sequence_state(const ModelConfig& config) override {
+    return std::make_unique<CudaSequenceState>(config);
+  }
+
+  void embed(const EmbedParams& p, const BatchInfo& batch) override {
+    // out is (T, S, D)
+    const int64_t T = p.out.dim(0), S = p.out.dim(1), D = p.out.dim(2);
+    SPARROW_CHECK_EQ(batch.num_tokens(), T);
+    SPARROW_CHECK_EQ(p.table->in, D);
+    launch_embed({.out = p.out.f32(), .ids = device_batch(batch).ids, .table = dev_weight(*p.table), .T = T, .S = S, .D = D});
+    launch_check("embed");
+  }
+
+  void hc_pre(const HcPreParams& p) override {
+    const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
+    SPARROW_CHECK_LE(S, kMaxStreams);
+    SPARROW_CHECK_EQ(p.weights->fn.numel(), (2 + S) * S * S * D);
+    launch_hc_pre({.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
+                   .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
+                   .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
+                   .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps)});
+    launch_check("hc_pre");
+  }
+
+  void hc_post(const HcPostParams& p) override {
+    const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
+    SPARROW_CHECK_LE(S, kMaxStreams);
+    SPARROW_CHECK_EQ(p.sublayer.numel(), T * D);
+    launch_hc_post({.streams = p.streams.f32(), .sublayer = p.sublayer.f32(), .post = p.post.f32(), .comb = p.comb.f32(),
+                    .T = T, .S = S, .D = D});
+    launch_check("hc_post");
+  }
+
+  void hc_head(const HcHeadParams& p) override {
+    const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
+    SPARROW_CHECK_LE(S, kMaxStreams);
+    SPARROW_CHECK_EQ(p.weights->fn.numel(), S * S * D);
+    launch_hc_head({.out = p.out.f32(), .streams = p.streams.f32(), .fn = dev_view(p.weights->fn),
+                    .base = dev_view(p.weights->base), .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D,
+                    .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps)});
+    launch_check("hc_head");
+  }
+
+  void rms_norm(const RmsNormParams& p) override {
+    const int64_t n = p.in.numel();
+    SPARROW_CHECK(p.group > 0 && n % p.group == 0);
+    SPARROW_CHECK_EQ(p.out.numel(), n);
+    if (p.weight.data) SPARROW_CHECK_EQ(p.weight.numel(), p.group);
+    launch_rms_norm({.out = p.out.f32(), .in = p.in.f32(), .weight = dev_view(p.weight), .rows = n / p.group,
+                     .group = p.group, .eps = static_cast<float>(p.eps)});
+    launch_check("rms_norm");
+  }
+
+  void linear(const LinearParams& p) override {
+    const WeightMatrix& w = *p.weight;
+    const int64_t T = p.in.dim(0);
+    SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
+    SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
+    launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
+                   .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1)});
+    launch_check("linear");
+  }
+
+  void grouped_linear(const GroupedLinearParams& p) override {
+    const WeightMatrix& w = *p.weight;
+    const int64_t T = p.in.dim(0), G = p.groups;
+    SPARROW_CHECK(G > 0 && w.out % G == 0);
+    SPARROW_CHECK_EQ(p.in.numel(), T * G * w.in);
+    SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
+    launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
+                   .in_stride = G * w.in, .rows_per_group = w.out / G});
+    launch_check("grouped_linear");
+  }
+
+  void rope(const RopeParams& p, const BatchInfo& batch) override {
+    const int64_t T = p.x.dim(0);
+    SPARROW_CHECK_EQ(batch.num_tokens(), T);
+    SPARROW_CHECK_LE(p.table->rope_dim(), p.x.dim(2));
+    launch_rope({.x = p.x.f32(), .positions = device_batch(batch).positions, .T = T, .n = p.x.dim(1),
+                 .width = p.x.dim(2), .table = rope_arg(*p.table), .inverse = p.direction == RopeDirection::kInverse});
+    launch_check("rope");
+  }
+
+  // Plans each sequence's walk on the host (where its rows go, how many entries it emits), makes
+  // room for the entries, advances the host counters, and lets one block per sequence replay it.
+  void compressor(const CompressorParams& p) override {
+    const BatchInfo& batch = *p.batch;
+    const int64_t width = p.overlap ? 2 * p.dim : p.dim, m = p.ratio;
+    SPARROW_CHECK_EQ(p.kv.numel(), batch.num_tokens() * width);
+    SPARROW_CHECK_EQ(p.gate.numel(), batch.num_tokens() * width);
+    SPARROW_CHECK_EQ(p.ape.numel(), m * width);
+    SPARROW_CHECK_EQ(p.norm_weight.numel(), p.dim);
+    // Simulated key storage precisions (`--index-keys`) are a CPU-only experiment for now.
+    SPARROW_CHECK(p.key_precision == KeyPrecision::kF32);
+    std::vector<CompressorSeqArgs> seqs;
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
+      CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
+      SPARROW_CHECK(buf.ratio == m && buf.dim == p.dim && buf.overlap == p.overlap);
+      const int64_t begin = batch.seq_begin[s], end = batch.seq_end[s], n = end - begin;
+      if (n == 0) continue;
+      for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
+      const int64_t emitted = (buf.pending + n) / m;
+      buf.reserve(buf.count + emitted);
+      seqs.push_back({.pending_kv = buf.pending_kv.f32(), .pending_gate = buf.pending_gate.f32(),
+                      .prev_kv = buf.prev_kv.f32(), .prev_gate = buf.prev_gate.f32(), .entries = buf.entries.f32(),
+                      .t_begin = begin, .t_end = end, .pending = buf.pending, .count = buf.count,
+                      .has_prev = buf.has_prev ? 1 : 0});
+      buf.count += emitted;
+      buf.pending = (buf.pending + n) % m;
+      if (emitted > 0 && p.overlap) buf.has_prev = true;
+    }
+    if (seqs.empty()) return;
+    const DeviceBuffer plan = upload_vector(seqs);
+    launch_compressor({.seqs = static_cast<const CompressorSeqArgs*>(plan.get()), .nseq = static_cast<int64_t>(seqs.size()),
+                       .kv = p.kv.f32(), .gate = p.gate.f32(), .positions = device_batch(batch).positions,
+                       .ape = dev_view(p.ape), .norm_weight = dev_view(p.norm_weight), .rope = rope_arg(*p.rope),
+                       .ratio = m, .dim = p.dim, .overlap = p.overlap, .norm_eps = static_cast<float>(p.norm_eps)});
+    launch_check("compressor");
+  }
+
+  void indexer_topk(const IndexerTopkParams& p) override {
+    const BatchInfo& batch = *p.batch;
+    const int64_t T = batch.num_tokens(), Hi = p.q.dim(1), di = p.q.dim(2);
+    SPARROW_CHECK_EQ(p.out_indices.numel(), T * p.k);
+    std::vector<const float*> keys(T);
+    std::vector<int64_t> visible(T);
+    int64_t C = p.out_scores.empty() ? 0 : p.out_scores.dim(1);
+    const int64_t out_C = C;
+    for (int64_t t = 0; t < T; ++t) {
+      const CompressorBuffer& buf = cuda_state(batch.seqs[batch.seq_of_token[t]]).layer(p.layer).indexer;
+      SPARROW_CHECK_EQ(buf.dim, di);
+      visible[t] = (batch.positions[t] + 1) / p.ratio;
+      SPARROW_CHECK_LE(visible[t], buf.count);
+      keys[t] = buf.entries.f32();
+      C = std::max(C, visible[t]);
+    }
+    if (T * p.k > 0) SPARROW_CUDA_CHECK(cudaMemset(p.out_indices.i32(), 0xff, T * p.k * sizeof(int32_t)));  // -1
+    if (T == 0 || C == 0) return;
+    const DeviceBuffer d_keys = upload_vector(keys), d_visible = upload_vector(visible);
+    DeviceBuffer scores(T * C * sizeof(float));
+    launch_indexer_topk({.out_indices = p.out_indices.i32(), .scores = scores.f32(), .q = p.q.f32(),
+                         .head_weights = p.head_weights.f32(), .keys = static_cast<const float* const*>(d_keys.get()),
+                         .visible = static_cast<const int64_t*>(d_visible.get()), .T = T, .Hi = Hi, .di = di, .k = p.k,
+                         .C = C, .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) /
+                                                             std::sqrt(static_cast<double>(Hi)))});
+    launch_check("indexer_topk");
+    if (out_C > 0)
+      SPARROW_CUDA_CHECK(cudaMemcpy2D(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
+                                      out_C * sizeof(float), T, cudaMemcpyDeviceToDevice));
+  }
+
+  void attention(const AttentionParams& p) override {
+    const BatchInfo& batch = *p.batch;
+    const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
+    const bool csa = p.kind == AttentionKind::kCsa;
+    const int64_t k = csa ? p.selected.dim(1) : 0;
+    SPARROW_CHECK_EQ(p.kv.numel(), T * Dh);
+    SPARROW_CHECK_EQ(p.out.numel(), T * H * Dh);
+    SPARROW_CHECK_EQ(p.sinks.numel(), H);
+    std::vector<AttnTokenArgs> tokens(T);
+    int64_t max_candidates = 1;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = batch.seq_of_token[t];
+      LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
+      const int64_t pos = batch.positions[t];
+      AttnTokenArgs& tk = tokens[t];
+      tk.ring = state.ring.f32();
+      tk.entries = state.main.entries.f32();
+      tk.batch_kv = p.kv.f32() + batch.seq_begin[s] * Dh;
+      tk.pos = pos;
+      tk.first_pos = batch.positions[batch.seq_begin[s]];
+      tk.n_window = std::clamp<int64_t>(p.window, 0, pos + 1);
+      // Window keys older than the batch come from the ring, which holds the state's W.
+      if (tk.n_window > pos - tk.first_pos + 1) SPARROW_CHECK_EQ(state.window, p.window);
+      tk.n_entries = state.main.count;
+      if (p.kind == AttentionKind::kHca) {
+        tk.n_compressed = (pos + 1) / p.ratio;
+        SPARROW_CHECK_LE(tk.n_compressed, state.main.count);
+      } else {
+        tk.n_compressed = k;
+      }
+      max_candidates = std::max(max_candidates, tk.n_window + tk.n_compressed);
+    }
+    if (T == 0) return;
+    const DeviceBuffer d_tokens = upload_vector(tokens);
+    DeviceBuffer scratch(T * H * max_candidates * sizeof(float));
+    launch_attention({.out = p.out.f32(), .scratch = scratch.f32(), .q = p.q.f32(),
+                      .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
+                      .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
+                      .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
+                      .scale = static_cast<float>(p.scale)});
+    launch_check("attention");
+  }
+
+  // A token whose ring slot a later token of the same sequence in this batch overwrites is
+  // skipped, so the result is that of the CPU's in-order writes without a race.
+  void window_append(const WindowAppendParams& p) override {
+    const BatchInfo& batch = *p.batch;
+    const int64_t T = batch.num_tokens(), Dh = p.kv.dim(1);
+    std::vector<float*> dst(T, nullptr);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = batch.seq_of_token[t];
+      LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
+      const int64_t W = state.window, pos = batch.positions[t], last = batch.positions[batch.seq_end[s] - 1];
+      if (W == 0 || pos <= last - W) continue;
+      SPARROW_CHECK_EQ(static_cast<int64_t>(state.ring.bytes()), W * Dh * static_cast<int64_t>(sizeof(float)));
+      dst[t] = state.ring.f32() + (pos % W) * Dh;
+    }
+    if (T == 0) return;
+    const DeviceBuffer d_dst = upload_vector(dst);
+    launch_window_append({.dst = static_cast<float* const*>(d_dst.get()), .kv = p.kv.f32(), .T = T, .Dh = Dh});
+    launch_check("window_append");
+  }
+
+  void router(const RouterParams& p) override {
+    const BatchInfo& batch = *p.batch;
+    const WeightMatrix& gate = *p.gate;
+    const int64_t T = p.x.dim(0), E = gate.out, K = p.k;
+    SPARROW_CHECK_EQ(p.x.numel(), T * gate.in);
+    SPARROW_CHECK(K > 0 && K <= kMaxRouterTopk && K <= E);
+    SPARROW_CHECK_LE(E, 4096);  // two [E] fp32 arrays in shared memory
+    const bool forced = !p.forced_experts.empty();
+    if (forced) SPARROW_CHECK_EQ(p.forced_experts.numel(), T * K);
+    if (!forced && p.kind == MoeKind::kHash) SPARROW_CHECK(p.tid2eid.data != nullptr);
+    if (!forced && p.kind == MoeKind::kScored) SPARROW_CHECK_EQ(p.bias.numel(), E);
+    if (T == 0) return;
+    DeviceBuffer logits(T * E * sizeof(float));
+    launch_linear({.out = logits.f32(), .in = p.x.f32(), .in_rows = nullptr, .w = dev_weight(gate), .T = T,
+                   .in_stride = gate.in, .rows_per_group = E});
+    launch_check("router logits");
+    const double scale = p.placement == RoutedScalePlacement::kInRouterWeights ? p.routed_scale : 1.0;
+    launch_router({.out_experts = p.out_experts.i32(), .out_weights = p.out_weights.f32(), .logits = logits.f32(),
+                   .forced = forced ? p.forced_experts.i32() : nullptr, .token_ids = device_batch(batch).ids,
+                   .bias = dev_view(p.bias), .tid2eid = dev_index_view(p.tid2eid), .T = T, .E = E, .K = K,
+                   .hash = p.kind == MoeKind::kHash, .scale = static_cast<float>(scale)});
+    launch_check("router");
+  }
+
+  // Routed experts grouped by expert (each expert's weights are read once per batch, over the
+  // gathered rows of the tokens that picked it), then the shared expert, then the combine.
+  void moe(const MoeParams& p) override {
+    const int64_t T = p.x.dim(0), D = p.x.dim(1), K = p.experts.dim(1);
+    const auto& routed = *p.routed;
+    const int64_t E = static_cast<int64_t>(routed.size());
+    const double combine_scale = p.placement == RoutedScalePlacement::kInExpertCombine ? p.routed_scale : 1.0;
+    SPARROW_CHECK_EQ(p.out.numel(), T * D);
+    SPARROW_CHECK_EQ(p.weights.numel(), T * K);
+    if (T == 0) return;
+    // Group (token, slot) pairs by expert, in token order.
+    const std::vector<int32_t> experts = download_i32(p.experts);
+    std::vector<std::vector<int32_t>> rows(E), slots(E);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < K; ++i) {
+        const int32_t e = experts[t * K + i];
+        SPARROW_CHECK(e >= 0 && e < E);
+        rows[e].push_back(static_cast<int32_t>(t));
+        slots[e].push_back(static_cast<int32_t>(t * K + i));
+      }
+    std::vector<int32_t> all_rows, all_slots;
+    std::vector<int64_t> offset(E + 1, 0);
+    int64_t max_rows = 0, max_f = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      offset[e + 1] = offset[e] + static_cast<int64_t>(rows[e].size());
+      all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
+      all_slots.insert(all_slots.end(), slots[e].begin(), slots[e].end());
+      if (!rows[e].empty()) {
+        max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(rows[e].size()));
+        max_f = std::max(max_f, routed[e].w1.out);
+      }
+    }
+    const DeviceBuffer d_rows = upload_vector(all_rows), d_slots = upload_vector(all_slots);
+    const auto* rows_ptr = static_cast<const int32_t*>(d_rows.get());
+    const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
+    // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
+    DeviceBuffer contrib(T * K * D * sizeof(float));
+    if (max_rows > 0) {
+      DeviceBuffer h1(max_rows * max_f * sizeof(float)), h3(max_rows * max_f * sizeof(float)),
+          y(max_rows * D * sizeof(float));
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t R = offset[e + 1] - offset[e];
+        if (R == 0) continue;
+        swiglu_ffn(routed[e], p.x.f32(), D, rows_ptr + offset[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit);
+        launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + offset[e],
+                               .weights = p.weights.f32(), .R = R, .D = D, .scale = static_cast<float>(combine_scale)});
+        launch_check("expert scatter");
+      }
+    }
+    DeviceBuffer shared_out;
+    if (p.shared) {
+      const int64_t F = p.shared->w1.out;
+      DeviceBuffer h1(T * F * sizeof(float)), h3(T * F * sizeof(float));
+      shared_out = DeviceBuffer(T * D * sizeof(float));
+      swiglu_ffn(*p.shared, p.x.f32(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit);
+    }
+    launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = p.shared ? shared_out.f32() : nullptr,
+                        .T = T, .K = K, .D = D});
+    launch_check("moe combine");
+  }
+
+  // Device bytes of a stored tensor, uploaded on first use and cached by host address.
+  const void* device_bytes(const TensorView& v) {
+    if (!v.data) return nullptr;
+    const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+    auto it = weights_.find(v.data);
+    if (it != weights_.end() && it->second.bytes() == bytes) return it->second.get();
+    DeviceBuffer b(bytes);
+    copy_to_device(b.get(), v.data, bytes);
+    const void* p = b.get();
+    weights_[v.data] = std::move(b);
+    return p;
+  }
+
+ private:
+  struct DeviceBatch {
+    std::vector<int64_t> host_positions;
+    std::vector<int32_t> host_ids;
+    DeviceBuffer d_positions, d_ids;
+    const int64_t* positions = nullptr;
+    const int32_t* ids = nullptr;
+  };
+
+  static void copy_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+
+  // The batch's positions and ids on the device; uploaded again only when they change.
+  const DeviceBatch& device_batch(const BatchInfo& b) {
+    if (!batch_.positions || batch_.host_positions != b.positions || batch_.host_ids != b.token_ids) {
+      batch_.host_positions = b.positions;
+      batch_.host_ids = b.token_ids;
+      batch_.d_positions = upload_vector(b.positions);
+      batch_.d_ids = upload_vector(b.token_ids);
+      // A non-null pointer even for an empty batch marks the cache as filled.
+      static const int64_t kNoPositions = 0;
+      batch_.positions = b.positions.empty() ? &kNoPositions : static_cast<const int64_t*>(batch_.d_positions.get());
+      batch_.ids = static_cast<const int32_t*>(batch_.d_ids.get());
+    }
+    return batch_;
+  }
+
+  DevView dev_view(const TensorView& v) {
+    if (v.data) SPARROW_CHECK(is_float_dtype(v.dtype));
+    return {device_bytes(v), v.dtype};
+  }
+
+  DevView dev_index_view(const TensorView& v) {
+    if (v.data) SPARROW_CHECK(v.dtype == DType::kI32 || v.dtype == DType::kI64);
+    return {device_bytes(v), v.dtype};
+  }
+
+  DevWeight dev_weight(const WeightMatrix& w) {
+    SPARROW_CHECK(w.present());
+    DevWeight d{.format = w.format, .out = w.out, .in = w.in, .data = device_bytes(w.data), .dtype = w.data.dtype};
+    switch (w.format) {
+      case WeightFormat::kFloat:
+        SPARROW_CHECK(is_float_dtype(w.data.dtype));
+        SPARROW_CHECK_EQ(w.data.numel(), w.out * w.in);
+        break;
+      case WeightFormat::kFp8Block:
+      case WeightFormat::kFp4Packed:
+        SPARROW_CHECK(w.scale.data != nullptr && is_float_dtype(w.scale.dtype) && w.scale.shape.size() == 2);
+        SPARROW_CHECK(w.block_out > 0 && w.block_in > 0);
+        SPARROW_CHECK_EQ(w.data.numel() * static_cast<int64_t>(dtype_size(w.data.dtype)),
+                         w.format == WeightFormat::kFp8Block ? w.out * w.in : w.out * w.in / 2);
+        d.scale = device_bytes(w.scale);
+        d.scale_dtype = w.scale.dtype;
+        d.scale_cols = w.scale.dim(1);
+        d.block_out = w.block_out;
+        d.block_in = w.block_in;
+        break;
+    }
+    return d;
+  }
+
+  // ys = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)) for the R rows `rows` of x (all T when null).
+  void swiglu_ffn(const ExpertWeights& w, const float* x, int64_t x_stride, const int32_t* rows, int64_t R, float* h1,
+                  float* h3, float* y, double limit) {
+    const int64_t F = w.w1.out;
+    SPARROW_CHECK_EQ(w.w3.out, F);
+    SPARROW_CHECK_EQ(w.w2.in, F);
+    SPARROW_CHECK_EQ(w.w1.in, x_stride);
+    SPARROW_CHECK_EQ(w.w2.out, x_stride);
+    launch_linear({.out = h1, .in = x, .in_rows = rows, .w = dev_weight(w.w1), .T = R, .in_stride = x_stride,
+                   .rows_per_group = F});
+    launch_linear({.out = h3, .in = x, .in_rows = rows, .w = dev_weight(w.w3), .T = R, .in_stride = x_stride,
+                   .rows_per_group = F});
+    launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
+    launch_linear({.out = y, .in = h1, .in_rows = nullptr, .w = dev_weight(w.w2), .T = R, .in_stride = F,
+                   .rows_per_group = w.w2.out});
+    launch_check("expert ffn");
+  }
+
+  std::unordered_map<const void*, DeviceBuffer> weights_;
+  DeviceBatch batch_;
+};
+
+}  // namespace
+
+std::vector<float> state_entries(SequenceState& state, int64_t layer, CompressorSlot slot) {
+  LayerState& l = cuda_state(&state).layer(layer);
+  const CompressorBuffer& buf = slot == CompressorSlot::kMain ? l.main : l.indexer;
+  std::vector<float> v(buf.count * buf.dim);
+  if (!v.empty())
+    SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), buf.entries.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+}  // namespace cuda
+
+Expected<std::unique_ptr<Backend>> make_cuda_backend() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the error so that later runtime calls do not report it again
+    return Status::unsupported(std::string("backend 'cuda': no usable CUDA device (") +
+                               (err != cudaSuccess ? cudaGetErrorString(err) : "no device found") + ")");
+  }
+  cudaDeviceProp prop{};
+  SPARROW_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9 || prop.minor != 0)
+    return Status::unsupported("backend 'cuda': this build has code for sm_90a (Hopper) only; GPU 0 is " +
+                               std::string(prop.name) + " with compute capability " + std::to_string(prop.major) + "." +
+                               std::to_string(prop.minor));
+  if (const cudaError_t e = cudaSetDevice(0); e != cudaSuccess)
+    return Status::unsupported(std::string("backend 'cuda': cannot use GPU 0: ") + cudaGetErrorString(e));
+  return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>());
+}
+
+}  // namespace sparrow

@@ -1,0 +1,30 @@
+// The CUDA backend (Hopper, sm_90a): every op of src/ops/backend.h on the GPU, fp32 arithmetic,
+// weights in their checkpoint formats in device memory. Activation Tensors hold device pointers.
+//
+// Weights are uploaded on first use and cached by the address of their stored bytes, so
+// REQUIRES: a weight's bytes stay alive and unchanged while the backend is in use (the mmap'd
+// checkpoint of a loaded Model satisfies this). All work runs on the default stream, in order;
+// downloads synchronise. Not thread-safe: one backend per thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ops/backend.h"
+#include "sparrow/status.h"
+
+namespace sparrow {
+
+// Fails with a Status (no abort) when no usable CUDA device is present, or when GPU 0 is not a
+// compute capability 9.0 (Hopper) part, the only one this build has code for.
+Expected<std::unique_ptr<Backend>> make_cuda_backend();
+
+namespace cuda {
+
+// Test support: the compressed entries (`slot` = kMain) or indexer keys (kIndexer) stored so far in
+// layer `layer` of a state created by the CUDA backend, [count, dim] row-major.
+std::vector<float> state_entries(SequenceState& state, int64_t layer, CompressorSlot slot);
+
+}  // namespace cuda
+}  // namespace sparrow

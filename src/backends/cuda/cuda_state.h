@@ -1,0 +1,76 @@
+// Device memory of the CUDA backend: an owning buffer, and the per-sequence decode state (spec §5),
+// laid out as src/backends/cpu/cpu_state.h lays out the CPU's.
+//
+// Invariants, per layer: `ring` slot p % W holds the window key of position p for the last W
+// positions absorbed; a compressor buffer holds the `pending` rows after its last complete window
+// (gate rows with the positional bias already added), for CSA the first halves of the last
+// complete window (`prev_*`), and the `count` entries emitted so far, normalised and rotated, in
+// `entries` (room for `capacity`; it grows by doubling). The counters live on the host: they
+// follow from the positions absorbed, so the host plans every launch without reading the device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/model_config.h"
+#include "ops/backend.h"
+
+namespace sparrow::cuda {
+
+// cudaMalloc'd bytes, zero-filled; freed on destruction. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  float* f32() const { return static_cast<float*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct CompressorBuffer {
+  DeviceBuffer pending_kv, pending_gate;  // [ratio, width]
+  DeviceBuffer prev_kv, prev_gate;        // [ratio, dim] (overlapping form only)
+  DeviceBuffer entries;                   // [capacity, dim]
+  int64_t ratio = 0, dim = 0;
+  bool overlap = false;
+  int64_t pending = 0;
+  int64_t count = 0;
+  int64_t capacity = 0;
+  bool has_prev = false;
+
+  void init(int64_t ratio, int64_t dim, bool overlap);
+  // Makes room for `n` entries in total, keeping the ones stored.
+  void reserve(int64_t n);
+};
+
+struct LayerState {
+  DeviceBuffer ring;         // [W, Dh]
+  int64_t window = 0;        // W
+  CompressorBuffer main;     // CSA/HCA compressed K=V entries [C, Dh]
+  CompressorBuffer indexer;  // CSA indexer keys [C, di]
+};
+
+class CudaSequenceState final : public SequenceState {
+ public:
+  explicit CudaSequenceState(const ModelConfig& c);
+  int64_t length() const override { return length_; }
+  void advance(int64_t n) override { length_ += n; }
+  LayerState& layer(int64_t l);
+
+ private:
+  std::vector<LayerState> layers_;
+  int64_t length_ = 0;
+};
+
+}  // namespace sparrow::cuda

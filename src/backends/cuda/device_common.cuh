@@ -1,0 +1,131 @@
+// Device helpers shared by the kernels: exact decoders of the stored formats (the device twins of
+// src/core/dtype.h, bit for bit), weight-element access in every checkpoint format, and
+// deterministic block reductions (fixed order, so a result never depends on timing).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels.h"
+
+namespace sparrow::cuda {
+
+__device__ inline float dev_bf16(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+
+__device__ inline float dev_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// OCP e4m3fn: no infinities, 0x7F/0xFF NaN (core/dtype.cpp e4m3_to_f32).
+__device__ inline float dev_e4m3(uint8_t b) {
+  const uint32_t exp = (b >> 3) & 0xfu, man = b & 0x7u;
+  if (exp == 15 && man == 7) return __uint_as_float(0x7fc00000u);
+  // Subnormal man/8 * 2^-6, else (1 + man/8) * 2^(exp-7): both exact in fp32.
+  const float v = exp == 0 ? static_cast<float>(man) * 0x1p-9f
+                           : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80) ? -v : v;
+}
+
+// UE8M0: 2^(e-127); e = 0 is the fp32 subnormal 2^-127; 0xFF is NaN.
+__device__ inline float dev_e8m0(uint8_t e) {
+  if (e == 0xff) return __uint_as_float(0x7fc00000u);
+  if (e == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(static_cast<uint32_t>(e) << 23);
+}
+
+__device__ inline float dev_e2m1(uint8_t nibble) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = kMag[nibble & 7];
+  return (nibble & 8) ? -m : m;
+}
+
+// Element i of a float tensor (F32/F16/BF16/E4M3/E8M0) by its stored dtype.
+__device__ inline float dev_load(const DevView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::kF32: return static_cast<const float*>(v.data)[i];
+    case DType::kBF16: return dev_bf16(static_cast<const uint16_t*>(v.data)[i]);
+    case DType::kF16: return dev_f16(static_cast<const uint16_t*>(v.data)[i]);
+    case DType::kF8E4M3: return dev_e4m3(static_cast<const uint8_t*>(v.data)[i]);
+    case DType::kF8E8M0: return dev_e8m0(static_cast<const uint8_t*>(v.data)[i]);
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kI32:
+    case DType::kI64:
+      break;
+  }
+  return __uint_as_float(0x7fc00000u);  // the host refuses these dtypes before a launch
+}
+
+__device__ inline int64_t dev_load_index(const DevView& v, int64_t i) {
+  return v.dtype == DType::kI64 ? static_cast<const int64_t*>(v.data)[i] : static_cast<const int32_t*>(v.data)[i];
+}
+
+// W[row, col] of a weight matrix, dequantised as the CPU reader does (weight_reader.cpp):
+// value * scale in fp32.
+__device__ inline float weight_at(const DevWeight& w, int64_t row, int64_t col) {
+  switch (w.format) {
+    case WeightFormat::kFloat:
+      return dev_load(DevView{w.data, w.dtype}, row * w.in + col);
+    case WeightFormat::kFp8Block: {
+      const float s = dev_load(DevView{w.scale, w.scale_dtype}, (row / w.block_out) * w.scale_cols + col / w.block_in);
+      return dev_e4m3(static_cast<const uint8_t*>(w.data)[row * w.in + col]) * s;
+    }
+    case WeightFormat::kFp4Packed: {
+      // Byte j of a row holds input 2j in its low nibble and 2j+1 in its high nibble.
+      const uint8_t b = static_cast<const uint8_t*>(w.data)[row * (w.in / 2) + col / 2];
+      const float s = dev_load(DevView{w.scale, w.scale_dtype}, row * w.scale_cols + col / w.block_in);
+      return dev_e2m1((col & 1) ? (b >> 4) : (b & 0xf)) * s;
+    }
+  }
+  return __uint_as_float(0x7fc00000u);
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum of v over the block, returned to every thread. REQUIRES: blockDim.x a multiple of 32, at
+// most 1024, and every thread of the block calls it.
+__device__ inline float block_sum(float v) {
+  __shared__ float partial[32];
+  __syncthreads();  // `partial` may still be read by a previous call
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < nwarps; ++i) total += partial[i];
+  return total;
+}
+
+__device__ inline float block_max(float v) {
+  __shared__ float partial[32];
+  __syncthreads();
+  v = warp_max(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float m = partial[0];
+  for (int i = 1; i < nwarps; ++i) m = fmaxf(m, partial[i]);
+  return m;
+}
+
+// Rotates pair (x[2i], x[2i+1]) of a trailing rope slice by pos * inv_freq[i] (spec §3.0.3). The
+// angle and the rotation are fp64, as on the CPU: fp32 positions lose the angle at long contexts.
+__device__ inline void rope_rotate_pair(float* rope_part, int i, double pos, const RopeTableArg& table, bool inverse) {
+  double s, c;
+  sincos(pos * table.inv_freq[i], &s, &c);
+  if (inverse) s = -s;
+  const double x0 = rope_part[2 * i], x1 = rope_part[2 * i + 1];
+  rope_part[2 * i] = static_cast<float>(x0 * c - x1 * s);
+  rope_part[2 * i + 1] = static_cast<float>(x0 * s + x1 * c);
+}
+
+inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,239 @@
+// Launchers of the CUDA backend's kernels: plain structs of device pointers and sizes, one struct
+// per kernel, so the host side (cuda_backend.cpp, compiled by the C++ compiler) never sees CUDA
+// syntax and each .cu file holds a few simple kernels.
+//
+// Every launcher enqueues on the legacy default stream and returns at once; launch errors are
+// checked by the caller (cuda_check.h). Arithmetic is fp32 everywhere except RoPE angles (fp64: a
+// position times a frequency loses its fraction in fp32 at long contexts). Shape comments use the
+// project's letters (T tokens, D hidden, H heads, Dh head dim, E experts, K slots, S streams).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace sparrow::cuda {
+
+// Limits of the simple kernels, checked on the host before a launch.
+inline constexpr int kMaxStreams = 8;       // S (mHC): per-thread stream registers, mix <= (2+S)*S
+inline constexpr int kMaxRopePairs = 64;    // rope_dim / 2, passed by value in RopeTableArg
+inline constexpr int kMaxRouterTopk = 64;   // K of the router
+
+// A float/index tensor in device memory, decoded by its stored dtype.
+struct DevView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// A logical [out, in] weight matrix in its checkpoint format, in device memory (see WeightMatrix).
+struct DevWeight {
+  WeightFormat format = WeightFormat::kFloat;
+  int64_t out = 0, in = 0;
+  const void* data = nullptr;
+  DType dtype = DType::kF32;       // of data (float formats)
+  const void* scale = nullptr;
+  DType scale_dtype = DType::kF8E8M0;
+  int64_t scale_cols = 0;
+  int64_t block_out = 1, block_in = 1;
+};
+
+struct RopeTableArg {
+  int pairs = 0;
+  double inv_freq[kMaxRopePairs] = {};
+};
+
+// ---- norms, mHC, embedding, RoPE, window (kernels_basic.cu) -------------------------------------
+
+struct EmbedArgs {
+  float* out;             // [T, S, D]
+  const int32_t* ids;     // [T]
+  DevWeight table;        // [V, D]
+  int64_t T, S, D;
+};
+void launch_embed(const EmbedArgs& a);
+
+struct HcPreArgs {
+  float* out_input;       // [T, D]
+  float* out_post;        // [T, S]
+  float* out_comb;        // [T, S, S]
+  const float* streams;   // [T, S, D]
+  DevView fn, base, scale;
+  int64_t T, S, D;
+  int64_t sinkhorn_iters;
+  float hc_eps, norm_eps;
+};
+void launch_hc_pre(const HcPreArgs& a);
+
+struct HcPostArgs {
+  float* streams;         // [T, S, D] in/out
+  const float* sublayer;  // [T, D]
+  const float* post;      // [T, S]
+  const float* comb;      // [T, S, S]
+  int64_t T, S, D;
+};
+void launch_hc_post(const HcPostArgs& a);
+
+struct HcHeadArgs {
+  float* out;             // [T, D]
+  const float* streams;   // [T, S, D]
+  DevView fn, base, scale;
+  int64_t T, S, D;
+  float hc_eps, norm_eps;
+};
+void launch_hc_head(const HcHeadArgs& a);
+
+struct RmsNormArgs {
+  float* out;             // [T, N] (may alias in)
+  const float* in;        // [T, N]
+  DevView weight;         // [group], data null for the unweighted norm
+  int64_t rows;           // T * N / group
+  int64_t group;
+  float eps;
+};
+void launch_rms_norm(const RmsNormArgs& a);
+
+struct RopeArgs {
+  float* x;                   // [T, n, width]
+  const int64_t* positions;   // [T]
+  int64_t T, n, width;
+  RopeTableArg table;
+  bool inverse;
+};
+void launch_rope(const RopeArgs& a);
+
+struct WindowAppendArgs {
+  float* const* dst;      // [T] ring slot of each token, null: skip (overwritten later in the batch)
+  const float* kv;        // [T, Dh]
+  int64_t T, Dh;
+};
+void launch_window_append(const WindowAppendArgs& a);
+
+// ---- linear layers (kernels_linear.cu) ----------------------------------------------------------
+
+// out[t, n] = sum_k W[n, k] * in[row(t), g(n)*K + k], row(t) = in_rows ? in_rows[t] : t,
+// g(n) = n / rows_per_group (grouped projection; rows_per_group = N for a plain linear).
+struct LinearArgs {
+  float* out;                 // [T, N]
+  const float* in;            // [*, in_stride]
+  const int32_t* in_rows;     // [T] or null
+  DevWeight w;                // [N, K]
+  int64_t T;
+  int64_t in_stride;
+  int64_t rows_per_group;
+};
+void launch_linear(const LinearArgs& a);
+
+// ---- compressor, indexer, attention (kernels_attention.cu) --------------------------------------
+
+// One sequence's compressor buffer and its share of the batch (mirrors cpu_state.h).
+struct CompressorSeqArgs {
+  float* pending_kv;      // [ratio, width]
+  float* pending_gate;    // [ratio, width]
+  float* prev_kv;         // [ratio, dim] (overlapping form)
+  float* prev_gate;       // [ratio, dim]
+  float* entries;         // [capacity, dim], room for every entry this batch emits
+  int64_t t_begin, t_end; // batch rows
+  int64_t pending, count; // before this batch
+  int32_t has_prev;
+};
+
+struct CompressorArgs {
+  const CompressorSeqArgs* seqs;  // [nseq]
+  int64_t nseq;
+  const float* kv;                // [T, width]
+  const float* gate;              // [T, width]
+  const int64_t* positions;       // [T]
+  DevView ape;                    // [ratio, width]
+  DevView norm_weight;            // [dim]
+  RopeTableArg rope;
+  int64_t ratio, dim;
+  bool overlap;
+  float norm_eps;
+};
+void launch_compressor(const CompressorArgs& a);
+
+struct IndexerArgs {
+  int32_t* out_indices;         // [T, k], pre-filled with -1
+  float* scores;                // [T, C] scratch: score of every visible entry, -inf past them
+  const float* q;               // [T, Hi, di]
+  const float* head_weights;    // [T, Hi]
+  const float* const* keys;     // [T] the token's sequence's indexer entries [count, di]
+  const int64_t* visible;       // [T]
+  int64_t T, Hi, di, k, C;      // C >= every visible
+  float scale;
+};
+// Scores into `scores`, then top-k by rank (higher score first, then the lower index).
+void launch_indexer_topk(const IndexerArgs& a);
+
+// Where one token's candidate keys live.
+struct AttnTokenArgs {
+  const float* ring;       // [W, Dh] its sequence's window ring
+  const float* entries;    // [count, Dh] compressed entries
+  const float* batch_kv;   // [n, Dh] its sequence's rows of this batch's kv
+  int64_t pos;             // absolute position
+  int64_t first_pos;       // position of the sequence's first token in this batch
+  int64_t n_window;        // window candidates: min(W, pos + 1)
+  int64_t n_compressed;    // HCA: visible entries; CSA: k (selection slots); else 0
+  int64_t n_entries;       // entries stored (selections must be below)
+};
+
+struct AttentionArgs {
+  float* out;                    // [T, H, Dh]
+  float* scratch;                // [T * H, max_candidates]
+  const float* q;                // [T, H, Dh]
+  const AttnTokenArgs* tokens;   // [T]
+  const int32_t* selected;       // [T, k] (CSA) or null
+  DevView sinks;                 // [H]
+  int64_t T, H, Dh, window, k, max_candidates;
+  bool csa;
+  float scale;
+};
+void launch_attention(const AttentionArgs& a);
+
+// ---- router and experts (kernels_moe.cu) --------------------------------------------------------
+
+struct RouterArgs {
+  int32_t* out_experts;          // [T, K]
+  float* out_weights;            // [T, K]
+  const float* logits;           // [T, E]
+  const int32_t* forced;         // [T, K] or null
+  const int32_t* token_ids;      // [T]
+  DevView bias;                  // [E] (scored) or data null
+  DevView tid2eid;               // [V, K] I32/I64 (hash) or data null
+  int64_t T, E, K;
+  bool hash;
+  float scale;                   // routed_scale, or 1 when the combine applies it
+};
+void launch_router(const RouterArgs& a);
+
+// h = silu(min(a, L)) * clamp(b, -L, L) (no clamp when limit <= 0), written over a.
+struct SwigluArgs {
+  float* a;          // [n] gate (w1) outputs, becomes h
+  const float* b;    // [n] up (w3) outputs
+  int64_t n;
+  float limit;
+};
+void launch_swiglu(const SwigluArgs& a);
+
+// contrib[slots[r], :] = weights[slots[r]] * scale * y[r, :].
+struct ScatterArgs {
+  float* contrib;         // [T*K, D]
+  const float* y;         // [R, D]
+  const int32_t* slots;   // [R]
+  const float* weights;   // [T*K]
+  int64_t R, D;
+  float scale;
+};
+void launch_expert_scatter(const ScatterArgs& a);
+
+// out[t, d] = sum_i contrib[t*K + i, d] (+ shared[t, d]).
+struct CombineArgs {
+  float* out;              // [T, D]
+  const float* contrib;    // [T*K, D]
+  const float* shared;     // [T, D] or null
+  int64_t T, K, D;
+};
+void launch_moe_combine(const CombineArgs& a);
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,192 @@
+// Embedding, mHC (pre with Sinkhorn, post, head), RMS norms, RoPE and window appends.
+// One block per token (or per normalised group) where a reduction is needed, one thread per
+// element otherwise. Formulas: spec §3.0-§3.2, §3.6; they mirror src/backends/cpu/cpu_backend.cpp.
+#include "backends/cuda/device_common.cuh"
+
+namespace sparrow::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxMix = (2 + kMaxStreams) * kMaxStreams;
+
+__device__ inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// grid (T), block over D: every stream a copy of the embedding row.
+__global__ void embed_kernel(EmbedArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = a.ids[t];
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    const float v = weight_at(a.table, id, d);
+    for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = v;
+  }
+}
+
+// mix[m] = (fn[m] . X) * rsqrt(mean(X^2) + eps) over the flattened streams X of one token,
+// into shared `mix` (spec §3.2 steps 1-2). Every thread of the block calls it.
+__device__ void hc_mix(const float* X, int64_t width, const DevView& fn, int64_t nmix, float norm_eps, float* mix) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) ss += X[i] * X[i];
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(width) + norm_eps);
+  for (int64_t m = 0; m < nmix; ++m) {
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) acc += dev_load(fn, m * width + i) * X[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) mix[m] = acc * r;
+  }
+  __syncthreads();
+}
+
+// grid (T): pre/post/comb of one token, Sinkhorn with eps in every denominator, u = sum_j pre_j X[j].
+__global__ void hc_pre_kernel(HcPreArgs a) {
+  __shared__ float mix[kMaxMix];
+  __shared__ float pre[kMaxStreams];
+  const int64_t t = blockIdx.x, S = a.S, D = a.D;
+  const float* X = a.streams + t * S * D;
+  hc_mix(X, S * D, a.fn, (2 + S) * S, a.norm_eps, mix);
+  if (threadIdx.x == 0) {
+    const float eps = a.hc_eps;
+    const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
+    float comb[kMaxStreams * kMaxStreams];
+    for (int64_t j = 0; j < S; ++j) {
+      pre[j] = sigmoidf(mix[j] * scale_pre + dev_load(a.base, j)) + eps;
+      a.out_post[t * S + j] = 2.0f * sigmoidf(mix[S + j] * scale_post + dev_load(a.base, S + j));
+    }
+    for (int64_t j = 0; j < S; ++j) {
+      // Row j: softmax over k, then + eps.
+      float mx = -INFINITY;
+      for (int64_t k = 0; k < S; ++k) {
+        comb[j * S + k] = mix[2 * S + j * S + k] * scale_comb + dev_load(a.base, 2 * S + j * S + k);
+        mx = fmaxf(mx, comb[j * S + k]);
+      }
+      float sum = 0.0f;
+      for (int64_t k = 0; k < S; ++k) sum += (comb[j * S + k] = expf(comb[j * S + k] - mx));
+      for (int64_t k = 0; k < S; ++k) comb[j * S + k] = comb[j * S + k] / sum + eps;
+    }
+    // Columns once, then (rows, columns) sinkhorn_iters - 1 times, as the CPU reference does.
+    for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
+      if (it > 0) {
+        for (int64_t j = 0; j < S; ++j) {
+          float sum = 0.0f;
+          for (int64_t k = 0; k < S; ++k) sum += comb[j * S + k];
+          for (int64_t k = 0; k < S; ++k) comb[j * S + k] /= sum + eps;
+        }
+      }
+      for (int64_t k = 0; k < S; ++k) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < S; ++j) sum += comb[j * S + k];
+        for (int64_t j = 0; j < S; ++j) comb[j * S + k] /= sum + eps;
+      }
+    }
+    for (int64_t i = 0; i < S * S; ++i) a.out_comb[t * S * S + i] = comb[i];
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
+    a.out_input[t * D + d] = acc;
+  }
+}
+
+// One thread per (t, d): X'[k] = post_k y + sum_j comb[j][k] X[j] (comb applied transposed). The
+// thread owns column d of all streams of token t, so the update is in place without a race.
+__global__ void hc_post_kernel(HcPostArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.T * a.D) return;
+  const int64_t t = i / a.D, d = i % a.D, S = a.S;
+  float* X = a.streams + t * S * a.D;
+  const float* comb = a.comb + t * S * S;
+  float x[kMaxStreams];
+  for (int64_t j = 0; j < S; ++j) x[j] = X[j * a.D + d];
+  const float y = a.sublayer[t * a.D + d];
+  for (int64_t k = 0; k < S; ++k) {
+    float acc = a.post[t * S + k] * y;
+    for (int64_t j = 0; j < S; ++j) acc += comb[j * S + k] * x[j];
+    X[k * a.D + d] = acc;
+  }
+}
+
+// grid (T): the final stream collapse (spec §3.6): no post, no comb, no Sinkhorn.
+__global__ void hc_head_kernel(HcHeadArgs a) {
+  __shared__ float mix[kMaxStreams];
+  __shared__ float pre[kMaxStreams];
+  const int64_t t = blockIdx.x, S = a.S, D = a.D;
+  const float* X = a.streams + t * S * D;
+  hc_mix(X, S * D, a.fn, S, a.norm_eps, mix);
+  if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(mix[threadIdx.x] * dev_load(a.scale, 0) + dev_load(a.base, threadIdx.x)) + a.hc_eps;
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
+    a.out[t * D + d] = acc;
+  }
+}
+
+// grid (rows): y = x * rsqrt(mean(x^2) + eps) [* w] over one group. Every value is read before
+// block_sum's barrier and written after it, so out may alias in.
+__global__ void rms_norm_kernel(RmsNormArgs a) {
+  const int64_t r = blockIdx.x;
+  const float* x = a.in + r * a.group;
+  float* y = a.out + r * a.group;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < a.group; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
+  for (int64_t i = threadIdx.x; i < a.group; i += blockDim.x) {
+    float v = x[i] * inv;
+    if (a.weight.data) v *= dev_load(a.weight, i);
+    y[i] = v;
+  }
+}
+
+// One thread per (t, head, pair).
+__global__ void rope_kernel(RopeArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t pairs = a.table.pairs;
+  if (i >= a.T * a.n * pairs) return;
+  const int64_t th = i / pairs;  // t * n + head
+  const int pair = static_cast<int>(i % pairs);
+  const int64_t t = th / a.n;
+  float* rope_part = a.x + th * a.width + (a.width - 2 * pairs);
+  rope_rotate_pair(rope_part, pair, static_cast<double>(a.positions[t]), a.table, a.inverse);
+}
+
+__global__ void window_append_kernel(WindowAppendArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.T * a.Dh) return;
+  const int64_t t = i / a.Dh, d = i % a.Dh;
+  if (a.dst[t]) a.dst[t][d] = a.kv[i];
+}
+
+}  // namespace
+
+void launch_embed(const EmbedArgs& a) {
+  if (a.T > 0) embed_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+}
+
+void launch_hc_pre(const HcPreArgs& a) {
+  if (a.T > 0) hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+}
+
+void launch_hc_post(const HcPostArgs& a) {
+  if (a.T * a.D > 0) hc_post_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);
+}
+
+void launch_hc_head(const HcHeadArgs& a) {
+  if (a.T > 0) hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+}
+
+void launch_rms_norm(const RmsNormArgs& a) {
+  if (a.rows > 0) rms_norm_kernel<<<static_cast<unsigned>(a.rows), kThreads>>>(a);
+}
+
+void launch_rope(const RopeArgs& a) {
+  const int64_t n = a.T * a.n * a.table.pairs;
+  if (n > 0) rope_kernel<<<blocks_for(n, kThreads), kThreads>>>(a);
+}
+
+void launch_window_append(const WindowAppendArgs& a) {
+  if (a.T * a.Dh > 0) window_append_kernel<<<blocks_for(a.T * a.Dh, kThreads), kThreads>>>(a);
+}
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,116 @@
+// Router (hash and sqrtsoftplus top-k), SwiGLU with the clamp, and the expert combine
+// (spec §3.4). The expert projections themselves are launch_linear over gathered rows.
+#include "backends/cuda/device_common.cuh"
+
+namespace sparrow::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// log(sqrt(softplus(x))), finite for every finite x (cpu_backend.cpp log_sqrt_softplus): x above
+// 20 (PyTorch's softplus threshold), log1p(exp(x)) below, ~x below -30 where log(softplus) ~ x.
+__device__ inline float log_sqrt_softplus(float x) {
+  float log_sp;
+  if (x > 20.0f) {
+    log_sp = logf(x);
+  } else if (x < -30.0f) {
+    log_sp = x + log1pf(-0.5f * expf(x));
+  } else {
+    log_sp = logf(log1pf(expf(x)));
+  }
+  return 0.5f * log_sp;
+}
+
+// grid (T), dynamic shared 2*E floats. Scores in log space; scored routing picks by rank of
+// score + bias (higher first, then the lower expert); weights g_i = s_i / sum s from the unbiased
+// scores, evaluated as exp(log s_i - max) / sum exp(. - max), times `scale`.
+__global__ void router_kernel(RouterArgs a) {
+  extern __shared__ float shared[];
+  float* log_score = shared;     // [E]
+  float* biased = shared + a.E;  // [E]
+  __shared__ int32_t chosen[kMaxRouterTopk];
+  const int64_t t = blockIdx.x, E = a.E, K = a.K;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    log_score[e] = log_sqrt_softplus(a.logits[t * E + e]);
+    if (!a.hash && !a.forced) biased[e] = expf(log_score[e]) + dev_load(a.bias, e);
+  }
+  __syncthreads();
+  if (a.forced) {
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) chosen[i] = a.forced[t * K + i];
+  } else if (a.hash) {
+    const int64_t id = a.token_ids[t];
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) chosen[i] = static_cast<int32_t>(dev_load_index(a.tid2eid, id * K + i));
+  } else {
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+      const float mine = biased[e];
+      int64_t rank = 0;
+      for (int64_t v = 0; v < E && rank < K; ++v) rank += (biased[v] > mine || (biased[v] == mine && v < e)) ? 1 : 0;
+      if (rank < K) chosen[rank] = static_cast<int32_t>(e);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int64_t i = 0; i < K; ++i)
+      if (chosen[i] < 0 || chosen[i] >= E) __trap();  // a forced or table expert outside [0, E)
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < K; ++i) mx = fmaxf(mx, log_score[chosen[i]]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < K; ++i) sum += expf(log_score[chosen[i]] - mx);
+    for (int64_t i = 0; i < K; ++i) {
+      a.out_experts[t * K + i] = chosen[i];
+      a.out_weights[t * K + i] = expf(log_score[chosen[i]] - mx) / sum * a.scale;
+    }
+  }
+}
+
+__global__ void swiglu_kernel(SwigluArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n) return;
+  float x = a.a[i], y = a.b[i];
+  if (a.limit > 0.0f) {
+    x = fminf(x, a.limit);
+    y = fminf(fmaxf(y, -a.limit), a.limit);
+  }
+  a.a[i] = x / (1.0f + expf(-x)) * y;
+}
+
+__global__ void expert_scatter_kernel(ScatterArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.R * a.D) return;
+  const int64_t r = i / a.D, d = i % a.D;
+  const int64_t slot = a.slots[r];
+  a.contrib[slot * a.D + d] = a.weights[slot] * a.scale * a.y[i];
+}
+
+// Slots are summed in slot order, then the shared expert: a token's result does not depend on
+// which other tokens share the batch.
+__global__ void moe_combine_kernel(CombineArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.T * a.D) return;
+  const int64_t t = i / a.D, d = i % a.D;
+  float acc = 0.0f;
+  for (int64_t k = 0; k < a.K; ++k) acc += a.contrib[(t * a.K + k) * a.D + d];
+  if (a.shared) acc += a.shared[i];
+  a.out[i] = acc;
+}
+
+}  // namespace
+
+void launch_router(const RouterArgs& a) {
+  if (a.T == 0) return;
+  router_kernel<<<static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float)>>>(a);
+}
+
+void launch_swiglu(const SwigluArgs& a) {
+  if (a.n > 0) swiglu_kernel<<<blocks_for(a.n, kThreads), kThreads>>>(a);
+}
+
+void launch_expert_scatter(const ScatterArgs& a) {
+  if (a.R * a.D > 0) expert_scatter_kernel<<<blocks_for(a.R * a.D, kThreads), kThreads>>>(a);
+}
+
+void launch_moe_combine(const CombineArgs& a) {
+  if (a.T * a.D > 0) moe_combine_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);
+}
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,638 @@
+// Every CUDA op against the CPU reference op on seeded random inputs with odd sizes, including the
+// sparse and MoE edge cases (index -1, fewer visible entries than top-k, a query with nothing but
+// the sink, an expert no token picks, the SwiGLU clamp active) and both routed-scale placements.
+// Each test skips cleanly when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cpu/cpu_state.h"
+#include "backends/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "runtime/session.h"
+
+namespace sparrow {
+namespace {
+
+using namespace cuda_test;
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override { SPARROW_REQUIRE_GPU(gpu); }
+
+  // The same host values on both backends.
+  std::pair<Tensor, Tensor> both_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) {
+    return {cpu->upload_f32(v, shape), gpu->upload_f32(v, shape)};
+  }
+  std::pair<Tensor, Tensor> both_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) {
+    return {cpu->upload_i32(v, shape), gpu->upload_i32(v, shape)};
+  }
+  std::pair<Tensor, Tensor> both_alloc(ElemType type, const std::vector<int64_t>& shape) {
+    return {cpu->alloc(type, shape), gpu->alloc(type, shape)};
+  }
+
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> gpu;
+};
+
+BatchInfo simple_batch(const std::vector<int32_t>& ids, int64_t first_pos = 0) {
+  BatchInfo b;
+  b.token_ids = ids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    b.positions.push_back(first_pos + static_cast<int64_t>(i));
+    b.seq_of_token.push_back(0);
+  }
+  b.seqs = {nullptr};
+  b.seq_begin = {0};
+  b.seq_end = {static_cast<int64_t>(ids.size())};
+  return b;
+}
+
+// ---- decoding of every stored format (exact: embed copies dequantised rows) ----------------------
+
+TEST_F(CudaOps, EmbedDecodesEveryFormatExactly) {
+  Rng rng(11);
+  const std::vector<int32_t> ids = {3, 0, 6, 3, 1, 5};
+  const BatchInfo batch = simple_batch(ids);
+  const int64_t T = static_cast<int64_t>(ids.size()), S = 3;
+  std::vector<std::pair<std::string, StoredMatrix>> tables;
+  tables.emplace_back("f32", float_matrix(DType::kF32, 7, 45, rng.normal(7 * 45)));
+  tables.emplace_back("bf16", float_matrix(DType::kBF16, 7, 45, rng.normal(7 * 45)));
+  tables.emplace_back("f16", f16_matrix(rng, 7, 45));
+  {
+    // Every e4m3 code (NaN codes replaced by 0) and every finite e8m0 scale, 0 (2^-127) included.
+    StoredMatrix m = fp8_matrix(rng, 15, 259, 1, 16, DType::kF8E8M0);
+    auto& codes = *m.data.bytes;
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = (i % 256 == 0x7f || i % 256 == 0xff) ? 0 : i % 256;
+    auto& scales = *m.scale.bytes;
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(i % 255);
+    tables.emplace_back("fp8_e8m0_all_codes", m);
+  }
+  tables.emplace_back("fp8_f32_scales", fp8_matrix(rng, 7, 300, 4, 128, DType::kF32));
+  {
+    StoredMatrix m = fp4_matrix(rng, 9, 64);
+    auto& scales = *m.scale.bytes;
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(i * 15 % 255);
+    tables.emplace_back("fp4", m);
+  }
+  for (auto& [name, m] : tables) {
+    const int64_t D = m.w.in;
+    auto [c, g] = both_alloc(ElemType::kF32, {T, S, D});
+    cpu->embed({.out = c, .table = &m.w}, batch);
+    gpu->embed({.out = g, .table = &m.w}, batch);
+    expect_close(*gpu, g, *cpu, c, kExact, "embed " + name);
+  }
+}
+
+// ---- mHC ----------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, HcPreMatchesCpu) {
+  Rng rng(21);
+  for (auto [S, D, T, iters] : {std::tuple{3, 37, 5, 20}, std::tuple{4, 29, 3, 1}, std::tuple{2, 64, 1, 20}}) {
+    const int64_t mix = (2 + S) * S;
+    Stored fn = stored_floats(DType::kF32, {mix, S * D}, rng.normal(mix * S * D, 0.1));
+    Stored base = stored_floats(DType::kF32, {mix}, rng.normal(mix));
+    Stored scale = stored_floats(DType::kF32, {3}, rng.uniform(3, 0.5, 1.5));
+    HcWeights w{.fn = fn.view, .base = base.view, .scale = scale.view};
+    auto [xc, xg] = both_f32(rng.normal(T * S * D), {T, S, D});
+    auto [uc, ug] = both_alloc(ElemType::kF32, {T, D});
+    auto [pc, pg] = both_alloc(ElemType::kF32, {T, S});
+    auto [cc, cg] = both_alloc(ElemType::kF32, {T, S, S});
+    cpu->hc_pre({.out_input = uc, .out_post = pc, .out_comb = cc, .streams = xc, .weights = &w, .sinkhorn_iters = iters,
+                 .hc_eps = 1e-6, .norm_eps = 1e-6});
+    gpu->hc_pre({.out_input = ug, .out_post = pg, .out_comb = cg, .streams = xg, .weights = &w, .sinkhorn_iters = iters,
+                 .hc_eps = 1e-6, .norm_eps = 1e-6});
+    const std::string tag = " S=" + std::to_string(S) + " iters=" + std::to_string(iters);
+    expect_close(*gpu, ug, *cpu, uc, kOpTol, "hc_pre input" + tag);
+    expect_close(*gpu, pg, *cpu, pc, kOpTol, "hc_pre post" + tag);
+    expect_close(*gpu, cg, *cpu, cc, kOpTol, "hc_pre comb" + tag);
+  }
+}
+
+TEST_F(CudaOps, HcPostMatchesCpu) {
+  Rng rng(22);
+  const int64_t T = 6, S = 3, D = 41;
+  auto [xc, xg] = both_f32(rng.normal(T * S * D), {T, S, D});
+  auto [yc, yg] = both_f32(rng.normal(T * D), {T, D});
+  auto [pc, pg] = both_f32(rng.uniform(T * S, 0, 2), {T, S});
+  auto [cc, cg] = both_f32(rng.uniform(T * S * S, 0, 1), {T, S, S});
+  cpu->hc_post({.streams = xc, .sublayer = yc, .post = pc, .comb = cc});
+  gpu->hc_post({.streams = xg, .sublayer = yg, .post = pg, .comb = cg});
+  expect_close(*gpu, xg, *cpu, xc, kOpTol, "hc_post");
+}
+
+TEST_F(CudaOps, HcHeadMatchesCpu) {
+  Rng rng(23);
+  const int64_t T = 3, S = 4, D = 29;
+  Stored fn = stored_floats(DType::kF32, {S, S * D}, rng.normal(S * S * D, 0.1));
+  Stored base = stored_floats(DType::kF32, {S}, rng.normal(S));
+  Stored scale = stored_floats(DType::kF32, {1}, {0.7f});
+  HcWeights w{.fn = fn.view, .base = base.view, .scale = scale.view};
+  auto [xc, xg] = both_f32(rng.normal(T * S * D), {T, S, D});
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+  cpu->hc_head({.out = oc, .streams = xc, .weights = &w, .hc_eps = 1e-6, .norm_eps = 1e-6});
+  gpu->hc_head({.out = og, .streams = xg, .weights = &w, .hc_eps = 1e-6, .norm_eps = 1e-6});
+  expect_close(*gpu, og, *cpu, oc, kOpTol, "hc_head");
+}
+
+// ---- norms, linear layers, RoPE -----------------------------------------------------------------
+
+TEST_F(CudaOps, RmsNormWeightedUnweightedAndOutOfPlace) {
+  Rng rng(31);
+  const int64_t T = 7;
+  Stored w = stored_floats(DType::kBF16, {53}, rng.normal(53, 0.5, 1.0));
+  {
+    auto [xc, xg] = both_f32(rng.normal(T * 53, 3.0), {T, 53});
+    cpu->rms_norm({.out = xc, .in = xc, .weight = w.view, .group = 53, .eps = 1e-6});
+    gpu->rms_norm({.out = xg, .in = xg, .weight = w.view, .group = 53, .eps = 1e-6});
+    expect_close(*gpu, xg, *cpu, xc, kOpTol, "rms_norm weighted in place");
+  }
+  {
+    auto [xc, xg] = both_f32(rng.normal(T * 51), {T, 3, 17});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, 3, 17});
+    cpu->rms_norm({.out = oc, .in = xc, .weight = {}, .group = 17, .eps = 1e-6});
+    gpu->rms_norm({.out = og, .in = xg, .weight = {}, .group = 17, .eps = 1e-6});
+    expect_close(*gpu, og, *cpu, oc, kOpTol, "rms_norm unweighted groups");
+    expect_close(*gpu, xg, *cpu, xc, kExact, "rms_norm input untouched");
+  }
+}
+
+TEST_F(CudaOps, LinearEveryWeightFormat) {
+  Rng rng(41);
+  std::vector<std::pair<std::string, StoredMatrix>> ws;
+  ws.emplace_back("f32", float_matrix(DType::kF32, 33, 67, rng.normal(33 * 67, 1.0 / std::sqrt(67.0))));
+  ws.emplace_back("bf16", float_matrix(DType::kBF16, 29, 45, rng.normal(29 * 45, 1.0 / std::sqrt(45.0))));
+  ws.emplace_back("f16", f16_matrix(rng, 13, 31));
+  ws.emplace_back("fp8_e8m0_128", fp8_matrix(rng, 131, 259, 128, 128, DType::kF8E8M0));
+  ws.emplace_back("fp8_f32_partial_tiles", fp8_matrix(rng, 37, 150, 16, 64, DType::kF32));
+  ws.emplace_back("fp4", fp4_matrix(rng, 37, 96));
+  for (auto& [name, m] : ws) {
+    for (int64_t T : {1, 5, 19}) {
+      const int64_t K = m.w.in, N = m.w.out;
+      auto [xc, xg] = both_f32(rng.normal(T * K), {T, K});
+      auto [oc, og] = both_alloc(ElemType::kF32, {T, N});
+      cpu->linear({.out = oc, .in = xc, .weight = &m.w});
+      gpu->linear({.out = og, .in = xg, .weight = &m.w});
+      expect_close(*gpu, og, *cpu, oc, kOpTol, "linear " + name + " T=" + std::to_string(T));
+    }
+  }
+}
+
+TEST_F(CudaOps, GroupedLinearMatchesCpu) {
+  Rng rng(42);
+  const int64_t T = 11, G = 3, R = 7, Kg = 19;
+  std::vector<std::pair<std::string, StoredMatrix>> ws;
+  ws.emplace_back("bf16", float_matrix(DType::kBF16, G * R, Kg, rng.normal(G * R * Kg, 0.3)));
+  ws.emplace_back("fp8", fp8_matrix(rng, G * R, Kg, 8, 8, DType::kF8E8M0));
+  for (auto& [name, m] : ws) {
+    auto [xc, xg] = both_f32(rng.normal(T * G * Kg), {T, G * Kg});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, G * R});
+    cpu->grouped_linear({.out = oc, .in = xc, .weight = &m.w, .groups = G});
+    gpu->grouped_linear({.out = og, .in = xg, .weight = &m.w, .groups = G});
+    expect_close(*gpu, og, *cpu, oc, kOpTol, "grouped_linear " + name);
+  }
+}
+
+TEST_F(CudaOps, RopeForwardAndInverseAtLargePositions) {
+  Rng rng(51);
+  RopeTable table{.inv_freq = {1.0, 0.31, 0.0123, 3.7e-4, 5.68e-7}};
+  const int64_t n = 3, width = 21;
+  BatchInfo b = simple_batch({0, 0, 0, 0, 0, 0});
+  b.positions = {0, 1, 17, 4095, 131071, 1000003};
+  const int64_t T = b.num_tokens();
+  auto [xc, xg] = both_f32(rng.normal(T * n * width), {T, n, width});
+  for (RopeDirection dir : {RopeDirection::kForward, RopeDirection::kInverse}) {
+    cpu->rope({.x = xc, .table = &table, .direction = dir}, b);
+    gpu->rope({.x = xg, .table = &table, .direction = dir}, b);
+    expect_close(*gpu, xg, *cpu, xc, {.atol = 1e-6, .rtol = 1e-6}, "rope");
+  }
+}
+
+// ---- compressors, indexer, attention ------------------------------------------------------------
+
+// One layer of the given kind; sizes small and odd where the formats allow.
+ModelConfig attn_config(AttentionKind kind, int64_t window) {
+  ModelConfig c;
+  c.num_layers = 1;
+  c.sliding_window = window;
+  c.head_dim = 20;
+  c.index_head_dim = 12;
+  c.attention = {kind};
+  c.compress_ratio = {kind == AttentionKind::kCsa ? 4 : kind == AttentionKind::kHca ? 5 : 0};
+  c.moe = {MoeKind::kScored};
+  return c;
+}
+
+// Two sequences on both backends, fed chunk by chunk in shared batches.
+struct TwoSequences {
+  std::unique_ptr<SequenceState> cpu[2], gpu[2];
+  std::vector<int32_t> ids = std::vector<int32_t>(64, 0);
+
+  TwoSequences(Backend& c, Backend& g, const ModelConfig& cfg) {
+    for (int s = 0; s < 2; ++s) {
+      cpu[s] = c.create_sequence_state(cfg);
+      gpu[s] = g.create_sequence_state(cfg);
+    }
+  }
+  // Batches of n0 tokens of sequence 0 and n1 of sequence 1 (either may be 0), on each backend.
+  std::pair<BatchInfo, BatchInfo> batches(int64_t n0, int64_t n1) {
+    auto make = [&](std::unique_ptr<SequenceState>* st) {
+      std::vector<SequenceChunk> chunks;
+      if (n0 > 0) chunks.push_back({st[0].get(), std::span<const int32_t>(ids).subspan(0, n0)});
+      if (n1 > 0) chunks.push_back({st[1].get(), std::span<const int32_t>(ids).subspan(0, n1)});
+      return batch_build(chunks);
+    };
+    return {make(cpu), make(gpu)};
+  }
+  void advance(int64_t n0, int64_t n1) {
+    cpu[0]->advance(n0), gpu[0]->advance(n0), cpu[1]->advance(n1), gpu[1]->advance(n1);
+  }
+};
+
+std::vector<float> cpu_entries(SequenceState& s, CompressorSlot slot) {
+  auto& l = static_cast<cpu::CpuSequenceState&>(s).layer(0);
+  return slot == CompressorSlot::kMain ? l.main.entries : l.indexer.entries;
+}
+
+// Compressor weights of one slot: ape [ratio, width] F32, norm [dim] BF16.
+struct CompressorCase {
+  Stored ape, norm;
+  int64_t dim, width, ratio;
+  bool overlap;
+  CompressorCase(Rng& rng, int64_t dim_, int64_t ratio_, bool overlap_)
+      : dim(dim_), width(overlap_ ? 2 * dim_ : dim_), ratio(ratio_), overlap(overlap_) {
+    ape = stored_floats(DType::kF32, {ratio, width}, rng.normal(ratio * width, 0.5));
+    norm = stored_floats(DType::kBF16, {dim}, rng.normal(dim, 0.2, 1.0));
+  }
+  CompressorParams params(const Tensor& kv, const Tensor& gate, const BatchInfo& b, const RopeTable& rope,
+                          CompressorSlot slot) const {
+    return {.kv = kv, .gate = gate, .ape = ape.view, .norm_weight = norm.view, .batch = &b, .rope = &rope, .layer = 0,
+            .slot = slot, .ratio = ratio, .dim = dim, .overlap = overlap, .norm_eps = 1e-6};
+  }
+};
+
+const RopeTable kRope{.inv_freq = {1.0, 0.2, 0.01, 1e-4}};  // rope_dim 8
+
+// Feeds both compressors of a layer chunk by chunk (two sequences per batch) and compares the
+// entries after every batch: pending rows and the CSA previous halves carry across batches.
+TEST_F(CudaOps, CompressorsMatchCpuAcrossChunks) {
+  for (AttentionKind kind : {AttentionKind::kCsa, AttentionKind::kHca}) {
+    Rng rng(61);
+    const ModelConfig cfg = attn_config(kind, 6);
+    const bool csa = kind == AttentionKind::kCsa;
+    const CompressorCase main_case(rng, cfg.head_dim, cfg.compress_ratio[0], csa);
+    const CompressorCase index_case(rng, cfg.index_head_dim, cfg.compress_ratio[0], true);
+    TwoSequences seqs(*cpu, *gpu, cfg);
+    for (auto [n0, n1] : {std::pair{3, 5}, std::pair{6, 0}, std::pair{1, 12}, std::pair{9, 2}, std::pair{0, 1},
+                          std::pair{13, 7}}) {
+      auto [bc, bg] = seqs.batches(n0, n1);
+      const int64_t T = n0 + n1;
+      for (const CompressorCase* cc : {&main_case, &index_case}) {
+        if (cc == &index_case && !csa) continue;
+        const CompressorSlot slot = cc == &main_case ? CompressorSlot::kMain : CompressorSlot::kIndexer;
+        auto [kc, kg] = both_f32(rng.normal(T * cc->width), {T, cc->width});
+        auto [gc, gg] = both_f32(rng.normal(T * cc->width, 2.0), {T, cc->width});
+        cpu->compressor(cc->params(kc, gc, bc, kRope, slot));
+        gpu->compressor(cc->params(kg, gg, bg, kRope, slot));
+        for (int s = 0; s < 2; ++s) {
+          const std::vector<float> want = cpu_entries(*seqs.cpu[s], slot);
+          const std::vector<float> got = std::string(gpu->name()) == "cpu" ? cpu_entries(*seqs.gpu[s], slot)
+                                                                            : cuda::state_entries(*seqs.gpu[s], 0, slot);
+          const CompareResult r = compare_f32(got, want, kOpTol);
+          EXPECT_TRUE(r.ok) << (csa ? "CSA" : "HCA") << (slot == CompressorSlot::kMain ? " main" : " indexer")
+                            << " seq " << s << " after batch (" << n0 << ", " << n1 << "): " << r.message;
+        }
+      }
+      seqs.advance(n0, n1);
+    }
+    EXPECT_GT(cpu_entries(*seqs.cpu[1], CompressorSlot::kMain).size(), 0u);
+  }
+}
+
+// Selections may differ only by a near-tie (scores within 1e-5 relative); -1 slots must match.
+void expect_same_selection(const std::vector<int32_t>& got, const std::vector<int32_t>& want,
+                           const std::vector<float>& scores, int64_t T, int64_t k, int64_t C, const std::string& what) {
+  int64_t swaps = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    float mx = 0;
+    for (int64_t c = 0; c < C; ++c)
+      if (std::isfinite(scores[t * C + c])) mx = std::max(mx, std::fabs(scores[t * C + c]));
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t g = got[t * k + i], w = want[t * k + i];
+      if (g == w) continue;
+      ASSERT_TRUE(g >= 0 && w >= 0) << what << ": token " << t << " slot " << i << " got " << g << " want " << w;
+      EXPECT_LE(std::fabs(scores[t * C + g] - scores[t * C + w]), 1e-5 * mx)
+          << what << ": token " << t << " slot " << i << " got " << g << " want " << w;
+      ++swaps;
+    }
+  }
+  if (swaps) std::printf("[indexer] %s: %lld near-tie swaps\n", what.c_str(), static_cast<long long>(swaps));
+}
+
+TEST_F(CudaOps, IndexerTopkMatchesCpuWithFewVisibleAndTies) {
+  Rng rng(71);
+  const ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
+  const int64_t Hi = 3, di = cfg.index_head_dim, m = cfg.compress_ratio[0];
+  const CompressorCase index_case(rng, di, m, true);
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  for (auto [n0, n1] : {std::pair{2, 7}, std::pair{11, 1}, std::pair{9, 30}, std::pair{1, 1}}) {
+    auto [bc, bg] = seqs.batches(n0, n1);
+    const int64_t T = n0 + n1;
+    auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+    auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+    cpu->compressor(index_case.params(kc, gc, bc, kRope, CompressorSlot::kIndexer));
+    gpu->compressor(index_case.params(kg, gg, bg, kRope, CompressorSlot::kIndexer));
+    std::vector<float> hw = rng.normal(T * Hi);
+    for (int64_t h = 0; h < Hi; ++h) hw[(T - 1) * Hi + h] = 0.0f;  // last token: every score 0, a full tie
+    auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+    auto [wc, wg] = both_f32(hw, {T, Hi});
+    int64_t C = 0;
+    for (int64_t t = 0; t < T; ++t) C = std::max(C, (bc.positions[t] + 1) / m);
+    for (int64_t k : {int64_t{3}, int64_t{8}}) {  // 8 exceeds the visible entries of most tokens
+      auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
+      auto [sc, sg] = both_alloc(ElemType::kF32, {T, C + 2});
+      cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m, .k = k,
+                         .out_scores = sc});
+      gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m, .k = k,
+                         .out_scores = sg});
+      const std::string what = "indexer batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ") k=" + std::to_string(k);
+      expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
+      const std::vector<int32_t> want = cpu->download_i32(ic), got = gpu->download_i32(ig);
+      expect_same_selection(got, want, cpu->download_f32(sc), T, k, C + 2, what);
+      // The all-zero token keeps the lowest indices in order.
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t visible = (bc.positions[T - 1] + 1) / m;
+        EXPECT_EQ(got[(T - 1) * k + i], i < visible ? i : -1) << what << " tie slot " << i;
+      }
+    }
+    seqs.advance(n0, n1);
+  }
+}
+
+// Attention over window (ring + batch) and compressed entries, two sequences per batch, across
+// batches longer than the window (ring overwrite). CSA selections come from the CPU indexer with
+// -1 holes punched in, so both backends attend to the same entries.
+TEST_F(CudaOps, AttentionMatchesCpuForEveryKind) {
+  for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
+    Rng rng(81);
+    const ModelConfig cfg = attn_config(kind, 5);
+    const int64_t H = 3, Dh = cfg.head_dim, m = cfg.compress_ratio[0], k = 4;
+    const bool csa = kind == AttentionKind::kCsa;
+    Stored sinks = stored_floats(DType::kF32, {H}, {0.3f, -1.0f, 4.0f});
+    const CompressorCase main_case(rng, Dh, std::max<int64_t>(m, 1), csa);
+    TwoSequences seqs(*cpu, *gpu, cfg);
+    for (auto [n0, n1] : {std::pair{7, 3}, std::pair{4, 9}, std::pair{1, 1}, std::pair{12, 6}}) {
+      auto [bc, bg] = seqs.batches(n0, n1);
+      const int64_t T = n0 + n1;
+      if (kind != AttentionKind::kSliding) {
+        auto [kc, kg] = both_f32(rng.normal(T * main_case.width), {T, main_case.width});
+        auto [gc, gg] = both_f32(rng.normal(T * main_case.width), {T, main_case.width});
+        cpu->compressor(main_case.params(kc, gc, bc, kRope, CompressorSlot::kMain));
+        gpu->compressor(main_case.params(kg, gg, bg, kRope, CompressorSlot::kMain));
+      }
+      Tensor sel_c, sel_g;
+      if (csa) {
+        std::vector<int32_t> sel(T * k);
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t visible = (bc.positions[t] + 1) / m;
+          for (int64_t i = 0; i < k; ++i)
+            sel[t * k + i] = (i == 1 || visible == 0) ? -1 : static_cast<int32_t>(rng.integer(0, visible - 1));
+        }
+        std::tie(sel_c, sel_g) = both_i32(sel, {T, k});
+      }
+      auto [qc, qg] = both_f32(rng.normal(T * H * Dh, 0.5), {T, H, Dh});
+      auto [vc, vg] = both_f32(rng.normal(T * Dh), {T, Dh});
+      auto [oc, og] = both_alloc(ElemType::kF32, {T, H, Dh});
+      const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+      cpu->attention({.out = oc, .q = qc, .kv = vc, .selected = sel_c, .sinks = sinks.view, .batch = &bc, .layer = 0,
+                      .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale});
+      gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sel_g, .sinks = sinks.view, .batch = &bg, .layer = 0,
+                      .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale});
+      expect_close(*gpu, og, *cpu, oc, kOpTol,
+                   "attention kind " + std::to_string(static_cast<int>(kind)) + " batch (" + std::to_string(n0) + ", " +
+                       std::to_string(n1) + ")");
+      cpu->window_append({.kv = vc, .batch = &bc, .layer = 0});
+      gpu->window_append({.kv = vg, .batch = &bg, .layer = 0});
+      seqs.advance(n0, n1);
+    }
+  }
+}
+
+// No window and every selection -1: the sink is all a query has, and the output is 0.
+TEST_F(CudaOps, AttentionWithNothingButTheSink) {
+  Rng rng(82);
+  const ModelConfig cfg = attn_config(AttentionKind::kCsa, 0);
+  const int64_t H = 2, Dh = cfg.head_dim, k = 3, T = 5;
+  Stored sinks = stored_floats(DType::kF32, {H}, {0.5f, -2.0f});
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  auto [bc, bg] = seqs.batches(T, 0);
+  auto [sc, sg] = both_i32(std::vector<int32_t>(T * k, -1), {T, k});
+  auto [qc, qg] = both_f32(rng.normal(T * H * Dh), {T, H, Dh});
+  auto [vc, vg] = both_f32(rng.normal(T * Dh), {T, Dh});
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, H, Dh});
+  const std::vector<float> poison(T * H * Dh, 7.0f);
+  og = gpu->upload_f32(poison, {T, H, Dh});  // every element must be written
+  for (auto [be, o, q, v, s, b] : {std::tuple{cpu.get(), oc, qc, vc, sc, &bc}, std::tuple{gpu.get(), og, qg, vg, sg, &bg}})
+    be->attention({.out = o, .q = q, .kv = v, .selected = s, .sinks = sinks.view, .batch = b, .layer = 0,
+                   .kind = AttentionKind::kCsa, .ratio = 4, .window = 0, .scale = 0.2});
+  expect_close(*gpu, og, *cpu, oc, kExact, "attention with only the sink");
+  for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f);
+}
+
+// ---- router and experts -------------------------------------------------------------------------
+
+struct RouterCase {
+  StoredMatrix gate;
+  Stored bias, tid_i64, tid_i32;
+  int64_t E, D, K, V;
+  RouterCase(Rng& rng, int64_t E_, int64_t D_, int64_t K_, int64_t V_) : E(E_), D(D_), K(K_), V(V_) {
+    std::vector<float> g = rng.normal(E * D, 1.0 / std::sqrt(static_cast<double>(D)));
+    std::vector<float> b = rng.normal(E, 0.1);
+    // Experts 4 and 9 are identical: an exact tie, which goes to the lower index.
+    std::copy(g.begin() + 4 * D, g.begin() + 5 * D, g.begin() + 9 * D);
+    b[9] = b[4];
+    gate = float_matrix(DType::kBF16, E, D, g);
+    bias = stored_floats(DType::kF32, {E}, b);
+    std::vector<int64_t> table(V * K);
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t i = 0; i < K; ++i) table[v * K + i] = (v * 5 + i * 3) % E;
+    tid_i64 = stored_ints(DType::kI64, {V, K}, table);
+    tid_i32 = stored_ints(DType::kI32, {V, K}, table);
+  }
+};
+
+TEST_F(CudaOps, RouterScoredHashAndForcedBothPlacements) {
+  Rng rng(91);
+  RouterCase rc(rng, 13, 23, 3, 11);
+  const int64_t T = 9;
+  std::vector<int32_t> ids(T);
+  for (auto& id : ids) id = static_cast<int32_t>(rng.integer(0, rc.V - 1));
+  const BatchInfo batch = simple_batch(ids);
+  auto [xc, xg] = both_f32(rng.normal(T * rc.D), {T, rc.D});
+  std::vector<int32_t> forced(T * rc.K);
+  for (int64_t i = 0; i < T * rc.K; ++i) forced[i] = static_cast<int32_t>((i * 7) % rc.E);
+  auto [fc, fg] = both_i32(forced, {T, rc.K});
+  struct Variant {
+    std::string name;
+    MoeKind kind;
+    const Stored* tid;
+    bool forced;
+  };
+  for (const Variant& v : {Variant{"scored", MoeKind::kScored, nullptr, false},
+                           Variant{"hash i64", MoeKind::kHash, &rc.tid_i64, false},
+                           Variant{"hash i32", MoeKind::kHash, &rc.tid_i32, false},
+                           Variant{"forced", MoeKind::kScored, nullptr, true}}) {
+    for (RoutedScalePlacement pl : {RoutedScalePlacement::kInRouterWeights, RoutedScalePlacement::kInExpertCombine}) {
+      auto [ec, eg] = both_alloc(ElemType::kI32, {T, rc.K});
+      auto [wc, wg] = both_alloc(ElemType::kF32, {T, rc.K});
+      auto params = [&](const Tensor& e, const Tensor& w, const Tensor& x, const Tensor& f) {
+        return RouterParams{.out_experts = e, .out_weights = w, .x = x, .gate = &rc.gate.w, .bias = rc.bias.view,
+                            .tid2eid = v.tid ? v.tid->view : TensorView{}, .batch = &batch, .kind = v.kind, .k = rc.K,
+                            .routed_scale = 1.5, .placement = pl, .forced_experts = v.forced ? f : Tensor{}};
+      };
+      cpu->router(params(ec, wc, xc, fc));
+      gpu->router(params(eg, wg, xg, fg));
+      const std::string what = "router " + v.name + " placement " + std::to_string(static_cast<int>(pl));
+      EXPECT_EQ(gpu->download_i32(eg), cpu->download_i32(ec)) << what;
+      expect_close(*gpu, wg, *cpu, wc, kOpTol, what + " weights");
+    }
+  }
+}
+
+TEST_F(CudaOps, RouterExtremeLogitsAndTies) {
+  // x = [1]; logits 100, -100, 0, -100.5, 0 (experts 2 and 4 tie exactly).
+  const StoredMatrix gate = float_matrix(DType::kF32, 5, 1, {100, -100, 0, -100.5, 0});
+  const Stored bias = stored_floats(DType::kF32, {5}, {0, 0, 0, 0, 0});
+  const Stored tid = stored_ints(DType::kI64, {4, 2}, {0, 0, 0, 0, 0, 0, 1, 3});  // token 3 -> experts {1, 3}
+  const BatchInfo batch = simple_batch({3});
+  auto [xc, xg] = both_f32({1.0f}, {1, 1});
+  for (MoeKind kind : {MoeKind::kScored, MoeKind::kHash}) {
+    auto [ec, eg] = both_alloc(ElemType::kI32, {1, 2});
+    auto [wc, wg] = both_alloc(ElemType::kF32, {1, 2});
+    auto params = [&](const Tensor& e, const Tensor& w, const Tensor& x) {
+      return RouterParams{.out_experts = e, .out_weights = w, .x = x, .gate = &gate.w, .bias = bias.view,
+                          .tid2eid = tid.view, .batch = &batch, .kind = kind, .k = 2, .routed_scale = 1.5,
+                          .placement = RoutedScalePlacement::kInRouterWeights};
+    };
+    cpu->router(params(ec, wc, xc));
+    gpu->router(params(eg, wg, xg));
+    EXPECT_EQ(gpu->download_i32(eg), cpu->download_i32(ec));
+    expect_close(*gpu, wg, *cpu, wc, kOpTol, "extreme router weights");
+  }
+}
+
+// Experts with the given weights; `skip` is an expert no token picks.
+struct MoeCase {
+  std::vector<StoredMatrix> store;
+  std::vector<ExpertWeights> routed;
+  ExpertWeights shared;
+  int64_t D, F, E;
+};
+
+MoeCase make_moe(Rng& rng, int64_t E, int64_t D, int64_t F, bool quantised) {
+  MoeCase c;
+  c.D = D, c.F = F, c.E = E;
+  auto mat = [&](int64_t out, int64_t in, bool fp4) {
+    if (quantised) return fp4 ? fp4_matrix(rng, out, in, 118, 121) : fp8_matrix(rng, out, in, 16, 16, DType::kF8E8M0, 9, 118, 121);
+    return float_matrix(DType::kBF16, out, in, rng.normal(out * in, 1.0 / std::sqrt(static_cast<double>(in))));
+  };
+  c.store.reserve(3 * (E + 1));
+  for (int64_t e = 0; e <= E; ++e) {
+    const bool fp4 = e < E;  // routed experts FP4, the shared expert FP8 (as released)
+    c.store.push_back(mat(F, D, fp4));
+    c.store.push_back(mat(D, F, fp4));
+    c.store.push_back(mat(F, D, fp4));
+  }
+  for (int64_t e = 0; e <= E; ++e) {
+    ExpertWeights w{.w1 = c.store[3 * e].w, .w2 = c.store[3 * e + 1].w, .w3 = c.store[3 * e + 2].w};
+    if (e < E) c.routed.push_back(w);
+    else c.shared = w;
+  }
+  return c;
+}
+
+TEST_F(CudaOps, MoeMatchesCpuWithUnpickedExpertClampAndPlacements) {
+  Rng rng(101);
+  for (bool quantised : {false, true}) {
+    const MoeCase mc = quantised ? make_moe(rng, 6, 64, 32, true) : make_moe(rng, 6, 19, 11, false);
+    const int64_t T = 7, K = 2, D = mc.D;
+    std::vector<int32_t> experts(T * K);
+    for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>((i * 3 + 1) % 5);  // expert 5 never picked
+    auto [ec, eg] = both_i32(experts, {T, K});
+    auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+    auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
+    std::vector<float> unclamped;
+    for (double limit : {0.0, 0.3}) {  // 0.3: the clamp is active on most values
+      for (bool with_shared : {true, false}) {
+        for (RoutedScalePlacement pl :
+             {RoutedScalePlacement::kInRouterWeights, RoutedScalePlacement::kInExpertCombine}) {
+          auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+          auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+            return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed,
+                             .shared = with_shared ? &mc.shared : nullptr, .swiglu_limit = limit, .routed_scale = 1.5,
+                             .placement = pl};
+          };
+          cpu->moe(params(oc, xc, ec, wc));
+          gpu->moe(params(og, xg, eg, wg));
+          if (with_shared && pl == RoutedScalePlacement::kInRouterWeights) {
+            if (limit == 0.0) unclamped = cpu->download_f32(oc);
+            else EXPECT_NE(cpu->download_f32(oc), unclamped) << "the clamp must change the output";
+          }
+          expect_close(*gpu, og, *cpu, oc, kOpTol,
+                       std::string("moe ") + (quantised ? "fp4/fp8" : "bf16") + " limit " + std::to_string(limit) +
+                           (with_shared ? " shared" : " no shared") + " placement " + std::to_string(static_cast<int>(pl)));
+        }
+      }
+    }
+  }
+}
+
+// The routed scale is applied exactly once: router + experts on the GPU with the scale folded into
+// the router's weights give the CPU's output with the scale applied in the combine, and the other
+// way round, for hash and scored routing.
+TEST_F(CudaOps, RoutedScalePlacementsAgreeAcrossBackends) {
+  Rng rng(111);
+  RouterCase rc(rng, 13, 19, 3, 11);
+  const MoeCase mc = make_moe(rng, 13, 19, 9, false);
+  const int64_t T = 8;
+  std::vector<int32_t> ids(T);
+  for (auto& id : ids) id = static_cast<int32_t>(rng.integer(0, rc.V - 1));
+  const BatchInfo batch = simple_batch(ids);
+  auto [xc, xg] = both_f32(rng.normal(T * rc.D), {T, rc.D});
+  auto run = [&](Backend& be, const Tensor& x, MoeKind kind, RoutedScalePlacement pl) {
+    Tensor e = be.alloc(ElemType::kI32, {T, rc.K}), w = be.alloc(ElemType::kF32, {T, rc.K});
+    be.router({.out_experts = e, .out_weights = w, .x = x, .gate = &rc.gate.w, .bias = rc.bias.view,
+               .tid2eid = rc.tid_i64.view, .batch = &batch, .kind = kind, .k = rc.K, .routed_scale = 1.5,
+               .placement = pl});
+    Tensor out = be.alloc(ElemType::kF32, {T, rc.D});
+    be.moe({.out = out, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+            .swiglu_limit = 0.5, .routed_scale = 1.5, .placement = pl});
+    return out;
+  };
+  for (MoeKind kind : {MoeKind::kHash, MoeKind::kScored}) {
+    const Tensor ref_router = run(*cpu, xc, kind, RoutedScalePlacement::kInRouterWeights);
+    const Tensor ref_combine = run(*cpu, xc, kind, RoutedScalePlacement::kInExpertCombine);
+    expect_close(*cpu, ref_combine, *cpu, ref_router, kOpTol, "cpu placements agree");
+    const std::string k = kind == MoeKind::kHash ? "hash" : "scored";
+    expect_close(*gpu, run(*gpu, xg, kind, RoutedScalePlacement::kInRouterWeights), *cpu, ref_combine, kOpTol,
+                 k + ": gpu in-router vs cpu in-combine");
+    expect_close(*gpu, run(*gpu, xg, kind, RoutedScalePlacement::kInExpertCombine), *cpu, ref_router, kOpTol,
+                 k + ": gpu in-combine vs cpu in-router");
+  }
+}
+
+// ---- backend creation ---------------------------------------------------------------------------
+
+// Without a GPU the factory answers with a Status (CI checks this); with one it gives "cuda".
+TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
+  auto be = backend_create("cuda");
+  if (be.is_ok()) {
+    EXPECT_STREQ((*be)->name(), "cuda");
+  } else {
+    EXPECT_NE(be.status().to_string().find("no usable CUDA device"), std::string::npos) << be.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace sparrow

@@ -1,0 +1,261 @@
+// The server end to end with the official openai client: plain, streamed (== plain at
+// temperature 0), concurrent, cancelled mid-stream, stop strings, completions, models, health,
+// metrics; every error case (fetch); queue full (a second server with --max-queue 0); SIGTERM
+// during a stream (the stream ends cleanly, exit status 0).
+// usage: node api_test.mjs SPARROW MODEL_DIR TOKENIZER
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { metric, parseArgs, startServer } from "./harness.mjs";
+
+const args = parseArgs(process.argv.slice(2));
+const results = [];
+async function test(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    results.push([name, true]);
+    console.log(`ok   ${name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    results.push([name, false]);
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+const srv = await startServer({ ...args, extra: ["--max-context", "2048", "--max-batch", "16"] });
+const client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: "none", maxRetries: 0, timeout: 120000 });
+const MSG = [{ role: "system", content: "Be brief." }, { role: "user", content: "The capital of France is" }];
+
+async function streamText(params) {
+  const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  let text = "", finish = null, usage = null, chunks = 0;
+  for await (const c of stream) {
+    ++chunks;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      if (ch.delta?.content) text += ch.delta.content;
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  return { text, finish, usage, chunks };
+}
+
+let plain;
+await test("chat plain", async () => {
+  plain = await client.chat.completions.create({ model: "tiny", messages: MSG, max_tokens: 40, temperature: 0 });
+  assert.equal(plain.object, "chat.completion");
+  assert.equal(plain.choices.length, 1);
+  assert.equal(plain.choices[0].message.role, "assistant");
+  assert.equal(typeof plain.choices[0].message.content, "string");
+  assert.ok(["length", "stop"].includes(plain.choices[0].finish_reason));
+  assert.ok(plain.usage.prompt_tokens > 0);
+  assert.equal(plain.usage.total_tokens, plain.usage.prompt_tokens + plain.usage.completion_tokens);
+  if (plain.choices[0].finish_reason === "length") assert.equal(plain.usage.completion_tokens, 40);
+});
+
+await test("chat streamed equals plain at temperature 0", async () => {
+  const s = await streamText({ model: "tiny", messages: MSG, max_tokens: 40, temperature: 0 });
+  assert.equal(s.text, plain.choices[0].message.content);
+  assert.equal(s.finish, plain.choices[0].finish_reason);
+  assert.deepEqual(s.usage, plain.usage);
+});
+
+await test("max_completion_tokens and seeded sampling are reproducible", async () => {
+  const p = { model: "tiny", messages: MSG, max_completion_tokens: 12, temperature: 1.0, top_p: 0.9, top_k: 20, seed: 7 };
+  const a = await client.chat.completions.create(p);
+  const b = await client.chat.completions.create(p);
+  assert.equal(a.usage.completion_tokens <= 12, true);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+});
+
+await test("concurrent requests get the same tokens as alone", async () => {
+  const prompts = ["Paris", "The quick brown fox", "In the beginning", "a b c d e f g", "token token", "chat", "x", "The model thinks"];
+  const alone = [];
+  for (const p of prompts)
+    alone.push((await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: p }], max_tokens: 24, temperature: 0 })).choices[0].message.content);
+  const together = await Promise.all(prompts.flatMap((p, i) => [0, 1].map(async (k) => {
+    const params = { model: "tiny", messages: [{ role: "user", content: p }], max_tokens: 24, temperature: 0 };
+    const text = k ? (await streamText(params)).text : (await client.chat.completions.create(params)).choices[0].message.content;
+    return [i, text];
+  })));
+  for (const [i, text] of together) assert.equal(text, alone[i], `prompt ${i}`);
+});
+
+await test("stop strings cut plain and streamed text at the same place", async () => {
+  const full = plain.choices[0].message.content;
+  assert.ok(full.length > 8, "need some text");
+  const stop = full.slice(5, 8);
+  const cut = full.slice(0, full.indexOf(stop));
+  const p = { model: "tiny", messages: MSG, max_tokens: 40, temperature: 0, stop: [stop, "\u0000never"] };
+  const a = await client.chat.completions.create(p);
+  assert.equal(a.choices[0].message.content, cut);
+  assert.equal(a.choices[0].finish_reason, "stop");
+  const s = await streamText(p);
+  assert.equal(s.text, cut);
+  assert.equal(s.finish, "stop");
+});
+
+await test("cancelled mid-stream frees the request", async () => {
+  const ac = new AbortController();
+  const stream = await client.chat.completions.create(
+    { model: "tiny", messages: MSG, max_tokens: 450, temperature: 0, stream: true }, { signal: ac.signal });
+  let n = 0;
+  try {
+    for await (const c of stream) {
+      if (++n === 3) ac.abort();
+    }
+  } catch (e) {
+    assert.ok(e.name === "AbortError" || /abort/i.test(String(e)), String(e));
+  }
+  const t0 = Date.now();
+  while ((await metric(srv.base, "sparrow_running_requests")) !== 0 || (await metric(srv.base, "sparrow_queue_length")) !== 0) {
+    assert.ok(Date.now() - t0 < 10000, "the cancelled request is still running after 10 s");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.ok((await metric(srv.base, "sparrow_http_streams_aborted_total")) >= 1);
+  assert.equal(await metric(srv.base, "sparrow_decode_state_bytes"), 0);
+});
+
+await test("thinking mode: reasoning_content, plain == streamed", async () => {
+  const p = { model: "tiny", messages: MSG, max_tokens: 30, temperature: 0, thinking: true };
+  const a = await client.chat.completions.create(p);
+  const m = a.choices[0].message;
+  assert.ok((m.reasoning_content ?? "").length + (m.content ?? "").length > 0);
+  const stream = await client.chat.completions.create({ ...p, stream: true });
+  let reasoning = "", content = "";
+  for await (const c of stream) {
+    reasoning += c.choices[0]?.delta?.reasoning_content ?? "";
+    content += c.choices[0]?.delta?.content ?? "";
+  }
+  assert.equal(reasoning, m.reasoning_content ?? "");
+  assert.equal(content, m.content ?? "");
+});
+
+await test("tools, tool calls and tool results in the input are rendered", async () => {
+  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather", parameters: { type: "object",
+    properties: { city: { type: "string" } }, required: ["city"] } } }];
+  const messages = [{ role: "user", content: "Weather in Paris?" },
+    { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city":"Paris"}' } }] },
+    { role: "tool", tool_call_id: "call_1", content: "sunny" }];
+  const a = await client.chat.completions.create({ model: "tiny", messages, tools, max_tokens: 8, temperature: 0 });
+  assert.ok(a.usage.prompt_tokens > 20);
+  assert.ok(["stop", "length", "tool_calls"].includes(a.choices[0].finish_reason));
+});
+
+await test("completions: text and token-id prompts, plain and streamed", async () => {
+  const a = await client.completions.create({ model: "tiny", prompt: "The capital of France is", max_tokens: 16, temperature: 0 });
+  assert.equal(a.object, "text_completion");
+  const s = await client.completions.create({ model: "tiny", prompt: "The capital of France is", max_tokens: 16, temperature: 0, stream: true });
+  let text = "";
+  for await (const c of s) text += c.choices[0]?.text ?? "";
+  assert.equal(text, a.choices[0].text);
+  const ids = await client.completions.create({ model: "tiny", prompt: [0, 5, 9, 17], max_tokens: 8, temperature: 0 });
+  assert.equal(ids.usage.prompt_tokens, 4);
+  assert.equal(ids.usage.completion_tokens <= 8, true);
+});
+
+await test("models, health, metrics", async () => {
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), ["tiny"]);
+  assert.equal((await fetch(`${srv.base}/health`)).status, 200);
+  const m = await (await fetch(`${srv.base}/metrics`)).text();
+  for (const name of ["sparrow_queue_length", "sparrow_running_requests", "sparrow_prompt_tokens_total", "sparrow_generation_tokens_total",
+    "sparrow_time_to_first_token_seconds_bucket", "sparrow_inter_token_latency_seconds_bucket", "sparrow_resident_memory_bytes"])
+    assert.ok(m.includes(name), name);
+  assert.ok((await metric(srv.base, "sparrow_time_to_first_token_seconds_count")) > 0);
+});
+
+// Error cases: [name, route, raw body, status, param]
+const long = "The capital of France is Paris. ".repeat(400);
+const user = [{ role: "user", content: "hi" }];
+const J = (o) => JSON.stringify(o);
+const errors = [
+  ["malformed JSON", "chat/completions", '{"messages": [', 400, null],
+  ["body not an object", "chat/completions", "[1,2]", 400, null],
+  ["missing messages", "chat/completions", J({ model: "tiny" }), 400, "messages"],
+  ["messages wrong type", "chat/completions", J({ messages: "hi" }), 400, "messages"],
+  ["empty messages", "chat/completions", J({ messages: [] }), 400, "messages"],
+  ["message without role", "chat/completions", J({ messages: [{ content: "hi" }] }), 400, "messages[0].role"],
+  ["unknown role", "chat/completions", J({ messages: [{ role: "wizard", content: "hi" }] }), 400, "messages[0].role"],
+  ["content wrong type", "chat/completions", J({ messages: [{ role: "user", content: 5 }] }), 400, "messages[0].content"],
+  ["negative max_tokens", "chat/completions", J({ messages: user, max_tokens: -1 }), 400, "max_tokens"],
+  ["zero max_tokens", "chat/completions", J({ messages: user, max_tokens: 0 }), 400, "max_tokens"],
+  ["absurd max_tokens", "chat/completions", J({ messages: user, max_tokens: 1e12 }), 400, "max_tokens"],
+  ["max_tokens wrong type", "chat/completions", J({ messages: user, max_tokens: "10" }), 400, "max_tokens"],
+  ["max_completion_tokens absurd", "chat/completions", J({ messages: user, max_completion_tokens: 100000 }), 400, "max_completion_tokens"],
+  ["temperature wrong type", "chat/completions", J({ messages: user, temperature: "hot" }), 400, "temperature"],
+  ["temperature out of range", "chat/completions", J({ messages: user, temperature: -1 }), 400, "temperature"],
+  ["top_p out of range", "chat/completions", J({ messages: user, top_p: 0 }), 400, "top_p"],
+  ["top_k wrong type", "chat/completions", J({ messages: user, top_k: 1.5 }), 400, "top_k"],
+  ["seed wrong type", "chat/completions", J({ messages: user, seed: "x" }), 400, "seed"],
+  ["stream wrong type", "chat/completions", J({ messages: user, stream: "yes" }), 400, "stream"],
+  ["stop wrong type", "chat/completions", J({ messages: user, stop: 5 }), 400, "stop"],
+  ["n=2", "chat/completions", J({ messages: user, n: 2 }), 400, "n"],
+  ["prompt longer than the context", "chat/completions", J({ messages: [{ role: "user", content: long }], max_tokens: 4 }), 400, "messages"],
+  ["unknown model", "chat/completions", J({ model: "gpt-4", messages: user }), 404, "model"],
+  ["invalid UTF-8", "chat/completions", Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xc3]), Buffer.from('"}]}')]), 400, null],
+  ["lone surrogate", "chat/completions", '{"messages":[{"role":"user","content":"a\\ud800b"}]}', 400, null],
+  ["completions missing prompt", "completions", J({ max_tokens: 3 }), 400, "prompt"],
+  ["completions prompt wrong type", "completions", J({ prompt: { a: 1 } }), 400, "prompt"],
+  ["completions id outside the vocabulary", "completions", J({ prompt: [1, 100000] }), 400, "prompt"],
+  ["completions prompt too long", "completions", J({ prompt: long, max_tokens: 2 }), 400, "prompt"],
+  ["completions unknown model", "completions", J({ model: "nope", prompt: "hi" }), 404, "model"],
+];
+for (const [name, route, body, status, param] of errors) {
+  await test(`error: ${name} -> ${status}`, async () => {
+    const r = await fetch(`${srv.base}/v1/${route}`, { method: "POST", headers: { "content-type": "application/json" }, body });
+    assert.equal(r.status, status);
+    const j = await r.json();
+    assert.equal(typeof j.error.message, "string");
+    assert.equal(typeof j.error.type, "string");
+    assert.ok("param" in j.error && "code" in j.error);
+    assert.equal(j.error.param, param, j.error.message);
+  });
+}
+await test("error: unknown route -> 404 in OpenAI shape", async () => {
+  const r = await fetch(`${srv.base}/v1/nothing`);
+  assert.equal(r.status, 404);
+  assert.equal(typeof (await r.json()).error.message, "string");
+});
+await test("error: the openai client sees BadRequestError / NotFoundError", async () => {
+  await assert.rejects(client.chat.completions.create({ model: "tiny", messages: user, max_tokens: -5 }), OpenAI.BadRequestError);
+  await assert.rejects(client.chat.completions.create({ model: "other", messages: user }), OpenAI.NotFoundError);
+});
+await test("server healthy after the errors", async () => {
+  const a = await client.chat.completions.create({ model: "tiny", messages: MSG, max_tokens: 40, temperature: 0 });
+  assert.equal(a.choices[0].message.content, plain.choices[0].message.content);
+});
+
+await test("SIGTERM during a stream: the stream ends with [DONE], exit status 0", async () => {
+  const r = await fetch(`${srv.base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: J({ model: "tiny", messages: MSG, max_tokens: 450, temperature: 0, stream: true }) });
+  const reader = r.body.getReader();
+  let text = "";
+  text += new TextDecoder().decode((await reader.read()).value);
+  const stopped = srv.stop();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    text += new TextDecoder().decode(value);
+  }
+  const { code, signal } = await stopped;
+  assert.equal(signal, null);
+  assert.equal(code, 0);
+  assert.ok(text.includes("data: [DONE]"), "no [DONE]");
+  assert.ok(/"finish_reason":"(abort|length)"/.test(text), "no finish_reason");
+});
+
+await test("queue full -> 503", async () => {
+  const full = await startServer({ ...args, extra: ["--max-queue", "0"] });
+  try {
+    const r = await fetch(`${full.base}/v1/chat/completions`, { method: "POST", body: J({ messages: user, max_tokens: 2 }) });
+    assert.equal(r.status, 503);
+    assert.equal(typeof (await r.json()).error.message, "string");
+  } finally {
+    assert.equal((await full.stop()).code, 0);
+  }
+});
+
+const failed = results.filter(([, ok]) => !ok);
+console.log(`\n${results.length - failed.length} passed, ${failed.length} failed`);
+if (srv.proc.exitCode === null) await srv.stop();
+process.exit(failed.length ? 1 : 0);
