@@ -159,8 +159,8 @@ Status non_finite(const ReleasedTensor& t, int64_t r0, const float* vals, int64_
   return Status::ok();
 }
 
-// x / 2^k: a multiplication by the exact power of two 2^-k (exact unless the result is subnormal,
-// where the encoders round to zero or to the same code anyway); ldexp where 2^-k is not a normal float.
+// x / 2^k as a multiplication by 2^-k: one correctly rounded operation, so the same float as
+// ldexp(x, -k) (exact unless the result is subnormal); ldexp itself where 2^-k is not a normal float.
 struct Pow2Divider {
   explicit Pow2Divider(int k) : k_(k), inv_(std::ldexp(1.0f, -k)), exact_(k >= -127 && k <= 126) {}
   float operator()(float x) const { return exact_ ? x * inv_ : std::ldexp(x, -k_); }
