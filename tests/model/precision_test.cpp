@@ -2,6 +2,8 @@
 // and the model-level contracts it must keep (chunking invariance; closeness to fp32).
 #include <gtest/gtest.h>
 
+#include "model/test_model.h"
+
 #include <cmath>
 
 #include "core/compare.h"
@@ -12,6 +14,8 @@
 
 namespace sparrow {
 namespace {
+
+using testing::fixture_ids;
 
 const std::filesystem::path kFixtures = SPARROW_FIXTURES_DIR;
 
@@ -44,12 +48,6 @@ TEST(RefNumerics, HadamardIsOrthonormalSylvester) {
   hadamard_transform(w.data(), 8);
   hadamard_transform(w.data(), 8);  // H/sqrt(n) is its own inverse
   for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(w[i], v[i], 1e-6);
-}
-
-std::vector<int32_t> fixture_ids(const std::string& name) {
-  std::vector<int32_t> ids;
-  for (int64_t v : npy_to_i64(npy_read(kFixtures / name / "ids.npy").value()).value()) ids.push_back(static_cast<int32_t>(v));
-  return ids;
 }
 
 TEST(RefNumerics, ProfileKeepsChunkingInvarianceAndStaysNearFp32) {

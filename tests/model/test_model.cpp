@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/dtype.h"
+#include "core/npy.h"
 #include "io/config_json.h"
 
 namespace sparrow::testing {
@@ -153,6 +154,15 @@ void write_test_model(const std::filesystem::path& dir, const ModelConfig& c, ui
   std::ofstream(dir / "config.json") << model_config_to_released_json(c);
   Status st = safetensors_write(dir / "model.safetensors", ts);
   if (!st.is_ok()) throw std::runtime_error(st.to_string());
+}
+
+std::vector<int32_t> fixture_ids(const std::string& name) {
+  const auto path = std::filesystem::path(SPARROW_FIXTURES_DIR) / name / "ids.npy";
+  auto array = npy_read(path);
+  if (!array.is_ok()) throw std::runtime_error(array.status().to_string());
+  std::vector<int32_t> ids;
+  for (int64_t v : npy_to_i64(*array).value()) ids.push_back(static_cast<int32_t>(v));
+  return ids;
 }
 
 std::filesystem::path make_temp_dir(const std::string& tag) {

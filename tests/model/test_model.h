@@ -22,6 +22,9 @@ ModelConfig tiny_config(const std::vector<AttentionKind>& layers, int64_t hash_l
 void write_test_model(const std::filesystem::path& dir, const ModelConfig& c, uint64_t seed,
                       const std::function<void(std::vector<TensorToWrite>&)>& mutate = {});
 
+// The token ids of an oracle fixture (tests/fixtures/<name>/ids.npy).
+std::vector<int32_t> fixture_ids(const std::string& name);
+
 // A fresh empty directory under the system temp dir.
 std::filesystem::path make_temp_dir(const std::string& tag);
 

@@ -12,13 +12,9 @@
 namespace sparrow {
 namespace {
 
-const std::filesystem::path kFixtures = SPARROW_FIXTURES_DIR;
+using testing::fixture_ids;
 
-std::vector<int32_t> fixture_ids(const std::string& name) {
-  std::vector<int32_t> ids;
-  for (int64_t v : npy_to_i64(npy_read(kFixtures / name / "ids.npy").value()).value()) ids.push_back(static_cast<int32_t>(v));
-  return ids;
-}
+const std::filesystem::path kFixtures = SPARROW_FIXTURES_DIR;
 
 const TapRecord& find(const std::vector<TapRecord>& v, const std::string& name) {
   for (const TapRecord& r : v)

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "core/npy.h"
+#include "model/test_model.h"
 #include "core/quant_sim.h"
 #include "runtime/recall.h"
 
@@ -35,15 +35,9 @@ TEST(KeyPrecision, RoundingForms) {
   EXPECT_FALSE(key_precision_from_name("int4").has_value());
 }
 
-std::vector<int32_t> ids(const std::string& fixture) {
-  std::vector<int32_t> out;
-  for (int64_t v : npy_to_i64(npy_read(kFixtures / fixture / "ids.npy").value()).value()) out.push_back(static_cast<int32_t>(v));
-  return out;
-}
-
 TEST(Recall, Fp32KeysKeepTheExactSelectionAndFp4LosesSome) {
   auto backend = make_cpu_backend();
-  auto rows = indexer_recall(kFixtures / "mixed_hc2", *backend, ids("mixed_hc2"),
+  auto rows = indexer_recall(kFixtures / "mixed_hc2", *backend, testing::fixture_ids("mixed_hc2"),
                              {.keys = {KeyPrecision::kF32, KeyPrecision::kFp4}});
   ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
   ASSERT_EQ(rows->size(), 4u);  // CSA layers 1 and 3, two precisions each
@@ -58,7 +52,7 @@ TEST(Recall, Fp32KeysKeepTheExactSelectionAndFp4LosesSome) {
 
 TEST(Recall, ModelWithoutCsaIsAClearError) {
   auto backend = make_cpu_backend();
-  auto rows = indexer_recall(kFixtures / "swa_hash", *backend, ids("swa_hash"), {});
+  auto rows = indexer_recall(kFixtures / "swa_hash", *backend, testing::fixture_ids("swa_hash"), {});
   ASSERT_FALSE(rows.is_ok());
   EXPECT_NE(rows.status().message().find("no CSA layer"), std::string::npos);
 }
