@@ -1,7 +1,7 @@
 // Tokenizer throughput: Sparrow vs Hugging Face's JS implementation (and its Rust one, for
 // reference) on the same few MB of mixed text, encoded without special tokens.
 // usage: node bench/tokenizer_bench.mjs [SPARROW_BIN] [MB]     (run from the repository root;
-//        needs tests/tokenizer/js/install.sh to have run). Prints a Markdown table.
+//        needs `tests/npm_install.sh tests/tokenizer/js` to have run). Prints a Markdown table.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
