@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "runtime/backend_factory.h"
 #include "runtime/diff.h"
 #include "runtime/taps.h"
 
@@ -24,7 +25,7 @@ void add_diff_command(CLI::App& app) {
   cmd->add_option("--model-b", opts->b.model, "Checkpoint directory of side B (default: A's)");
   for (auto [side, tag] : {std::pair{&opts->a, "a"}, std::pair{&opts->b, "b"}}) {
     const std::string t = tag;
-    cmd->add_option("--backend-" + t, side->backend, "Backend of side " + t + ": " + backend_names_for_help())
+    cmd->add_option("--backend-" + t, side->backend, "Backend of side " + t + ": " + backend_names())
         ->capture_default_str();
     add_model_run_options(cmd, &side->run, "-" + t);
   }

@@ -21,11 +21,8 @@ void add_dump_command(CLI::App& app) {
   add_backend_option(cmd, &opts->backend);
   add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
-    auto ids = parse_ids(opts->ids);
-    if (!ids.is_ok()) fail(ids.status());
-    auto backend = make_backend_or_fail(opts->backend);
-    auto model = load_model_or_fail(opts->model, model_overrides_or_fail(opts->run));
-    auto records = taps_run(*model, *backend, *ids, opts->taps);
+    auto [ids, backend, model] = load_run_or_fail(opts->ids, opts->backend, opts->model, opts->run);
+    auto records = taps_run(*model, *backend, ids, opts->taps);
     if (!records.is_ok()) fail(records.status());
     if (records->empty()) fail(Status::invalid_argument("--taps '" + opts->taps + "' matches no tap name"));
     Status st = taps_write_safetensors(opts->out, *records);

@@ -21,18 +21,15 @@ void add_generate_command(CLI::App& app) {
   add_backend_option(cmd, &opts->backend);
   add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
-    auto ids = parse_ids(opts->ids);
-    if (!ids.is_ok()) fail(ids.status());
-    auto backend = make_backend_or_fail(opts->backend);
-    auto model = load_model_or_fail(opts->model, model_overrides_or_fail(opts->run));
+    auto [ids, backend, model] = load_run_or_fail(opts->ids, opts->backend, opts->model, opts->run);
     Session session(*model, *backend);
     const auto t0 = std::chrono::steady_clock::now();
-    auto out = session.generate(*ids, opts->n);
+    auto out = session.generate(ids, opts->n);
     if (!out.is_ok()) fail(out.status());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t i = 0; i < out->size(); ++i) std::printf("%s%d", i ? "," : "", (*out)[i]);
     std::printf("\n");
-    std::fprintf(stderr, "sparrow: %zu prompt + %lld generated tokens in %.2f s (%s backend)\n", ids->size(),
+    std::fprintf(stderr, "sparrow: %zu prompt + %lld generated tokens in %.2f s (%s backend)\n", ids.size(),
                  static_cast<long long>(opts->n), s, backend->name());
   });
 }

@@ -23,14 +23,11 @@ void add_logits_command(CLI::App& app) {
   add_backend_option(cmd, &opts->backend);
   add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
-    auto ids = parse_ids(opts->ids);
-    if (!ids.is_ok()) fail(ids.status());
-    auto backend = make_backend_or_fail(opts->backend);
-    auto model = load_model_or_fail(opts->model, model_overrides_or_fail(opts->run));
+    auto [ids, backend, model] = load_run_or_fail(opts->ids, opts->backend, opts->model, opts->run);
     Session session(*model, *backend);
-    auto logits = session.logits(*ids, opts->chunk);
+    auto logits = session.logits(ids, opts->chunk);
     if (!logits.is_ok()) fail(logits.status());
-    const int64_t T = static_cast<int64_t>(ids->size()), V = model->config().vocab_size;
+    const int64_t T = static_cast<int64_t>(ids.size()), V = model->config().vocab_size;
     Status st = npy_write_f32(opts->out, {T, V}, *logits);
     if (!st.is_ok()) fail(st);
     std::fprintf(stderr, "sparrow: wrote logits [%lld, %lld] to %s\n", static_cast<long long>(T),

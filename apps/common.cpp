@@ -94,11 +94,20 @@ ModelOverrides model_overrides_or_fail(const ModelRunOptions& o) {
   return ov;
 }
 
+LoadedRun load_run_or_fail(const std::string& ids, const std::string& backend, const std::string& model_dir,
+                           const ModelRunOptions& run) {
+  LoadedRun r;
+  auto parsed = parse_ids(ids);
+  if (!parsed.is_ok()) fail(parsed.status());
+  r.ids = std::move(parsed).value();
+  r.backend = make_backend_or_fail(backend);
+  r.model = load_model_or_fail(model_dir, model_overrides_or_fail(run));
+  return r;
+}
+
 void add_backend_option(CLI::App* cmd, std::string* backend) {
   cmd->add_option("--backend", *backend, "Compute backend: " + backend_names())->capture_default_str();
 }
-
-std::string backend_names_for_help() { return backend_names(); }
 
 std::unique_ptr<Backend> make_backend_or_fail(const std::string& name) {
   auto be = backend_create(name);

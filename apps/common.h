@@ -31,13 +31,22 @@ struct ModelRunOptions {
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");
 ModelOverrides model_overrides_or_fail(const ModelRunOptions& o);
 
+// What the one-forward commands (logits, generate, dump) share: parsed --ids, the backend and the
+// model loaded with the run options; fails the command on any error.
+struct LoadedRun {
+  std::vector<int32_t> ids;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+LoadedRun load_run_or_fail(const std::string& ids, const std::string& backend, const std::string& model_dir,
+                           const ModelRunOptions& run);
+
 // The global -v/--verbose flag (sparrow_main.cpp); accepted before or after the subcommand.
 bool& verbose_flag();
 
 // Adds --backend (cpu, or cuda in CUDA builds) to a subcommand.
 void add_backend_option(CLI::App* cmd, std::string* backend);
 std::unique_ptr<Backend> make_backend_or_fail(const std::string& name);
-std::string backend_names_for_help();
 
 // Each subcommand registers itself here.
 void add_logits_command(CLI::App& app);

@@ -66,7 +66,8 @@ struct Running {
   std::vector<int32_t> generated;
   std::vector<int32_t> next_input; // a decoding request's next token
   Clock::time_point arrived;
-  bool cancelled = false;
+  bool cancelled = false;  // cancel() asked for it
+  bool done = false;       // finished (stop, length or cancel): leaves `running` after the step
 
   Running(uint64_t i, GenerationRequest r, EventCallback cb)
       : id(i), request(std::move(r)), callback(std::move(cb)), sampler(request.sampling), arrived(Clock::now()) {}
@@ -153,8 +154,11 @@ void Engine::Impl::loop() {
     }
     for (auto& r : cancelled_queued) finish(*r, FinishReason::kCancelled);
     for (auto& r : running)
-      if (r->cancelled) finish(*r, FinishReason::kCancelled);
-    std::erase_if(running, [](auto& r) { return r->cancelled; });
+      if (r->cancelled) {
+        finish(*r, FinishReason::kCancelled);
+        r->done = true;
+      }
+    std::erase_if(running, [](auto& r) { return r->done; });
     if (!running.empty()) step();
     std::lock_guard<std::mutex> lock(mu);
     running_count = static_cast<int64_t>(running.size());
@@ -220,10 +224,10 @@ void Engine::Impl::step() {
     if (r.callback) r.callback(ev);
     if (stop || length) {
       finish(r, stop ? FinishReason::kStop : FinishReason::kLength);
-      r.cancelled = true;  // reuse the removal path below
+      r.done = true;
     }
   }
-  std::erase_if(running, [](auto& r) { return r->cancelled; });
+  std::erase_if(running, [](auto& r) { return r->done; });
   std::lock_guard<std::mutex> lock(mu);
   counters.tokens_in += prompt_tokens;
   counters.tokens_out += new_tokens;

@@ -70,13 +70,54 @@ TEST(RefNumerics, ProfileKeepsChunkingInvarianceAndStaysNearFp32) {
   EXPECT_LT(d.cosine_distance, 0.1);
 }
 
-TEST(RefNumerics, OtherBackendsAreRefusedClearly) {
-  auto backend = make_cpu_backend();
-  auto ref = Model::load(kFixtures / "csa", {.precision = Precision::kDeepseekRef}).value();
-  EXPECT_TRUE(ref->check_backend(*backend).is_ok());
+// A backend with every op but the reference numerics: the CPU backend behind a wrapper that says
+// it has no quant_sim (as the CUDA backend says today).
+class NoReferenceNumerics final : public Backend {
+ public:
+  const char* name() const override { return "no-ref"; }
+  Tensor alloc(ElemType t, std::vector<int64_t> s) override { return cpu_->alloc(t, std::move(s)); }
+  Tensor upload_f32(const std::vector<float>& v, std::vector<int64_t> s) override { return cpu_->upload_f32(v, std::move(s)); }
+  Tensor upload_i32(const std::vector<int32_t>& v, std::vector<int64_t> s) override { return cpu_->upload_i32(v, std::move(s)); }
+  std::vector<float> download_f32(const Tensor& t) override { return cpu_->download_f32(t); }
+  std::vector<int32_t> download_i32(const Tensor& t) override { return cpu_->download_i32(t); }
+  std::unique_ptr<SequenceState> create_sequence_state(const ModelConfig& c) override { return cpu_->create_sequence_state(c); }
+  void embed(const EmbedParams& p, const BatchInfo& b) override { cpu_->embed(p, b); }
+  void hc_pre(const HcPreParams& p) override { cpu_->hc_pre(p); }
+  void hc_post(const HcPostParams& p) override { cpu_->hc_post(p); }
+  void hc_head(const HcHeadParams& p) override { cpu_->hc_head(p); }
+  void rms_norm(const RmsNormParams& p) override { cpu_->rms_norm(p); }
+  void linear(const LinearParams& p) override { cpu_->linear(p); }
+  void grouped_linear(const GroupedLinearParams& p) override { cpu_->grouped_linear(p); }
+  void rope(const RopeParams& p, const BatchInfo& b) override { cpu_->rope(p, b); }
+  void compressor(const CompressorParams& p) override { cpu_->compressor(p); }
+  void indexer_topk(const IndexerTopkParams& p) override { cpu_->indexer_topk(p); }
+  void attention(const AttentionParams& p) override { cpu_->attention(p); }
+  void window_append(const WindowAppendParams& p) override { cpu_->window_append(p); }
+  void router(const RouterParams& p) override { cpu_->router(p); }
+  void moe(const MoeParams& p) override { cpu_->moe(p); }
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+};
+
+TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
+  NoReferenceNumerics plain;
+  auto cpu = make_cpu_backend();
+  const auto ids = fixture_ids("csa");
+  auto fp32 = Model::load(kFixtures / "csa").value();
+  EXPECT_TRUE(fp32->check_backend(plain).is_ok());
+  EXPECT_TRUE(Session(*fp32, plain).logits(ids, 0).is_ok());
+  for (const ModelOverrides& ov : {ModelOverrides{.precision = Precision::kDeepseekRef},
+                                   ModelOverrides{.index_keys = KeyPrecision::kFp8}}) {
+    auto model = Model::load(kFixtures / "csa", ov).value();
+    EXPECT_TRUE(model->check_backend(*cpu).is_ok());
+    const auto r = Session(*model, plain).logits(ids, 0);  // refused before any op runs
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+    EXPECT_NE(r.status().message().find("no-ref backend"), std::string::npos) << r.status().message();
+  }
   EXPECT_EQ(precision_from_name("deepseek-ref"), Precision::kDeepseekRef);
   EXPECT_FALSE(precision_from_name("fast").has_value());
 }
-
 }  // namespace
 }  // namespace sparrow

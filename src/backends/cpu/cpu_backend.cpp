@@ -99,6 +99,17 @@ void hc_mix(const float* streams, int64_t width, const TensorView& fn, int64_t m
   }
 }
 
+// out = sum_j pre_j X[j] over the S streams of one token (mHC pre, hc_head), optionally bf16.
+void collapse_streams(float* out, const float* X, const std::vector<double>& pre, int64_t D, bool round_bf16) {
+  const int64_t S = static_cast<int64_t>(pre.size());
+  for (int64_t d = 0; d < D; ++d) {
+    double acc = 0.0;
+    for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
+    out[d] = static_cast<float>(acc);
+  }
+  if (round_bf16) bf16_round_inplace(out, D);
+}
+
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
@@ -202,13 +213,7 @@ class CpuBackend final : public Backend {
           normalise_columns();
         }
         for (int64_t i = 0; i < S * S; ++i) p.out_comb.f32()[t * S * S + i] = static_cast<float>(comb[i]);
-        float* u = p.out_input.f32() + t * D;
-        for (int64_t d = 0; d < D; ++d) {
-          double acc = 0.0;
-          for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
-          u[d] = static_cast<float>(acc);
-        }
-        if (p.round_bf16) bf16_round_inplace(u, D);
+        collapse_streams(p.out_input.f32() + t * D, X, pre, D, p.round_bf16);
       }
     });
   }
@@ -247,13 +252,7 @@ class CpuBackend final : public Backend {
         hc_mix(X, S * D, w.fn, S, p.norm_eps, m);
         std::vector<double> pre(S);
         for (int64_t j = 0; j < S; ++j) pre[j] = sigmoid(m[j] * scale + load_float(w.base, j)) + p.hc_eps;
-        float* out = p.out.f32() + t * D;
-        for (int64_t d = 0; d < D; ++d) {
-          double acc = 0.0;
-          for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
-          out[d] = static_cast<float>(acc);
-        }
-        if (p.round_bf16) bf16_round_inplace(out, D);
+        collapse_streams(p.out.f32() + t * D, X, pre, D, p.round_bf16);
       }
     });
   }
