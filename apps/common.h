@@ -54,6 +54,7 @@ void add_generate_command(CLI::App& app);
 void add_dump_command(CLI::App& app);
 void add_diff_command(CLI::App& app);
 void add_recall_command(CLI::App& app);
+void add_needle_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_synth_command(CLI::App& app);
 void add_tokenize_commands(CLI::App& app);  // tokenize, detokenize

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   sparrow::app::add_dump_command(app);
   sparrow::app::add_diff_command(app);
   sparrow::app::add_recall_command(app);
+  sparrow::app::add_needle_command(app);
   sparrow::app::add_quantize_command(app);
   sparrow::app::add_synth_command(app);
   sparrow::app::add_tokenize_commands(app);
