@@ -71,9 +71,7 @@ Status Model::check_backend(const Backend& backend) const {
   if (precision_ == Precision::kDeepseekRef && !backend.supports_reference_numerics())
     return Status::unsupported(std::string("precision profile deepseek-ref is not implemented on the ") +
                                backend.name() + " backend (use --backend cpu)");
-  if (index_keys_ != KeyPrecision::kF32 && !backend.supports_reference_numerics())
-    return Status::unsupported(std::string("--index-keys ") + key_precision_name(index_keys_) +
-                               " is not implemented on the " + backend.name() + " backend (use --backend cpu)");
+  // --index-keys needs only CompressorParams::key_precision, which every backend implements.
   return Status::ok();
 }
 

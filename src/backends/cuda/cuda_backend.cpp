@@ -179,6 +179,21 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaSequenceState>(config);
   }
 
+  // The CPU layout, except that compressed entries grow by doubling from 16 (CompressorBuffer::
+  // reserve): room for up to max(16, 2C) of C entries. The copy made while one buffer grows is
+  // transient and one sequence at a time; cudaMalloc's rounding of each buffer is not counted.
+  int64_t sequence_state_bytes(const ModelConfig& config, int64_t context) const override {
+    int64_t bytes = sequence_state_bytes_reference(config, context);
+    for (int64_t l = 0; l < config.num_layers; ++l) {
+      if (config.attention[l] == AttentionKind::kSliding) continue;
+      const int64_t c = context / config.compress_ratio[l];
+      const int64_t spare = c == 0 ? 0 : std::max<int64_t>(16, 2 * c) - c;
+      bytes += spare * config.head_dim * 4;
+      if (config.attention[l] == AttentionKind::kCsa) bytes += spare * config.index_head_dim * 4;
+    }
+    return bytes;
+  }
+
   void embed(const EmbedParams& p, const BatchInfo& batch) override {
     // out is (T, S, D)
     const int64_t T = p.out.dim(0), S = p.out.dim(1), D = p.out.dim(2);
@@ -267,9 +282,8 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.gate.numel(), batch.num_tokens() * width);
     SPARROW_CHECK_EQ(p.ape.numel(), m * width);
     SPARROW_CHECK_EQ(p.norm_weight.numel(), p.dim);
-    // Simulated key storage precisions (`--index-keys`) are a CPU-only experiment for now.
-    SPARROW_CHECK(p.key_precision == KeyPrecision::kF32);
     std::vector<CompressorSeqArgs> seqs;
+    std::vector<float*> emitted_rows;  // where this batch's entries go, for the key precision pass
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
       CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
@@ -279,6 +293,8 @@ class CudaBackend final : public Backend {
       for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
       const int64_t emitted = (buf.pending + n) / m;
       buf.reserve(buf.count + emitted);
+      if (p.key_precision != KeyPrecision::kF32)
+        for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
       seqs.push_back({.pending_kv = buf.pending_kv.f32(), .pending_gate = buf.pending_gate.f32(),
                       .prev_kv = buf.prev_kv.f32(), .prev_gate = buf.prev_gate.f32(), .entries = buf.entries.f32(),
                       .t_begin = begin, .t_end = end, .pending = buf.pending, .count = buf.count,
@@ -294,6 +310,13 @@ class CudaBackend final : public Backend {
                        .ape = dev_view(p.ape), .norm_weight = dev_view(p.norm_weight), .rope = rope_arg(*p.rope),
                        .ratio = m, .dim = p.dim, .overlap = p.overlap, .norm_eps = static_cast<float>(p.norm_eps)});
     launch_check("compressor");
+    // `--index-keys`: each new entry rounded as stored, after its rotation (as emit_entry on the CPU).
+    if (!emitted_rows.empty()) {
+      const DeviceBuffer rows = upload_vector(emitted_rows);
+      launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
+                      .dim = p.dim, .precision = p.key_precision});
+      launch_check("compressor key precision");
+    }
   }
 
   void indexer_topk(const IndexerTopkParams& p) override {
@@ -581,6 +604,21 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
   if (!v.empty())
     SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), buf.entries.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return v;
+}
+
+std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, KeyPrecision precision) {
+  SPARROW_CHECK(dim > 0 && static_cast<int64_t>(rows.size()) % dim == 0);
+  const int64_t n = static_cast<int64_t>(rows.size()) / dim;
+  const DeviceBuffer values = upload_vector(rows);
+  std::vector<float*> ptrs(n);
+  for (int64_t r = 0; r < n; ++r) ptrs[r] = values.f32() + r * dim;
+  const DeviceBuffer d_ptrs = upload_vector(ptrs);
+  launch_key_sim({.rows = static_cast<float* const*>(d_ptrs.get()), .n = n, .dim = dim, .precision = precision});
+  launch_check("key_sim_rows");
+  std::vector<float> out(rows.size());
+  if (!out.empty())
+    SPARROW_CUDA_CHECK(cudaMemcpy(out.data(), values.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return out;
 }
 
 }  // namespace cuda

@@ -26,5 +26,9 @@ namespace cuda {
 // layer `layer` of a state created by the CUDA backend, [count, dim] row-major.
 std::vector<float> state_entries(SequenceState& state, int64_t layer, CompressorSlot slot);
 
+// Test support: `rows` ([n, dim] row-major) rounded on the device by the kernel the compressor uses
+// for `--index-keys`. REQUIRES a CUDA backend was created (the device is selected).
+std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, KeyPrecision precision);
+
 }  // namespace cuda
 }  // namespace sparrow

@@ -38,6 +38,63 @@ __device__ inline float dev_e2m1(uint8_t nibble) {
   return (nibble & 8) ? -m : m;
 }
 
+// ---- encoders: bit-exact twins of core/dtype.h f32_to_bf16 and core/quant.cpp ------------------
+// Only integer operations, comparisons, exact scalings by powers of two and rintf (round half to
+// even, the default mode std::nearbyint uses on the host), so they agree with the host bit for bit.
+
+// bf16 round to nearest even; NaN stays NaN (quiet).
+__device__ inline float dev_bf16_round(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __uint_as_float((u >> 16) << 16);
+}
+
+// f32 -> OCP e4m3fn byte: |x| >= 448 and ±inf saturate to ±448, NaN gives 0x7F | sign.
+__device__ inline uint8_t dev_f32_to_e4m3(float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0x00;
+  if (isnan(x)) return sign | 0x7F;
+  const float a = fabsf(x);
+  if (a >= 448.0f) return sign | 0x7E;
+  // Subnormals are multiples of 2^-9: a * 512 is exact, rintf rounds half to even.
+  if (a < 0x1p-6f) return sign | static_cast<uint8_t>(rintf(a * 512.0f));
+  // Round the 23-bit mantissa to 3 bits, nearest even (a carry into the exponent is correct).
+  uint32_t u = __float_as_uint(a);
+  u += 0x7FFFFu + ((u >> 20) & 1u);
+  const uint32_t exp_field = (u >> 23) - 127 + 7;
+  return sign | static_cast<uint8_t>(exp_field << 3 | ((u >> 20) & 7u));
+}
+
+// f32 -> e2m1 nibble (sign in bit 3): |x| > 6 saturates; midpoints go to the even code; NaN gives +0.
+__device__ inline uint8_t dev_f32_to_e2m1(float x) {
+  if (isnan(x)) return 0;
+  const uint8_t sign = signbit(x) ? 0x8 : 0x0;
+  const float a = fabsf(x);
+  uint8_t code;
+  if (a <= 0.25f) code = 0;
+  else if (a < 0.75f) code = 1;
+  else if (a <= 1.25f) code = 2;
+  else if (a < 1.75f) code = 3;
+  else if (a <= 2.5f) code = 4;
+  else if (a < 3.5f) code = 5;
+  else if (a <= 5.0f) code = 6;
+  else code = 7;
+  return sign | code;
+}
+
+// k = ceil(log2(amax / qmax)) clamped to [-127, 127] (core/quant.cpp pow2_scale_exponent, whose
+// REQUIRES amax >= 0 and finite the callers meet). amax / qmax is one IEEE division, as on the host.
+__device__ inline int dev_pow2_scale_exponent(float amax, float qmax) {
+  if (amax == 0.0f) return 0;
+  const float q = amax / qmax;
+  if (q == 0.0f) return -127;
+  if (isinf(q)) return 127;
+  int e = 0;
+  const float m = frexpf(q, &e);  // exact: q = m * 2^e, m in [0.5, 1)
+  const int k = m == 0.5f ? e - 1 : e;
+  return k < -127 ? -127 : k > 127 ? 127 : k;
+}
+
 // Element i of a float tensor (F32/F16/BF16/E4M3/E8M0) by its stored dtype.
 __device__ inline float dev_load(const DevView& v, int64_t i) {
   switch (v.dtype) {

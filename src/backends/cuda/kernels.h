@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/quant_sim.h"
 #include "core/tensor.h"
 
 namespace sparrow::cuda {
@@ -152,6 +153,16 @@ struct CompressorArgs {
   float norm_eps;
 };
 void launch_compressor(const CompressorArgs& a);
+
+// Rounds each row of `dim` values as stored in `precision` and read back, in place: the device
+// twin of core/quant_sim.cpp simulate_key_precision, bit for bit (`--index-keys`: the indexer
+// compressor's newly emitted entries). kF32 is a no-op and launches nothing.
+struct KeySimArgs {
+  float* const* rows;           // [n] device pointers to rows of `dim` values
+  int64_t n, dim;
+  KeyPrecision precision;
+};
+void launch_key_sim(const KeySimArgs& a);
 
 struct IndexerArgs {
   int32_t* out_indices;         // [T, k], pre-filled with -1

@@ -8,6 +8,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kAttnThreads = 128;
+constexpr int kKeySimThreads = 128;  // one block per key row; di = 128 in DeepSeek-V4
 
 // grid (nseq): one block walks its sequence's tokens in order, exactly as the CPU reference does:
 // buffer each row (gate + positional bias), and whenever `ratio` rows are pending, pool the window
@@ -71,6 +72,53 @@ __global__ void compressor_kernel(CompressorArgs a) {
     ++count;
     pending = 0;
     __syncthreads();  // the pending rows are free again
+  }
+}
+
+// grid (n): one block rounds one row in place exactly as core/quant_sim.cpp simulate_key_precision
+// does (spec §5.1 for the fp8 layout, §3.0.7 for fp4); only the indexer keys are rounded, q is not.
+//   bf16: every value to nearest even.
+//   fp8:  amax = max |x| over the whole row (0: the row is left as is), s = amax / 448 in fp32 (an
+//         fp32 scale, not a power of two: the 132-byte layout), x <- e4m3(x / s) * s, saturating.
+//   fp4:  blocks of 32 (the last may be partial), amax floored at 6 * 2^-126,
+//         s = 2^ceil(log2(amax / 6)), x <- e2m1(clamp(x / s, -6, 6)) * s.
+// Every thread reads and writes only its own channels (or its own fp4 blocks), so the one barrier
+// needed is block_max's.
+__global__ void key_sim_kernel(KeySimArgs a) {
+  float* row = a.rows[blockIdx.x];
+  const int64_t dim = a.dim;
+  switch (a.precision) {
+    case KeyPrecision::kF32:
+      return;
+    case KeyPrecision::kBf16:
+      for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) row[c] = dev_bf16_round(row[c]);
+      return;
+    case KeyPrecision::kFp8: {
+      // fmaxf skips NaN like the host's std::max(amax, |x|) with amax first; max is order-free.
+      float amax = 0.0f;
+      for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) amax = fmaxf(amax, fabsf(row[c]));
+      amax = block_max(amax);  // uniform branch: every thread of the block calls it
+      if (amax == 0.0f) return;
+      const float s = amax / 448.0f;
+      for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) row[c] = dev_e4m3(dev_f32_to_e4m3(row[c] / s)) * s;
+      return;
+    }
+    case KeyPrecision::kFp4: {
+      constexpr int64_t kBlock = 32;
+      for (int64_t b = threadIdx.x * kBlock; b < dim; b += static_cast<int64_t>(blockDim.x) * kBlock) {
+        const int64_t e = b + kBlock < dim ? b + kBlock : dim;
+        float amax = 6.0f * 0x1p-126f;  // the reference's floor: an all-zero block gets a finite scale
+        for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(row[i]));
+        // 2^k as the e8m0 byte k + 127 decodes it (k in [-127, 127]; 2^-127 is an fp32 subnormal).
+        const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 6.0f) + 127));
+        for (int64_t i = b; i < e; ++i) {
+          float v = row[i] / s;
+          v = v < -6.0f ? -6.0f : (6.0f < v ? 6.0f : v);  // std::clamp's order: NaN passes through
+          row[i] = dev_e2m1(dev_f32_to_e2m1(v)) * s;
+        }
+      }
+      return;
+    }
   }
 }
 
@@ -167,6 +215,11 @@ __global__ void attention_kernel(AttentionArgs a) {
 
 void launch_compressor(const CompressorArgs& a) {
   if (a.nseq > 0) compressor_kernel<<<static_cast<unsigned>(a.nseq), kThreads>>>(a);
+}
+
+void launch_key_sim(const KeySimArgs& a) {
+  if (a.n > 0 && a.dim > 0 && a.precision != KeyPrecision::kF32)
+    key_sim_kernel<<<static_cast<unsigned>(a.n), kKeySimThreads>>>(a);
 }
 
 void launch_indexer_topk(const IndexerArgs& a) {

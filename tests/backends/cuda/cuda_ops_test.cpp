@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
 
 #include "backends/cpu/cpu_state.h"
 #include "backends/cuda/cuda_backend.h"
+#include "core/quant_sim.h"
 #include "cuda_test_util.h"
 #include "runtime/session.h"
 
@@ -367,6 +370,218 @@ TEST_F(CudaOps, IndexerTopkMatchesCpuWithFewVisibleAndTies) {
       }
     }
     seqs.advance(n0, n1);
+  }
+}
+
+// ---- indexer key precision (`--index-keys`) -----------------------------------------------------
+
+constexpr KeyPrecision kKeyPrecisions[] = {KeyPrecision::kF32, KeyPrecision::kBf16, KeyPrecision::kFp8,
+                                           KeyPrecision::kFp4};
+
+// Rows of `dim` values rounded by the backend under test's key precision kernel (the host
+// simulation itself when the harness runs with a CPU backend in place of the GPU).
+std::vector<float> backend_key_sim(Backend& gpu, std::vector<float> rows, int64_t dim, KeyPrecision p) {
+  if (std::string(gpu.name()) != "cpu") return cuda::key_sim_rows(rows, dim, p);
+  for (size_t r = 0; r < rows.size(); r += dim) simulate_key_precision(rows.data() + r, dim, p);
+  return rows;
+}
+
+// The same bits in every element (NaN matches any NaN: the device's NaN arithmetic gives the
+// canonical NaN, the host's keeps the payload), and the shared comparator at zero tolerance.
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const CompareResult c = compare_f32(got, want, kExact);
+  EXPECT_TRUE(c.ok) << what << ": " << c.message;
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (f32_to_bits(got[i]) == f32_to_bits(want[i])) continue;
+    if (++mismatches <= 5)
+      ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " (0x" << std::hex << f32_to_bits(got[i])
+                    << ") want " << want[i] << " (0x" << f32_to_bits(want[i]) << std::dec << ")";
+  }
+  EXPECT_EQ(mismatches, 0) << what;
+}
+
+// The device rounding of stored keys is core/quant_sim.cpp's, bit for bit: rows built to sit on
+// every rounding edge (e4m3 and e2m1 midpoints with exact scales, subnormals, saturation at 448,
+// scale exponents at a power-of-two boundary, all-zero rows and blocks, signed zeros, NaN) and
+// random rows of odd width (a partial FP4 block) spanning twelve orders of magnitude.
+TEST_F(CudaOps, KeyPrecisionSimulationIsTheCpuOneBitForBit) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t dim = 45;  // one full FP4 block of 32 and a partial one of 13
+  std::vector<std::vector<float>> edge;
+  // amax 448: the fp8 scale is exactly 1, so these are e4m3's own midpoints: 1.0625 and 1.1875
+  // (mantissa ties to even), 2^-10, 3*2^-10 and 5*2^-10 (subnormal ties), 432 and 232 (ties
+  // near the top), 440 and 447.99 (round up to 448), 0.015 (just below the smallest normal).
+  edge.push_back({448.0f, -448.0f, 1.0625f, 1.1875f, -1.0625f, 0x1p-10f, 3 * 0x1p-10f, -5 * 0x1p-10f, 0x1p-6f, 0.015f,
+                  440.0f, 447.99f, 432.0f, -232.0f, 240.0f, 1e-30f, -0.0f, 0.0f, nan, 7.0f});
+  // amax 6 in the first FP4 block: a scale of 1, so every e2m1 midpoint (0.25, 0.75, ..., 5), just
+  // beyond them, and saturation; the second block is all zeros (the floored scale).
+  edge.push_back({6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -0.25f, -0.75f, -1.25f, -1.75f, -2.5f, -3.5f,
+                  -5.0f, 0.2500001f, 0.7499999f, 5.0000005f, 5.5f, -6.0f, -0.0f, nan, 1e-20f});
+  // Block amax 12 (amax/6 = 2: exponent exactly 1) and just above it (exponent 2); bf16 ties
+  // (1 + 2^-8 to 1, 1 + 3*2^-8 up to 1 + 2^-6) and fp32 subnormals.
+  {
+    std::vector<float> r(dim, 0.0f);
+    r[0] = 12.0f, r[1] = 1.0f + 0x1p-8f, r[2] = 1.0f + 3 * 0x1p-8f, r[3] = 1e-40f, r[4] = -3.0f, r[5] = 9.0f;
+    r[32] = std::nextafter(12.0f, 100.0f), r[33] = 0.5f, r[34] = -7.0f, r[35] = 2e-39f;
+    edge.push_back(r);
+  }
+  edge.push_back(std::vector<float>(dim, 0.0f));                          // amax 0: fp8 leaves the row alone
+  edge.push_back(std::vector<float>(dim, -0.0f));
+  edge.push_back(std::vector<float>(dim, 3e-39f));                        // subnormal amax
+  edge.push_back({3.4e38f, -3.3e38f, 1.0f, 1e-38f});                      // bf16 rounds past the top to inf
+  std::vector<float> rows;
+  for (auto& r : edge) {
+    r.resize(dim, 0.0f);
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  Rng rng(97);
+  for (double scale : {1e-6, 1e-3, 0.1, 1.0, 30.0, 1e4, 1e6})
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float> v = rng.normal(dim, scale);
+      rows.insert(rows.end(), v.begin(), v.end());
+    }
+  for (KeyPrecision p : kKeyPrecisions) {
+    std::vector<float> want = rows;
+    for (size_t r = 0; r < want.size(); r += dim) simulate_key_precision(want.data() + r, dim, p);
+    expect_same_bits(backend_key_sim(*gpu, rows, dim, p), want, std::string("key precision ") + key_precision_name(p));
+  }
+  // The width DeepSeek-V4 stores (di = 128, four FP4 blocks), random rows only.
+  const std::vector<float> wide = rng.normal(128 * 9, 2.0);
+  for (KeyPrecision p : kKeyPrecisions) {
+    std::vector<float> want = wide;
+    for (size_t r = 0; r < want.size(); r += 128) simulate_key_precision(want.data() + r, 128, p);
+    expect_same_bits(backend_key_sim(*gpu, wide, 128, p), want,
+                     std::string("key precision ") + key_precision_name(p) + " di 128");
+  }
+}
+
+// Through the compressor op on random inputs: every entry the indexer compressor emits (two
+// sequences, chunks that straddle windows) is the fp32 entry of the same GPU run rounded by the host
+// simulation, exactly; the precision changes nothing but the stored keys.
+TEST_F(CudaOps, CompressorRoundsEachNewIndexerKeyAsTheCpuDoes) {
+  const ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
+  const int64_t di = 45, m = cfg.compress_ratio[0];
+  ModelConfig wide = cfg;
+  wide.index_head_dim = di;
+  for (KeyPrecision p : kKeyPrecisions) {
+    Rng rng(73);
+    const CompressorCase index_case(rng, di, m, true);
+    TwoSequences seqs(*gpu, *gpu, wide);  // both on the device: `cpu` states fp32 keys, `gpu` states rounded
+    for (auto [n0, n1] : {std::pair{3, 9}, std::pair{6, 0}, std::pair{1, 12}, std::pair{13, 2}}) {
+      auto [b32, bp] = seqs.batches(n0, n1);
+      const int64_t T = n0 + n1;
+      const std::vector<float> kv = rng.normal(T * 2 * di, 3.0), gate = rng.normal(T * 2 * di, 2.0);
+      CompressorParams params = index_case.params(gpu->upload_f32(kv, {T, 2 * di}), gpu->upload_f32(gate, {T, 2 * di}),
+                                                  b32, kRope, CompressorSlot::kIndexer);
+      gpu->compressor(params);
+      params.batch = &bp;
+      params.key_precision = p;
+      gpu->compressor(params);
+      seqs.advance(n0, n1);
+    }
+    for (int s = 0; s < 2; ++s) {
+      auto entries = [&](SequenceState& st) {
+        return std::string(gpu->name()) == "cpu" ? cpu_entries(st, CompressorSlot::kIndexer)
+                                                 : cuda::state_entries(st, 0, CompressorSlot::kIndexer);
+      };
+      std::vector<float> want = entries(*seqs.cpu[s]);
+      const std::vector<float> got = entries(*seqs.gpu[s]);
+      ASSERT_GT(want.size(), 0u);
+      for (size_t r = 0; r < want.size(); r += di) simulate_key_precision(want.data() + r, di, p);
+      expect_same_bits(got, want, std::string("compressor keys ") + key_precision_name(p) + " seq " + std::to_string(s));
+      if (p != KeyPrecision::kF32) {
+        EXPECT_NE(got, entries(*seqs.cpu[s])) << "the rounding changed nothing";
+      }
+    }
+  }
+}
+
+// Indexer keys built so that both backends compute them bit for bit (every softmax weight equal,
+// sums of small integers, a norm of exactly 1, RoPE at angle 0): pooled values in {0, ±1, ±2} with
+// sum of squares = di, times fp32 norm weights. The rounded keys must then be identical on both
+// backends, and the scores and top-k (k = 3, and k = 8, more than most tokens see) those of the CPU
+// for every key precision.
+TEST_F(CudaOps, IndexerTopkWithEveryKeyPrecisionMatchesCpu) {
+  const ModelConfig base = attn_config(AttentionKind::kCsa, 6);
+  const int64_t Hi = 3, di = 45, m = base.compress_ratio[0];
+  ModelConfig cfg = base;
+  cfg.index_head_dim = di;
+  const RopeTable identity{.inv_freq = {0.0, 0.0, 0.0, 0.0}};
+  // Pooled value of entry w of sequence s: ±1 everywhere, then some groups of four ±1s become
+  // (±2, 0, 0, 0), which keeps the sum of squares at di.
+  auto pattern = [&](int s, int64_t w) {
+    Rng r(1000 + 97 * s + w);
+    std::vector<float> a(di);
+    for (auto& x : a) x = r.integer(0, 1) ? 1.0f : -1.0f;
+    std::vector<int64_t> order(di);
+    for (int64_t i = 0; i < di; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(50 + 13 * s + w));
+    const int64_t groups = r.integer(0, di / 4);
+    for (int64_t g = 0; g < groups; ++g) {
+      a[order[4 * g]] *= 2.0f;
+      a[order[4 * g + 1]] = a[order[4 * g + 2]] = a[order[4 * g + 3]] = 0.0f;
+    }
+    return a;
+  };
+  for (KeyPrecision p : kKeyPrecisions) {
+    Rng rng(79);
+    const Stored ape = stored_floats(DType::kF32, {m, 2 * di}, std::vector<float>(m * 2 * di, 0.0f));
+    const Stored norm = stored_floats(DType::kF32, {di}, rng.normal(di, 0.4, 1.0));
+    TwoSequences seqs(*cpu, *gpu, cfg);
+    for (auto [n0, n1] : {std::pair{2, 7}, std::pair{11, 1}, std::pair{9, 30}, std::pair{0, 3}, std::pair{1, 1}}) {
+      auto [bc, bg] = seqs.batches(n0, n1);
+      const int64_t T = n0 + n1;
+      // Token at position pos (window u) carries entry u's values in its second half and entry
+      // u+1's in its first half, so every slot of an entry's pool holds the same value.
+      std::vector<float> kv(T * 2 * di);
+      for (int64_t t = 0; t < T; ++t) {
+        const int s = t < n0 ? 0 : 1;
+        const int64_t u = bc.positions[t] / m;
+        const std::vector<float> next = pattern(s, u + 1), cur = pattern(s, u);
+        std::copy(next.begin(), next.end(), kv.begin() + t * 2 * di);
+        std::copy(cur.begin(), cur.end(), kv.begin() + t * 2 * di + di);
+      }
+      auto [kc, kg] = both_f32(kv, {T, 2 * di});
+      auto [gc, gg] = both_f32(std::vector<float>(T * 2 * di, 0.0f), {T, 2 * di});
+      for (auto [be, k_, g_, b_] : {std::tuple{cpu.get(), kc, gc, &bc}, std::tuple{gpu.get(), kg, gg, &bg}})
+        be->compressor({.kv = k_, .gate = g_, .ape = ape.view, .norm_weight = norm.view, .batch = b_, .rope = &identity,
+                        .layer = 0, .slot = CompressorSlot::kIndexer, .ratio = m, .dim = di, .overlap = true,
+                        .norm_eps = 0.0, .key_precision = p});
+      for (int s = 0; s < 2; ++s) {
+        const std::vector<float> want = cpu_entries(*seqs.cpu[s], CompressorSlot::kIndexer);
+        const std::vector<float> got = std::string(gpu->name()) == "cpu"
+                                           ? cpu_entries(*seqs.gpu[s], CompressorSlot::kIndexer)
+                                           : cuda::state_entries(*seqs.gpu[s], 0, CompressorSlot::kIndexer);
+        expect_same_bits(got, want, std::string("keys ") + key_precision_name(p) + " seq " + std::to_string(s));
+      }
+      std::vector<float> hw = rng.normal(T * Hi);
+      for (int64_t h = 0; h < Hi; ++h) hw[(T - 1) * Hi + h] = 0.0f;  // last token: every score 0, a full tie
+      auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+      auto [wc, wg] = both_f32(hw, {T, Hi});
+      int64_t C = 0;
+      for (int64_t t = 0; t < T; ++t) C = std::max(C, (bc.positions[t] + 1) / m);
+      for (int64_t k : {int64_t{3}, int64_t{8}}) {
+        auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
+        auto [sc, sg] = both_alloc(ElemType::kF32, {T, C + 1});
+        cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m,
+                           .k = k, .out_scores = sc});
+        gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m,
+                           .k = k, .out_scores = sg});
+        const std::string what = std::string("indexer keys ") + key_precision_name(p) + " batch (" +
+                                 std::to_string(n0) + ", " + std::to_string(n1) + ") k=" + std::to_string(k);
+        expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
+        const std::vector<int32_t> want = cpu->download_i32(ic), got = gpu->download_i32(ig);
+        expect_same_selection(got, want, cpu->download_f32(sc), T, k, C + 1, what);
+        for (int64_t t = 0; t < T; ++t) {  // fewer visible entries than k: the tail is -1 on both
+          const int64_t visible = (bc.positions[t] + 1) / m;
+          for (int64_t i = visible; i < k; ++i) EXPECT_EQ(got[t * k + i], -1) << what << " token " << t << " slot " << i;
+        }
+      }
+      seqs.advance(n0, n1);
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "model/test_model.h"
 #include "runtime/session.h"
+#include "runtime/taps.h"
 
 namespace sparrow {
 namespace {
@@ -149,6 +150,90 @@ TEST_F(CudaModelParity, BatchedSequencesMatchCpu) {
   const CompareResult r = compare_f32(got, want, kLogitTol, {static_cast<int64_t>(want.size()) / V, V});
   std::printf("[cuda-parity] %-12s %-24s       %s\n", "every-kind", "3 sequences batched", r.summary().c_str());
   EXPECT_TRUE(r.ok) << r.message;
+}
+
+// The indexer's selections of every CSA layer (one-shot) on both backends: identical, slot by slot.
+void expect_same_selections(const Model& model, Backend& gpu, const std::vector<int32_t>& ids,
+                            const std::string& what) {
+  auto cpu = make_cpu_backend();
+  auto want = taps_run(model, *cpu, ids, "*.attn.indexer.topk");
+  auto got = taps_run(model, gpu, ids, "*.attn.indexer.topk");
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), want->size()) << what;
+  ASSERT_GT(want->size(), 0u) << what << ": no CSA layer";
+  for (size_t i = 0; i < want->size(); ++i) {
+    const TapRecord &g = (*got)[i], &w = (*want)[i];
+    EXPECT_EQ(g.name, w.name) << what;
+    EXPECT_EQ(g.shape, w.shape) << what << " " << w.name;
+    EXPECT_EQ(g.shape.back(), model.config().index_topk) << what << " " << w.name;
+    int64_t differing = 0;
+    for (size_t j = 0; j < std::min(g.i32.size(), w.i32.size()); ++j) differing += g.i32[j] != w.i32[j];
+    EXPECT_EQ(differing, 0) << what << " " << w.name << ": " << differing << " of " << w.i32.size()
+                            << " selection slots differ";
+  }
+}
+
+// `--index-keys` on the CUDA backend: the same rounded keys as the CPU, so the same selections in
+// every CSA layer and the same logits in one-shot, chunked and token-by-token feeding.
+struct IndexKeysCase {
+  const char* fixture;
+  KeyPrecision keys;
+};
+
+class CudaIndexKeysParity : public ::testing::TestWithParam<IndexKeysCase> {};
+
+TEST_P(CudaIndexKeysParity, SelectionsAndLogitsMatchCpu) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  const IndexKeysCase c = GetParam();
+  const auto dir = fixtures_dir() / c.fixture;
+  auto model = Model::load(dir, {.index_topk = {}, .index_keys = c.keys});
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  ASSERT_TRUE((*model)->check_backend(*gpu).is_ok());
+  const std::vector<int32_t> ids = read_ids(dir / "ids.npy");
+  ASSERT_FALSE(ids.empty());
+  const std::string name = std::string(c.fixture) + "/" + key_precision_name(c.keys);
+  expect_same_selections(**model, *gpu, ids, name);
+  check_parity(**model, *gpu, ids, name);
+  // Not vacuous: the rounding moves the CPU's indexer scores away from the fp32 keys' scores.
+  auto fp32 = Model::load(dir);
+  ASSERT_TRUE(fp32.is_ok());
+  auto cpu = make_cpu_backend();
+  auto rounded = taps_run(**model, *cpu, ids, "*.attn.indexer.scores");
+  auto exact = taps_run(**fp32, *cpu, ids, "*.attn.indexer.scores");
+  ASSERT_TRUE(rounded.is_ok() && exact.is_ok());
+  ASSERT_EQ(rounded->size(), exact->size());
+  bool moved = false;
+  for (size_t i = 0; i < exact->size(); ++i) moved = moved || (*rounded)[i].f32 != (*exact)[i].f32;
+  EXPECT_TRUE(moved) << name << ": the key precision changed no score";
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, CudaIndexKeysParity,
+                         ::testing::Values(IndexKeysCase{"csa", KeyPrecision::kFp8},
+                                           IndexKeysCase{"mixed_hc2", KeyPrecision::kFp8},
+                                           IndexKeysCase{"mixed_hc2", KeyPrecision::kBf16},
+                                           IndexKeysCase{"mixed_hc2", KeyPrecision::kFp4}),
+                         [](const ::testing::TestParamInfo<IndexKeysCase>& info) {
+                           return std::string(info.param.fixture) + "_" + key_precision_name(info.param.keys);
+                         });
+
+// `--index-topk` on the CUDA backend: fewer slots than the default, and more than any token has
+// entries (the tail of every selection is -1), on the csa fixture (16 entries at the last token).
+TEST(CudaIndexTopk, OverrideMatchesCpu) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  const auto dir = fixtures_dir() / "csa";
+  const std::vector<int32_t> ids = read_ids(dir / "ids.npy");
+  ASSERT_FALSE(ids.empty());
+  for (int64_t k : {int64_t{2}, int64_t{40}}) {
+    auto model = Model::load(dir, {.index_topk = k});
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    ASSERT_EQ((*model)->config().index_topk, k);
+    const std::string name = "csa/topk-" + std::to_string(k);
+    expect_same_selections(**model, *gpu, ids, name);
+    check_parity(**model, *gpu, ids, name);
+  }
 }
 
 }  // namespace
