@@ -22,7 +22,7 @@ void add_serve_command(CLI::App& app) {
     std::string backend = "cpu", host = "127.0.0.1", name;
     int port = 8000;
     int64_t max_context = 4096, max_batch = 32, max_queue = 256;
-    int http_threads = 128;
+    int http_threads = 0;  // 0: sized from the engine (see server::ServerOptions)
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (chat/completions, completions, models, health, metrics)");
@@ -36,8 +36,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch", opts->max_batch, "Requests decoding together")->check(CLI::Range(int64_t{1}, int64_t{4096}))
       ->capture_default_str();
   cmd->add_option("--max-queue", opts->max_queue, "Waiting requests before 503")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--http-threads", opts->http_threads, "Connections served at once (each stream holds one)")
-      ->check(CLI::Range(1, 65536))->capture_default_str();
+  cmd->add_option("--http-threads", opts->http_threads,
+                  "Connections served at once (each stream holds one); more get 503. 0: max-queue + max-batch + 32")
+      ->check(CLI::Range(0, 65536))->capture_default_str();
   add_backend_option(cmd, &opts->backend);
   cmd->callback([opts] {
     // Blocked before any thread starts, so every thread inherits the mask and only sigwait sees them.

@@ -101,6 +101,7 @@ class Engine {
   void shutdown(bool finish);
 
   EngineStats stats() const;
+  const EngineOptions& options() const;  // as given to create()
   int64_t vocab_size() const;
   int64_t eos_token_id() const;  // -1 if the model has none
 

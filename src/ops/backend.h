@@ -34,6 +34,26 @@ class SequenceState {
   virtual void advance(int64_t n) = 0;
 };
 
+// Bytes of one sequence's decode state after `context` tokens in the layout of spec §5 that the
+// CPU backend uses: per layer an fp32 window ring [W, Dh]; for CSA and HCA the compressor's pending
+// kv and gate rows [m, width] (width 2*Dh for CSA's overlapping form, which also keeps the previous
+// window's halves [m, Dh] twice) and its compressed entries [context/m, Dh]; for CSA the indexer's
+// buffers alike with di. Container and allocator overheads are not counted.
+inline int64_t sequence_state_bytes_reference(const ModelConfig& c, int64_t context) {
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    bytes += c.sliding_window * c.head_dim * 4;
+    const int64_t m = c.compress_ratio[l];
+    if (c.attention[l] == AttentionKind::kCsa) {
+      bytes += m * (2 * 2 * c.head_dim + 2 * c.head_dim) * 4 + (context / m) * c.head_dim * 4;
+      bytes += m * (2 * 2 * c.index_head_dim + 2 * c.index_head_dim) * 4 + (context / m) * c.index_head_dim * 4;
+    } else if (c.attention[l] == AttentionKind::kHca) {
+      bytes += m * 2 * c.head_dim * 4 + (context / m) * c.head_dim * 4;
+    }
+  }
+  return bytes;
+}
+
 // T tokens from several sequences. REQUIRES: a sequence's tokens are contiguous, in position
 // order, and continue exactly where its state left off (positions[first] == state->length()).
 struct BatchInfo {
@@ -272,6 +292,12 @@ class Backend {
   virtual std::vector<int32_t> download_i32(const Tensor& t) = 0;
 
   virtual std::unique_ptr<SequenceState> create_sequence_state(const ModelConfig& config) = 0;
+  // Bytes (host or device) a state from create_sequence_state holds once it has absorbed `context`
+  // tokens, at most; the engine reserves this per request against its state budget. Called from
+  // any thread. The default is the CPU backend's layout (sequence_state_bytes_reference).
+  virtual int64_t sequence_state_bytes(const ModelConfig& config, int64_t context) const {
+    return sequence_state_bytes_reference(config, context);
+  }
 
   virtual void embed(const EmbedParams& p, const BatchInfo& batch) = 0;
   virtual void hc_pre(const HcPreParams& p) = 0;

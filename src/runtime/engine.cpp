@@ -34,21 +34,9 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-// Bytes of decode state one sequence of `context` tokens needs (the CPU backend's layout: fp32
-// window ring, compressor buffers, compressed entries and indexer keys).
+// The CPU backend's layout; the engine itself asks its backend (Backend::sequence_state_bytes).
 int64_t sequence_state_bytes_estimate(const ModelConfig& c, int64_t context) {
-  int64_t bytes = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    bytes += c.sliding_window * c.head_dim * 4;
-    const int64_t m = c.compress_ratio[l];
-    if (c.attention[l] == AttentionKind::kCsa) {
-      bytes += m * (2 * 2 * c.head_dim + 2 * c.head_dim) * 4 + (context / m) * c.head_dim * 4;
-      bytes += m * (2 * 2 * c.index_head_dim + 2 * c.index_head_dim) * 4 + (context / m) * c.index_head_dim * 4;
-    } else if (c.attention[l] == AttentionKind::kHca) {
-      bytes += m * 2 * c.head_dim * 4 + (context / m) * c.head_dim * 4;
-    }
-  }
-  return bytes;
+  return sequence_state_bytes_reference(c, context);
 }
 
 namespace {
@@ -143,7 +131,7 @@ void Engine::Impl::loop() {
       while (static_cast<int64_t>(running.size()) < options.max_batch && !queue.empty()) {
         Running& r = *queue.front();
         const int64_t ctx = static_cast<int64_t>(r.request.prompt.size()) + r.request.max_tokens;
-        const int64_t bytes = sequence_state_bytes_estimate(model->config(), ctx);
+        const int64_t bytes = backend->sequence_state_bytes(model->config(), ctx);
         if (reserved_bytes + bytes > options.state_budget_bytes) break;  // waits for memory
         reserved_bytes += bytes;
         r.reserved_bytes = bytes;
@@ -282,7 +270,7 @@ Expected<uint64_t> Engine::enqueue(GenerationRequest request, EventCallback on_e
   if (sp.top_k < 0) return Status::invalid_argument("top_k: must be >= 0, got " + std::to_string(sp.top_k));
   for (int32_t t : request.stop_tokens)
     if (t < 0 || t >= c.vocab_size) return Status::invalid_argument("stop token " + std::to_string(t) + " is outside the vocabulary");
-  const int64_t bytes = sequence_state_bytes_estimate(c, prompt + request.max_tokens);
+  const int64_t bytes = impl_->backend->sequence_state_bytes(c, prompt + request.max_tokens);
   if (bytes > impl_->options.state_budget_bytes)
     return Status::invalid_argument("max_tokens: the request needs " + std::to_string(bytes) +
                                     " bytes of decode state, more than the engine's whole budget");
@@ -334,6 +322,7 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::vocab_size() const { return impl_->model->config().vocab_size; }
 int64_t Engine::eos_token_id() const { return impl_->model->config().eos_token_id; }
 

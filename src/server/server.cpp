@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <unistd.h>
 
@@ -43,13 +44,121 @@ ApiError bad_request(std::string param, std::string message, std::string code = 
 
 std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+std::string error_body(const ApiError& e) {
   json err = {{"message", e.message}, {"type", e.type},
               {"param", e.param.empty() ? json(nullptr) : json(e.param)},
               {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
-  res.status = e.http;
-  res.set_content(json_text(json{{"error", err}}), "application/json");
+  return json_text(json{{"error", err}});
 }
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http;
+  res.set_content(error_body(e), "application/json");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections. httplib hands each accepted connection to a TaskQueue as one job, and that job holds
+// its thread until the client closes the connection (keep-alive included). httplib's ThreadPool
+// parks connections beyond its threads in an unbounded list, where a request (and /health) waits
+// without an answer. This queue runs connections on up to `workers` threads, made on demand; a
+// connection that arrives while every one of them is busy goes to a few refusal threads instead,
+// which answer generation requests with 503 at once and the cheap GET routes (health, metrics,
+// models) as usual. Thread-safety: enqueue is called by httplib's listener thread, shutdown once
+// after the listener stops.
+
+thread_local bool t_refusing = false;  // set on refusal threads for their whole life
+
+class ConnectionQueue final : public httplib::TaskQueue {
+ public:
+  ConnectionQueue(size_t workers, size_t refusal_workers) {
+    main_.max = std::max<size_t>(workers, 1);
+    refusal_.max = refusal_workers;
+    refusal_.refuse = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    while (refusal_.threads.size() < refusal_.max && spawn(refusal_)) {}
+  }
+  ~ConnectionQueue() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Where refusal threads could not be made at all, the connection waits for a worker as before.
+    Lane& lane = has_room(main_) || refusal_.threads.empty() ? main_ : refusal_;
+    lane.jobs.push_back(std::move(fn));
+    lane.cv.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    for (Lane* l : {&main_, &refusal_}) {
+      l->cv.notify_all();
+      for (auto& t : l->threads) t.join();
+    }
+  }
+
+  // True on a refusal thread: the connection arrived while every worker was busy.
+  static bool refusing() { return t_refusing; }
+
+ private:
+  struct Lane {
+    std::deque<std::function<void()>> jobs;
+    std::vector<std::thread> threads;
+    size_t busy = 0, max = 0;
+    bool refuse = false;
+    std::condition_variable cv;
+  };
+
+  // REQUIRES: mu_ held. True if a thread of `l` is free for one more job (making one if allowed).
+  bool has_room(Lane& l) {
+    if (l.jobs.size() < l.threads.size() - l.busy) return true;
+    return l.threads.size() < l.max && spawn(l);
+  }
+
+  // REQUIRES: mu_ held. False when the system refuses another thread.
+  bool spawn(Lane& l) {
+    try {
+      l.threads.emplace_back([this, &l] { work(l); });
+    } catch (const std::system_error&) {
+      return false;
+    }
+    return true;
+  }
+
+  void work(Lane& l) {
+    t_refusing = l.refuse;
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        l.cv.wait(lock, [&] { return stopped_ || !l.jobs.empty(); });
+        if (l.jobs.empty()) return;  // stopped, and every connection handed over has been served
+        fn = std::move(l.jobs.front());
+        l.jobs.pop_front();
+        ++l.busy;
+      }
+      fn();
+      std::lock_guard<std::mutex> lock(mu_);
+      --l.busy;
+    }
+  }
+
+  std::mutex mu_;
+  Lane main_, refusal_;  // guarded by mu_ (the threads vectors grow only under it)
+  bool stopped_ = false;  // guarded by mu_
+};
+
+// Refusal threads: 503s and GETs are quick, and a refused client is asked to close its connection.
+constexpr size_t kRefusalThreads = 8;
+// Default worker count beyond the engine's capacity (max_queue + max_batch): /health and /metrics
+// probes and idle keep-alive connections, so the engine's queue limit is what refuses first.
+constexpr int64_t kSpareConnections = 32;
+// A plain (non-streamed) response that is not ready within this long is sent as chunks, one space
+// per interval until the JSON is ready (JSON allows leading whitespace): a client that has gone
+// fails a write, which cancels its request. It is also the wait before the first heartbeat.
+constexpr std::chrono::milliseconds kHeartbeat{200};
 
 // ---------------------------------------------------------------------------------------------
 // Metrics.
@@ -87,8 +196,8 @@ class Histogram {
 struct Metrics {
   Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
-  std::atomic<uint64_t> requests{0}, errors{0}, cancelled{0};
-  std::atomic<int64_t> active_streams{0};
+  std::atomic<uint64_t> requests{0}, errors{0}, cancelled{0}, plain_aborted{0}, refused{0};
+  std::atomic<int64_t> active_streams{0}, active_plain{0};  // chunked responses being written
 };
 
 int64_t resident_bytes() {
@@ -300,8 +409,11 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
   int port = 0;
   int64_t created = 0;
+  int64_t http_workers = 0;  // opt.http_threads, or sized from the engine's capacity
 
   Impl(Engine& e, const Tokenizer& t, ServerOptions o) : engine(e), tok(t), opt(std::move(o)) {
+    http_workers = opt.http_threads > 0 ? opt.http_threads
+                                        : engine.options().max_queue + engine.options().max_batch + kSpareConnections;
     created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
@@ -336,6 +448,8 @@ struct Server::Impl {
     if (auto e = get_int(body, "top_k", -1, INT32_MAX, top_k)) return e;
     if (auto e = get_int(body, "seed", INT64_MIN, INT64_MAX, seed)) return e;
     if (auto e = get_bool(body, "stream", job.stream)) return e;
+    bool ignore_eos = false;  // vLLM's extension: generate max_tokens tokens (benchmarks, tests)
+    if (auto e = get_bool(body, "ignore_eos", ignore_eos)) return e;
     if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
       if (!it->is_object()) return bad_request("stream_options", "stream_options: expected an object", "invalid_type");
       if (auto e = get_bool(*it, "include_usage", job.include_usage)) {
@@ -373,8 +487,10 @@ struct Server::Impl {
     job.gen.sampling.top_p = top_p.value_or(1.0);
     job.gen.sampling.top_k = top_k && *top_k > 0 ? *top_k : 0;
     job.gen.sampling.seed = seed ? static_cast<uint64_t>(*seed) : std::random_device{}();
-    if (auto eos = tok.eos_id()) job.gen.stop_tokens.push_back(*eos);
-    else if (engine.eos_token_id() >= 0) job.gen.stop_tokens.push_back(static_cast<int32_t>(engine.eos_token_id()));
+    if (!ignore_eos) {
+      if (auto eos = tok.eos_id()) job.gen.stop_tokens.push_back(*eos);
+      else if (engine.eos_token_id() >= 0) job.gen.stop_tokens.push_back(static_cast<int32_t>(engine.eos_token_id()));
+    }
     return std::nullopt;
   }
 
@@ -513,8 +629,49 @@ struct Server::Impl {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
+  // The body of a finished plain (non-streamed) request, with its HTTP status.
+  std::pair<int, std::string> plain_reply(const Job& job, const Generation& gen, const std::string& text, const std::string& rid) {
+    if (!gen.status().is_ok()) {
+      const ApiError e{500, gen.status().message(), "server_error", "", "internal_error"};
+      return {e.http, error_body(e)};
+    }
+    json choice;
+    if (job.chat) {
+      // The same parser as the stream, fed the whole text: streamed and plain replies agree.
+      const ChatDelta d = dsv4_parse_output(text, job.mode);
+      json msg = {{"role", "assistant"}, {"content", d.content}};
+      if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
+      if (!d.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(d.tool_calls, rid, 0);
+      choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_name(gen, !d.tool_calls.empty())}};
+    } else {
+      choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", gen.finish_reason()}};
+    }
+    json out = {{"id", rid}, {"object", job.chat ? "chat.completion" : "text_completion"}, {"created", now_s()},
+                {"model", opt.served_model_name}, {"choices", json::array({choice})},
+                {"usage", gen.usage()}};
+    return {200, json_text(out)};
+  }
+
+  // Polls `gen` into `text` until it finishes or `deadline` passes; true once finished.
+  static bool poll_until(Generation& gen, std::string& text, Clock::time_point deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (gen.poll(text, std::max(left, std::chrono::milliseconds(0)))) return true;
+      if (Clock::now() >= deadline) return false;
+    }
+  }
+
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     ++metrics.requests;
+    if (ConnectionQueue::refusing()) {
+      // Every HTTP worker holds a connection: refuse now rather than park the request unanswered.
+      ++metrics.errors;
+      ++metrics.refused;
+      res.set_header("Retry-After", "1");
+      send_error(res, ApiError{503, "the server is at its connection limit (" + std::to_string(http_workers) + " HTTP workers busy); retry later",
+                               "server_error", "", "unavailable"});
+      return;
+    }
     json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
     Job job;
     std::optional<ApiError> err;
@@ -535,29 +692,43 @@ struct Server::Impl {
     }
     const std::string rid = new_id(chat ? "chatcmpl" : "cmpl");
     if (!job.stream) {
-      std::string text;
-      while (!gen->poll(text, std::chrono::milliseconds(1000))) {}
-      engine.cancel(gen->id());
-      json choice;
-      if (chat) {
-        // The same parser as the stream, fed the whole text: streamed and plain replies agree.
-        const ChatDelta d = dsv4_parse_output(text, job.mode);
-        json msg = {{"role", "assistant"}, {"content", d.content}};
-        if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
-        if (!d.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(d.tool_calls, rid, 0);
-        choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_name(*gen, !d.tool_calls.empty())}};
-      } else {
-        choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", gen->finish_reason()}};
-      }
-      if (!gen->status().is_ok()) {
-        ++metrics.errors;
-        send_error(res, ApiError{500, gen->status().message(), "server_error", "", "internal_error"});
+      // Every 4xx/503 is decided above, before anything is written. A request that ends within one
+      // heartbeat gets an ordinary response (its status, 500 included, is exact); a longer one is
+      // sent chunked with heartbeats so that a client that leaves cancels it (httplib 0.11 tells a
+      // handler nothing about its connection, only a failed write does).
+      struct Plain {
+        std::string text;
+        bool sent = false;
+      };
+      auto plain = std::make_shared<Plain>();
+      if (poll_until(*gen, plain->text, Clock::now() + kHeartbeat)) {
+        auto [status, text] = plain_reply(job, *gen, plain->text, rid);
+        if (status != 200) ++metrics.errors;
+        res.status = status;
+        res.set_content(text, "application/json");
         return;
       }
-      json out = {{"id", rid}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", now_s()},
-                  {"model", opt.served_model_name}, {"choices", json::array({choice})},
-                  {"usage", gen->usage()}};
-      res.set_content(json_text(out), "application/json");
+      ++metrics.active_plain;
+      Engine* eng = &engine;
+      Metrics* m = &metrics;
+      res.set_chunked_content_provider(
+          "application/json",
+          [this, gen, plain, job, rid](size_t, httplib::DataSink& sink) {
+            if (!poll_until(*gen, plain->text, Clock::now() + kHeartbeat)) return sink.write(" ", 1);
+            // The status line (200) is out already: an engine error can only be reported in the body.
+            auto [status, text] = plain_reply(job, *gen, plain->text, rid);
+            if (status != 200) ++metrics.errors;
+            if (!sink.write(text.data(), text.size())) return false;
+            plain->sent = true;
+            sink.done();
+            return true;
+          },
+          [eng, gen, plain, m](bool) {
+            // Runs when the response is destroyed: a client that left frees its state now.
+            if (!plain->sent) ++m->plain_aborted;
+            eng->cancel(gen->id());
+            --m->active_plain;
+          });
       return;
     }
 
@@ -652,6 +823,10 @@ struct Server::Impl {
     gauge("sparrow_http_streams_aborted_total", "counter", "Streams that ended before their last chunk (client gone)",
           static_cast<double>(metrics.cancelled.load()));
     gauge("sparrow_http_active_streams", "gauge", "Streams being written", static_cast<double>(metrics.active_streams.load()));
+    gauge("sparrow_http_plain_aborted_total", "counter", "Plain (non-streamed) requests whose client left before the reply",
+          static_cast<double>(metrics.plain_aborted.load()));
+    gauge("sparrow_http_refused_total", "counter", "Generation requests refused with 503 because every HTTP worker was busy",
+          static_cast<double>(metrics.refused.load()));
     gauge("sparrow_decode_state_bytes", "gauge", "Decode state reserved by running requests", static_cast<double>(s.state_bytes));
     gauge("sparrow_resident_memory_bytes", "gauge", "Resident set size of the process", static_cast<double>(resident_bytes()));
     metrics.ttft.write(o, "sparrow_time_to_first_token_seconds", "Time from arrival to the first generated token");
@@ -660,10 +835,14 @@ struct Server::Impl {
   }
 
   void routes() {
-    http.new_task_queue = [n = opt.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+    http.new_task_queue = [n = http_workers] { return new ConnectionQueue(static_cast<size_t>(n), kRefusalThreads); };
     http.set_payload_max_length(size_t{16} << 20);
     http.set_keep_alive_max_count(1000);
     http.set_tcp_nodelay(true);  // SSE chunks are small: without it each waits for the delayed ACK
+    http.set_post_routing_handler([](const httplib::Request&, httplib::Response& r) {
+      // A connection on a refusal thread would keep refusing for its keep-alive life: end it.
+      if (ConnectionQueue::refusing()) r.set_header("Connection", "close");
+    });
     http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); });
     http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
@@ -727,7 +906,8 @@ void Server::stop(double drain_s) {
   i.stopping = true;
   i.engine.shutdown(/*finish=*/false);  // in-flight requests end with "abort"; new ones get 503
   const auto deadline = Clock::now() + std::chrono::duration<double>(drain_s);
-  while (i.metrics.active_streams.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (i.metrics.active_streams.load() + i.metrics.active_plain.load() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const double drained = std::chrono::duration<double>(Clock::now() - deadline).count() + drain_s;
   std::fprintf(stderr, "sparrow: in-flight requests cancelled, streams drained in %.2f s\n", drained);
   i.http.stop();

@@ -1,9 +1,12 @@
 // The server end to end with the official openai client: plain, streamed (== plain at
 // temperature 0), concurrent, cancelled mid-stream, stop strings, completions, models, health,
 // metrics; every error case (fetch); queue full (a second server with --max-queue 0); SIGTERM
-// during a stream (the stream ends cleanly, exit status 0).
+// during a stream (the stream ends cleanly, exit status 0); admission and disconnects on servers
+// of their own: a plain request whose client leaves is cancelled at once, a request beyond the
+// engine's queue gets 503, a connection beyond --http-threads gets 503 at once while /health answers.
 // usage: node api_test.mjs SPARROW MODEL_DIR TOKENIZER
 import assert from "node:assert/strict";
+import http from "node:http";
 import OpenAI from "openai";
 import { metric, parseArgs, startServer } from "./harness.mjs";
 
@@ -190,6 +193,7 @@ const errors = [
   ["stream wrong type", "chat/completions", J({ messages: user, stream: "yes" }), 400, "stream"],
   ["stop wrong type", "chat/completions", J({ messages: user, stop: 5 }), 400, "stop"],
   ["n=2", "chat/completions", J({ messages: user, n: 2 }), 400, "n"],
+  ["ignore_eos wrong type", "chat/completions", J({ messages: user, ignore_eos: 1 }), 400, "ignore_eos"],
   ["prompt longer than the context", "chat/completions", J({ messages: [{ role: "user", content: long }], max_tokens: 4 }), 400, "messages"],
   ["unknown model", "chat/completions", J({ model: "gpt-4", messages: user }), 404, "model"],
   ["invalid UTF-8", "chat/completions", Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xc3]), Buffer.from('"}]}')]), 400, null],
@@ -225,6 +229,27 @@ await test("server healthy after the errors", async () => {
   assert.equal(a.choices[0].message.content, plain.choices[0].message.content);
 });
 
+await test("a plain request longer than a heartbeat is sent chunked, parses, equals the stream", async () => {
+  // ignore_eos: the tiny model ends most replies within ~50 tokens; 1500 take ~1 s on 2 cores.
+  const p = { model: "tiny", prompt: [0, 5, 9, 17], max_tokens: 1500, temperature: 0, ignore_eos: true };
+  const raw = await fetch(`${srv.base}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: J(p) });
+  assert.equal(raw.status, 200);
+  assert.equal(raw.headers.get("transfer-encoding"), "chunked");
+  const body = await raw.text();
+  assert.ok(/^ +\{/.test(body), "heartbeat spaces before the JSON");
+  const a = await client.completions.create(p);
+  assert.equal(a.usage.completion_tokens, 1500);
+  assert.equal(a.choices[0].finish_reason, "length");
+  assert.equal(JSON.parse(body).choices[0].text, a.choices[0].text);
+  const s = await client.completions.create({ ...p, stream: true });
+  let text = "";
+  for await (const c of s) text += c.choices[0]?.text ?? "";
+  assert.equal(text, a.choices[0].text);
+  const c = await client.chat.completions.create({ model: "tiny", messages: MSG, max_tokens: 1500, temperature: 0, ignore_eos: true });
+  assert.equal(c.usage.completion_tokens, 1500);
+  assert.equal(c.choices[0].message.role, "assistant");
+});
+
 await test("SIGTERM during a stream: the stream ends with [DONE], exit status 0", async () => {
   const r = await fetch(`${srv.base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
     body: J({ model: "tiny", messages: MSG, max_tokens: 450, temperature: 0, stream: true }) });
@@ -252,6 +277,122 @@ await test("queue full -> 503", async () => {
     assert.equal(typeof (await r.json()).error.message, "string");
   } finally {
     assert.equal((await full.stop()).code, 0);
+  }
+});
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Polls `cond` every 50 ms; fails naming `what` after `ms`.
+async function waitFor(cond, ms, what) {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    assert.ok(Date.now() - t0 < ms, `${what} (after ${ms} ms)`);
+    await sleep(50);
+  }
+  return Date.now() - t0;
+}
+const idle = async (base) => (await metric(base, "sparrow_running_requests")) === 0 && (await metric(base, "sparrow_queue_length")) === 0;
+// A request that runs for tens of seconds unless cancelled (30000 tokens at ~2000 tokens/s or less).
+const LONG = { model: "tiny", prompt: [0, 5, 9, 17], max_tokens: 30000, temperature: 0, ignore_eos: true };
+const post = (base, route, body, init = {}) =>
+  fetch(`${base}/v1/${route}`, { method: "POST", headers: { "content-type": "application/json" }, body: J(body), ...init });
+
+await test("a plain request whose client disconnects is cancelled and its state freed at once", async () => {
+  const s = await startServer({ ...args, extra: ["--max-context", "32768"] });
+  try {
+    // Left during the first heartbeat interval (no byte sent yet), then after the headers arrived.
+    for (const phase of ["before the headers", "after the headers"]) {
+      const aborted = (await metric(s.base, "sparrow_http_plain_aborted_total")) ?? NaN;
+      const req = http.request({ host: "127.0.0.1", port: s.port, method: "POST", path: "/v1/completions", agent: false,
+        headers: { "content-type": "application/json" } });
+      req.on("error", () => {});
+      const headers = new Promise((resolve) => req.on("response", (res) => {
+        res.on("data", () => {});
+        res.on("error", () => {});
+        resolve(res);
+      }));
+      req.end(J(LONG));
+      if (phase === "after the headers") assert.equal((await headers).statusCode, 200);
+      await waitFor(async () => (await metric(s.base, "sparrow_running_requests")) === 1, 5000, "the request did not start");
+      req.destroy();
+      const ms = await waitFor(() => idle(s.base), 3000, `${phase}: the request still runs after its client left`);
+      assert.equal(await metric(s.base, "sparrow_decode_state_bytes"), 0);
+      assert.equal(await metric(s.base, "sparrow_http_plain_aborted_total"), aborted + 1);
+      console.log(`     ${phase}: cancelled ${ms} ms after the disconnect`);
+    }
+    const ok = await post(s.base, "completions", { ...LONG, max_tokens: 4 });
+    assert.equal(ok.status, 200);
+    assert.equal((await ok.json()).usage.completion_tokens, 4);
+  } finally {
+    const { code, signal } = await s.stop();
+    assert.equal(signal, null);
+    assert.equal(code, 0);
+  }
+});
+
+await test("a request beyond the engine's queue gets 503 (default HTTP workers); the server stays healthy", async () => {
+  const s = await startServer({ ...args, extra: ["--max-context", "32768", "--max-batch", "1", "--max-queue", "1"] });
+  const streams = [new AbortController(), new AbortController()];
+  try {
+    for (const [i, ac] of streams.entries()) {
+      const r = await post(s.base, "completions", { ...LONG, stream: true }, { signal: ac.signal });
+      assert.equal(r.status, 200);
+      r.body.getReader().read().catch(() => {});
+      const want = i === 0 ? "sparrow_running_requests" : "sparrow_queue_length";
+      await waitFor(async () => (await metric(s.base, want)) === 1, 5000, `stream ${i} not ${want}`);
+    }
+    const r = await post(s.base, "chat/completions", { model: "tiny", messages: user, max_tokens: 4 }, { signal: AbortSignal.timeout(5000) });
+    assert.equal(r.status, 503);
+    const j = await r.json();
+    assert.equal(j.error.code, "unavailable");
+    assert.match(j.error.message, /queue is full/);
+    assert.equal((await fetch(`${s.base}/health`, { signal: AbortSignal.timeout(5000) })).status, 200);
+    for (const ac of streams) ac.abort();
+    await waitFor(() => idle(s.base), 3000, "the aborted streams still run");
+    assert.equal(await metric(s.base, "sparrow_decode_state_bytes"), 0);
+    const ok = await post(s.base, "chat/completions", { model: "tiny", messages: user, max_tokens: 4, temperature: 0 });
+    assert.equal(ok.status, 200);
+  } finally {
+    for (const ac of streams) ac.abort();
+    assert.equal((await s.stop()).code, 0);
+  }
+});
+
+await test("a connection beyond --http-threads gets 503 at once; /health still answers", async () => {
+  const s = await startServer({ ...args, extra: ["--max-context", "32768", "--http-threads", "1"] });
+  const ac = new AbortController();
+  try {
+    // The worker counts as busy until it has closed the previous connection (startServer's probe),
+    // a moment after that client has its answer: the first request may still be refused.
+    let stream;
+    await waitFor(async () => {
+      stream = await post(s.base, "completions", { ...LONG, stream: true }, { signal: ac.signal });
+      if (stream.status !== 200) await stream.text();
+      return stream.status === 200;
+    }, 3000, "the stream was refused");
+    await stream.body.getReader().read();  // the stream now holds the only worker
+    const refused = await metric(s.base, "sparrow_http_refused_total");
+    const t0 = Date.now();
+    const r = await post(s.base, "chat/completions", { model: "tiny", messages: user, max_tokens: 4 }, { signal: AbortSignal.timeout(5000) });
+    assert.equal(r.status, 503);
+    assert.ok(Date.now() - t0 < 2000, `503 after ${Date.now() - t0} ms`);
+    assert.equal(r.headers.get("connection"), "close");
+    const j = await r.json();
+    assert.equal(j.error.code, "unavailable");
+    assert.equal(typeof j.error.message, "string");
+    assert.equal((await fetch(`${s.base}/health`, { signal: AbortSignal.timeout(5000) })).status, 200);
+    assert.equal(await metric(s.base, "sparrow_http_refused_total"), refused + 1);
+    assert.equal(await metric(s.base, "sparrow_running_requests"), 1, "the stream kept running");
+    ac.abort();
+    await waitFor(() => idle(s.base), 3000, "the aborted stream still runs");
+    // The worker is free again once the stream's connection is closed.
+    let status = 0;
+    await waitFor(async () => {
+      status = (await post(s.base, "chat/completions", { model: "tiny", messages: user, max_tokens: 4, temperature: 0 })).status;
+      return status === 200;
+    }, 3000, `requests still refused (${status}) after the stream ended`);
+  } finally {
+    ac.abort();
+    assert.equal((await s.stop()).code, 0);
   }
 });
 

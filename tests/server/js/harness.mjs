@@ -29,7 +29,7 @@ export async function startServer({ sparrow, model, tokenizer, extra = [] }) {
   for (;;) {
     if (proc.exitCode !== null) throw new Error(`sparrow serve exited early (${proc.exitCode}): ${stderr}`);
     try {
-      const r = await fetch(`${base}/health`);
+      const r = await fetch(`${base}/health`, { headers: { connection: "close" } });
       if (r.ok) break;
     } catch {}
     if (Date.now() - t0 > 60000) throw new Error("sparrow serve did not become healthy in 60 s");
@@ -48,8 +48,10 @@ export async function startServer({ sparrow, model, tokenizer, extra = [] }) {
   };
 }
 
+// Probes close their connection: an idle keep-alive connection would hold one of the server's
+// HTTP workers for its keep-alive timeout (tests with --http-threads 1 count them).
 export async function metric(base, name) {
-  const text = await (await fetch(`${base}/metrics`)).text();
+  const text = await (await fetch(`${base}/metrics`, { headers: { connection: "close" }, signal: AbortSignal.timeout(10000) })).text();
   const line = text.split("\n").find((l) => l.startsWith(name + " "));
   return line === undefined ? undefined : Number(line.split(" ")[1]);
 }
