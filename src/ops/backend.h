@@ -318,7 +318,8 @@ class Backend {
   virtual Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows);
   // Only the deepseek-ref profile uses it; the model refuses that profile on backends without it.
   virtual void quant_sim(const QuantSimParams& p);
-  // quant_sim, the *_bf16 rounding flags and CompressorParams::key_precision are implemented.
+  // quant_sim and the *_bf16 rounding flags are implemented (the deepseek-ref profile).
+  // CompressorParams::key_precision is not covered by this: every backend implements it.
   virtual bool supports_reference_numerics() const { return false; }
 };
 
