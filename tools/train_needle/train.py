@@ -43,6 +43,9 @@ import transformers  # noqa: E402
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdv4  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needle_prompts  # noqa: E402
+
 SL, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 
 # ------------------------------------------------------------------------------------------------
@@ -78,7 +81,8 @@ CFG = dict(
 )
 
 
-def build_config(c=CFG):
+def build_config(c=None):
+    c = c or CFG
     rope = {
         "main": {"rope_type": "default", "rope_theta": c["rope_theta"], "partial_rotary_factor": c["partial_rotary"]},
         "compress": {
@@ -290,83 +294,93 @@ class IndexerTrainer:
 # ------------------------------------------------------------------------------------------------
 # Evaluation (transformers multi-token forward)
 # ------------------------------------------------------------------------------------------------
-def make_sample_single(rng, length, n_needles, depths):
-    """One question (about needle 0, at depths[0]); total length exactly `length`."""
-    hay_len = length - 1 - QUESTION_LEN
-    hay = filler(rng, hay_len)
-    keys = make_keys(rng, n_needles)
-    vals = [bytes(rng.choice(DIGITS, 3)) for _ in range(n_needles)]
-    slots = hay_len - n_needles * (NEEDLE_LEN + 1)
-    raw = [int(d * (slots - 1)) for d in depths]
-    order = sorted(range(n_needles), key=lambda j: raw[j])
-    starts = {}
-    for rank, j in enumerate(order):
-        starts[j] = sorted(raw)[rank] + rank * (NEEDLE_LEN + 1)
-    for j in range(n_needles):
-        s = starts[j]
-        hay[s:s + NEEDLE_LEN] = np.frombuffer(b"[" + vals[j] + keys[j] + b"]", dtype=np.uint8)
-    q = b"?" + keys[0] + vals[0] + b"\n"
-    ids = np.concatenate([[BOS], hay.astype(np.int64), np.frombuffer(q, dtype=np.uint8).astype(np.int64)])
-    assert len(ids) == length
-    base = 1 + hay_len
-    ap = [base + 1 + d for d in range(3)]
-    return ids, ap, dict(key=keys[0].decode(), value=vals[0].decode(), pos=starts[0] + 1,
-                         depth=float(depths[0]))
+def needle_batch(length, trials, seed, t0, t1):
+    """Prompts (trial t0..t1-1) from needle_prompts.py: the same ids `sparrow needle` builds."""
+    rows, aps = [], []
+    for t in range(t0, t1):
+        full, plen, _ans, _info = needle_prompts.make_prompt(seed, length, t, trials)
+        rows.append(full)
+        aps.append([plen - 1, plen, plen + 1])  # logits at these positions predict the 3 digits
+    return np.array(rows, dtype=np.int64), aps
 
 
 @torch.no_grad()
-def evaluate(model, lengths, trials, seed, device, batch_tokens, save_dir=None, save_per_length=0):
+def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, golden_per_length=0):
+    """Recall@1 per length on needle_prompts.py's prompts (teacher-forced answer digits; a hit is
+    all three argmaxes right, the same as greedy decoding).  `golden`: a list that receives the
+    logits rows at the answer positions for the first `golden_per_length` trials per length."""
+    was_training = model.training
     model.eval()
     table = []
     for L in lengths:
-        prompts = [make_sample_single(np.random.default_rng(seed + L * 1000 + t), L, 4,
-                                      [(t + 0.5) / trials] + list(np.random.default_rng(seed + L + t).uniform(0, 1, 3)))
-                   for t in range(trials)]
         bs = max(1, batch_tokens // L)
         hits, digit_hits = 0, 0
         for b0 in range(0, trials, bs):
-            chunk = prompts[b0:b0 + bs]
-            ids = torch.from_numpy(np.stack([p[0] for p in chunk])).to(device)
+            b1 = min(trials, b0 + bs)
+            ids_np, aps = needle_batch(L, trials, seed, b0, b1)
+            ids = torch.from_numpy(ids_np).to(device)
             logits = model(input_ids=ids, use_cache=False).logits
-            for j, (x, ap, info) in enumerate(chunk):
-                pred = logits[j, ap].argmax(-1).cpu().numpy()
-                tgt = x[[a + 1 for a in ap]]
-                ok = (pred == tgt)
+            for j in range(b1 - b0):
+                ap = aps[j]
+                rows = logits[j, ap].float()
+                pred = rows.argmax(-1).cpu().numpy()
+                tgt = ids_np[j, [a + 1 for a in ap]]
+                ok = pred == tgt
                 digit_hits += int(ok.sum())
                 hits += int(ok.all())
+                if golden is not None and b0 + j < golden_per_length:
+                    golden.append(dict(seed=seed, length=L, trial=b0 + j, trials=trials,
+                                       ids=ids_np[j].tolist(), positions=ap,
+                                       logits=rows.cpu().numpy().astype(float).round(7).tolist()))
         table.append(dict(length=L, recall=hits / trials, digit_acc=digit_hits / (3 * trials), trials=trials))
         print(f"  eval L={L}: recall@1 {hits / trials:.3f} digit acc {digit_hits / (3 * trials):.3f}", flush=True)
-        if save_dir and save_per_length:
-            os.makedirs(save_dir, exist_ok=True)
-            for t in range(min(save_per_length, trials)):
-                x, ap, info = prompts[t]
-                prompt = x[:ap[0] + 1]  # ends with the key letter: next token is the first digit
-                np.save(os.path.join(save_dir, f"L{L}_t{t}.npy"), prompt.astype(np.int64))
-                with open(os.path.join(save_dir, f"L{L}_t{t}.json"), "w") as fh:
-                    json.dump(dict(info, length=L, full_ids_len=int(len(x)), answer=info["value"]), fh)
-    model.train()
+    if was_training:
+        model.train()
     return table
+
+
+def set_index_topk(model, k):
+    for _n, mod in model.named_modules():
+        if isinstance(mod, mdv4.DeepseekV4Indexer):
+            mod.index_topk = k
 
 
 # ------------------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------------------
+def save_ckpt(path, model, opt, state):
+    tmp = path + ".tmp"
+    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state), tmp)
+    os.replace(tmp, path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--train-seconds", type=float, default=190)
+    ap.add_argument("--train-seconds", type=float, default=900)
     ap.add_argument("--max-steps", type=int, default=10 ** 9)
     ap.add_argument("--tokens-per-step", type=int, default=24576)
+    ap.add_argument("--long-tokens-per-step", type=int, default=16384, help="tokens per step at L >= 4096")
     ap.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
-    ap.add_argument("--warmup-frac", type=float, default=0.3, help="fraction of time in dense warm-up")
-    ap.add_argument("--short-frac", type=float, default=0.35, help="fraction of time at lengths <= 512")
+    ap.add_argument("--heads", type=int, default=CFG["heads"])
+    ap.add_argument("--short-max-frac", type=float, default=0.5,
+                    help="the short dense stage ends at this fraction of the time at the latest")
+    ap.add_argument("--short-min-frac", type=float, default=0.08,
+                    help="... and not before this fraction")
+    ap.add_argument("--switch-recall", type=float, default=0.8,
+                    help="the short dense stage ends once the quick eval at 512 (dense) reaches this recall")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--kl-weight", type=float, default=1.0)
     ap.add_argument("--eval-lengths", default="256,512,1024,2048,4096,8192")
     ap.add_argument("--eval-trials", type=int, default=64)
-    ap.add_argument("--eval-every", type=float, default=60, help="seconds between quick evals")
-    ap.add_argument("--save-prompts", type=int, default=4)
+    ap.add_argument("--eval-seed", type=int, default=1234, help="needle_prompts seed (sparrow needle's default)")
+    ap.add_argument("--eval-every", type=float, default=45, help="seconds between quick evals")
+    ap.add_argument("--ckpt-every", type=float, default=120, help="seconds between resumable checkpoints")
+    ap.add_argument("--resume", default="", help="a ckpt.pt written by an earlier run")
+    ap.add_argument("--golden-per-length", type=int, default=2,
+                    help="trials per length whose answer-position logits go to golden_hf.json")
+    ap.add_argument("--golden-lengths", default="256,512,1024")
     args = ap.parse_args()
 
     random.seed(args.seed)
@@ -382,14 +396,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     print(f"transformers {transformers.__version__} torch {torch.__version__} device {device}", flush=True)
 
-    cfg = build_config()
+    cfg_dict = dict(CFG, heads=args.heads)
+    cfg = build_config(cfg_dict)
     model = DeepseekV4ForCausalLM(cfg)
     init_extra(model, cfg, args.seed)
     model.to(device).train()
-    print("rope main", model.model.rotary_emb.main_inv_freq[:4].tolist(),
-          "compress", model.model.rotary_emb.compress_inv_freq[:4].tolist(), flush=True)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"params {n_params / 1e6:.2f} M", flush=True)
+    print(f"params {n_params / 1e6:.2f} M heads {args.heads} lr {args.lr}", flush=True)
 
     idx_params = [p for n, p in model.named_parameters() if ".indexer." in n]
     main_params = [p for n, p in model.named_parameters() if ".indexer." not in n]
@@ -400,31 +413,41 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
     short = [L for L in lengths if L <= 512] or lengths[:1]
     rng = np.random.default_rng(args.seed)
-    log = open(os.path.join(args.out, "train_log.jsonl"), "w")
-    t0 = time.time()
-    step = 0
-    last_eval = t0
+    st = dict(step=0, elapsed=0.0, stage="short-dense", switched_at=None)
+    if args.resume:
+        ck = torch.load(args.resume, map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        st = ck["state"]
+        rng = np.random.default_rng(args.seed + st["step"])
+        print(f"resumed {args.resume}: {st}", flush=True)
+    log = open(os.path.join(args.out, "train_log.jsonl"), "a")
+    t0 = time.time() - st["elapsed"]
+    last_eval = time.time()
+    last_ckpt = time.time()
     ema = None
     dense_topk = 1 << 30
-    phase = None
+    applied = None
     while True:
         el = time.time() - t0
         frac = el / args.train_seconds
-        if frac >= 1.0 or step >= args.max_steps:
+        if frac >= 1.0 or st["step"] >= args.max_steps:
             break
-        new_phase = "dense" if frac < args.warmup_frac else "sparse"
-        if new_phase != phase:
-            trainer.set_topk(dense_topk if new_phase == "dense" else cfg.index_topk)
-            print(f"[{el:6.1f}s] step {step}: phase {new_phase}", flush=True)
-            phase = new_phase
+        if st["stage"] == "short-dense" and frac >= args.short_max_frac:
+            st["stage"], st["switched_at"] = "all-sparse", round(el, 1)
+            print(f"[{el:6.1f}s] step {st['step']}: time cap reached, stage all-sparse", flush=True)
+        if applied != st["stage"]:
+            trainer.set_topk(dense_topk if st["stage"] == "short-dense" else cfg.index_topk)
+            applied = st["stage"]
+        step = st["step"]
         # lr: linear warm-up 50 steps, cosine on time to 10%
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr
-        pool = short if frac < args.short_frac else lengths
+        pool = short if st["stage"] == "short-dense" else lengths
         w = np.array([L_ ** -0.5 for L_ in pool])
         L = int(rng.choice(pool, p=w / w.sum()))
-        B = max(1, args.tokens_per_step // L)
+        B = max(1, (args.long_tokens_per_step if L >= 4096 else args.tokens_per_step) // L)
         ids, amask = make_batch(rng, B, L, device)
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)
         logits = out.logits[:, :-1].float()
@@ -441,53 +464,78 @@ def main():
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
-        rec = dict(step=step, t=round(time.time() - t0, 2), phase=phase, L=L, B=B, lr=lr, ce=float(ce.detach()),
+        st["step"] += 1
+        step = st["step"]
+        st["elapsed"] = time.time() - t0
+        rec = dict(step=step, t=round(st["elapsed"], 2), phase=st["stage"], L=L, B=B, lr=lr, ce=float(ce.detach()),
                    acc=float(acc), kl=None if kl is None else float(kl), aux=float(aux), gnorm=float(gn))
         log.write(json.dumps(rec) + "\n")
         ema = float(ce) if ema is None else 0.95 * ema + 0.05 * float(ce)
-        if step % 25 == 0 or step <= 3:
-            print(f"[{rec['t']:6.1f}s] step {step} {phase} L={L} B={B} ce {float(ce):.3f} (ema {ema:.3f}) "
+        if step % 50 == 0 or step <= 3:
+            print(f"[{rec['t']:6.1f}s] step {step} {st['stage']} L={L} B={B} ce {float(ce):.3f} (ema {ema:.3f}) "
                   f"acc {float(acc):.3f} kl {rec['kl'] if kl is None else round(float(kl), 4)} "
                   f"aux {float(aux):.3f} lr {lr:.2e} mem {torch.cuda.max_memory_allocated() / 2**30 if device.type == 'cuda' else 0:.1f}G", flush=True)
         if time.time() - last_eval > args.eval_every:
-            last_eval = time.time()
             trainer.enabled = False
-            tab = evaluate(model, [512, 2048], 16, 999, device, 65536)
+            if st["stage"] == "short-dense":
+                tab = evaluate(model, [512], 32, 999, device, 65536)
+                if tab[0]["recall"] >= args.switch_recall and frac >= args.short_min_frac:
+                    st["stage"], st["switched_at"] = "all-sparse", round(st["elapsed"], 1)
+                    print(f"[{st['elapsed']:6.1f}s] step {step}: recall {tab[0]['recall']:.2f} at 512, "
+                          f"stage all-sparse", flush=True)
+            else:
+                tab = evaluate(model, [512, 2048, 8192], 16, 999, device, 65536)
             trainer.enabled = True
-            log.write(json.dumps(dict(step=step, t=round(time.time() - t0, 2), quick_eval=tab)) + "\n")
+            log.write(json.dumps(dict(step=step, t=round(st["elapsed"], 2), stage=st["stage"], quick_eval=tab)) + "\n")
             log.flush()
+            last_eval = time.time()
+        if time.time() - last_ckpt > args.ckpt_every:
+            save_ckpt(os.path.join(args.out, "ckpt.pt"), model, opt, st)
+            last_ckpt = time.time()
     log.flush()
     train_time = time.time() - t0
-    print(f"trained {step} steps in {train_time:.1f}s", flush=True)
+    print(f"trained {st['step']} steps in {train_time:.1f}s (stage switch at {st['switched_at']} s)", flush=True)
+    save_ckpt(os.path.join(args.out, "ckpt.pt"), model, opt, st)
 
-    # ---- save -----------------------------------------------------------------------------------
+    # ---- save (bf16) --------------------------------------------------------------------------------
     trainer.set_topk(cfg.index_topk)
     for h in trainer.handles:
         h.remove()
     model.eval()
     ckpt = os.path.join(args.out, "needle-tiny")
-    model.cpu().save_pretrained(ckpt, safe_serialization=True)
+    model.cpu().to(torch.bfloat16).save_pretrained(ckpt, safe_serialization=True)
     for f in os.listdir(ckpt):
         if f not in ("config.json", "model.safetensors", "generation_config.json"):
             os.remove(os.path.join(ckpt, f))
     with open(os.path.join(ckpt, "tokenizer_desc.json"), "w") as fh:
         json.dump(TOKENIZER_DESC, fh, indent=1)
 
-    # ---- reload + evaluate (float32, TF32 off, multi-token forward) ------------------------------
+    # ---- reload (bf16 weights, float32 compute) + evaluate (multi-token forward, TF32 off) ----------
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     loaded = DeepseekV4ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
+    fresh = DeepseekV4ForCausalLM(build_config(cfg_dict)).to(device)
+    ref_bufs = dict(fresh.named_buffers())
+    with torch.no_grad():
+        for name, buf in loaded.named_buffers():
+            if "inv_freq" in name and not torch.equal(buf, ref_bufs[name].to(buf.dtype)):
+                print(f"restoring rotary buffer {name} (rounded by the bf16 load)", flush=True)
+                buf.copy_(ref_bufs[name])
+    del fresh
     eval_lengths = [int(x) for x in args.eval_lengths.split(",")]
-    table = evaluate(loaded, eval_lengths, args.eval_trials, 4242, device, 65536,
-                     save_dir=os.path.join(args.out, "prompts"), save_per_length=args.save_prompts)
-    # also at index_topk raised above every entry count (dense CSA) for reference
-    for _n, mod in loaded.named_modules():
-        if isinstance(mod, mdv4.DeepseekV4Indexer):
-            mod.index_topk = 1 << 30
-    dense_tab = evaluate(loaded, eval_lengths, args.eval_trials, 4242, device, 65536)
-    summary = dict(steps=step, train_seconds=round(train_time, 1), params=n_params, config=CFG,
-                   args=vars(args), recall=table, recall_dense_csa=dense_tab,
+    golden = []
+    table = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536)
+    golden_lengths = [int(x) for x in args.golden_lengths.split(",")]
+    evaluate(loaded, golden_lengths, args.eval_trials, args.eval_seed, device, 65536,
+             golden=golden, golden_per_length=args.golden_per_length)
+    with open(os.path.join(args.out, "golden_hf.json"), "w") as fh:
+        json.dump(dict(note="transformers %s float32 multi-token forward, TF32 off; logits rows at the 3 answer "
+                            "positions of needle_prompts.py prompts" % transformers.__version__,
+                       index_topk=cfg.index_topk, cases=golden), fh)
+    set_index_topk(loaded, 1 << 30)
+    dense_tab = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536)
+    summary = dict(steps=st["step"], train_seconds=round(train_time, 1), stage_switch_s=st["switched_at"],
+                   params=n_params, config=cfg_dict, args=vars(args), recall=table, recall_dense_csa=dense_tab,
                    versions=dict(transformers=transformers.__version__, torch=torch.__version__))
     with open(os.path.join(args.out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
