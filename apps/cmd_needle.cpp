@@ -36,7 +36,7 @@ Expected<std::vector<int64_t>> parse_lengths(const std::string& arg) {
 
 void add_needle_command(CLI::App& app) {
   struct Opts {
-    std::string model, lengths = "1k,2k,4k,8k", backend = "cpu", dump_prompts;
+    std::string model, lengths = "1k,2k,4k,8k", backend = "cpu", dump_prompts, format = "vk";
     int64_t trials = 20, seed = 1234, batch_tokens = 16384;
     bool json = false;
     ModelRunOptions run;
@@ -51,6 +51,9 @@ void add_needle_command(CLI::App& app) {
   cmd->add_option("--seed", opts->seed, "Seed of the prompts (needle_prompts.py --seed)")->capture_default_str();
   cmd->add_option("--batch-tokens", opts->batch_tokens,
                   "Prompt tokens per forward: trials that fit run together; longer prompts prefill in chunks")
+      ->capture_default_str();
+  cmd->add_option("--needle-format", opts->format,
+                  "Needle layout the model was trained on: vk = [ddd K], kvk = [K ddd K] (needle_prompts.py --format)")
       ->capture_default_str();
   cmd->add_option("--dump-prompts", opts->dump_prompts, "Also write the prompts as JSON lines to FILE");
   cmd->add_flag("--json", opts->json, "Print {\"results\": [...]} instead of a table");
@@ -72,6 +75,9 @@ void add_needle_command(CLI::App& app) {
     no.trials = opts->trials;
     no.seed = static_cast<uint64_t>(opts->seed);  // two's complement, as needle_prompts.py's `& MASK`
     no.batch_tokens = opts->batch_tokens;
+    auto format = needle_format_parse(opts->format);
+    if (!format.is_ok()) fail(Status::invalid_argument("--needle-format: " + format.status().message()));
+    no.format = *format;
 
     const ModelOverrides overrides = model_overrides_or_fail(opts->run);
     auto backend = make_backend_or_fail(opts->backend);
@@ -92,7 +98,7 @@ void add_needle_command(CLI::App& app) {
       if (!f) fail(Status::io_error("--dump-prompts: cannot write " + opts->dump_prompts));
       for (int64_t L : no.lengths)
         for (int64_t t = 0; t < no.trials; ++t) {
-          auto p = needle_prompt_make(no.seed, L, t, no.trials);
+          auto p = needle_prompt_make(no.seed, L, t, no.trials, no.format);
           if (!p.is_ok()) fail(p.status());
           f << needle_prompt_json(*p) << '\n';
         }

@@ -16,7 +16,8 @@ namespace {
 // needle_prompts.py's constants (version 1).
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr int kNeedles = 4;
-constexpr int64_t kNeedleBytes = 6;  // "[" d d d K "]"
+
+int64_t needle_bytes(NeedleFormat f) { return f == NeedleFormat::kValueKey ? 6 : 7; }  // "[ddd K]" / "[K ddd K]"
 
 class SplitMix64 {
  public:
@@ -45,7 +46,17 @@ std::string double_text(double v) {
 
 }  // namespace
 
-Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t trial, int64_t trials) {
+const char* needle_format_name(NeedleFormat f) { return f == NeedleFormat::kValueKey ? "vk" : "kvk"; }
+
+Expected<NeedleFormat> needle_format_parse(std::string_view name) {
+  if (name == "vk") return NeedleFormat::kValueKey;
+  if (name == "kvk") return NeedleFormat::kKeyValueKey;
+  return Status::invalid_argument("unknown needle format '" + std::string(name) + "' (expected vk or kvk)");
+}
+
+Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t trial, int64_t trials,
+                                          NeedleFormat format) {
+  const int64_t kNeedleBytes = needle_bytes(format);
   if (length < kNeedleMinLength)
     return Status::invalid_argument("needle prompts need length >= " + std::to_string(kNeedleMinLength) + ", got " +
                                     std::to_string(length));
@@ -78,8 +89,8 @@ Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t
   depths[0] = (static_cast<double>(trial) + 0.5) / static_cast<double>(trials);
   for (int j = 1; j < kNeedles; ++j) depths[j] = static_cast<double>(rng.below(1000000)) / 1e6;
 
-  // Raw starts spread over the slots left after reserving 7 bytes per needle; sorting them and
-  // adding 7 per rank keeps needles apart by at least one filler byte.
+  // Raw starts spread over the slots left after reserving a needle and a byte per needle; sorting
+  // them and adding that per rank keeps needles apart by at least one filler byte.
   const int64_t slots = hay_len - kNeedles * (kNeedleBytes + 1);
   std::array<int64_t, kNeedles> raw{};
   for (int j = 0; j < kNeedles; ++j) raw[j] = static_cast<int64_t>(depths[j] * static_cast<double>(slots - 1));
@@ -90,10 +101,12 @@ Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t
   for (int r = 0; r < kNeedles; ++r) starts[order[r]] = raw[order[r]] + r * (kNeedleBytes + 1);
   for (int j = 0; j < kNeedles; ++j) {
     int32_t* s = hay.data() + starts[j];
-    s[0] = '[';
-    for (int64_t d = 0; d < kNeedleAnswerLen; ++d) s[1 + d] = vals[j][d];
-    s[4] = keys[j];
-    s[5] = ']';
+    int64_t i = 0;
+    s[i++] = '[';
+    if (format == NeedleFormat::kKeyValueKey) s[i++] = keys[j];
+    for (int64_t d = 0; d < kNeedleAnswerLen; ++d) s[i++] = vals[j][d];
+    s[i++] = keys[j];
+    s[i++] = ']';
   }
 
   NeedlePrompt p;
@@ -166,7 +179,7 @@ Expected<std::vector<NeedleLengthResult>> needle_recall(const Model& model, Back
       std::vector<NeedlePrompt> prompts;
       std::vector<std::unique_ptr<SequenceState>> states;
       for (int64_t b = 0; b < B; ++b) {
-        SPARROW_ASSIGN_OR_RETURN(NeedlePrompt p, needle_prompt_make(o.seed, L, first + b, o.trials));
+        SPARROW_ASSIGN_OR_RETURN(NeedlePrompt p, needle_prompt_make(o.seed, L, first + b, o.trials, o.format));
         prompts.push_back(std::move(p));
         states.push_back(backend.create_sequence_state(c));
       }

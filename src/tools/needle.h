@@ -18,6 +18,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/model.h"
@@ -46,7 +47,15 @@ struct NeedlePrompt {
 // Prompt `trial` of `trials` at `length` (needle_prompts.py's make_prompt). `seed` is taken mod
 // 2^64, as Python's `& MASK` does for a negative seed.
 // Fails if length < kNeedleMinLength or trial is outside [0, trials).
-Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t trial, int64_t trials);
+// The needle's layout (needle_prompts.py's `fmt`): kValueKey "[ddd K]" (version 1, the default),
+// kKeyValueKey "[K ddd K]".
+enum class NeedleFormat { kValueKey, kKeyValueKey };
+// "vk" / "kvk".
+const char* needle_format_name(NeedleFormat f);
+Expected<NeedleFormat> needle_format_parse(std::string_view name);
+
+Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t trial, int64_t trials,
+                                          NeedleFormat format = NeedleFormat::kValueKey);
 
 // One JSON line (no newline): length, trial, prompt_len, answer, key, needle_pos, depth, ids.
 std::string needle_prompt_json(const NeedlePrompt& p);
@@ -58,6 +67,7 @@ struct NeedleOptions {
   // Prompt tokens per forward: as many trials as fit run in one batch; a longer prompt is
   // prefilled in chunks of this size.
   int64_t batch_tokens = 16384;
+  NeedleFormat format = NeedleFormat::kValueKey;
 };
 
 struct NeedleTrial {

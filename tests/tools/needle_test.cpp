@@ -22,15 +22,15 @@ namespace {
 const std::filesystem::path kGolden = std::filesystem::path(SPARROW_FIXTURES_DIR) / "needle" / "prompts_seed7.jsonl";
 
 // `python3 tools/train_needle/needle_prompts.py --lengths 64,256,1000 --trials 3 --seed 7`.
-TEST(NeedlePrompts, MatchPythonGolden) {
-  std::ifstream f(kGolden);
-  ASSERT_TRUE(f) << kGolden;
+void expect_python_golden(const std::filesystem::path& golden, NeedleFormat format) {
+  std::ifstream f(golden);
+  ASSERT_TRUE(f) << golden;
   std::string line;
   int n = 0;
   while (std::getline(f, line)) {
     const nlohmann::json j = nlohmann::json::parse(line);
     const int64_t L = j.at("length"), t = j.at("trial");
-    auto p = needle_prompt_make(7, L, t, 3);
+    auto p = needle_prompt_make(7, L, t, 3, format);
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
     SCOPED_TRACE("length " + std::to_string(L) + " trial " + std::to_string(t));
     EXPECT_EQ(p->ids, j.at("ids").get<std::vector<int32_t>>());
@@ -46,6 +46,19 @@ TEST(NeedlePrompts, MatchPythonGolden) {
     ++n;
   }
   EXPECT_EQ(n, 9);
+}
+
+TEST(NeedlePrompts, MatchPythonGolden) { expect_python_golden(kGolden, NeedleFormat::kValueKey); }
+
+// `needle_prompts.py ... --format kvk`: the key on both sides of the value.
+TEST(NeedlePrompts, MatchPythonGoldenKeyValueKey) {
+  expect_python_golden(kGolden.parent_path() / "prompts_seed7_kvk.jsonl", NeedleFormat::kKeyValueKey);
+}
+
+TEST(NeedlePrompts, FormatNames) {
+  for (NeedleFormat f : {NeedleFormat::kValueKey, NeedleFormat::kKeyValueKey})
+    EXPECT_EQ(needle_format_parse(needle_format_name(f)).value(), f);
+  EXPECT_FALSE(needle_format_parse("kv").is_ok());
 }
 
 TEST(NeedlePrompts, LayoutAtOddLengths) {

@@ -43,8 +43,10 @@ TEST(NeedleTiny, LogitsMatchTransformersGolden) {
     const auto pos = c["positions"].get<std::vector<int64_t>>();
     ASSERT_EQ(pos.size(), 3u);
     // The prompt must be needle_prompts.py's: the C++ twin rebuilds the same ids.
+    auto format = needle_format_parse(c.value("format", std::string("vk")));
+    ASSERT_TRUE(format.is_ok()) << format.status().to_string();
     auto p = needle_prompt_make(c["seed"].get<uint64_t>(), c["length"].get<int64_t>(), c["trial"].get<int64_t>(),
-                                c["trials"].get<int64_t>());
+                                c["trials"].get<int64_t>(), *format);
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
     ASSERT_EQ(p->ids, full) << "length " << c["length"] << " trial " << c["trial"];
     const std::vector<int32_t> ids(full.begin(), full.begin() + pos.back() + 1);
@@ -78,8 +80,12 @@ TEST(NeedleTiny, RecallAt256MatchesTransformers) {
     }
   ASSERT_GT(trials, 0) << "training_summary.json has no Recall@1 at length 256";
   const uint64_t seed = summary["args"]["eval_seed"].get<uint64_t>();
+  // Runs before the format option trained the "vk" layout.
+  auto format = needle_format_parse(summary["args"].value("needle_format", std::string("vk")));
+  ASSERT_TRUE(format.is_ok()) << format.status().to_string();
   auto backend = make_cpu_backend();
-  auto rows = needle_recall(**model, *backend, NeedleOptions{.lengths = {256}, .trials = trials, .seed = seed});
+  auto rows = needle_recall(**model, *backend,
+                            NeedleOptions{.lengths = {256}, .trials = trials, .seed = seed, .format = *format});
   ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
   const int64_t want_hits = std::llround(want * static_cast<double>(trials));
   std::printf("[needle-tiny] L=256: Sparrow %lld/%lld hits, transformers %lld/%lld\n",

@@ -148,7 +148,7 @@ def make_keys(rng, n):
     return [bytes([int(c)]) for c in rng.choice(UPPER, n, replace=False)]
 
 
-def make_sample(rng, length, n_needles, n_questions, depths=None):
+def make_sample(rng, length, n_needles, n_questions, depths=None, fmt="vk"):
     """Return (ids int64 [length], answer positions list, needle info).
 
     Layout: <bos> haystack-with-needles questions.  The questions take n_questions*QUESTION_LEN bytes at the
@@ -158,23 +158,25 @@ def make_sample(rng, length, n_needles, n_questions, depths=None):
     """
     q_bytes = n_questions * QUESTION_LEN
     hay_len = length - 1 - q_bytes
-    assert hay_len > n_needles * (NEEDLE_LEN + 2) + 16, "length too short"
+    needle_len = NEEDLE_LEN + (fmt == "kvk")
+    assert hay_len > n_needles * (needle_len + 2) + 16, "length too short"
     hay = filler(rng, hay_len)
     keys = make_keys(rng, n_needles)
     vals = [bytes(rng.choice(DIGITS, 3)) for _ in range(n_needles)]
     # non-overlapping needle slots: pick sorted starts with gaps
-    slots = hay_len - n_needles * (NEEDLE_LEN + 1)
+    slots = hay_len - n_needles * (needle_len + 1)
     if depths is None:
         starts = np.sort(rng.integers(0, slots, size=n_needles))
         order = rng.permutation(n_needles)
     else:
         starts = np.array(sorted(int(d * (slots - 1)) for d in depths))
         order = np.arange(n_needles)
-    starts = starts + np.arange(n_needles) * (NEEDLE_LEN + 1)
+    starts = starts + np.arange(n_needles) * (needle_len + 1)
     needle_pos = {}
     for j, s in enumerate(starts):
         idx = order[j]
-        hay[s:s + NEEDLE_LEN] = np.frombuffer(b"[" + vals[idx] + keys[idx] + b"]", dtype=np.uint8)
+        needle = needle_prompts.needle_bytes(fmt, keys[idx][0], list(vals[idx]))
+        hay[s:s + needle_len] = np.array(needle, dtype=np.uint8)
         needle_pos[idx] = int(s)
     q_order = rng.permutation(n_needles)[:n_questions] if depths is None else np.arange(n_questions)
     qs = b"".join(b"?" + keys[i] + vals[i] + b"\n" for i in q_order)
@@ -190,11 +192,11 @@ def make_sample(rng, length, n_needles, n_questions, depths=None):
     return ids, answer_pos, info
 
 
-def make_batch(rng, batch, length, device):
+def make_batch(rng, batch, length, device, fmt="vk"):
     ids, mask = [], []
     for _ in range(batch):
         n = int(rng.integers(2, 7))
-        x, ap, _ = make_sample(rng, length, n, n)
+        x, ap, _ = make_sample(rng, length, n, n, fmt=fmt)
         m = np.zeros(length, dtype=np.float32)
         m[ap] = 1.0
         ids.append(x)
@@ -294,18 +296,18 @@ class IndexerTrainer:
 # ------------------------------------------------------------------------------------------------
 # Evaluation (transformers multi-token forward)
 # ------------------------------------------------------------------------------------------------
-def needle_batch(length, trials, seed, t0, t1):
+def needle_batch(length, trials, seed, t0, t1, fmt="vk"):
     """Prompts (trial t0..t1-1) from needle_prompts.py: the same ids `sparrow needle` builds."""
     rows, aps = [], []
     for t in range(t0, t1):
-        full, plen, _ans, _info = needle_prompts.make_prompt(seed, length, t, trials)
+        full, plen, _ans, _info = needle_prompts.make_prompt(seed, length, t, trials, fmt)
         rows.append(full)
         aps.append([plen - 1, plen, plen + 1])  # logits at these positions predict the 3 digits
     return np.array(rows, dtype=np.int64), aps
 
 
 @torch.no_grad()
-def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, golden_per_length=0):
+def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, golden_per_length=0, fmt="vk"):
     """Recall@1 per length on needle_prompts.py's prompts (teacher-forced answer digits; a hit is
     all three argmaxes right, the same as greedy decoding).  `golden`: a list that receives the
     logits rows at the answer positions for the first `golden_per_length` trials per length."""
@@ -317,7 +319,7 @@ def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, go
         hits, digit_hits = 0, 0
         for b0 in range(0, trials, bs):
             b1 = min(trials, b0 + bs)
-            ids_np, aps = needle_batch(L, trials, seed, b0, b1)
+            ids_np, aps = needle_batch(L, trials, seed, b0, b1, fmt)
             ids = torch.from_numpy(ids_np).to(device)
             logits = model(input_ids=ids, use_cache=False).logits
             for j in range(b1 - b0):
@@ -329,7 +331,7 @@ def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, go
                 digit_hits += int(ok.sum())
                 hits += int(ok.all())
                 if golden is not None and b0 + j < golden_per_length:
-                    golden.append(dict(seed=seed, length=L, trial=b0 + j, trials=trials,
+                    golden.append(dict(seed=seed, length=L, trial=b0 + j, trials=trials, format=fmt,
                                        ids=ids_np[j].tolist(), positions=ap,
                                        logits=rows.cpu().numpy().astype(float).round(7).tolist()))
         table.append(dict(length=L, recall=hits / trials, digit_acc=digit_hits / (3 * trials), trials=trials))
@@ -364,6 +366,8 @@ def main():
     ap.add_argument("--long-tokens-per-step", type=int, default=16384, help="tokens per step at L >= 4096")
     ap.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
     ap.add_argument("--heads", type=int, default=CFG["heads"])
+    ap.add_argument("--needle-format", default="vk", choices=needle_prompts.FORMATS,
+                    help="vk = [ddd K] (value, then key), kvk = [K ddd K] (key on both sides)")
     ap.add_argument("--short-max-frac", type=float, default=0.5,
                     help="the short dense stage ends at this fraction of the time at the latest")
     ap.add_argument("--short-min-frac", type=float, default=0.08,
@@ -448,7 +452,7 @@ def main():
         w = np.array([L_ ** -0.5 for L_ in pool])
         L = int(rng.choice(pool, p=w / w.sum()))
         B = max(1, (args.long_tokens_per_step if L >= 4096 else args.tokens_per_step) // L)
-        ids, amask = make_batch(rng, B, L, device)
+        ids, amask = make_batch(rng, B, L, device, args.needle_format)
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)
         logits = out.logits[:, :-1].float()
         tgt = ids[:, 1:]
@@ -478,13 +482,13 @@ def main():
         if time.time() - last_eval > args.eval_every:
             trainer.enabled = False
             if st["stage"] == "short-dense":
-                tab = evaluate(model, [512], 32, 999, device, 65536)
+                tab = evaluate(model, [512], 32, 999, device, 65536, fmt=args.needle_format)
                 if tab[0]["recall"] >= args.switch_recall and frac >= args.short_min_frac:
                     st["stage"], st["switched_at"] = "all-sparse", round(st["elapsed"], 1)
                     print(f"[{st['elapsed']:6.1f}s] step {step}: recall {tab[0]['recall']:.2f} at 512, "
                           f"stage all-sparse", flush=True)
             else:
-                tab = evaluate(model, [512, 2048, 8192], 16, 999, device, 65536)
+                tab = evaluate(model, [512, 2048, 8192], 16, 999, device, 65536, fmt=args.needle_format)
             trainer.enabled = True
             log.write(json.dumps(dict(step=step, t=round(st["elapsed"], 2), stage=st["stage"], quick_eval=tab)) + "\n")
             log.flush()
@@ -524,16 +528,16 @@ def main():
     del fresh
     eval_lengths = [int(x) for x in args.eval_lengths.split(",")]
     golden = []
-    table = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536)
+    table = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536, fmt=args.needle_format)
     golden_lengths = [int(x) for x in args.golden_lengths.split(",")]
     evaluate(loaded, golden_lengths, args.eval_trials, args.eval_seed, device, 65536,
-             golden=golden, golden_per_length=args.golden_per_length)
+             golden=golden, golden_per_length=args.golden_per_length, fmt=args.needle_format)
     with open(os.path.join(args.out, "golden_hf.json"), "w") as fh:
         json.dump(dict(note="transformers %s float32 multi-token forward, TF32 off; logits rows at the 3 answer "
                             "positions of needle_prompts.py prompts" % transformers.__version__,
                        index_topk=cfg.index_topk, cases=golden), fh)
     set_index_topk(loaded, 1 << 30)
-    dense_tab = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536)
+    dense_tab = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536, fmt=args.needle_format)
     summary = dict(steps=st["step"], train_seconds=round(train_time, 1), stage_switch_s=st["switched_at"],
                    params=n_params, config=cfg_dict, args=vars(args), recall=table, recall_dense_csa=dense_tab,
                    versions=dict(transformers=transformers.__version__, torch=torch.__version__))
