@@ -61,5 +61,6 @@ void add_tokenize_commands(CLI::App& app);  // tokenize, detokenize
 void add_run_command(CLI::App& app);
 void add_render_chat_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace sparrow::app

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   sparrow::app::add_run_command(app);
   sparrow::app::add_render_chat_command(app);
   sparrow::app::add_serve_command(app);
+  sparrow::app::add_bench_command(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

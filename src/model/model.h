@@ -76,6 +76,9 @@ class Model {
   // Runs the batch's tokens through every layer, updating the sequences' states, and returns the
   // logits [T, V]. REQUIRES: `batch` satisfies BatchInfo's contract. The caller advances states.
   Tensor forward(Backend& backend, const BatchInfo& batch, const ForwardOptions& options = {}) const;
+  // One decoder layer alone over `streams` [T, S, D], in place (`sparrow bench` times layers).
+  void forward_layer(Backend& backend, const BatchInfo& batch, int64_t layer, Tensor& streams,
+                     const ForwardOptions& options = {}) const { layer_forward(backend, batch, layer, streams, options); }
 
  private:
   Model() = default;

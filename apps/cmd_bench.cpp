@@ -1,0 +1,85 @@
+// `sparrow bench`: per-layer decode and prefill times of a (synthetic) V4-Flash on the GPU, each
+// next to its floor (bytes over the measured HBM bandwidth, FLOPs over the measured tensor-core
+// peaks). The work is in bench/ (bench_run.h); bench/README.md says how to run it on the device.
+#include "bench/bench_run.h"
+#include "common.h"
+
+namespace sparrow::app {
+
+void add_bench_command(CLI::App& app) {
+  struct Opts {
+    bench::BenchOptions b;
+    std::string layers = "all", batches = "1,8,32,128,256", contexts = "4k,32k,128k", prefill = "8k";
+    std::string index_keys = "fp8";
+    double copy_gib = 2.0;
+  };
+  auto opts = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand(
+      "bench", "Time each layer's decode (batch x context) and prefill on the GPU against its memory/compute floor");
+  cmd->add_flag("--peaks-only", opts->b.peaks_only, "Only measure HBM bandwidth and the bf16/FP8 GEMM peaks");
+  cmd->add_option("--model", opts->b.model_dir, "Checkpoint directory (a `sparrow synth --preset v4-flash` model)");
+  cmd->add_option("--layers", opts->layers, "Layers to time: all, or indices and ranges like 0-3,5")
+      ->capture_default_str();
+  cmd->add_option("--batches", opts->batches, "Decode batch sizes (sequences, one token each)")->capture_default_str();
+  cmd->add_option("--contexts", opts->contexts, "Decode context lengths (tokens already in each sequence)")
+      ->capture_default_str();
+  cmd->add_option("--prefill", opts->prefill, "Prefill length in tokens (0: no prefill cells)")->capture_default_str();
+  cmd->add_option("--backend", opts->b.backend, "Compute backend (cuda only)")
+      ->check(CLI::IsMember({"cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--precision", opts->b.precision, "Numerics of the timed backend: fp32 (fast: not implemented yet)")
+      ->check(CLI::IsMember({"fp32", "fast"}))
+      ->capture_default_str();
+  cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")
+      ->check(CLI::IsMember({"fp8", "fp4", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--out", opts->b.out, "JSON report file, or a directory for the default name (default bench/results/<card>-<date>.json, date UTC)");
+  cmd->add_option("--time-budget", opts->b.time_budget_s,
+                  "Seconds after which the remaining cells are recorded as skipped (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--warmup", opts->b.timing.warmup, "Untimed steps before each cell")->capture_default_str();
+  cmd->add_option("--min-reps", opts->b.timing.min_reps, "Timed steps per cell, at least")->capture_default_str();
+  cmd->add_option("--max-reps", opts->b.timing.max_reps, "Timed steps per cell, at most")->capture_default_str();
+  cmd->add_option("--target-s", opts->b.timing.target_s, "Timed seconds per cell after which no step starts (past --min-reps)")
+      ->capture_default_str();
+  cmd->add_option("--peak-reps", opts->b.peaks.reps, "Timed repetitions of each peak measurement")->capture_default_str();
+  cmd->add_option("--copy-gib", opts->copy_gib, "Size of each buffer of the bandwidth copy, GiB")->capture_default_str();
+  cmd->add_option("--seed", opts->b.timing.seed, "Seed of the synthetic state and inputs")->capture_default_str();
+  cmd->callback([opts] {
+    bench::BenchOptions b = opts->b;
+    auto layers = bench::parse_layers(opts->layers);
+    if (!layers.is_ok()) fail(layers.status());
+    b.layers = *layers;
+    auto batches = bench::parse_sizes(opts->batches, "--batches");
+    if (!batches.is_ok()) fail(batches.status());
+    b.batches = *batches;
+    auto contexts = bench::parse_sizes(opts->contexts, "--contexts");
+    if (!contexts.is_ok()) fail(contexts.status());
+    b.contexts = *contexts;
+    if (opts->prefill == "0") {
+      b.prefill_tokens = 0;
+    } else {
+      auto prefill = bench::parse_sizes(opts->prefill, "--prefill");
+      if (!prefill.is_ok()) fail(prefill.status());
+      if (prefill->size() != 1) fail(Status::invalid_argument("--prefill takes one length"));
+      b.prefill_tokens = prefill->front();
+    }
+    b.index_keys = opts->index_keys == "fp4"    ? bench::IndexKeyFormat::kFp4
+                   : opts->index_keys == "bf16" ? bench::IndexKeyFormat::kBf16
+                                                : bench::IndexKeyFormat::kFp8;
+    if (opts->copy_gib <= 0 || opts->copy_gib > 32) fail(Status::invalid_argument("--copy-gib must be in (0, 32]"));
+    b.peaks.copy_bytes = static_cast<int64_t>(opts->copy_gib * 1073741824.0);
+    if (b.timing.min_reps < 1 || b.timing.max_reps < b.timing.min_reps || b.timing.warmup < 0 || b.peaks.reps < 1)
+      fail(Status::invalid_argument("--warmup >= 0, 1 <= --min-reps <= --max-reps and --peak-reps >= 1 are required"));
+    // The options as parsed (defaults included), so the report says exactly what ran.
+    b.command_line = "sparrow bench" + std::string(b.peaks_only ? " --peaks-only" : "") +
+                     (b.model_dir.empty() ? "" : " --model " + b.model_dir) + " --layers " + opts->layers +
+                     " --batches " + opts->batches + " --contexts " + opts->contexts + " --prefill " + opts->prefill +
+                     " --precision " + b.precision + " --index-keys " + opts->index_keys +
+                     " --time-budget " + std::to_string(b.time_budget_s);
+    const Status st = bench::run_bench(b);
+    if (!st.is_ok()) fail(st);
+  });
+}
+
+}  // namespace sparrow::app

@@ -1,0 +1,462 @@
+// The `sparrow bench` driver: device check, peaks, per-layer cells, the JSON report (rewritten
+// after every cell, so a run cut short keeps what it measured) and the stdout table.
+#include "bench/bench_run.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "runtime/backend_factory.h"
+
+namespace sparrow::bench {
+
+using nlohmann::json;
+
+std::string card_slug(const std::string& name) {
+  std::string s;
+  for (char ch : name) {
+    const unsigned char u = static_cast<unsigned char>(ch);
+    if (std::isalnum(u)) s += static_cast<char>(std::tolower(u));
+    else if (!s.empty() && s.back() != '-') s += '-';
+  }
+  while (!s.empty() && s.back() == '-') s.pop_back();
+  return s.empty() ? "unknown-gpu" : s;
+}
+
+Expected<std::vector<int64_t>> parse_sizes(const std::string& list, const std::string& flag) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? list.size() + 1 : comma + 1;
+    const std::string original = item;
+    int64_t mult = 1;
+    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
+      mult = 1024;
+      item.pop_back();
+    }
+    if (item.empty() || item.size() > 12 || !std::all_of(item.begin(), item.end(), ::isdigit))
+      return Status::invalid_argument(flag + ": '" + original + "' is not a size (like 8, 4k or 131072)");
+    const int64_t v = std::stoll(item) * mult;
+    if (v < 1) return Status::invalid_argument(flag + ": sizes must be at least 1, got '" + original + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
+Expected<std::vector<int64_t>> parse_layers(const std::string& list) {
+  std::vector<int64_t> out;
+  if (list.empty() || list == "all") return out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? list.size() + 1 : comma + 1;
+    const size_t dash = item.find('-');
+    const std::string a = item.substr(0, dash), b = dash == std::string::npos ? a : item.substr(dash + 1);
+    auto digits = [](const std::string& s) {
+      return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), ::isdigit);
+    };
+    if (!digits(a) || !digits(b) || std::stoll(b) < std::stoll(a))
+      return Status::invalid_argument("--layers: '" + item + "' is not a layer index or range (like 0-7 or 2,3)");
+    for (int64_t l = std::stoll(a); l <= std::stoll(b); ++l) out.push_back(l);
+  }
+  return out;
+}
+
+#ifndef SPARROW_BENCH_HAS_CUDA
+
+Status run_bench(const BenchOptions&) {
+  return Status::unsupported("sparrow bench: no usable CUDA device (this build has no CUDA backend)");
+}
+
+#else
+
+namespace {
+
+// H100/H200 SXM dense tensor-core rates from NVIDIA's datasheet: used only when cuBLASLt could not
+// be measured, and the report says so.
+constexpr double kDatasheetBf16 = 989.4e12;
+constexpr double kDatasheetFp8 = 1978.9e12;
+
+const char* attention_name(AttentionKind k) {
+  switch (k) {
+    case AttentionKind::kSliding: return "swa";
+    case AttentionKind::kCsa: return "csa";
+    case AttentionKind::kHca: return "hca";
+  }
+  return "?";
+}
+
+const char* moe_name(MoeKind k) { return k == MoeKind::kHash ? "hash" : "scored"; }
+
+std::string utc_now(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
+  return buf;
+}
+
+json figure_json(const PeakFigure& f) {
+  json j = {{"ok", f.ok}, {"method", f.method}};
+  if (f.ok) {
+    j["value"] = f.value;
+    j["median_ms"] = f.median_ms;
+    j["shape"] = f.shape;
+    j["all_values"] = f.all_values;
+  }
+  if (!f.note.empty()) j["note"] = f.note;
+  return j;
+}
+
+json bytes_json(const StepBytes& b) {
+  return {{"attn_weights", b.attn_weights},     {"extra_weights", b.extra_weights},
+          {"router_weights", b.router_weights}, {"routed_experts", b.routed_experts},
+          {"shared_expert", b.shared_expert},   {"norms_mhc", b.norms_mhc},
+          {"kv_window", b.kv_window},           {"kv_compressed", b.kv_compressed},
+          {"index_keys", b.index_keys},         {"state_writes", b.state_writes},
+          {"activations", b.activations},       {"weights", b.weights()},
+          {"total", b.total()}};
+}
+
+json flops_json(const StepFlops& f) {
+  return {{"gemm_fp8", f.gemm_fp8}, {"gemm_bf16", f.gemm_bf16}, {"attention", f.attention},
+          {"indexer", f.indexer},   {"total", f.total()}};
+}
+
+json floor_json(const StepFloor& f, const FloorTime& t) {
+  return {{"bytes", f.bytes.total()},
+          {"flops", f.flops.total()},
+          {"bytes_items", bytes_json(f.bytes)},
+          {"flops_items", flops_json(f.flops)},
+          {"memory_ms", t.memory_s * 1e3},
+          {"compute_ms", t.compute_s * 1e3},
+          {"floor_ms", t.floor_s * 1e3},
+          {"bound", t.memory_bound ? "memory" : "compute"},
+          {"experts_touched_expected", f.experts_touched},
+          {"attended_keys", f.attended_keys},
+          {"scored_entries", f.scored_entries}};
+}
+
+std::string human_size(int64_t n) {
+  if (n % 1024 == 0) return std::to_string(n / 1024) + "k";
+  return std::to_string(n);
+}
+
+// Layers in an order that measures each distinct (attention, MoE) kind first, so a run cut short
+// by the time budget still covers every kind.
+std::vector<int64_t> priority_order(const ModelConfig& c, const std::vector<int64_t>& layers) {
+  std::vector<int64_t> first, rest;
+  std::set<std::pair<int, int>> seen;
+  for (int64_t l : layers) {
+    const auto kind = std::make_pair(static_cast<int>(c.attention[l]), static_cast<int>(c.moe[l]));
+    (seen.insert(kind).second ? first : rest).push_back(l);
+  }
+  first.insert(first.end(), rest.begin(), rest.end());
+  return first;
+}
+
+class Report {
+ public:
+  explicit Report(std::string path) : path_(std::move(path)) {}
+  json& root() { return root_; }
+  // Whole file rewritten through a temporary: a crash leaves the last complete report.
+  Status write() {
+    std::error_code ec;
+    const std::filesystem::path p(path_);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    const std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream f(tmp);
+      if (!f) return Status::io_error("cannot write " + tmp);
+      f << root_.dump(2) << "\n";
+      if (!f) return Status::io_error("cannot write " + tmp);
+    }
+    std::filesystem::rename(tmp, p, ec);
+    if (ec) return Status::io_error("cannot rename " + tmp + " to " + path_ + ": " + ec.message());
+    return Status::ok();
+  }
+
+ private:
+  std::string path_;
+  json root_;
+};
+
+void print_peaks(const DevicePeaks& p, const Peaks& used, const json& sources) {
+  std::printf("HBM copy         %8.0f GB/s   (%s; memcpy %.0f, kernel %.0f GB/s)\n", used.hbm_bytes_per_s * 1e-9,
+              p.hbm.shape.c_str(), p.hbm_memcpy.value * 1e-9, p.hbm_kernel.value * 1e-9);
+  auto line = [](const char* name, const PeakFigure& f) {
+    if (f.ok) std::printf("%-16s %8.1f TFLOP/s (%s)\n", name, f.value * 1e-12, f.shape.c_str());
+    else std::printf("%-16s %s\n", name, f.note.c_str());
+  };
+  line("bf16 GEMM", p.bf16_gemm);
+  line("fp8 GEMM", p.fp8_gemm);
+  line("fp8 GEMM 128-blk", p.fp8_gemm_block);
+  std::printf("floors use: %.0f GB/s, bf16 %.1f TFLOP/s (%s), fp8 %.1f TFLOP/s (%s)\n", used.hbm_bytes_per_s * 1e-9,
+              used.bf16_flops_per_s * 1e-12, sources["bf16"].get<std::string>().c_str(), used.fp8_flops_per_s * 1e-12,
+              sources["fp8"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+Status run_bench(const BenchOptions& o) {
+  if (o.backend != "cuda") return Status::invalid_argument("--backend: only cuda is benchmarked, got '" + o.backend + "'");
+  if (o.precision == "fast")
+    return Status::unsupported("--precision fast: not implemented on the cuda backend yet (only fp32 exists)");
+  if (o.precision != "fp32") return Status::invalid_argument("--precision: '" + o.precision + "' (choose fp32)");
+  if (!o.peaks_only && o.model_dir.empty()) return Status::invalid_argument("--model DIR is required (or --peaks-only)");
+  const auto t_start = std::chrono::steady_clock::now();
+
+  // The device first: without one nothing else is worth loading.
+  SPARROW_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, backend_create("cuda"));
+  SPARROW_ASSIGN_OR_RETURN(DeviceInfo dev, device_info());
+  const std::string date = utc_now("%Y-%m-%d");
+  // --out: a file, or a directory (existing, or ending in '/') to put the default name in.
+  const std::string default_name = card_slug(dev.name) + "-" + date + ".json";
+  std::string out = o.out.empty() ? "bench/results/" + default_name : o.out;
+  {
+    std::error_code ec;
+    if (out.back() == '/' || std::filesystem::is_directory(out, ec))
+      out = (std::filesystem::path(out) / default_name).string();
+  }
+  Report report(out);
+  json& r = report.root();
+  r["schema"] = "sparrow-bench/1";
+  r["card"] = dev.name;
+  r["date"] = date;
+  r["started_utc"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  r["command"] = o.command_line;
+  r["device"] = {{"compute_capability", std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor)},
+                 {"sms", dev.sms},
+                 {"l2_bytes", dev.l2_bytes},
+                 {"memory_bytes", dev.memory_bytes},
+                 {"cuda_driver_version", dev.cuda_driver_version},
+                 {"cuda_runtime_version", dev.cuda_runtime_version},
+                 {"nvidia_driver", dev.nvidia_driver}};
+  std::printf("sparrow bench: %s (sm %d.%d, %d SMs, %.0f GiB), CUDA driver %s, runtime %s\n", dev.name.c_str(),
+              dev.cc_major, dev.cc_minor, dev.sms, dev.memory_bytes / 1073741824.0, dev.cuda_driver_version.c_str(),
+              dev.cuda_runtime_version.c_str());
+  if (!dev.nvidia_driver.empty()) std::printf("%s\n", dev.nvidia_driver.c_str());
+  std::fflush(stdout);
+
+  // Ceilings.
+  SPARROW_ASSIGN_OR_RETURN(DevicePeaks peaks, measure_device_peaks(o.peaks));
+  Peaks used;
+  json sources;
+  used.hbm_bytes_per_s = peaks.hbm.value;
+  sources["hbm"] = "measured: " + peaks.hbm.method;
+  if (peaks.bf16_gemm.ok) {
+    used.bf16_flops_per_s = peaks.bf16_gemm.value;
+    sources["bf16"] = "measured";
+  } else {
+    used.bf16_flops_per_s = kDatasheetBf16;
+    sources["bf16"] = "datasheet (not measured: " + peaks.bf16_gemm.note + ")";
+  }
+  const double fp8_best = std::max(peaks.fp8_gemm.ok ? peaks.fp8_gemm.value : 0.0,
+                                   peaks.fp8_gemm_block.ok ? peaks.fp8_gemm_block.value : 0.0);
+  if (fp8_best > 0) {
+    used.fp8_flops_per_s = fp8_best;
+    sources["fp8"] = "measured (best of per-tensor and block-scaled)";
+  } else {
+    used.fp8_flops_per_s = kDatasheetFp8;
+    sources["fp8"] = "datasheet (not measured: " + peaks.fp8_gemm.note + ")";
+  }
+  r["peaks"] = {{"hbm", figure_json(peaks.hbm)},
+                {"hbm_memcpy", figure_json(peaks.hbm_memcpy)},
+                {"hbm_kernel", figure_json(peaks.hbm_kernel)},
+                {"bf16_gemm", figure_json(peaks.bf16_gemm)},
+                {"fp8_gemm", figure_json(peaks.fp8_gemm)},
+                {"fp8_gemm_block_scaled", figure_json(peaks.fp8_gemm_block)},
+                {"cublaslt", peaks.cublaslt},
+                {"used", {{"hbm_bytes_per_s", used.hbm_bytes_per_s},
+                          {"bf16_flops_per_s", used.bf16_flops_per_s},
+                          {"fp8_flops_per_s", used.fp8_flops_per_s},
+                          {"sources", sources}}}};
+  print_peaks(peaks, used, sources);
+  std::fflush(stdout);
+  SPARROW_RETURN_IF_ERROR(report.write());
+  if (o.peaks_only) {
+    std::printf("wrote %s\n", out.c_str());
+    return Status::ok();
+  }
+
+  // The model and its cells.
+  SPARROW_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(o.model_dir));
+  SPARROW_RETURN_IF_ERROR(model->check_backend(*backend));
+  const ModelConfig& c = model->config();
+  std::vector<int64_t> layers = o.layers;
+  if (layers.empty())
+    for (int64_t l = 0; l < c.num_layers; ++l) layers.push_back(l);
+  for (int64_t l : layers)
+    if (l < 0 || l >= c.num_layers)
+      return Status::invalid_argument("--layers: layer " + std::to_string(l) + " is outside the model's " +
+                                      std::to_string(c.num_layers) + " layers");
+  FloorOptions fo = floor_options_for(c);
+  fo.index_keys = o.index_keys;
+  json schedule = json::array();
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    schedule.push_back(std::string(attention_name(c.attention[l])) + "/" + moe_name(c.moe[l]));
+  r["model"] = {{"dir", o.model_dir},       {"layers", c.num_layers},  {"experts", c.num_experts},
+                {"experts_per_token", c.experts_per_token},          {"hidden", c.hidden_size},
+                {"expert_dtype", c.expert_dtype}, {"schedule", schedule}};
+  r["options"] = {{"batches", o.batches},
+                  {"contexts", o.contexts},
+                  {"prefill_tokens", o.prefill_tokens},
+                  {"precision", o.precision},
+                  {"backend", o.backend},
+                  {"warmup", o.timing.warmup},
+                  {"min_reps", o.timing.min_reps},
+                  {"max_reps", o.timing.max_reps},
+                  {"target_s", o.timing.target_s},
+                  {"input_sets", o.timing.input_sets},
+                  {"time_budget_s", o.time_budget_s}};
+  r["floor_assumptions"] = {
+      {"kv_record_bytes", kv_record_bytes(c)},
+      {"kv_record_source",
+       "spec §5.1 (vLLM's FP8 layout): nope dims e4m3 + one e8m0 scale per 64 + pad to 8 bytes + rope dims bf16"},
+      {"index_key_format", index_key_format_name(fo.index_keys)},
+      {"index_key_bytes", index_key_bytes(c, fo.index_keys)},
+      {"expert_format", fo.experts == ExpertFormat::kMxfp4 ? "mxfp4" : "fp8 128x128"},
+      {"experts_touched",
+       "expected distinct experts E(1-(1-K/E)^B): each token's K experts a uniform random K-subset, independent "
+       "across tokens"},
+      {"flop_classes", "gemm_fp8 and indexer at the fp8 peak; gemm_bf16 and attention at the bf16 peak"},
+      {"not_counted", "norms, RoPE, softmax, Sinkhorn, SwiGLU FLOPs; the entry a compressor emits every m tokens"},
+      {"time_is", "events around the layer's whole forward on the fp32 CUDA backend (host planning included)"}};
+  r["layers"] = json::array();
+  r["decode"] = json::array();
+  r["prefill"] = json::array();
+  SPARROW_RETURN_IF_ERROR(report.write());
+
+  const auto deadline_passed = [&] {
+    if (o.time_budget_s <= 0) return false;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() > o.time_budget_s;
+  };
+  char budget_reason[96];
+  std::snprintf(budget_reason, sizeof budget_reason, "skipped: time budget of %.0f s spent", o.time_budget_s);
+
+  std::printf("\n%-6s %-10s %5s %6s %11s %11s %8s %7s  %s\n", "layer", "kind", "B", "ctx", "time ms", "floor ms",
+              "ratio", "bound", "note");
+  std::fflush(stdout);
+  std::map<int64_t, std::map<std::pair<int64_t, int64_t>, std::string>> summary;  // layer -> (B, C) -> ratio
+  std::map<int64_t, std::string> prefill_summary;
+
+  LayerBench bench(*model, *backend);
+  for (int64_t l : priority_order(c, layers)) {
+    const std::string kind = std::string(attention_name(c.attention[l])) + "/" + moe_name(c.moe[l]);
+    json lj = {{"layer", l}, {"kind", kind}, {"weights_bytes", LayerBench::layer_weight_bytes(c, l)}};
+    std::string layer_skip;
+    if (deadline_passed()) {
+      layer_skip = budget_reason;
+    } else {
+      auto warm = bench.warm(l, std::min(o.warm_tokens, std::max<int64_t>(o.prefill_tokens, 64)), o.timing.seed + l);
+      if (warm.is_ok()) lj["warm_s"] = *warm;
+      else layer_skip = "skipped: " + warm.status().message();
+    }
+    if (!layer_skip.empty()) lj["skipped"] = layer_skip;
+    r["layers"].push_back(lj);
+
+    // Records one cell (floor, time, ratio) and prints its row; returns the cell and its ratio.
+    auto emit = [&](json cell, const StepFloor& f, const CellTiming& t, int64_t B, const std::string& ctx) {
+      const FloorTime ft = floor_time(f, used);
+      cell["floor"] = floor_json(f, ft);
+      std::string note;
+      if (t.ok) {
+        cell["status"] = "ok";
+        cell["time_ms"] = t.median_ms;
+        cell["min_ms"] = t.min_ms;
+        cell["max_ms"] = t.max_ms;
+        cell["reps"] = t.reps;
+        cell["ratio"] = t.median_ms / (ft.floor_s * 1e3);
+        cell["tokens_per_s"] = f.tokens / (t.median_ms * 1e-3);
+        cell["floor_tokens_per_s"] = f.tokens / ft.floor_s;
+        cell["state_sets"] = t.state_sets;
+        cell["state_bytes"] = t.state_bytes;
+        if (t.experts_touched >= 0) {
+          cell["experts_touched_measured"] = t.experts_touched;
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "experts %.0f (exp. %.1f)", t.experts_touched, f.experts_touched);
+          note = buf;
+        }
+        std::printf("%-6lld %-10s %5lld %6s %11.3f %11.4f %8.1f %7s  %s\n", static_cast<long long>(l), kind.c_str(),
+                    static_cast<long long>(B), ctx.c_str(), t.median_ms, ft.floor_s * 1e3,
+                    t.median_ms / (ft.floor_s * 1e3), ft.memory_bound ? "memory" : "compute", note.c_str());
+      } else {
+        cell["status"] = t.skipped;
+        std::printf("%-6lld %-10s %5lld %6s %11s %11.4f %8s %7s  %s\n", static_cast<long long>(l), kind.c_str(),
+                    static_cast<long long>(B), ctx.c_str(), "-", ft.floor_s * 1e3, "-",
+                    ft.memory_bound ? "memory" : "compute", t.skipped.c_str());
+      }
+      std::fflush(stdout);
+      char ratio[32] = "-";
+      if (t.ok) std::snprintf(ratio, sizeof ratio, "%.1f", t.median_ms / (ft.floor_s * 1e3));
+      return std::make_pair(cell, std::string(ratio));
+    };
+
+    for (int64_t B : o.batches)
+      for (int64_t C : o.contexts) {
+        const StepFloor f = decode_floor(c, l, B, C, fo);
+        CellTiming t;
+        if (!layer_skip.empty()) t.skipped = layer_skip;
+        else if (deadline_passed()) t.skipped = budget_reason;
+        else {
+          t = bench.decode(l, B, C, o.timing);
+          if (!t.ok) t.skipped = "skipped: " + t.skipped;
+        }
+        auto [cell, ratio] = emit({{"layer", l}, {"kind", kind}, {"batch", B}, {"context", C}}, f, t, B, human_size(C));
+        r["decode"].push_back(cell);
+        summary[l][{B, C}] = ratio;
+        SPARROW_RETURN_IF_ERROR(report.write());
+      }
+    if (o.prefill_tokens > 0) {
+      const StepFloor f = prefill_floor(c, l, o.prefill_tokens, fo);
+      CellTiming t;
+      if (!layer_skip.empty()) t.skipped = layer_skip;
+      else if (deadline_passed()) t.skipped = budget_reason;
+      else {
+        t = bench.prefill(l, o.prefill_tokens, o.timing);
+        if (!t.ok) t.skipped = "skipped: " + t.skipped;
+      }
+      auto [cell, ratio] =
+          emit({{"layer", l}, {"kind", kind}, {"tokens", o.prefill_tokens}}, f, t, o.prefill_tokens, "pre");
+      r["prefill"].push_back(cell);
+      prefill_summary[l] = ratio;
+      SPARROW_RETURN_IF_ERROR(report.write());
+    }
+  }
+
+  // Summary: the ratio to the floor of every cell, one line per layer.
+  std::printf("\nratio = measured / floor (decode B x context; prefill %s tokens)\n%-6s %-10s",
+              human_size(o.prefill_tokens).c_str(), "layer", "kind");
+  for (int64_t B : o.batches)
+    for (int64_t C : o.contexts) std::printf(" %9s", (std::to_string(B) + "x" + human_size(C)).c_str());
+  if (o.prefill_tokens > 0) std::printf(" %9s", "prefill");
+  std::printf("\n");
+  for (int64_t l : layers) {
+    std::printf("%-6lld %-10s", static_cast<long long>(l),
+                (std::string(attention_name(c.attention[l])) + "/" + moe_name(c.moe[l])).c_str());
+    for (int64_t B : o.batches)
+      for (int64_t C : o.contexts) std::printf(" %9s", summary[l][{B, C}].c_str());
+    if (o.prefill_tokens > 0) std::printf(" %9s", prefill_summary[l].c_str());
+    std::printf("\n");
+  }
+  r["finished_utc"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
+  r["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  SPARROW_RETURN_IF_ERROR(report.write());
+  std::printf("wrote %s (%.0f s)\n", out.c_str(), r["wall_s"].get<double>());
+  return Status::ok();
+}
+
+#endif  // SPARROW_BENCH_HAS_CUDA
+
+}  // namespace sparrow::bench

@@ -1,0 +1,78 @@
+// Times one decoder layer of a loaded model on the CUDA backend: a decode step of B sequences
+// with C tokens of context each, and a prefill of N tokens (`sparrow bench`).
+//
+// Decode state is built directly, not by prefilling: each sequence's state for the timed layer is
+// filled on the device with random values (device_fill.h) as if C tokens had been absorbed: the
+// window ring full, floor(C/m) compressed entries (and for CSA as many indexer keys) plus room for
+// the one this step may emit, C mod m pending compressor rows, the previous window's halves
+// (CSA), and the host counters set to match (cuda_state.h). The layer only reads entries below
+// the visible count, so random contents time exactly what real ones would. Layers other than the
+// timed one get no compressed state (their rings exist, as CudaSequenceState allocates them).
+// Each timed step decodes position C again: the compressor counters are reset after every step, so
+// every repetition does the same work on the same state (the ring slot and pending row it writes
+// are rewritten identically), and no buffer grows.
+//
+// Timing (/work/.library/device/METHOD.md): cudaEvents on the default stream around the layer's
+// whole forward (host planning and the MoE's host round trip included: that is the step's
+// latency on this backend); warm-up steps first; repetitions until both `min_reps` and
+// `target_s` seconds are reached (or `max_reps`); median. Inputs rotate among `input_sets` sets
+// (residual streams and token ids, so routing differs too), restored from a pristine copy before
+// every step (the layer updates the streams in place); when a cell's state is small (under
+// kRotateStateBytes) it rotates among as many state copies, so that L2 does not hold the KV.
+// Before any timing, `warm` runs the layer once over enough tokens to touch every expert, so
+// every weight is on the device (the backend uploads weights on first use).
+//
+// A cell whose state and activations would not fit in the free device memory (with a margin) is
+// skipped with the reason, not run (the backend aborts when cudaMalloc fails).
+//
+// REQUIRES: `backend` is the CUDA backend (make_cuda_backend); `model` outlives this object.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/model.h"
+#include "ops/backend.h"
+#include "sparrow/status.h"
+
+namespace sparrow::bench {
+
+struct TimingOptions {
+  int warmup = 2;
+  int min_reps = 3;
+  int max_reps = 20;
+  double target_s = 1.0;  // timed seconds after which no more repetitions start (past min_reps)
+  int input_sets = 4;
+  uint64_t seed = 1;
+};
+
+struct CellTiming {
+  bool ok = false;
+  std::string skipped;  // why, when !ok
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  int reps = 0;
+  int state_sets = 0;
+  double state_bytes = 0;       // device bytes of the fp32 decode state built for the cell (all sets)
+  double experts_touched = -1;  // distinct routed experts of one untimed step, measured (-1: not)
+};
+
+class LayerBench {
+ public:
+  LayerBench(const Model& model, Backend& backend) : model_(model), backend_(backend) {}
+
+  // Uploads the layer's weights: one untimed forward over `tokens` tokens from position 0.
+  // Returns its wall time in seconds, or why the layer cannot be held.
+  Expected<double> warm(int64_t layer, int64_t tokens, uint64_t seed);
+
+  CellTiming decode(int64_t layer, int64_t batch, int64_t context, const TimingOptions& options);
+  CellTiming prefill(int64_t layer, int64_t tokens, const TimingOptions& options);
+
+  // Device bytes the backend keeps for layer `layer`'s weights (their stored formats).
+  static double layer_weight_bytes(const ModelConfig& c, int64_t layer);
+
+ private:
+  const Model& model_;
+  Backend& backend_;
+};
+
+}  // namespace sparrow::bench
