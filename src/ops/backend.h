@@ -139,6 +139,17 @@ struct LinearParams {
   bool round_bf16 = false;
 };
 
+// The `fast` profile's FP8 linear (issue 6; not used by the model yet): y = dequant(q(x)) ·
+// dequant(W)^T in fp32, no bf16 rounding. q is act_quant_fp8's quantisation (each token's input in
+// blocks of 128 along K, power-of-two scales, e4m3; spec §3.0.5); W is dequantised as stored. The
+// CPU computes it as its reference twin (linear with act_quant_fp8: fp64 sums of the dequantised
+// products); CUDA runs an FP8 block-scaled GEMM on the tensor cores (docs/cuda.md).
+struct LinearFp8BlockParams {
+  Tensor out;                  // [T, N]
+  Tensor in;                   // [T, K]
+  const WeightMatrix* weight;  // [N, K]
+};
+
 // wo_a: groups of G heads' outputs, each projected by its own [R, Kg] block of rows.
 struct GroupedLinearParams {
   Tensor out;                  // [T, G*R]
@@ -306,6 +317,8 @@ class Backend {
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void linear(const LinearParams& p) = 0;
   virtual void grouped_linear(const GroupedLinearParams& p) = 0;
+  // Only tests use it for now; a backend without it aborts (see LinearFp8BlockParams).
+  virtual void linear_fp8_block(const LinearFp8BlockParams& p);
   virtual void rope(const RopeParams& p, const BatchInfo& batch) = 0;
   virtual void compressor(const CompressorParams& p) = 0;
   virtual void indexer_topk(const IndexerTopkParams& p) = 0;
@@ -330,6 +343,11 @@ inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>&
   picked.reserve(rows.size() * n);
   for (int64_t r : rows) picked.insert(picked.end(), all.begin() + r * n, all.begin() + (r + 1) * n);
   return upload_f32(picked, {static_cast<int64_t>(rows.size()), n});
+}
+
+inline void Backend::linear_fp8_block(const LinearFp8BlockParams&) {
+  std::fprintf(stderr, "sparrow: backend %s has no linear_fp8_block op\n", name());
+  std::abort();
 }
 
 inline void Backend::quant_sim(const QuantSimParams&) {

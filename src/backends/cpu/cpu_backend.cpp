@@ -299,6 +299,15 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // The reference twin of the CUDA FP8 GEMM: the input quantised as act_quant_fp8 does, the
+  // weight dequantised as stored (in fp32, as the GPU holds it), the products of the dequantised
+  // values summed in fp64 and rounded once to fp32. The dequantised input is exact in fp32 and each
+  // product is exact in fp64, so the only errors are the fp64 sum's (K 2^-53 relative, negligible)
+  // and the final rounding.
+  void linear_fp8_block(const LinearFp8BlockParams& p) override {
+    linear({.out = p.out, .in = p.in, .weight = p.weight, .act_quant_fp8 = true});
+  }
+
   void grouped_linear(const GroupedLinearParams& p) override {
     const WeightMatrix& w = *p.weight;
     const int64_t T = p.in.dim(0), G = p.groups, Kg = w.in, R = w.out / G;

@@ -18,6 +18,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_state.h"
+#include "backends/cuda/fp8_linear.h"
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
 
@@ -263,6 +264,12 @@ class CudaBackend final : public Backend {
                    .in_stride = G * w.in, .rows_per_group = w.out / G});
     launch_check("grouped_linear");
   }
+
+  void linear_fp8_block(const LinearFp8BlockParams& p) override {
+    fp8_.run(p, [&] { return dev_weight(*p.weight); });
+  }
+
+  Fp8Linear& fp8() { return fp8_; }
 
   void rope(const RopeParams& p, const BatchInfo& batch) override {
     const int64_t T = p.x.dim(0);
@@ -593,7 +600,14 @@ class CudaBackend final : public Backend {
 
   std::unordered_map<const void*, DeviceBuffer> weights_;
   DeviceBatch batch_;
+  Fp8Linear fp8_;
 };
+
+CudaBackend& cuda_backend(Backend& b) {
+  auto* cb = dynamic_cast<CudaBackend*>(&b);
+  SPARROW_CHECK(cb != nullptr && "not a CUDA backend");
+  return *cb;
+}
 
 }  // namespace
 
@@ -619,6 +633,40 @@ std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, Key
   if (!out.empty())
     SPARROW_CUDA_CHECK(cudaMemcpy(out.data(), values.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return out;
+}
+
+std::string fp8_linear_last_path(Backend& backend) {
+  const Fp8Linear& f = cuda_backend(backend).fp8();
+  switch (f.last_path()) {
+    case Fp8GemmPath::kNone: return "none: " + f.last_detail();
+    case Fp8GemmPath::kTensorCores: return "tensor cores: " + f.last_detail();
+    case Fp8GemmPath::kFallback: return "fallback: " + f.last_detail();
+  }
+  return "?";
+}
+
+void fp8_linear_force_fallback(Backend& backend, bool force) { cuda_backend(backend).fp8().set_force_fallback(force); }
+
+ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
+  SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);
+  SPARROW_CHECK(n >= 0 && K > 0 && rows_pad >= n);
+  ActQuantFp8Rows r;
+  r.rows_pad = rows_pad;
+  r.k_pad = (K + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock;
+  const size_t in_bytes = static_cast<size_t>(n * K) * dtype_size(dtype);
+  DeviceBuffer in(in_bytes), codes(static_cast<size_t>(rows_pad * r.k_pad)),
+      scales(static_cast<size_t>(r.k_pad / kFp8ActBlock * rows_pad) * sizeof(float));
+  if (in_bytes > 0) SPARROW_CUDA_CHECK(cudaMemcpy(in.get(), rows, in_bytes, cudaMemcpyHostToDevice));
+  launch_act_quant_fp8({.codes = static_cast<uint8_t*>(codes.get()), .scales = scales.f32(), .in = in.get(),
+                        .in_dtype = dtype, .rows = n, .K = K, .in_stride = K, .rows_pad = rows_pad, .k_pad = r.k_pad});
+  launch_check("act_quant_fp8_rows");
+  r.codes.resize(codes.bytes());
+  r.scales.resize(scales.bytes() / sizeof(float));
+  if (!r.codes.empty())
+    SPARROW_CUDA_CHECK(cudaMemcpy(r.codes.data(), codes.get(), codes.bytes(), cudaMemcpyDeviceToHost));
+  if (!r.scales.empty())
+    SPARROW_CUDA_CHECK(cudaMemcpy(r.scales.data(), scales.get(), scales.bytes(), cudaMemcpyDeviceToHost));
+  return r;
 }
 
 }  // namespace cuda

@@ -30,5 +30,23 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
 // for `--index-keys`. REQUIRES a CUDA backend was created (the device is selected).
 std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, KeyPrecision precision);
 
+// Test support for linear_fp8_block (backends/cuda/fp8_linear.h). REQUIRES `backend` was made by
+// make_cuda_backend. The path its last call took: "tensor cores: <cuBLASLt version, shape>" or
+// "fallback: <why>".
+std::string fp8_linear_last_path(Backend& backend);
+// true: every call takes the fallback kernel (to test it where cuBLASLt works); false: the default.
+void fp8_linear_force_fallback(Backend& backend, bool force);
+
+// Test support: the activation quantisation kernel of linear_fp8_block run on host rows [n, K] of
+// `dtype` (F32 or BF16) values, padded to rows_pad rows and k_pad = K rounded up to 128 columns.
+// codes [rows_pad, k_pad] and scales [k_pad / 128, rows_pad] as the GEMM reads them (kernels.h
+// ActQuantFp8Args). REQUIRES a CUDA backend was created (the device is selected).
+struct ActQuantFp8Rows {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  int64_t rows_pad = 0, k_pad = 0;
+};
+ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad);
+
 }  // namespace cuda
 }  // namespace sparrow

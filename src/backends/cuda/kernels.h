@@ -125,6 +125,36 @@ struct LinearArgs {
 };
 void launch_linear(const LinearArgs& a);
 
+// ---- FP8 block-scaled linear: activation quantisation (kernels_fp8.cu) ---------------------------
+
+inline constexpr int64_t kFp8ActBlock = 128;  // activation scale block along K (spec §3.0.5)
+
+// act_quant_fp8 on the device, bit for bit with core/quant_sim.cpp fp8_pow2_quant_sim(row, K, 128):
+// per row and block of 128 inputs, amax = max(1e-4, |x|), s = 2^ceil(log2(amax / 448)),
+// code = e4m3(clamp(x / s, ±448)). Written in the padded layout the cuBLASLt GEMM reads:
+//   codes  [rows_pad, k_pad] e4m3, row-major; 0 past column K and in rows >= rows;
+//   scales [k_pad / 128, rows_pad] fp32: the rows of one K-block contiguous (cuBLASLt's
+//          VEC128_32F layout for its B operand); 1 in rows >= rows.
+// REQUIRES finite inputs, k_pad a multiple of 128 and >= K, rows_pad >= rows.
+struct ActQuantFp8Args {
+  uint8_t* codes;
+  float* scales;
+  const void* in;     // [rows, in_stride], F32 or BF16
+  DType in_dtype;
+  int64_t rows, K, in_stride, rows_pad, k_pad;
+};
+void launch_act_quant_fp8(const ActQuantFp8Args& a);
+
+// out[t, k] = e4m3(codes[t, k]) * scales[k / 128, t] for t < rows, k < K: the quantised input
+// dequantised, exactly (the scales are powers of two and the products stay normal).
+struct ActDequantFp8Args {
+  float* out;            // [rows, K]
+  const uint8_t* codes;  // [rows_pad, k_pad]
+  const float* scales;   // [k_pad / 128, rows_pad]
+  int64_t rows, K, rows_pad, k_pad;
+};
+void launch_act_dequant_fp8(const ActDequantFp8Args& a);
+
 // ---- compressor, indexer, attention (kernels_attention.cu) --------------------------------------
 
 // One sequence's compressor buffer and its share of the batch (mirrors cpu_state.h).

@@ -1,0 +1,340 @@
+// The FP8 block-scaled linear's host side: the cuBLASLt call, the weight conversion and the fallback
+// (layouts and padding: fp8_linear.h).
+//
+// cuBLASLt is opened with dlopen rather than linked: the sparrow binary built on a machine without a
+// GPU must start on the GPU machines without carrying the 540 MB library, and a missing or old
+// cuBLASLt must only cost the tensor-core path (the fallback runs, and last_detail() says why).
+// Only the header's types and enums are used at compile time; the functions come from dlsym.
+#include "backends/cuda/fp8_linear.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace sparrow::cuda {
+namespace {
+
+// The cuBLAS docs recommend 32 MiB of workspace on Hopper.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// VEC128_32F and BLK128x128_32F arrived in cuBLAS 12.9 (CUDALibrarySamples issue 310; docs §3.1.4).
+constexpr size_t kMinCublasLtVersion = 120900;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The cuBLASLt entry points, resolved once per process.
+struct LtApi {
+  std::string error;    // non-empty: unusable, and why
+  std::string library;  // the file that was opened
+  size_t version = 0;
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtDestroy) destroy = nullptr;
+  decltype(&cublasLtGetVersion) get_version = nullptr;
+  decltype(&cublasLtGetStatusString) status_string = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+};
+
+template <class F>
+bool resolve(void* lib, const char* name, F& fn, std::string& error) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (!fn && error.empty()) error = std::string("symbol ") + name + " missing";
+  return fn != nullptr;
+}
+
+LtApi load_lt_api() {
+  LtApi api;
+  // SPARROW_CUBLASLT names the library explicitly; otherwise the loader's search path, then the
+  // toolkit's usual places, then the CUDA 13 wheel PyTorch ships on the GPU machines' image.
+  const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("SPARROW_CUBLASLT"); env && *env) {
+    candidates = {env};
+  } else {
+    candidates = {soname, "/usr/local/cuda/lib64/" + soname, "/usr/local/cuda/targets/x86_64-linux/lib/" + soname,
+                  "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/" + soname,
+                  "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cublas/lib/" + soname};
+  }
+  void* lib = nullptr;
+  std::string tried;
+  for (const std::string& c : candidates) {
+    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib) {
+      api.library = c;
+      break;
+    }
+    const char* e = dlerror();
+    tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : c);
+  }
+  if (!lib) {
+    api.error = "cuBLASLt not found (" + tried + "; set SPARROW_CUBLASLT=/path/to/" + soname + ")";
+    return api;
+  }
+  std::string& err = api.error;
+  resolve(lib, "cublasLtCreate", api.create, err);
+  resolve(lib, "cublasLtDestroy", api.destroy, err);
+  resolve(lib, "cublasLtGetVersion", api.get_version, err);
+  resolve(lib, "cublasLtGetStatusString", api.status_string, err);
+  resolve(lib, "cublasLtMatmulDescCreate", api.desc_create, err);
+  resolve(lib, "cublasLtMatmulDescDestroy", api.desc_destroy, err);
+  resolve(lib, "cublasLtMatmulDescSetAttribute", api.desc_set, err);
+  resolve(lib, "cublasLtMatrixLayoutCreate", api.layout_create, err);
+  resolve(lib, "cublasLtMatrixLayoutDestroy", api.layout_destroy, err);
+  resolve(lib, "cublasLtMatmulPreferenceCreate", api.pref_create, err);
+  resolve(lib, "cublasLtMatmulPreferenceDestroy", api.pref_destroy, err);
+  resolve(lib, "cublasLtMatmulPreferenceSetAttribute", api.pref_set, err);
+  resolve(lib, "cublasLtMatmulAlgoGetHeuristic", api.heuristic, err);
+  resolve(lib, "cublasLtMatmul", api.matmul, err);
+  if (!err.empty()) {
+    err = api.library + ": " + err;
+    return api;
+  }
+  api.version = api.get_version();
+  if (api.version < kMinCublasLtVersion)
+    err = api.library + " is cuBLASLt " + std::to_string(api.version) + "; block-scaled FP8 needs 120900 (12.9) or later";
+  return api;
+}
+
+const LtApi& lt_api() {
+  static const LtApi api = load_lt_api();
+  return api;
+}
+
+std::string status_text(cublasStatus_t s) {
+  const char* t = lt_api().status_string ? lt_api().status_string(s) : nullptr;
+  return t ? t : "cublasStatus " + std::to_string(static_cast<int>(s));
+}
+
+std::string dims(int64_t m, int64_t n, int64_t k) {
+  return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+}
+
+// Destroys cuBLASLt descriptors at scope exit.
+struct LtObjects {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtObjects() {
+    const LtApi& lt = lt_api();
+    if (pref) lt.pref_destroy(pref);
+    if (d) lt.layout_destroy(d);
+    if (b) lt.layout_destroy(b);
+    if (a) lt.layout_destroy(a);
+    if (desc) lt.desc_destroy(desc);
+  }
+};
+
+}  // namespace
+
+struct Fp8Linear::Plan {
+  bool ok = false;
+  std::string why;  // when !ok
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+Fp8Linear::Fp8Linear() = default;
+
+Fp8Linear::~Fp8Linear() {
+  if (handle_) lt_api().destroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+std::string Fp8Linear::tensor_core_refusal(const WeightMatrix& w) const {
+  if (!lt_api().error.empty()) return lt_api().error;
+  if (w.format != WeightFormat::kFp8Block || !w.scale.data) return "the weight is not FP8 (format " + std::to_string(static_cast<int>(w.format)) + ")";
+  if (w.block_out != 128 || w.block_in != 128)
+    return "the weight's scale blocks are " + std::to_string(w.block_out) + "x" + std::to_string(w.block_in) + ", not 128x128";
+  if (dtype_size(w.data.dtype) != 1) return "the weight's codes are not bytes";
+  if (w.scale.dtype != DType::kF8E8M0 && w.scale.dtype != DType::kF32) return "the weight's scales are neither E8M0 nor F32";
+  return {};
+}
+
+Fp8WeightLayout fp8_weight_layout(const WeightMatrix& w) {
+  const int64_t N = w.out, K = w.in;
+  Fp8WeightLayout l;
+  l.n_pad = round_up(N, 16);
+  l.k_pad = round_up(K, kFp8ActBlock);
+  const int64_t nb = (N + 127) / 128, L = l.k_pad / kFp8ActBlock;
+  l.l4 = round_up(L, 4);
+  SPARROW_CHECK(w.format == WeightFormat::kFp8Block && w.block_out == 128 && w.block_in == 128);
+  SPARROW_CHECK(w.scale.dtype == DType::kF8E8M0 || w.scale.dtype == DType::kF32);
+  SPARROW_CHECK(w.scale.shape.size() == 2 && w.scale.dim(0) == nb && w.scale.dim(1) == L);
+  SPARROW_CHECK_EQ(w.data.numel(), N * K);
+  // Rows of the stored [N, K] bytes.
+  l.codes.assign(static_cast<size_t>(l.n_pad * l.k_pad), 0);
+  const auto* src = static_cast<const uint8_t*>(w.data.data);
+  for (int64_t n = 0; n < N; ++n) std::memcpy(l.codes.data() + n * l.k_pad, src + n * K, static_cast<size_t>(K));
+  // The stored [nb, L] scales, each row padded to l4.
+  l.scales.assign(static_cast<size_t>(nb * l.l4), 0.0f);
+  for (int64_t r = 0; r < nb; ++r)
+    for (int64_t c = 0; c < L; ++c) {
+      float s;
+      if (w.scale.dtype == DType::kF8E8M0) s = e8m0_to_f32(static_cast<const uint8_t*>(w.scale.data)[r * L + c]);
+      else std::memcpy(&s, static_cast<const uint8_t*>(w.scale.data) + 4 * (r * L + c), 4);
+      l.scales[r * l.l4 + c] = s;
+    }
+  return l;
+}
+
+const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
+  const int64_t n_pad = round_up(w.out, 16), k_pad = round_up(w.in, kFp8ActBlock);
+  auto it = weights_.find(w.data.data);
+  if (it != weights_.end() && it->second.n_pad == n_pad && it->second.k_pad == k_pad) return it->second;
+  const Fp8WeightLayout l = fp8_weight_layout(w);
+  PaddedWeight pw;
+  pw.codes = DeviceBuffer(l.codes.size());
+  pw.scales = DeviceBuffer(l.scales.size() * sizeof(float));
+  SPARROW_CUDA_CHECK(cudaMemcpy(pw.codes.get(), l.codes.data(), l.codes.size(), cudaMemcpyHostToDevice));
+  SPARROW_CUDA_CHECK(cudaMemcpy(pw.scales.get(), l.scales.data(), l.scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  pw.n_pad = l.n_pad;
+  pw.k_pad = l.k_pad;
+  pw.l4 = l.l4;
+  PaddedWeight& stored = weights_[w.data.data];
+  stored = std::move(pw);
+  return stored;
+}
+
+bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad) {
+  const LtApi& lt = lt_api();
+  const int64_t n_pad = pw.n_pad, k_pad = pw.k_pad;
+  // cuBLASLt's m, n, k: rows of D (weight rows), columns of D (tokens), the reduction.
+  const std::string shape = dims(n_pad, m_pad, k_pad);
+  auto fail = [&](const std::string& what, cublasStatus_t s) {
+    last_detail_ = what + " failed for " + shape + ": " + status_text(s);
+    return false;
+  };
+  cublasStatus_t s;
+  if (!handle_) {
+    cublasLtHandle_t h = nullptr;
+    if ((s = lt.create(&h)) != CUBLAS_STATUS_SUCCESS) return fail("cublasLtCreate", s);
+    handle_ = h;
+    workspace_ = DeviceBuffer(kWorkspaceBytes);
+  }
+  LtObjects o;
+  if ((s = lt.desc_create(&o.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS)
+    return fail("cublasLtMatmulDescCreate", s);
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const void* a_scale = pw.scales.get();
+  const void* b_scale = scales;
+  const int8_t fast_accum = 0;  // keep the periodic promotion to fp32 (the default, stated)
+  const std::pair<cublasLtMatmulDescAttributes_t, std::pair<const void*, size_t>> attrs[] = {
+      {CUBLASLT_MATMUL_DESC_TRANSA, {&op_t, sizeof(op_t)}},
+      {CUBLASLT_MATMUL_DESC_TRANSB, {&op_n, sizeof(op_n)}},
+      {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, {&a_mode, sizeof(a_mode)}},
+      {CUBLASLT_MATMUL_DESC_B_SCALE_MODE, {&b_mode, sizeof(b_mode)}},
+      {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, {&a_scale, sizeof(a_scale)}},
+      {CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, {&b_scale, sizeof(b_scale)}},
+      {CUBLASLT_MATMUL_DESC_FAST_ACCUM, {&fast_accum, sizeof(fast_accum)}},
+  };
+  for (const auto& [attr, value] : attrs)
+    if ((s = lt.desc_set(o.desc, attr, value.first, value.second)) != CUBLAS_STATUS_SUCCESS)
+      return fail("cublasLtMatmulDescSetAttribute(" + std::to_string(static_cast<int>(attr)) + ")", s);
+  if ((s = lt.layout_create(&o.a, CUDA_R_8F_E4M3, k_pad, n_pad, k_pad)) != CUBLAS_STATUS_SUCCESS ||
+      (s = lt.layout_create(&o.b, CUDA_R_8F_E4M3, k_pad, m_pad, k_pad)) != CUBLAS_STATUS_SUCCESS ||
+      (s = lt.layout_create(&o.d, CUDA_R_32F, n_pad, m_pad, n_pad)) != CUBLAS_STATUS_SUCCESS)
+    return fail("cublasLtMatrixLayoutCreate", s);
+
+  std::unique_ptr<Plan>& plan = plans_[{m_pad, n_pad, k_pad}];
+  if (!plan) {
+    plan = std::make_unique<Plan>();
+    const uint64_t ws = kWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    if ((s = lt.pref_create(&o.pref)) != CUBLAS_STATUS_SUCCESS ||
+        (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))) != CUBLAS_STATUS_SUCCESS) {
+      plan->why = "cublasLtMatmulPreference failed: " + status_text(s);
+    } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, o.b, o.d, o.d, o.pref, 1, &result,
+                                 &returned)) != CUBLAS_STATUS_SUCCESS) {
+      plan->why = "cublasLtMatmulAlgoGetHeuristic failed: " + status_text(s);
+    } else if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+      plan->why = "cublasLtMatmulAlgoGetHeuristic returned no algorithm";
+    } else {
+      plan->ok = true;
+      plan->algo = result.algo;
+      plan->workspace = result.workspaceSize;
+    }
+  }
+  if (!plan->ok) {
+    last_detail_ = plan->why + " for " + shape;
+    return false;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o.desc, &alpha, pw.codes.get(), o.a, codes, o.b, &beta, d, o.d,
+                d, o.d, &plan->algo, workspace_.get(), kWorkspaceBytes, cudaStream_t{nullptr});
+  if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmul", s);
+  last_detail_ = "cuBLASLt " + std::to_string(lt.version) + " (" + lt.library + "), " + shape + ", workspace " +
+                 std::to_string(plan->workspace) + " B";
+  return true;
+}
+
+void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original) {
+  const WeightMatrix& w = *p.weight;
+  const int64_t T = p.in.dim(0), K = w.in, N = w.out;
+  SPARROW_CHECK(K > 0 && p.in.type() == ElemType::kF32 && p.out.type() == ElemType::kF32);
+  SPARROW_CHECK_EQ(p.in.numel(), T * K);
+  SPARROW_CHECK_EQ(p.out.numel(), T * N);
+  if (T == 0 || N == 0) {
+    last_path_ = Fp8GemmPath::kNone;
+    last_detail_ = "empty";
+    return;
+  }
+  // in is [T, K]; codes [m_pad, k_pad], scales [k_pad / 128, m_pad] (kernels.h ActQuantFp8Args).
+  const int64_t m_pad = round_up(T, 16), k_pad = round_up(K, kFp8ActBlock);
+  DeviceBuffer codes(static_cast<size_t>(m_pad * k_pad));
+  DeviceBuffer scales(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
+  launch_act_quant_fp8({.codes = static_cast<uint8_t*>(codes.get()), .scales = scales.f32(), .in = p.in.f32(),
+                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad});
+  launch_check("linear_fp8_block activation quantisation");
+
+  std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
+  if (why.empty()) {
+    const PaddedWeight& pw = padded_weight(w);
+    // D is [m_pad, n_pad] row-major: the output itself when nothing is padded.
+    const bool direct = pw.n_pad == N && m_pad == T;
+    DeviceBuffer scratch;
+    float* d = p.out.f32();
+    if (!direct) {
+      scratch = DeviceBuffer(static_cast<size_t>(m_pad * pw.n_pad) * sizeof(float));
+      d = scratch.f32();
+    }
+    if (run_cublaslt(d, static_cast<const uint8_t*>(codes.get()), scales.f32(), pw, m_pad)) {
+      if (!direct)
+        SPARROW_CUDA_CHECK(cudaMemcpy2D(p.out.f32(), N * sizeof(float), d, pw.n_pad * sizeof(float), N * sizeof(float),
+                                        T, cudaMemcpyDeviceToDevice));
+      launch_check("linear_fp8_block cuBLASLt");
+      last_path_ = Fp8GemmPath::kTensorCores;
+      return;
+    }
+    why = last_detail_;
+  }
+  // Fallback: the quantised input dequantised exactly, then the fp32 linear kernel over the weight as
+  // stored (decoded element by element, fp32 FMA).
+  DeviceBuffer x(static_cast<size_t>(T * K) * sizeof(float));
+  launch_act_dequant_fp8({.out = x.f32(), .codes = static_cast<const uint8_t*>(codes.get()), .scales = scales.f32(),
+                          .rows = T, .K = K, .rows_pad = m_pad, .k_pad = k_pad});
+  launch_check("linear_fp8_block dequantisation");
+  launch_linear({.out = p.out.f32(), .in = x.f32(), .in_rows = nullptr, .w = original(), .T = T, .in_stride = K,
+                 .rows_per_group = N});
+  launch_check("linear_fp8_block fallback");
+  last_path_ = Fp8GemmPath::kFallback;
+  last_detail_ = why;
+}
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,93 @@
+// The CUDA backend's FP8 block-scaled linear (LinearFp8BlockParams), host side.
+//
+// Tensor-core path: the input is quantised on the device (launch_act_quant_fp8: e4m3 with one fp32
+// power-of-two scale per token and 128 inputs) and multiplied with the FP8 weight by cuBLASLt
+// (CUDA_R_8F_E4M3 operands, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F for the activations,
+// BLK128x128_32F for the weight, fp32 accumulation and output; sm_90, cuBLAS >= 12.9). cuBLASLt is
+// loaded at run time (dlopen), so binaries do not depend on it; without it, for weights that are not
+// FP8 with 128x128 blocks, or when cuBLASLt has no algorithm for a shape, the fallback runs: the
+// quantised input dequantised exactly, then the simple fp32 linear kernel (kernels_linear.cu).
+// `last_path()` says which ran and why.
+//
+// cuBLASLt's column-major view of the row-major tensors (TN, as FP8 requires on Hopper):
+//   A = weight,  [K_pad, N_pad] column-major, lda = K_pad, op T   (the row-major [N_pad, K_pad] copy)
+//   B = input,   [K_pad, M_pad] column-major, ldb = K_pad, op N   (the row-major codes [M_pad, K_pad])
+//   D = output,  [N_pad, M_pad] column-major, ldd = N_pad         (row-major [M_pad, N_pad], fp32)
+// Padding: K_pad = K rounded up to 128 (so no K-block is partial), N_pad and M_pad to 16 (cuBLASLt
+// wants 16-byte aligned dimensions for FP8 and M, N multiples of 4 for block scales). Padded inputs
+// and weights are zero. Scale layouts (cuBLAS docs §3.1.4.5.1): A's BLK128x128 scales are K-major,
+// [ceil(N/128)] columns of L4 = round_up(K_pad / 128, 4) values (the checkpoint's row-major
+// [ceil(N/128), ceil(K/128)] with its rows padded to L4); B's VEC128 scales are [K_pad/128] columns
+// of M_pad values (kernels.h ActQuantFp8Args).
+//
+// Not thread-safe (one per CudaBackend). Weights are converted once and cached by host address, like
+// the backend's other uploads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/cuda/cuda_state.h"
+#include "backends/cuda/kernels.h"
+#include "ops/backend.h"
+
+namespace sparrow::cuda {
+
+enum class Fp8GemmPath : uint8_t { kNone, kTensorCores, kFallback };
+
+// The weight as the tensor-core path uploads it (host bytes): codes [n_pad, k_pad] e4m3, row-major,
+// zero outside [N, K]; BLK128x128 scales [ceil(N / 128), l4] fp32 (e8m0 decoded exactly), zero in
+// the padding columns. REQUIRES an FP8 weight with 128x128 blocks and E8M0 or F32 scales.
+struct Fp8WeightLayout {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  int64_t n_pad = 0, k_pad = 0, l4 = 0;
+};
+Fp8WeightLayout fp8_weight_layout(const WeightMatrix& w);
+
+class Fp8Linear {
+ public:
+  Fp8Linear();
+  ~Fp8Linear();
+  Fp8Linear(const Fp8Linear&) = delete;
+  Fp8Linear& operator=(const Fp8Linear&) = delete;
+
+  // out [T, N] = dequant(q(in [T, K])) · dequant(w [N, K])^T. `original` uploads w byte for byte
+  // (the fallback's weight); it is called only when the fallback runs.
+  void run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original);
+
+  // Test support: always take the fallback (false: choose as described above).
+  void set_force_fallback(bool force) { force_fallback_ = force; }
+  Fp8GemmPath last_path() const { return last_path_; }
+  const std::string& last_detail() const { return last_detail_; }
+
+ private:
+  struct PaddedWeight {
+    DeviceBuffer codes;   // [n_pad, k_pad] e4m3
+    DeviceBuffer scales;  // [ceil(N/128), l4] fp32
+    int64_t n_pad = 0, k_pad = 0, l4 = 0;
+  };
+  struct Plan;  // a cached cuBLASLt algorithm for one (M_pad, N_pad, K_pad), or why there is none
+
+  // Empty string when the tensor-core path can take w; otherwise the reason it cannot.
+  std::string tensor_core_refusal(const WeightMatrix& w) const;
+  const PaddedWeight& padded_weight(const WeightMatrix& w);
+  // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
+  bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
+
+  bool force_fallback_ = false;
+  Fp8GemmPath last_path_ = Fp8GemmPath::kNone;
+  std::string last_detail_;
+  void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
+  DeviceBuffer workspace_;
+  std::unordered_map<const void*, PaddedWeight> weights_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,88 @@
+// Activation quantisation for the FP8 block-scaled linear (LinearFp8BlockParams): the device twin of
+// the reference's act_quant (core/quant_sim.cpp fp8_pow2_quant_sim, block 128), bit for bit, written
+// in the padded layout cuBLASLt's FP8 GEMM reads (kernels.h ActQuantFp8Args); and its exact
+// dequantisation, the input of the fallback GEMM.
+//
+// Bit-exactness: amax is a max (order-free), the scale exponent is one IEEE division and frexpf
+// (dev_pow2_scale_exponent), x / s is one IEEE division (no fast math: -prec-div, no flush to
+// zero), and the e4m3 encoder is the integer twin of core/quant.cpp (device_common.cuh).
+#include "backends/cuda/device_common.cuh"
+
+namespace sparrow::cuda {
+namespace {
+
+constexpr int kQuantWarps = 4;                                  // (row, block) pairs per CTA
+constexpr int kValuesPerLane = static_cast<int>(kFp8ActBlock) / 32;  // 4
+constexpr int kDequantThreads = 256;
+
+static_assert(kFp8ActBlock == 32 * kValuesPerLane, "one warp covers one block of 128 inputs");
+
+__device__ inline float load_input(const ActQuantFp8Args& a, int64_t i) {
+  return a.in_dtype == DType::kBF16 ? dev_bf16(static_cast<const uint16_t*>(a.in)[i])
+                                    : static_cast<const float*>(a.in)[i];
+}
+
+// grid ceil(rows_pad * nblocks / kQuantWarps), block 32 * kQuantWarps: warp w of CTA c quantises
+// block b of row m, pair = c * kQuantWarps + w = m * nblocks + b; lane l holds inputs
+// b*128 + 4l .. 4l+3. Every branch below is uniform across a warp (m and b are per warp), so the
+// warp_max shuffle sees all 32 lanes.
+__global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t nblocks = a.k_pad / kFp8ActBlock;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  if (pair >= a.rows_pad * nblocks) return;
+  const int64_t m = pair / nblocks, b = pair % nblocks;
+  const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane;  // < k_pad
+  uint8_t* dst = a.codes + m * a.k_pad + k0;
+  if (m >= a.rows) {  // padding row: zero codes, scale 1
+#pragma unroll
+    for (int i = 0; i < kValuesPerLane; ++i) dst[i] = 0;
+    if (lane == 0) a.scales[b * a.rows_pad + m] = 1.0f;
+    return;
+  }
+  float v[kValuesPerLane];
+  // The reference's floor: an all-zero block still gets a finite scale. fmaxf skips NaN exactly as
+  // the host's std::max(amax, |x|) with amax first does; columns past K hold 0 and change nothing.
+  float amax = 1e-4f;
+#pragma unroll
+  for (int i = 0; i < kValuesPerLane; ++i) {
+    const int64_t k = k0 + i;
+    v[i] = k < a.K ? load_input(a, m * a.in_stride + k) : 0.0f;
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  amax = warp_max(amax);
+  // s = 2^k as the e8m0 byte k + 127 decodes it; amax >= 1e-4 keeps k >= -22 (a normal float).
+  const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 448.0f) + 127));
+#pragma unroll
+  for (int i = 0; i < kValuesPerLane; ++i) {
+    if (k0 + i < a.K) {
+      float q = v[i] / s;
+      q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);  // std::clamp's order: NaN passes through
+      dst[i] = dev_f32_to_e4m3(q);
+    } else {
+      dst[i] = 0;
+    }
+  }
+  if (lane == 0) a.scales[b * a.rows_pad + m] = s;
+}
+
+// grid ceil(rows * K / kDequantThreads): thread per (t, k).
+__global__ void act_dequant_fp8_kernel(ActDequantFp8Args a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kDequantThreads + threadIdx.x;
+  if (i >= a.rows * a.K) return;
+  const int64_t t = i / a.K, k = i % a.K;
+  a.out[i] = dev_e4m3(a.codes[t * a.k_pad + k]) * a.scales[(k / kFp8ActBlock) * a.rows_pad + t];
+}
+
+}  // namespace
+
+void launch_act_quant_fp8(const ActQuantFp8Args& a) {
+  const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);
+  if (pairs > 0) act_quant_fp8_kernel<<<blocks_for(pairs, kQuantWarps), 32 * kQuantWarps>>>(a);
+}
+
+void launch_act_dequant_fp8(const ActDequantFp8Args& a) {
+  if (a.rows * a.K > 0) act_dequant_fp8_kernel<<<blocks_for(a.rows * a.K, kDequantThreads), kDequantThreads>>>(a);
+}
+
+}  // namespace sparrow::cuda

@@ -1,0 +1,499 @@
+// The FP8 block-scaled linear (linear_fp8_block, the first brick of the `fast` profile) on the GPU
+// against its CPU reference twin, and its activation quantisation against the CPU's bit for bit.
+//
+// Run on a GPU machine: sparrow_cuda_tests --gtest_filter='CudaFp8*' (docs/cuda.md). Each
+// CudaFp8Linear test skips when no GPU is present; those that call CUDA test-support functions also
+// skip under SPARROW_CUDA_TESTS_ON_CPU=1 (they need the real backend). CudaFp8Layout needs no GPU.
+//
+// Tolerances (got = GPU, ref = CPU twin, S[m,n] = sum_k |xq[m,k]| |w[n,k]| over the dequantised
+// operands, computed in fp64 on the host):
+// - Inputs with few significant bits (ExactInputs*): every product, block sum and block-scaled sum
+//   is exact in fp32 and in any accumulator of >= 10 significant bits, so any summation order gives
+//   the exact result: tolerance 0. These carry the plumbing checks (layouts, padding, scale mapping,
+//   transposition).
+// - Fallback kernel (fp32 FMA, lanes stride over K, then a 5-level warp tree): the classical bound
+//   |err| <= (K/32 + 5) u S, u = 2^-24, plus the twin's own final rounding u|ref| <= u S:
+//   c = (K/32 + 8) 2^-24.
+// - Tensor cores (cuBLASLt): within each 128-input block Hopper's FP8 MMA accumulates with about 14
+//   significant bits (the DeepSeek-V3 report: "around 14 bits"), promoted to fp32 at least once per
+//   block (the scales are applied per block; FAST_ACCUM is off). A truncating 13-bit accumulator
+//   loses at most 2^-13 of the running magnitude per step; on random data the per-block error is a
+//   few 2^-13 |block sum| and the total stays below 2^-11 S. We assert c = 2^-9 S (4x margin) and
+//   print the measured max |err| / S. (The adversarial worst case, one dominant product and 127
+//   tiny ones truncated away, approaches 2^-6 S; random inputs are far from it.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "backends/cpu/weight_reader.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/fp8_linear.h"
+#include "core/quant.h"
+#include "core/quant_sim.h"
+#include "cuda_test_util.h"
+
+namespace sparrow {
+namespace {
+
+using namespace cuda_test;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || bits(a) == bits(b); }
+
+class CudaFp8Linear : public ::testing::Test {
+ protected:
+  void SetUp() override { SPARROW_REQUIRE_GPU(gpu); }
+
+  // The real CUDA backend (not the CPU stand-in of SPARROW_CUDA_TESTS_ON_CPU=1).
+  bool real_cuda() const { return std::string(gpu->name()) == "cuda"; }
+  std::string path() const { return real_cuda() ? cuda::fp8_linear_last_path(*gpu) : "cpu stand-in"; }
+
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> gpu;
+};
+
+// ---- activation quantisation ---------------------------------------------------------------------
+
+// Rows of `K` values with every edge the quantiser has: saturation (448 and values that round to or
+// past it), round-to-even ties, e4m3 subnormals and values below them, fp32 subnormals, signed zero,
+// all-zero blocks (the 1e-4 floor), power-of-two amax, a partial last block, NaN, and random rows of
+// magnitudes from 1e-6 to 1e4.
+std::vector<float> edge_rows(Rng& rng, int64_t rows, int64_t K) {
+  std::vector<float> v(rows * K);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = v.data() + r * K;
+    const double mag = std::pow(10.0, rng.uniform(1, -6.0, 4.0)[0]);
+    const std::vector<float> n = rng.normal(K, mag);
+    std::copy(n.begin(), n.end(), x);
+    switch (r % 9) {
+      case 0:  // a saturating block: amax 448 exactly (s = 1), ties at 444 (-> 448), 440, 446
+        for (int64_t k = 0; k < std::min<int64_t>(K, 128); ++k) {
+          const float edge[] = {448.0f, -448.0f, 444.0f, -446.0f, 447.99997f, 440.0f, 232.0f, 240.0f, 0.5f};
+          x[k] = edge[k % 9];
+        }
+        break;
+      case 1:  // amax just above 448 (s = 2: 449 / 2 = 224.5 -> 224) and a power-of-two amax
+        x[0] = 449.0f;
+        if (K > 128) x[128] = 0x1p-10f * 448.0f;
+        break;
+      case 2:  // all zeros, one negative zero
+        std::fill(x, x + K, 0.0f);
+        x[K / 2] = -0.0f;
+        break;
+      case 3:  // amax 448 with e4m3 subnormals and below: 2^-9, 2^-10 (tie -> 0), 3*2^-10 (tie -> 2^-8)
+        for (int64_t k = 0; k < K; ++k) {
+          const float tiny[] = {448.0f, 0x1p-9f, 0x1p-10f, 3 * 0x1p-10f, -0x1p-9f, 1e-30f, 1e-40f, -1e-40f, 0x1p-7f};
+          x[k] = tiny[k % 9];
+        }
+        break;
+      case 4:  // a NaN: it is skipped by amax and encodes as the NaN code
+        x[K - 1] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 5:  // huge values (scale 2^119 region)
+        for (int64_t k = 0; k < K; k += 3) x[k] = 3.0e38f * (k % 2 ? -1.0f : 1.0f);
+        break;
+      case 6:  // tiny values only: below the 1e-4 floor
+        for (int64_t k = 0; k < K; ++k) x[k] *= 1e-9f;
+        break;
+      default:
+        break;
+    }
+  }
+  return v;
+}
+
+void check_act_quant(Backend& gpu, const std::vector<float>& values, DType dtype, int64_t rows, int64_t K,
+                     const std::string& what) {
+  // The rows as the device reads them (bf16 rounded first: its CPU reference is the decoded value).
+  std::vector<float> host(values);
+  std::vector<uint8_t> raw;
+  if (dtype == DType::kBF16) {
+    raw.resize(values.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t h = f32_to_bf16(values[i]);
+      std::memcpy(raw.data() + 2 * i, &h, 2);
+      host[i] = bf16_to_f32(h);
+    }
+  } else {
+    raw.resize(values.size() * 4);
+    std::memcpy(raw.data(), values.data(), raw.size());
+  }
+  const int64_t rows_pad = round_up(rows, 16) + 16, k_pad = round_up(K, 128), nb = k_pad / 128;
+  const cuda::ActQuantFp8Rows q = cuda::act_quant_fp8_rows(raw.data(), dtype, rows, K, rows_pad);
+  ASSERT_EQ(q.k_pad, k_pad);
+  ASSERT_EQ(static_cast<int64_t>(q.codes.size()), rows_pad * k_pad);
+  ASSERT_EQ(static_cast<int64_t>(q.scales.size()), nb * rows_pad);
+  int64_t bad = 0;
+  std::ostringstream first;
+  auto fail = [&](const std::string& m) {
+    if (bad++ == 0) first << m;
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> ref(host.begin() + r * K, host.begin() + (r + 1) * K);
+    fp8_pow2_quant_sim(ref.data(), K, 128);  // the CPU's act_quant_fp8
+    for (int64_t b = 0; b < nb; ++b) {
+      // The scale rule, independently: 2^ceil(log2(max(1e-4, amax) / 448)).
+      float amax = 1e-4f;
+      for (int64_t k = b * 128; k < std::min(K, (b + 1) * 128); ++k) amax = std::max(amax, std::fabs(host[r * K + k]));
+      const float s = std::ldexp(1.0f, pow2_scale_exponent(amax, kE4m3Max));
+      const float got_s = q.scales[b * rows_pad + r];
+      if (bits(got_s) != bits(s)) fail("row " + std::to_string(r) + " block " + std::to_string(b) + ": scale " +
+                                       std::to_string(got_s) + ", want " + std::to_string(s));
+    }
+    for (int64_t k = 0; k < k_pad; ++k) {
+      const uint8_t code = q.codes[r * k_pad + k];
+      if (k >= K) {
+        if (code != 0) fail("row " + std::to_string(r) + " padding column " + std::to_string(k) + " is not 0");
+        continue;
+      }
+      const float got = e4m3_to_f32(code) * q.scales[(k / 128) * rows_pad + r];
+      if (!same_float(got, ref[k]))
+        fail("row " + std::to_string(r) + " col " + std::to_string(k) + ": x " + std::to_string(host[r * K + k]) +
+             " -> code " + std::to_string(code) + " = " + std::to_string(got) + ", cpu " + std::to_string(ref[k]));
+    }
+  }
+  for (int64_t r = rows; r < rows_pad; ++r) {
+    for (int64_t k = 0; k < k_pad; ++k)
+      if (q.codes[r * k_pad + k] != 0) fail("padding row " + std::to_string(r) + " has a nonzero code");
+    for (int64_t b = 0; b < nb; ++b)
+      if (q.scales[b * rows_pad + r] != 1.0f) fail("padding row " + std::to_string(r) + " has a scale other than 1");
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " mismatches; first: " << first.str();
+}
+
+TEST_F(CudaFp8Linear, ActQuantIsTheCpuOneBitForBit) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  Rng rng(601);
+  for (auto [rows, K] : {std::pair<int64_t, int64_t>{1, 128}, {3, 200}, {37, 45}, {9, 1152}, {19, 300}, {2, 1},
+                         {18, 257}, {300, 131}}) {
+    const std::vector<float> v = edge_rows(rng, rows, K);
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      check_act_quant(*gpu, v, dtype, rows, K,
+                      std::string(dtype == DType::kF32 ? "f32" : "bf16") + " rows=" + std::to_string(rows) +
+                          " K=" + std::to_string(K));
+  }
+}
+
+TEST_F(CudaFp8Linear, ActQuantOfNoRows) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  // Zero rows: only padding is written.
+  check_act_quant(*gpu, {}, DType::kF32, 0, 200, "rows=0");
+}
+
+// ---- the GEMM ------------------------------------------------------------------------------------
+
+// S[m, n] = sum_k |xq[m, k]| |w[n, k]|, xq the CPU's quantised input, w the weight dequantised.
+std::vector<double> abs_products(const std::vector<float>& x, const WeightMatrix& w, int64_t M) {
+  const int64_t K = w.in, N = w.out;
+  std::vector<float> xq(x);
+  for (int64_t m = 0; m < M; ++m) fp8_pow2_quant_sim(xq.data() + m * K, K, 128);
+  std::vector<double> S(M * N, 0.0);
+  std::vector<float> row(K);
+  for (int64_t n = 0; n < N; ++n) {
+    cpu::weight_row(w, n, row.data());
+    for (int64_t m = 0; m < M; ++m) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += std::fabs(static_cast<double>(xq[m * K + k]) * row[k]);
+      S[m * N + n] = acc;
+    }
+  }
+  return S;
+}
+
+struct BoundCheck {
+  int64_t failures = 0, worst = -1;
+  double worst_ratio = 0;  // max |got - ref| / S
+  std::string report;
+};
+
+// |got - ref| <= c S element by element (NaN positions must match).
+BoundCheck check_bound(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<double>& S,
+                       double c) {
+  BoundCheck b;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(ref[i]) || std::isnan(got[i])) {
+      if (std::isnan(ref[i]) != std::isnan(got[i])) ++b.failures;
+      continue;
+    }
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    const double ratio = S[i] > 0 ? err / S[i] : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    if (err > c * S[i]) ++b.failures;
+    if (ratio > b.worst_ratio || b.worst < 0) {
+      b.worst_ratio = std::max(b.worst_ratio, ratio);
+      b.worst = static_cast<int64_t>(i);
+    }
+  }
+  std::ostringstream os;
+  os << b.failures << " elements beyond " << c << " S; max |err|/S = " << b.worst_ratio;
+  if (b.worst >= 0) os << " at " << b.worst << " (got " << got[b.worst] << ", ref " << ref[b.worst] << ", S " << S[b.worst] << ")";
+  b.report = os.str();
+  return b;
+}
+
+// Random odd shapes against the twin: a per-element bound for the path that ran (header comment),
+// the shared comparator for the report and a cosine check, and the quantisation error against the
+// plain fp32 linear printed (asserted only loosely).
+void gemm_against_twin(Backend& cpu, Backend& gpu, bool real_cuda, bool force_fallback, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes;
+  for (int64_t M : {1, 3, 37, 300})
+    for (int64_t K : {128, 200, 1152})
+      for (int64_t N : {64, 129, 1000}) shapes.emplace_back(M, K, N);
+  shapes.emplace_back(2000, 1152, 129);  // prefill-sized M
+  if (real_cuda) cuda::fp8_linear_force_fallback(gpu, force_fallback);
+  std::ostringstream table;
+  for (auto [M, K, N] : shapes) {
+    // E8M0 scales, except F32 scales (V4-Flash-Base) on the N = 129 weights.
+    const DType sdt = N == 129 ? DType::kF32 : DType::kF8E8M0;
+    StoredMatrix w = fp8_matrix(rng, N, K, 128, 128, sdt);
+    // Rows of different magnitudes, so the activation scales differ from row to row.
+    std::vector<float> x = rng.normal(M * K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) x[m * K + k] *= static_cast<float>(std::ldexp(1.0, static_cast<int>(m % 7) - 3));
+    const Tensor xc = cpu.upload_f32(x, {M, K}), xg = gpu.upload_f32(x, {M, K});
+    const Tensor oc = cpu.alloc(ElemType::kF32, {M, N}), og = gpu.alloc(ElemType::kF32, {M, N});
+    const Tensor plain = cpu.alloc(ElemType::kF32, {M, N});
+    cpu.linear_fp8_block({.out = oc, .in = xc, .weight = &w.w});
+    gpu.linear_fp8_block({.out = og, .in = xg, .weight = &w.w});
+    cpu.linear({.out = plain, .in = xc, .weight = &w.w});
+    const std::string path = real_cuda ? cuda::fp8_linear_last_path(gpu) : "cpu stand-in";
+    const bool tc = path.rfind("tensor cores", 0) == 0;
+    if (force_fallback) {
+      EXPECT_EQ(path.rfind("fallback", 0), 0u) << path;
+    }
+    const double c = tc ? std::ldexp(1.0, -9) : (static_cast<double>(K) / 32 + 8) * std::ldexp(1.0, -24);
+    const std::vector<float> got = gpu.download_f32(og), ref = cpu.download_f32(oc), fp32 = cpu.download_f32(plain);
+    const std::vector<double> S = abs_products(x, w.w, M);
+    const std::string tag = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) + " [" +
+                            path + "]";
+    const BoundCheck b = check_bound(got, ref, S, c);
+    EXPECT_EQ(b.failures, 0) << tag << ": " << b.report;
+    double max_s = 0;
+    for (double s : S) max_s = std::max(max_s, s);
+    const CompareResult cr = compare_f32(got, ref, {.atol = c * max_s, .max_cosine_distance = 1e-6}, {M, N});
+    EXPECT_TRUE(cr.ok) << tag << ": " << cr.message << " (" << cr.summary() << ")";
+    // What FP8 costs against the fp32 linear: reported; asserted only as a sanity bound (e4m3 keeps
+    // 3 mantissa bits, so each dequantised input is within 2^-4 of its value).
+    const CompareResult q = compare_f32(ref, fp32, {.atol = 1e30}, {M, N});
+    EXPECT_LT(q.rel_to_max, 0.25) << tag << " quantisation error: " << q.summary();
+    table << "  " << tag << ": max|err|/S " << b.worst_ratio << ", vs twin rel_to_max " << cr.rel_to_max
+          << ", fp8 vs fp32 linear rel_to_max " << q.rel_to_max << "\n";
+  }
+  if (real_cuda) cuda::fp8_linear_force_fallback(gpu, false);
+  std::printf("linear_fp8_block%s against the CPU twin:\n%s", force_fallback ? " (forced fallback)" : "",
+              table.str().c_str());
+}
+
+TEST_F(CudaFp8Linear, GemmMatchesCpuTwinOnOddShapes) { gemm_against_twin(*cpu, *gpu, real_cuda(), false, 611); }
+
+TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  gemm_against_twin(*cpu, *gpu, true, true, 612);
+}
+
+// Inputs whose every sum is exact (header comment): x integers in [-2, 2] (each block's scale is
+// 2^-7, 2^-8 or, for a zero block, 2^-22, and every code is exact), weight codes in {0, ±1, ±2},
+// e8m0 block scales 2^-3 .. 2^3 that differ between blocks and are not symmetric. The result must
+// equal the twin exactly on every path, and would not if the scales were read transposed (checked
+// here on the host: the transposed reading gives a different product).
+struct ExactCase {
+  StoredMatrix w;
+  std::vector<float> x;
+  int64_t M, K, N;
+};
+
+ExactCase exact_case(Rng& rng, int64_t M, int64_t K, int64_t N) {
+  ExactCase e;
+  e.M = M;
+  e.K = K;
+  e.N = N;
+  const int64_t nb = (N + 127) / 128, kb = (K + 127) / 128;
+  std::vector<uint8_t> codes(N * K);
+  const uint8_t kCodes[] = {0x00, 0x38, 0x40, 0xB8, 0xC0};  // 0, 1, 2, -1, -2
+  for (auto& c : codes) c = kCodes[rng.integer(0, 4)];
+  std::vector<uint8_t> scales(nb * kb);
+  for (int64_t r = 0; r < nb; ++r)
+    for (int64_t c = 0; c < kb; ++c) scales[r * kb + c] = static_cast<uint8_t>(127 - 3 + (r * 3 + c * 5 + r * c) % 7);
+  e.w.data = stored_raw(DType::kF8E4M3, {N, K}, std::move(codes));
+  e.w.scale = stored_raw(DType::kF8E8M0, {nb, kb}, std::move(scales));
+  e.w.w = {.format = WeightFormat::kFp8Block, .out = N, .in = K, .data = e.w.data.view, .scale = e.w.scale.view,
+           .block_out = 128, .block_in = 128};
+  e.x.resize(M * K);
+  for (auto& v : e.x) v = static_cast<float>(rng.integer(-2, 2));
+  // Some all-zero blocks (scale 2^-22) and some blocks with amax 1 (scale 2^-8).
+  for (int64_t m = 0; m < M; m += 5)
+    for (int64_t k = 0; k < std::min<int64_t>(K, 128); ++k) e.x[m * K + k] = 0;
+  for (int64_t m = 1; m < M; m += 4)
+    for (int64_t k = 0; k < K; ++k) e.x[m * K + k] = std::clamp(e.x[m * K + k], -1.0f, 1.0f);
+  return e;
+}
+
+// y[m, n] = sum_k x[m, k] code[n, k] scale(n / 128, k / 128), with the scale tensor read as stored
+// (`misread` false) or with its block indices swapped (square grids: scale[kb][nb]; otherwise the
+// [nb, kb] bytes read as if they were [kb, nb]).
+std::vector<float> exact_product(const ExactCase& e, bool misread) {
+  const int64_t nb = (e.N + 127) / 128, kb = (e.K + 127) / 128;
+  const auto* codes = static_cast<const uint8_t*>(e.w.w.data.data);
+  const auto* sc = static_cast<const uint8_t*>(e.w.w.scale.data);
+  std::vector<float> y(e.M * e.N);
+  for (int64_t m = 0; m < e.M; ++m)
+    for (int64_t n = 0; n < e.N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < e.K; ++k) {
+        const int64_t r = n / 128, c = k / 128;
+        const uint8_t s = misread ? (nb == kb ? sc[c * kb + r] : sc[c * nb + r]) : sc[r * kb + c];
+        acc += static_cast<double>(e.x[m * e.K + k]) * e4m3_to_f32(codes[n * e.K + k]) * e8m0_to_f32(s);
+      }
+      y[m * e.N + n] = static_cast<float>(acc);
+    }
+  return y;
+}
+
+void exact_inputs(Backend& cpu, Backend& gpu, bool real_cuda, bool force_fallback) {
+  Rng rng(621);
+  if (real_cuda) cuda::fp8_linear_force_fallback(gpu, force_fallback);
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{37, 520, 300}, {300, 384, 384}, {1, 200, 129},
+                         {16, 1152, 1000}, {3, 128, 64}}) {
+    const ExactCase e = exact_case(rng, M, K, N);
+    const std::string tag = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+    // The host product is the twin's (the inputs quantise exactly), and a misread scale tensor
+    // would change it.
+    const std::vector<float> want = exact_product(e, false), misread = exact_product(e, true);
+    // (With one block row or column both readings are the same bytes: nothing to check.)
+    if ((N + 127) / 128 > 1 && (K + 127) / 128 > 1) {
+      int64_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += want[i] != misread[i];
+      ASSERT_GT(differ, static_cast<int64_t>(want.size()) / 4) << tag << ": the case cannot detect transposed scales";
+    }
+    const Tensor xc = cpu.upload_f32(e.x, {M, K}), xg = gpu.upload_f32(e.x, {M, K});
+    const Tensor oc = cpu.alloc(ElemType::kF32, {M, N}), og = gpu.alloc(ElemType::kF32, {M, N});
+    cpu.linear_fp8_block({.out = oc, .in = xc, .weight = &e.w.w});
+    gpu.linear_fp8_block({.out = og, .in = xg, .weight = &e.w.w});
+    const std::string path = real_cuda ? cuda::fp8_linear_last_path(gpu) : "cpu stand-in";
+    const std::vector<float> ref = cpu.download_f32(oc), got = gpu.download_f32(og);
+    const CompareResult twin = compare_f32(ref, want, kExact, {M, N});
+    EXPECT_TRUE(twin.ok) << tag << ": CPU twin vs exact product: " << twin.message;
+    const CompareResult c = compare_f32(got, ref, kExact, {M, N});
+    EXPECT_TRUE(c.ok) << tag << " [" << path << "]: " << c.message << " (" << c.summary() << ")";
+    std::printf("exact inputs %s [%s]: %s\n", tag.c_str(), path.c_str(), c.ok ? "identical" : c.summary().c_str());
+  }
+  if (real_cuda) cuda::fp8_linear_force_fallback(gpu, false);
+}
+
+TEST_F(CudaFp8Linear, ExactInputsGiveExactResultsAndCatchTransposedScales) { exact_inputs(*cpu, *gpu, real_cuda(), false); }
+
+TEST_F(CudaFp8Linear, ExactInputsOnTheFallback) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  exact_inputs(*cpu, *gpu, true, true);
+}
+
+// No GPU needed: the weight bytes the tensor-core path uploads (fp8_weight_layout) and the
+// activations in the layout the quantisation kernel writes (rebuilt here with the CPU's rule), read
+// with cuBLASLt's documented semantics (cuBLAS docs §3.1.4.5: D[n, m] = sum over K-blocks b of
+// A_scale(b, n / 128) B_scale(m, b) sum_{k in b} A[k, n] B[k, m]; A = weight [K_pad, N_pad]
+// column-major, its BLK128x128 scales K-major with column stride l4; B = input [K_pad, M_pad]
+// column-major, its VEC128 scales token-major), give the exact product on the exact inputs, with
+// zeros in the padding. This checks the layouts against the documentation; the GPU tests check them
+// against cuBLASLt itself.
+TEST(CudaFp8Layout, PaddedLayoutsUnderTheDocumentedSemanticsGiveTheProduct) {
+  Rng rng(651);
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{37, 520, 300}, {1, 200, 129}, {16, 1152, 1000}}) {
+    const ExactCase e = exact_case(rng, M, K, N);
+    const cuda::Fp8WeightLayout wl = cuda::fp8_weight_layout(e.w.w);
+    const int64_t m_pad = round_up(M, 16), k_pad = round_up(K, 128), L = k_pad / 128, n_pad = round_up(N, 16);
+    ASSERT_EQ(wl.k_pad, k_pad);
+    ASSERT_EQ(wl.n_pad, n_pad);
+    ASSERT_EQ(wl.l4, round_up(L, 4));
+    std::vector<uint8_t> acodes(m_pad * k_pad, 0);
+    std::vector<float> ascales(L * m_pad, 1.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < L; ++b) {
+        float amax = 1e-4f;
+        for (int64_t k = b * 128; k < std::min(K, (b + 1) * 128); ++k) amax = std::max(amax, std::fabs(e.x[m * K + k]));
+        const float s = std::ldexp(1.0f, pow2_scale_exponent(amax, kE4m3Max));
+        ascales[b * m_pad + m] = s;
+        for (int64_t k = b * 128; k < std::min(K, (b + 1) * 128); ++k)
+          acodes[m * k_pad + k] = f32_to_e4m3(std::clamp(e.x[m * K + k] / s, -kE4m3Max, kE4m3Max));
+      }
+    const std::vector<float> want = exact_product(e, false);
+    int64_t bad = 0;
+    for (int64_t m = 0; m < m_pad; ++m)
+      for (int64_t n = 0; n < n_pad; ++n) {
+        double d = 0;
+        for (int64_t b = 0; b < L; ++b) {
+          double block = 0;
+          for (int64_t k = b * 128; k < (b + 1) * 128; ++k)
+            block += static_cast<double>(e4m3_to_f32(wl.codes[n * k_pad + k])) * e4m3_to_f32(acodes[m * k_pad + k]);
+          d += block * wl.scales[(n / 128) * wl.l4 + b] * ascales[b * m_pad + m];
+        }
+        const double expect = m < M && n < N ? want[m * N + n] : 0.0;
+        if (d != expect && bad++ == 0)
+          ADD_FAILURE() << "M=" << M << " K=" << K << " N=" << N << ": D[" << m << ", " << n << "] = " << d << ", want "
+                        << expect;
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// The point of the op: on an H200 with cuBLAS >= 12.9 the GEMM runs on the tensor cores. Fails,
+// naming the reason, when it falls back (cuBLASLt missing, too old, or no algorithm for the shape).
+TEST_F(CudaFp8Linear, TensorCorePathRunsForCheckpointWeights) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  Rng rng(631);
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 7168, 1536}, {64, 1024, 512}, {37, 200, 129}}) {
+    StoredMatrix w = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+    const Tensor x = gpu->upload_f32(rng.normal(M * K), {M, K});
+    const Tensor y = gpu->alloc(ElemType::kF32, {M, N});
+    gpu->linear_fp8_block({.out = y, .in = x, .weight = &w.w});
+    const std::string p = cuda::fp8_linear_last_path(*gpu);
+    std::printf("M=%lld K=%lld N=%lld: %s\n", static_cast<long long>(M), static_cast<long long>(K),
+                static_cast<long long>(N), p.c_str());
+    EXPECT_EQ(p.rfind("tensor cores", 0), 0u) << p;
+  }
+}
+
+// Weights the tensor-core path does not take (float, FP8 with other block shapes) go to the
+// fallback, which computes the same twin; no tokens writes nothing.
+TEST_F(CudaFp8Linear, OtherWeightFormatsTakeTheFallback) {
+  Rng rng(641);
+  std::vector<std::pair<std::string, StoredMatrix>> ws;
+  ws.emplace_back("bf16", float_matrix(DType::kBF16, 67, 259, rng.normal(67 * 259, 0.06)));
+  ws.emplace_back("fp8_16x64_f32", fp8_matrix(rng, 37, 150, 16, 64, DType::kF32));
+  ws.emplace_back("fp4", fp4_matrix(rng, 37, 96));
+  for (auto& [name, m] : ws) {
+    for (int64_t T : {1, 19}) {
+      const int64_t K = m.w.in, N = m.w.out;
+      const std::vector<float> x = rng.normal(T * K);
+      const Tensor xc = cpu->upload_f32(x, {T, K}), xg = gpu->upload_f32(x, {T, K});
+      const Tensor oc = cpu->alloc(ElemType::kF32, {T, N}), og = gpu->alloc(ElemType::kF32, {T, N});
+      cpu->linear_fp8_block({.out = oc, .in = xc, .weight = &m.w});
+      gpu->linear_fp8_block({.out = og, .in = xg, .weight = &m.w});
+      const std::string tag = name + " T=" + std::to_string(T) + " [" + path() + "]";
+      if (real_cuda()) {
+        EXPECT_EQ(path().rfind("fallback", 0), 0u) << tag;
+      }
+      const BoundCheck b = check_bound(gpu->download_f32(og), cpu->download_f32(oc), abs_products(x, m.w, T),
+                                       (static_cast<double>(K) / 32 + 8) * std::ldexp(1.0, -24));
+      EXPECT_EQ(b.failures, 0) << tag << ": " << b.report;
+    }
+  }
+  // T = 0: nothing to do, nothing written.
+  StoredMatrix w = fp8_matrix(rng, 64, 128, 128, 128, DType::kF8E8M0);
+  const Tensor x = gpu->alloc(ElemType::kF32, {0, 128}), y = gpu->alloc(ElemType::kF32, {0, 64});
+  gpu->linear_fp8_block({.out = y, .in = x, .weight = &w.w});
+  EXPECT_TRUE(gpu->download_f32(y).empty());
+}
+
+}  // namespace
+}  // namespace sparrow
