@@ -2,7 +2,9 @@
 # The CUDA backend's acceptance run, on a machine with a Hopper GPU: the GPU op and parity tests
 # (sparrow_cuda_tests), then `sparrow logits --backend cuda` against `--backend cpu` on every
 # fixture in three feeding modes (one-shot prefill, chunked prefill, token-by-token decode), and
-# optionally a synthetic 2-layer V4-Flash. Ends with a summary table; exit status 0 when all pass.
+# optionally a synthetic 2-layer V4-Flash, then the trained needle model through `sparrow needle`
+# and `sparrow serve` on CUDA (tools/serve_check.py). Ends with a summary table; exit status 0 when
+# all pass.
 #
 #   scripts/gpu-check.sh [--bin DIR] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
 #     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
@@ -107,6 +109,18 @@ if [ "$synth" -eq 1 ]; then
     row "$name" FAIL "see synth.log: $(tail -1 "$logs/synth.log")"
   fi
   rm -rf "$model" "$logs"/synth*.npy
+fi
+
+# 4. The trained needle model on CUDA: sparrow needle's tokens equal the CPU's, and `sparrow serve
+#    --backend cuda` returns them through /v1/completions (plain, streamed, concurrent).
+if [ -f "$root/models/needle-tiny/model.safetensors" ] && command -v python3 >/dev/null; then
+  t0=$(date +%s)
+  if python3 "$root/tools/serve_check.py" "$bin/sparrow" "$root/models/needle-tiny" --backend cuda \
+      --lengths 256,1k,4k --trials 4 >"$logs/serve_check.log" 2>&1; then
+    row "needle-tiny: needle + serve --backend cuda" PASS "$(grep -c '^PASS' "$logs/serve_check.log") checks ($(( $(date +%s) - t0 )) s)"
+  else
+    row "needle-tiny: needle + serve --backend cuda" FAIL "$(grep -m3 -E '^FAIL|Error' "$logs/serve_check.log" | tr '\n' ' ')"
+  fi
 fi
 
 echo
