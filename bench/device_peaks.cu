@@ -2,11 +2,12 @@
 // dlopen, so the binary starts without it). See device_peaks.h.
 #include "bench/device_peaks.h"
 
+#include "backends/cuda/cublaslt_api.h"
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -117,64 +118,8 @@ Expected<std::vector<double>> time_events(const std::function<Status(int)>& op, 
 
 // ---- cuBLASLt, loaded at run time ----------------------------------------------------------------
 
-struct Lt {
-  void* lib = nullptr;
-  std::string path;
-  decltype(&cublasLtCreate) create = nullptr;
-  decltype(&cublasLtDestroy) destroy = nullptr;
-  decltype(&cublasLtGetVersion) version = nullptr;
-  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
-  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
-  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
-  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
-  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
-  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
-  decltype(&cublasLtMatmul) matmul = nullptr;
-};
-
-template <class F>
-bool load_symbol(void* lib, const char* name, F& fn) {
-  fn = reinterpret_cast<F>(dlsym(lib, name));
-  return fn != nullptr;
-}
-
-Expected<Lt> lt_load() {
-  std::vector<std::string> names;
-  if (const char* env = std::getenv("SPARROW_CUBLASLT"); env && *env) names.emplace_back(env);
-  names.emplace_back("libcublasLt.so.13");
-  names.emplace_back("libcublasLt.so");
-  Lt lt;
-  std::string errors;
-  for (const std::string& n : names) {
-    lt.lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lt.lib) {
-      lt.path = n;
-      break;
-    }
-    const char* e = dlerror();
-    errors += (errors.empty() ? "" : "; ") + std::string(e ? e : n.c_str());
-  }
-  if (!lt.lib)
-    return Status::unavailable("cannot load cuBLASLt (" + errors +
-                               "); put libcublasLt.so.13 on LD_LIBRARY_PATH or set SPARROW_CUBLASLT");
-  const bool ok = load_symbol(lt.lib, "cublasLtCreate", lt.create) && load_symbol(lt.lib, "cublasLtDestroy", lt.destroy) &&
-                  load_symbol(lt.lib, "cublasLtGetVersion", lt.version) &&
-                  load_symbol(lt.lib, "cublasLtMatmulDescCreate", lt.desc_create) &&
-                  load_symbol(lt.lib, "cublasLtMatmulDescDestroy", lt.desc_destroy) &&
-                  load_symbol(lt.lib, "cublasLtMatmulDescSetAttribute", lt.desc_set) &&
-                  load_symbol(lt.lib, "cublasLtMatrixLayoutCreate", lt.layout_create) &&
-                  load_symbol(lt.lib, "cublasLtMatrixLayoutDestroy", lt.layout_destroy) &&
-                  load_symbol(lt.lib, "cublasLtMatmulPreferenceCreate", lt.pref_create) &&
-                  load_symbol(lt.lib, "cublasLtMatmulPreferenceDestroy", lt.pref_destroy) &&
-                  load_symbol(lt.lib, "cublasLtMatmulPreferenceSetAttribute", lt.pref_set) &&
-                  load_symbol(lt.lib, "cublasLtMatmulAlgoGetHeuristic", lt.heuristic) &&
-                  load_symbol(lt.lib, "cublasLtMatmul", lt.matmul);
-  if (!ok) return Status::unavailable("cuBLASLt at " + lt.path + " lacks a symbol this benchmark needs");
-  return lt;
-}
+// cuBLASLt comes from the loader the FP8 linear uses (backends/cuda/cublaslt_api.h).
+using Lt = cuda::CublasLtApi;
 
 enum class GemmKind { kBf16, kFp8Tensor, kFp8Block };
 
@@ -421,25 +366,24 @@ Expected<DevicePeaks> measure_device_peaks(const PeakOptions& o) {
   int device = 0, l2 = 0;
   PEAK_CUDA(cudaGetDevice(&device));
   PEAK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  auto lt = lt_load();
+  const Lt& lt = cuda::cublaslt_api();
   cublasLtHandle_t handle = nullptr;
   std::string missing;
-  if (lt.is_ok()) {
-    const size_t v = lt->version();
-    out.cublaslt = lt->path + " (cublasLt version " + std::to_string(v) + ")";
-    if (lt->create(&handle) != CUBLAS_STATUS_SUCCESS) {
+  if (lt.error.empty()) {
+    out.cublaslt = lt.library + " (cublasLt version " + std::to_string(lt.version) + ")";
+    if (lt.create(&handle) != CUBLAS_STATUS_SUCCESS) {
       missing = "cublasLtCreate failed";
       handle = nullptr;
     }
   } else {
-    missing = lt.status().message();
+    missing = lt.error;
     out.cublaslt = missing;
   }
-  const Lt* ltp = lt.is_ok() && handle ? &*lt : nullptr;
+  const Lt* ltp = lt.error.empty() && handle ? &lt : nullptr;
   measure_gemm(ltp, handle, GemmKind::kBf16, l2, o, missing, out.bf16_gemm);
   measure_gemm(ltp, handle, GemmKind::kFp8Tensor, l2, o, missing, out.fp8_gemm);
   measure_gemm(ltp, handle, GemmKind::kFp8Block, l2, o, missing, out.fp8_gemm_block);
-  if (handle) lt->destroy(handle);
+  if (handle) lt.destroy(handle);
   // The library stays loaded: its kernels may still be referenced by the runtime until exit.
   PEAK_CUDA(cudaDeviceSynchronize());
   return out;

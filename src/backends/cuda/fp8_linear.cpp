@@ -1,21 +1,19 @@
 // The FP8 block-scaled linear's host side: the cuBLASLt call, the weight conversion and the fallback
 // (layouts and padding: fp8_linear.h).
 //
-// cuBLASLt is opened with dlopen rather than linked: the sparrow binary built on a machine without a
-// GPU must start on the GPU machines without carrying the 540 MB library, and a missing or old
-// cuBLASLt must only cost the tensor-core path (the fallback runs, and last_detail() says why).
-// Only the header's types and enums are used at compile time; the functions come from dlsym.
+// cuBLASLt is opened at run time (cublaslt_api.h): a missing or old one only costs the tensor-core
+// path (the fallback runs, and last_detail() says why).
 #include "backends/cuda/fp8_linear.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/cuda_check.h"
 #include "core/check.h"
 #include "core/dtype.h"
@@ -30,95 +28,14 @@ constexpr size_t kMinCublasLtVersion = 120900;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// The cuBLASLt entry points, resolved once per process.
-struct LtApi {
-  std::string error;    // non-empty: unusable, and why
-  std::string library;  // the file that was opened
-  size_t version = 0;
-  decltype(&cublasLtCreate) create = nullptr;
-  decltype(&cublasLtDestroy) destroy = nullptr;
-  decltype(&cublasLtGetVersion) get_version = nullptr;
-  decltype(&cublasLtGetStatusString) status_string = nullptr;
-  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
-  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
-  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
-  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
-  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
-  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
-  decltype(&cublasLtMatmul) matmul = nullptr;
-};
-
-template <class F>
-bool resolve(void* lib, const char* name, F& fn, std::string& error) {
-  fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (!fn && error.empty()) error = std::string("symbol ") + name + " missing";
-  return fn != nullptr;
-}
-
-LtApi load_lt_api() {
-  LtApi api;
-  // SPARROW_CUBLASLT names the library explicitly; otherwise the loader's search path, then the
-  // toolkit's usual places, then the CUDA 13 wheel PyTorch ships on the GPU machines' image.
-  const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("SPARROW_CUBLASLT"); env && *env) {
-    candidates = {env};
-  } else {
-    candidates = {soname, "/usr/local/cuda/lib64/" + soname, "/usr/local/cuda/targets/x86_64-linux/lib/" + soname,
-                  "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/" + soname,
-                  "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cublas/lib/" + soname};
-  }
-  void* lib = nullptr;
-  std::string tried;
-  for (const std::string& c : candidates) {
-    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib) {
-      api.library = c;
-      break;
-    }
-    const char* e = dlerror();
-    tried += (tried.empty() ? "" : "; ") + (e ? std::string(e) : c);
-  }
-  if (!lib) {
-    api.error = "cuBLASLt not found (" + tried + "; set SPARROW_CUBLASLT=/path/to/" + soname + ")";
-    return api;
-  }
-  std::string& err = api.error;
-  resolve(lib, "cublasLtCreate", api.create, err);
-  resolve(lib, "cublasLtDestroy", api.destroy, err);
-  resolve(lib, "cublasLtGetVersion", api.get_version, err);
-  resolve(lib, "cublasLtGetStatusString", api.status_string, err);
-  resolve(lib, "cublasLtMatmulDescCreate", api.desc_create, err);
-  resolve(lib, "cublasLtMatmulDescDestroy", api.desc_destroy, err);
-  resolve(lib, "cublasLtMatmulDescSetAttribute", api.desc_set, err);
-  resolve(lib, "cublasLtMatrixLayoutCreate", api.layout_create, err);
-  resolve(lib, "cublasLtMatrixLayoutDestroy", api.layout_destroy, err);
-  resolve(lib, "cublasLtMatmulPreferenceCreate", api.pref_create, err);
-  resolve(lib, "cublasLtMatmulPreferenceDestroy", api.pref_destroy, err);
-  resolve(lib, "cublasLtMatmulPreferenceSetAttribute", api.pref_set, err);
-  resolve(lib, "cublasLtMatmulAlgoGetHeuristic", api.heuristic, err);
-  resolve(lib, "cublasLtMatmul", api.matmul, err);
-  if (!err.empty()) {
-    err = api.library + ": " + err;
-    return api;
-  }
-  api.version = api.get_version();
+// The tensor-core path also needs a cuBLASLt new enough for these scale modes.
+std::string lt_refusal() {
+  const CublasLtApi& api = cublaslt_api();
+  if (!api.error.empty()) return api.error;
   if (api.version < kMinCublasLtVersion)
-    err = api.library + " is cuBLASLt " + std::to_string(api.version) + "; block-scaled FP8 needs 120900 (12.9) or later";
-  return api;
-}
-
-const LtApi& lt_api() {
-  static const LtApi api = load_lt_api();
-  return api;
-}
-
-std::string status_text(cublasStatus_t s) {
-  const char* t = lt_api().status_string ? lt_api().status_string(s) : nullptr;
-  return t ? t : "cublasStatus " + std::to_string(static_cast<int>(s));
+    return api.library + " is cuBLASLt " + std::to_string(api.version) +
+           "; block-scaled FP8 needs 120900 (12.9) or later";
+  return {};
 }
 
 std::string dims(int64_t m, int64_t n, int64_t k) {
@@ -131,7 +48,7 @@ struct LtObjects {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~LtObjects() {
-    const LtApi& lt = lt_api();
+    const CublasLtApi& lt = cublaslt_api();
     if (pref) lt.pref_destroy(pref);
     if (d) lt.layout_destroy(d);
     if (b) lt.layout_destroy(b);
@@ -152,11 +69,11 @@ struct Fp8Linear::Plan {
 Fp8Linear::Fp8Linear() = default;
 
 Fp8Linear::~Fp8Linear() {
-  if (handle_) lt_api().destroy(static_cast<cublasLtHandle_t>(handle_));
+  if (handle_) cublaslt_api().destroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
 std::string Fp8Linear::tensor_core_refusal(const WeightMatrix& w) const {
-  if (!lt_api().error.empty()) return lt_api().error;
+  if (std::string why = lt_refusal(); !why.empty()) return why;
   if (w.format != WeightFormat::kFp8Block || !w.scale.data) return "the weight is not FP8 (format " + std::to_string(static_cast<int>(w.format)) + ")";
   if (w.block_out != 128 || w.block_in != 128)
     return "the weight's scale blocks are " + std::to_string(w.block_out) + "x" + std::to_string(w.block_in) + ", not 128x128";
@@ -211,12 +128,12 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
 }
 
 bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad) {
-  const LtApi& lt = lt_api();
+  const CublasLtApi& lt = cublaslt_api();
   const int64_t n_pad = pw.n_pad, k_pad = pw.k_pad;
   // cuBLASLt's m, n, k: rows of D (weight rows), columns of D (tokens), the reduction.
   const std::string shape = dims(n_pad, m_pad, k_pad);
   auto fail = [&](const std::string& what, cublasStatus_t s) {
-    last_detail_ = what + " failed for " + shape + ": " + status_text(s);
+    last_detail_ = what + " failed for " + shape + ": " + cublaslt_status_text(s);
     return false;
   };
   cublasStatus_t s;
@@ -259,10 +176,10 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
     int returned = 0;
     if ((s = lt.pref_create(&o.pref)) != CUBLAS_STATUS_SUCCESS ||
         (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))) != CUBLAS_STATUS_SUCCESS) {
-      plan->why = "cublasLtMatmulPreference failed: " + status_text(s);
+      plan->why = "cublasLtMatmulPreference failed: " + cublaslt_status_text(s);
     } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, o.b, o.d, o.d, o.pref, 1, &result,
                                  &returned)) != CUBLAS_STATUS_SUCCESS) {
-      plan->why = "cublasLtMatmulAlgoGetHeuristic failed: " + status_text(s);
+      plan->why = "cublasLtMatmulAlgoGetHeuristic failed: " + cublaslt_status_text(s);
     } else if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
       plan->why = "cublasLtMatmulAlgoGetHeuristic returned no algorithm";
     } else {
