@@ -75,9 +75,11 @@ std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOve
 
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix) {
   const std::string side = suffix.empty() ? "" : " of side " + suffix.substr(1);
-  cmd->add_option("--precision" + suffix, o->precision, "Numerics profile" + side + ": fp32 or deepseek-ref")
+  cmd->add_option("--precision" + suffix, o->precision, "Numerics profile" + side + ": fp32, deepseek-ref or fast")
       ->capture_default_str();
-  cmd->add_option("--index-keys" + suffix, o->index_keys, "Indexer key storage" + side + ": fp32, bf16, fp8 or fp4")
+  cmd->add_option("--index-keys" + suffix, o->index_keys, "Indexer key storage" + side +
+                                                   ": fp32, bf16, fp8 or fp4; auto: the profile's (bf16 under fast, "
+                                                   "else fp32)")
       ->capture_default_str();
   cmd->add_option("--index-topk" + suffix, o->index_topk, "Override index_topk" + side)->check(CLI::PositiveNumber);
 }
@@ -85,11 +87,15 @@ void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string&
 ModelOverrides model_overrides_or_fail(const ModelRunOptions& o) {
   ModelOverrides ov;
   auto precision = precision_from_name(o.precision);
-  if (!precision) fail(Status::invalid_argument("--precision '" + o.precision + "' is not fp32 or deepseek-ref"));
+  if (!precision)
+    fail(Status::invalid_argument("--precision '" + o.precision + "' is not fp32, deepseek-ref or fast"));
   ov.precision = *precision;
-  auto keys = key_precision_from_name(o.index_keys);
-  if (!keys) fail(Status::invalid_argument("--index-keys '" + o.index_keys + "' is not fp32, bf16, fp8 or fp4"));
-  ov.index_keys = *keys;
+  if (o.index_keys != "auto") {
+    auto keys = key_precision_from_name(o.index_keys);
+    if (!keys)
+      fail(Status::invalid_argument("--index-keys '" + o.index_keys + "' is not auto, fp32, bf16, fp8 or fp4"));
+    ov.index_keys = *keys;
+  }
   if (o.index_topk > 0) ov.index_topk = o.index_topk;
   return ov;
 }

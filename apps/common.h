@@ -25,7 +25,8 @@ std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOve
 
 // --precision, --index-keys, --index-topk (with a suffix: --precision-a, ...): run-time numerics.
 struct ModelRunOptions {
-  std::string precision = "fp32", index_keys = "fp32";
+  // index_keys "auto": the profile's default (fp32 under fp32 and deepseek-ref, bf16 under fast).
+  std::string precision = "fp32", index_keys = "auto";
   int64_t index_topk = 0;
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");

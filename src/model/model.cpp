@@ -28,6 +28,32 @@ Tensor forced_decision(Backend& be, const ForwardOptions& opt, int64_t layer, co
   return be.upload_i32(it->second, {T, n / T});
 }
 
+// What a profile does at each site (docs/design.md, "Precision profiles", has the table).
+struct Numerics {
+  bool round_bf16 = false;        // bf16 activations at the reference's sub-layer boundaries (§4 rows 9, 11, 13)
+  bool act_quant_fp8 = false;     // 1x128 power-of-two FP8 input before FP8/FP4-stored GEMMs (§3.0.5, §4 rows 1-2)
+  bool kv_fp8 = false;            // window and compressed KV nope dims FP8, blocks of 64, ue8m0 (§3.0.6, §4 row 5)
+  bool index_hadamard_fp4 = false;// indexer q/k Hadamard then FP4 simulation (§3.0.7-§3.0.8, §4 row 6)
+  bool index_bf16_scores = false; // index scores in bf16 (§3.3 step 5, §4 row 7)
+  bool moe_ref = false;           // W4A8 experts, routing weight before w2, bf16 combine (§3.4, §4 rows 2-3)
+};
+
+Numerics numerics_of(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return {};
+    case Precision::kDeepseekRef:
+      return {.round_bf16 = true, .act_quant_fp8 = true, .kv_fp8 = true, .index_hadamard_fp4 = true,
+              .index_bf16_scores = true, .moe_ref = true};
+    case Precision::kFast:
+      // The GPU production path: everything deepseek-ref does except the indexer, whose keys are
+      // stored at --index-keys (CompressorParams::key_precision) and whose scores stay fp32.
+      return {.round_bf16 = true, .act_quant_fp8 = true, .kv_fp8 = true, .index_hadamard_fp4 = false,
+              .index_bf16_scores = false, .moe_ref = true};
+  }
+  return {};
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, const ModelOverrides& overrides,
@@ -42,8 +68,8 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
       return Status::invalid_argument("--index-topk must be >= 1, got " + std::to_string(*overrides.index_topk));
     model->config_.index_topk = *overrides.index_topk;
   }
-  model->index_keys_ = overrides.index_keys;
   model->precision_ = overrides.precision;
+  model->index_keys_ = overrides.index_keys.value_or(precision_default_index_keys(overrides.precision));
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   auto weights = model_weights_load(*model->checkpoint_, model->config_, progress);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
@@ -56,6 +82,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
 std::optional<Precision> precision_from_name(std::string_view name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "deepseek-ref") return Precision::kDeepseekRef;
+  if (name == "fast") return Precision::kFast;
   return std::nullopt;
 }
 
@@ -63,21 +90,37 @@ const char* precision_name(Precision p) {
   switch (p) {
     case Precision::kFp32: return "fp32";
     case Precision::kDeepseekRef: return "deepseek-ref";
+    case Precision::kFast: return "fast";
   }
   return "?";
 }
 
+KeyPrecision precision_default_index_keys(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+    case Precision::kDeepseekRef: return KeyPrecision::kF32;
+    case Precision::kFast: return KeyPrecision::kBf16;
+  }
+  return KeyPrecision::kF32;
+}
+
 Status Model::check_backend(const Backend& backend) const {
-  if (precision_ == Precision::kDeepseekRef && !backend.supports_reference_numerics())
-    return Status::unsupported(std::string("precision profile deepseek-ref is not implemented on the ") +
-                               backend.name() + " backend (use --backend cpu)");
+  if (precision_ == Precision::kFp32 || backend.supports_reference_numerics()) return Status::ok();
+  if (precision_ == Precision::kFast)
+    return Status::unsupported(
+        std::string("precision profile fast is not implemented on the ") + backend.name() +
+        " backend yet: it lacks bf16 activation rounding (round_bf16 flags), FP8 1x128 activation quantisation "
+        "before the FP8/FP4 GEMMs (LinearParams::act_quant_fp8; linear_fp8_block exists but is not wired), the FP8 "
+        "KV record simulation (quant_sim) and the W4A8 MoE path (MoeParams::ref_numerics); use --backend cpu");
+  return Status::unsupported(std::string("precision profile ") + precision_name(precision_) +
+                             " is not implemented on the " + backend.name() + " backend (use --backend cpu)");
   // --index-keys needs only CompressorParams::key_precision, which every backend implements.
   return Status::ok();
 }
 
 Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
-  const bool ref = precision_ == Precision::kDeepseekRef;
+  const bool ref = numerics_of(precision_).round_bf16;
   const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
   // streams is (T, S, D)
   Tensor streams = be.alloc(ElemType::kF32, {T, S, D});
@@ -105,7 +148,7 @@ void Model::layer_forward(Backend& be, const BatchInfo& batch, int64_t l, Tensor
                           const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[l];
-  const bool ref = precision_ == Precision::kDeepseekRef;
+  const bool ref = numerics_of(precision_).round_bf16;
   const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
   Tensor u = be.alloc(ElemType::kF32, {T, D});
   Tensor post = be.alloc(ElemType::kF32, {T, S});
@@ -142,28 +185,29 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   const LayerWeights& L = weights_.layers[l];
   const AttentionKind kind = c.attention[l];
   const RopeTable& rope = kind == AttentionKind::kSliding ? rope_main_ : rope_compress_;
-  const bool ref = precision_ == Precision::kDeepseekRef;
+  const Numerics nx = numerics_of(precision_);
+  const bool ref = nx.round_bf16, aq = nx.act_quant_fp8;
   const int64_t T = batch.num_tokens(), H = c.num_heads, Dh = c.head_dim, D = c.hidden_size;
   const double eps = c.rms_norm_eps;
 
   // Q path: qr = q_norm(wq_a x); q = per-head unweighted norm(wq_b qr), rotated.
   Tensor qr = be.alloc(ElemType::kF32, {T, c.q_lora_rank});
-  be.linear({.out = qr, .in = x, .weight = &L.wq_a, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.linear({.out = qr, .in = x, .weight = &L.wq_a, .act_quant_fp8 = aq, .round_bf16 = ref});
   be.rms_norm({.out = qr, .in = qr, .weight = L.q_norm, .group = c.q_lora_rank, .eps = eps, .round_bf16 = ref});
   tap(opt, l, "attn.qr", qr);
   Tensor q = be.alloc(ElemType::kF32, {T, H, Dh});
-  be.linear({.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.linear({.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = aq, .round_bf16 = ref});
   be.rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = eps, .round_bf16 = ref});
   be.rope({.x = q, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.q", q);
 
   // KV path: one shared head, K = V. The reference stores its nope dims FP8-simulated.
   Tensor kv = be.alloc(ElemType::kF32, {T, 1, Dh});
-  be.linear({.out = kv, .in = x, .weight = &L.wkv, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.linear({.out = kv, .in = x, .weight = &L.wkv, .act_quant_fp8 = aq, .round_bf16 = ref});
   be.rms_norm({.out = kv, .in = kv, .weight = L.kv_norm, .group = Dh, .eps = eps, .round_bf16 = ref});
   be.rope({.x = kv, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
   kv = kv.reshaped({T, Dh});
-  if (ref) be.quant_sim({.x = kv, .row = Dh, .dims = c.nope_dim(), .kind = QuantSimKind::kFp8Pow2Block64});
+  if (nx.kv_fp8) be.quant_sim({.x = kv, .row = Dh, .dims = c.nope_dim(), .kind = QuantSimKind::kFp8Pow2Block64});
   tap(opt, l, "attn.kv", kv);
 
   Tensor selected;
@@ -176,10 +220,8 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
     be.linear({.out = ckv, .in = x, .weight = &L.compressor.wkv});
     be.linear({.out = cgate, .in = x, .weight = &L.compressor.wgate});
     std::vector<QuantSimKind> kv_sim, key_sim;
-    if (ref) {
-      kv_sim = {QuantSimKind::kFp8Pow2Block64};
-      key_sim = {QuantSimKind::kHadamardBf16, QuantSimKind::kFp4Pow2Block32};
-    }
+    if (nx.kv_fp8) kv_sim = {QuantSimKind::kFp8Pow2Block64};
+    if (nx.index_hadamard_fp4) key_sim = {QuantSimKind::kHadamardBf16, QuantSimKind::kFp4Pow2Block32};
     be.compressor({.kv = ckv, .gate = cgate, .ape = L.compressor.ape, .norm_weight = L.compressor.norm,
                    .batch = &batch, .rope = &rope, .layer = l, .slot = CompressorSlot::kMain,
                    .ratio = c.compress_ratio[l], .dim = Dh, .overlap = csa, .norm_eps = eps,
@@ -196,9 +238,9 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
                      .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,
                      .norm_eps = eps, .key_precision = index_keys_, .round_bf16 = ref, .entry_sim = key_sim});
       Tensor iq = be.alloc(ElemType::kF32, {T, Hi, di});
-      be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b, .act_quant_fp8 = ref, .round_bf16 = ref});
+      be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b, .act_quant_fp8 = aq, .round_bf16 = ref});
       be.rope({.x = iq, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
-      if (ref) {
+      if (nx.index_hadamard_fp4) {
         be.quant_sim({.x = iq, .row = di, .dims = di, .kind = QuantSimKind::kHadamardBf16});
         be.quant_sim({.x = iq, .row = di, .dims = di, .kind = QuantSimKind::kFp4Pow2Block32});
       }
@@ -214,7 +256,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
         scores = be.alloc(ElemType::kF32, {T, C});
       }
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
-                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = ref});
+                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = nx.index_bf16_scores});
       if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
       if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) {
         tap(opt, l, "attn.indexer.topk_own", selected);  // what this side would have picked
@@ -238,7 +280,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   Tensor grouped = be.alloc(ElemType::kF32, {T, G * c.o_lora_rank});
   be.grouped_linear({.out = grouped, .in = o.reshaped({T, H * Dh}), .weight = &L.wo_a, .groups = G, .round_bf16 = ref});
   Tensor out = be.alloc(ElemType::kF32, {T, D});
-  be.linear({.out = out, .in = grouped, .weight = &L.wo_b, .act_quant_fp8 = ref, .round_bf16 = ref});
+  be.linear({.out = out, .in = grouped, .weight = &L.wo_b, .act_quant_fp8 = aq, .round_bf16 = ref});
   tap(opt, l, "attn.out", out);
   return out;
 }
@@ -261,7 +303,7 @@ Tensor Model::moe_forward(Backend& be, const BatchInfo& batch, int64_t l, const 
   be.moe({.out = out, .x = x, .experts = experts, .weights = weights, .routed = &L.experts,
           .shared = c.num_shared_experts == 1 ? &L.shared : nullptr, .swiglu_limit = c.swiglu_limit,
           .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement,
-          .ref_numerics = precision_ == Precision::kDeepseekRef});
+          .ref_numerics = numerics_of(precision_).moe_ref});
   tap(opt, l, "moe.out", out);
   return out;
 }

@@ -40,18 +40,26 @@ struct ForwardOptions {
 };
 
 // Run-time changes to what config.json says (for experiments: `--index-topk`).
-// Numerics profiles (spec §4). kFp32 is the reference: fp32 activations, no rounding. kDeepseekRef
-// emulates DeepSeek's own inference code: power-of-two FP8 activation quantisation before the
-// GEMMs the release stores as FP8/FP4, FP8-simulated KV nope dims, Hadamard + FP4-simulated
-// indexer q/k, bf16 index scores, the routing weight applied before w2, and bf16 rounding wherever
-// the reference keeps bf16 tensors (between sub-layers, norms, RoPE, projections).
-enum class Precision : uint8_t { kFp32, kDeepseekRef };
-std::optional<Precision> precision_from_name(std::string_view name);  // "fp32", "deepseek-ref"
+// Numerics profiles (spec §4; the exact per-tensor definition is the table in docs/design.md).
+// kFp32 is the reference: fp32 activations, no rounding. kDeepseekRef emulates DeepSeek's own
+// inference code: power-of-two FP8 activation quantisation before the GEMMs the release stores as
+// FP8/FP4, FP8-simulated KV nope dims, Hadamard + FP4-simulated indexer q/k, bf16 index scores,
+// the routing weight applied before w2, and bf16 rounding wherever the reference keeps bf16
+// tensors (between sub-layers, norms, RoPE, projections). kFast is the GPU production profile
+// (issue 6) as its CPU reference twin: deepseek-ref's bf16 roundings, FP8 activation quantisation,
+// W4A8 experts and FP8 KV record, but the indexer keys stored at `--index-keys` (default bf16, no
+// Hadamard, no FP4 unless asked), the index queries bf16 and the index scores fp32.
+enum class Precision : uint8_t { kFp32, kDeepseekRef, kFast };
+std::optional<Precision> precision_from_name(std::string_view name);  // "fp32", "deepseek-ref", "fast"
 const char* precision_name(Precision p);
+// The indexer key precision a profile uses when `--index-keys` is not given: bf16 under fast (the
+// FP8 KV record's neighbour in the production cache), fp32 (as computed) otherwise.
+KeyPrecision precision_default_index_keys(Precision p);
 
 struct ModelOverrides {
   std::optional<int64_t> index_topk;
-  KeyPrecision index_keys = KeyPrecision::kF32;  // precision the indexer keys are stored in
+  // Precision the indexer keys are stored in; unset: the profile's (precision_default_index_keys).
+  std::optional<KeyPrecision> index_keys = std::nullopt;
   Precision precision = Precision::kFp32;
 };
 
@@ -67,7 +75,9 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
-  // The model can run on `backend` with its precision profile (deepseek-ref needs quant_sim).
+  KeyPrecision index_keys() const { return index_keys_; }
+  // The model can run on `backend` with its precision profile (deepseek-ref and fast need
+  // quant_sim and the rounding flags: supports_reference_numerics()).
   Status check_backend(const Backend& backend) const;
   const ModelWeights& weights() const { return weights_; }
   const RopeTable& rope_main() const { return rope_main_; }

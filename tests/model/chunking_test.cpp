@@ -26,7 +26,9 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-class ChunkingTest : public ::testing::Test {
+// Parametrised by precision profile: fp32 (the reference) and fast (its bf16/FP8 CPU twin) must both
+// be chunking-invariant.
+class ChunkingTest : public ::testing::TestWithParam<Precision> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::filesystem::path(make_temp_dir("chunking"));
@@ -37,25 +39,30 @@ class ChunkingTest : public ::testing::Test {
                                  1),
                      1234);
     model_ = Model::load(*dir_).value().release();
+    fast_ = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast}).value().release();
     backend_ = make_cpu_backend().release();
   }
   static void TearDownTestSuite() {
     delete model_;
+    delete fast_;
     delete backend_;
     std::filesystem::remove_all(*dir_);
     delete dir_;
   }
   static std::filesystem::path* dir_;
   static Model* model_;
+  static Model* fast_;
   static Backend* backend_;
+  const Model& model() const { return GetParam() == Precision::kFast ? *fast_ : *model_; }
 };
 std::filesystem::path* ChunkingTest::dir_ = nullptr;
 Model* ChunkingTest::model_ = nullptr;
+Model* ChunkingTest::fast_ = nullptr;
 Backend* ChunkingTest::backend_ = nullptr;
 
-TEST_F(ChunkingTest, AnyChunkingMatchesOneShotPrefill) {
-  Session session(*model_, *backend_);
-  const int64_t V = model_->config().vocab_size;
+TEST_P(ChunkingTest, AnyChunkingMatchesOneShotPrefill) {
+  Session session(model(), *backend_);
+  const int64_t V = model().config().vocab_size;
   std::vector<int64_t> lengths = {1, 2, 3, 4, 5, 6, 7, 8, 9, 35, 67, 127, 128, 129, 130};
   double worst = 0;
   for (int64_t len : lengths) {
@@ -66,16 +73,21 @@ TEST_F(ChunkingTest, AnyChunkingMatchesOneShotPrefill) {
       if (chunk >= len) continue;
       const auto got = session.logits(ids, chunk);
       ASSERT_TRUE(got.is_ok());
-      const auto r = compare_f32(*got, *ref, {.atol = 1e-6, .rtol = 1e-5, .max_rel_to_max = 1e-5}, {len, V});
+      // fast rounds to bf16 and FP8 at every boundary: only bit-equality keeps it honest there.
+      const Tolerance tol = GetParam() == Precision::kFast ? Tolerance{.atol = 0, .rtol = 0}
+                                                           : Tolerance{.atol = 1e-6, .rtol = 1e-5, .max_rel_to_max = 1e-5};
+      const auto r = compare_f32(*got, *ref, tol, {len, V});
       worst = std::max(worst, r.rel_to_max);
       EXPECT_TRUE(r.ok) << "length " << len << " chunk " << chunk << ": " << r.message;
     }
   }
-  std::printf("[chunking] worst max|d|/max|ref| over all lengths and chunkings: %.3e\n", worst);
+  std::printf("[chunking] %s: worst max|d|/max|ref| over all lengths and chunkings: %.3e\n",
+              precision_name(GetParam()), worst);
 }
 
-TEST_F(ChunkingTest, BatchedSequencesMatchAlone) {
-  const int64_t V = model_->config().vocab_size;
+TEST_P(ChunkingTest, BatchedSequencesMatchAlone) {
+  const Model& m = model();
+  const int64_t V = m.config().vocab_size;
   // Three sequences at different lengths, each continued by a chunk, batched together.
   const std::vector<int64_t> prefix = {5, 30, 0};
   const std::vector<int64_t> extra = {9, 4, 13};
@@ -83,7 +95,7 @@ TEST_F(ChunkingTest, BatchedSequencesMatchAlone) {
   std::vector<std::vector<int32_t>> ids(3);
   for (int s = 0; s < 3; ++s) {
     ids[s] = random_ids(prefix[s] + extra[s], V, 7 + s);
-    Session session(*model_, *backend_);
+    Session session(m, *backend_);
     auto all = session.logits(ids[s], 0);
     ASSERT_TRUE(all.is_ok());
     alone[s].assign(all->begin() + prefix[s] * V, all->end());
@@ -91,16 +103,16 @@ TEST_F(ChunkingTest, BatchedSequencesMatchAlone) {
   std::vector<std::unique_ptr<SequenceState>> states;
   std::vector<SequenceChunk> chunks;
   for (int s = 0; s < 3; ++s) {
-    states.push_back(backend_->create_sequence_state(model_->config()));
+    states.push_back(backend_->create_sequence_state(m.config()));
     if (prefix[s] > 0) {
       BatchInfo b = batch_build({{states[s].get(), std::span<const int32_t>(ids[s]).subspan(0, prefix[s])}});
-      model_->forward(*backend_, b);
+      m.forward(*backend_, b);
       states[s]->advance(prefix[s]);
     }
     chunks.push_back({states[s].get(), std::span<const int32_t>(ids[s]).subspan(prefix[s])});
   }
   BatchInfo batch = batch_build(chunks);
-  const std::vector<float> together = backend_->download_f32(model_->forward(*backend_, batch));
+  const std::vector<float> together = backend_->download_f32(m.forward(*backend_, batch));
   for (int s = 0; s < 3; ++s) {
     std::vector<float> mine(together.begin() + batch.seq_begin[s] * V, together.begin() + batch.seq_end[s] * V);
     // Bit-identical: the CPU backend computes every token's values independently of its batch.
@@ -109,21 +121,27 @@ TEST_F(ChunkingTest, BatchedSequencesMatchAlone) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Profiles, ChunkingTest, ::testing::Values(Precision::kFp32, Precision::kFast),
+                         [](const ::testing::TestParamInfo<Precision>& i) {
+                           return std::string(i.param == Precision::kFast ? "fast" : "fp32");
+                         });
+
 }  // namespace
 }  // namespace sparrow
 
 namespace sparrow {
 namespace {
 
-TEST_F(ChunkingTest, LogitsRowsSelectsRowsOfTheFullLogits) {
-  const int64_t V = model_->config().vocab_size;
+TEST_P(ChunkingTest, LogitsRowsSelectsRowsOfTheFullLogits) {
+  const Model& m = model();
+  const int64_t V = m.config().vocab_size;
   const auto ids = random_ids(21, V, 5);
-  auto s1 = backend_->create_sequence_state(model_->config());
-  const auto full = backend_->download_f32(model_->forward(*backend_, batch_build({{s1.get(), ids}})));
-  auto s2 = backend_->create_sequence_state(model_->config());
+  auto s1 = backend_->create_sequence_state(m.config());
+  const auto full = backend_->download_f32(m.forward(*backend_, batch_build({{s1.get(), ids}})));
+  auto s2 = backend_->create_sequence_state(m.config());
   const std::vector<int64_t> rows = {20, 3, 7};
   const auto some = backend_->download_f32(
-      model_->forward(*backend_, batch_build({{s2.get(), ids}}), {.logits_rows = &rows}));
+      m.forward(*backend_, batch_build({{s2.get(), ids}}), {.logits_rows = &rows}));
   ASSERT_EQ(some.size(), rows.size() * V);
   for (size_t i = 0; i < rows.size(); ++i)
     EXPECT_EQ(std::vector<float>(some.begin() + i * V, some.begin() + (i + 1) * V),
