@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common.h"
+#include "core/quant_sim.h"
 #include "tools/needle.h"
 
 namespace sparrow::app {
@@ -122,7 +123,7 @@ void add_needle_command(CLI::App& app) {
         }
     std::printf("%s", opts->json ? (needle_table_json(*rows) + "\n").c_str() : needle_table_text(*rows).c_str());
     std::fprintf(stderr, "sparrow: %s backend, precision %s, index keys %s%s\n", backend->name(),
-                 opts->run.precision.c_str(), opts->run.index_keys.c_str(),
+                 opts->run.precision.c_str(), key_precision_name(model->index_keys()),
                  opts->run.index_topk > 0 ? (", index_topk " + std::to_string(opts->run.index_topk)).c_str() : "");
   });
 }
