@@ -23,6 +23,7 @@ void add_serve_command(CLI::App& app) {
     int port = 8000;
     int64_t max_context = 4096, max_batch = 32, max_queue = 256;
     int http_threads = 0;  // 0: sized from the engine (see server::ServerOptions)
+    ModelRunOptions run;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (chat/completions, completions, models, health, metrics)");
@@ -40,6 +41,7 @@ void add_serve_command(CLI::App& app) {
                   "Connections served at once (each stream holds one); more get 503. 0: max-queue + max-batch + 32")
       ->check(CLI::Range(0, 65536))->capture_default_str();
   add_backend_option(cmd, &opts->backend);
+  add_model_run_options(cmd, &opts->run);
   cmd->callback([opts] {
     // Blocked before any thread starts, so every thread inherits the mask and only sigwait sees them.
     sigset_t sigs;
@@ -50,12 +52,16 @@ void add_serve_command(CLI::App& app) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
     Tokenizer tok = load_tokenizer_or_fail(opts->src);
+    (void)model_overrides_or_fail(opts->run);  // the flags' errors name the flag; the engine parses them again
     EngineOptions eo;
     eo.model_dir = opts->src.model;
     eo.backend = opts->backend;
     eo.max_batch = opts->max_batch;
     eo.max_context = opts->max_context;
     eo.max_queue = opts->max_queue;
+    eo.precision = opts->run.precision;
+    eo.index_keys = opts->run.index_keys;
+    eo.index_topk = opts->run.index_topk;
     auto engine = Engine::create(eo);
     if (!engine.is_ok()) fail(engine.status());
     if ((*engine)->vocab_size() < tok.vocab_size())

@@ -13,7 +13,8 @@ Runs in CI with the CPU backend (`serve_check_cpu`) and on the GPU machine from
 scripts/gpu-check.sh with `--backend cuda`. Prints one line per check; exit status 0 when all
 pass.
 
-usage: serve_check.py SPARROW MODEL_DIR [--backend cpu|cuda] [--lengths 256,1k] [--trials 3]
+usage: serve_check.py SPARROW MODEL_DIR [--backend cpu|cuda] [--precision fp32|fast|...]
+                      [--lengths 256,1k] [--trials 3]
 """
 import argparse
 import concurrent.futures
@@ -32,9 +33,9 @@ import urllib.request
 LINE = re.compile(r"length (\d+) trial (\d+) key (\S) answer (\d{3}) got (.{3}) ")
 
 
-def needle_tokens(sparrow, model, backend, lengths, trials, dump=None):
+def needle_tokens(sparrow, model, backend, lengths, trials, precision, dump=None):
     cmd = [sparrow, "needle", "--model", model, "--backend", backend, "--lengths", lengths,
-           "--trials", str(trials), "-v"]
+           "--trials", str(trials), "--precision", precision, "-v"]
     if dump:
         cmd += ["--dump-prompts", dump]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -91,6 +92,7 @@ def main():
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--lengths", default="256,1k")
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--precision", default="fp32", help="passed to sparrow needle and sparrow serve")
     a = ap.parse_args()
 
     failures = 0
@@ -102,11 +104,11 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="serve-check-")
     dump = os.path.join(tmp, "prompts.jsonl")
-    want = needle_tokens(a.sparrow, a.model, "cpu", a.lengths, a.trials, dump)
+    want = needle_tokens(a.sparrow, a.model, "cpu", a.lengths, a.trials, a.precision, dump)
     prompts = [json.loads(line) for line in open(dump)]
     check("reference prompts", len(prompts) == len(want) and len(prompts) > 0, f"{len(prompts)} prompts")
     if a.backend != "cpu":
-        got = needle_tokens(a.sparrow, a.model, a.backend, a.lengths, a.trials)
+        got = needle_tokens(a.sparrow, a.model, a.backend, a.lengths, a.trials, a.precision)
         diff = [k for k in want if got.get(k) != want[k]]
         check(f"sparrow needle --backend {a.backend} == cpu", not diff, f"{len(want) - len(diff)}/{len(want)} equal")
 
@@ -114,7 +116,8 @@ def main():
     base = f"http://127.0.0.1:{port}"
     log = open(os.path.join(tmp, "serve.log"), "w")
     proc = subprocess.Popen([a.sparrow, "serve", "--model", a.model, "--backend", a.backend, "--host", "127.0.0.1",
-                             "--port", str(port), "--served-model-name", "needle", "--max-context", "16384"],
+                             "--port", str(port), "--served-model-name", "needle", "--max-context", "16384",
+                             "--precision", a.precision],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         t0 = time.time()
@@ -156,7 +159,7 @@ def main():
             proc.kill()
             rc = "killed after 60 s"
         check("SIGTERM exit status 0", rc == 0, f"exit {rc}")
-    print(f"serve_check --backend {a.backend}: {'all passed' if failures == 0 else f'{failures} failed'}")
+    print(f"serve_check --backend {a.backend} --precision {a.precision}: {'all passed' if failures == 0 else f'{failures} failed'}")
     return 0 if failures == 0 else 1
 
 

@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "core/quant_sim.h"
 #include "model/model.h"
 #include "runtime/backend_factory.h"
 #include "runtime/sampler.h"
@@ -231,7 +232,17 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   SPARROW_ASSIGN_OR_RETURN(impl->backend, backend_create(options.backend));
-  SPARROW_ASSIGN_OR_RETURN(impl->model, Model::load(options.model_dir));
+  ModelOverrides overrides;
+  if (auto p = precision_from_name(options.precision)) overrides.precision = *p;
+  else return Status::invalid_argument("precision '" + options.precision + "' is not fp32, deepseek-ref or fast");
+  if (options.index_keys != "auto") {
+    auto k = key_precision_from_name(options.index_keys);
+    if (!k) return Status::invalid_argument("index_keys '" + options.index_keys + "' is not auto, fp32, bf16, fp8 or fp4");
+    overrides.index_keys = *k;
+  }
+  if (options.index_topk < 0) return Status::invalid_argument("index_topk must be >= 0 (0: config.json's)");
+  if (options.index_topk > 0) overrides.index_topk = options.index_topk;
+  SPARROW_ASSIGN_OR_RETURN(impl->model, Model::load(options.model_dir, overrides));
   SPARROW_RETURN_IF_ERROR(impl->model->check_backend(*impl->backend));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->loop(); });
