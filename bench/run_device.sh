@@ -5,7 +5,7 @@
 # straight into $OUT, so even a run that is cut short brings back what it measured.
 #
 #   bash bench/run_device.sh            (environment knobs, all optional:)
-#     BIN=build-bench-carry folder holding sparrow built on the CPU machine (+ lib/): bench/prepare_carry.sh
+#     BIN=.gpu-carry   folder holding sparrow built on the CPU machine (+ lib/): scripts/prepare-gpu-carry.sh
 #     MODEL=/tmp/sparrow-v4f8-256   where the synthetic model goes (about 31 GB for 8 layers)
 #     LAYERS=8              its main layers (SWA, SWA, CSA, HCA, CSA, HCA, CSA, HCA)
 #     LIMIT_S=570           wall seconds this script may use in all (the device allows 600)
@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
-bin=${BIN:-build-bench-carry}
+bin=${BIN:-.gpu-carry}
 model=${MODEL:-/tmp/sparrow-v4f8-256}
 layers=${LAYERS:-8}
 limit=${LIMIT_S:-570}

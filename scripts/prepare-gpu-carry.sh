@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the CPU machine, before a device session: builds the Release binaries in build/ (CUDA backend
+# for sm_90a; CUDA runtime static) and copies them, with the shared libraries the GPU machine's
+# image lacks (cpp-httplib and brotli, which Debian ships only as shared libraries), into
+# .gpu-carry/. Name `.gpu-carry` in the device tool's `carry`; scripts/gpu-check.sh --bin .gpu-carry,
+# bench/run_device.sh and tools/serve_check.py use it, after `export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib`.
+# .gpu-carry/ must be ignored by git (`echo /.gpu-carry/ >> .git/info/exclude`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo '/.gpu-carry/' >> .git/info/exclude
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARROW_CUDA=ON >/dev/null
+cmake --build build --target sparrow sparrow_cuda_tests sparrow_npy_compare
+rm -rf .gpu-carry
+mkdir -p .gpu-carry/lib
+cp build/bin/sparrow build/bin/sparrow_cuda_tests build/bin/sparrow_npy_compare .gpu-carry/
+for b in .gpu-carry/sparrow .gpu-carry/sparrow_cuda_tests; do
+  ldd "$b" | awk '/=> \// {print $3}' | grep -E 'httplib|brotli|pcre2' || true
+done | sort -u | while read -r lib; do cp -L "$lib" .gpu-carry/lib/; done
+ls -la .gpu-carry .gpu-carry/lib
+du -sh .gpu-carry
