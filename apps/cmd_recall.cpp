@@ -11,7 +11,7 @@ namespace sparrow::app {
 
 void add_recall_command(CLI::App& app) {
   struct Opts {
-    std::string model, ids, keys = "bf16,fp8,fp4", backend = "cpu";
+    std::string model, ids, keys = "bf16,fp8,fp4", backend = "cpu", precision = "fp32";
     int64_t synthetic_len = 0, topk = 0;
     uint64_t seed = 0;
     bool json = false;
@@ -27,11 +27,18 @@ void add_recall_command(CLI::App& app) {
   cmd->add_option("--index-keys", opts->keys, "Key precisions to measure: a list of fp32, bf16, fp8, fp4")
       ->capture_default_str();
   cmd->add_option("--index-topk", opts->topk, "Override index_topk")->check(CLI::PositiveNumber);
+  cmd->add_option("--precision", opts->precision,
+                  "Numerics of the measured side (fp32, deepseek-ref or fast); the reference is always fp32")
+      ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON");
   add_backend_option(cmd, &opts->backend);
   cmd->callback([opts] {
     if (opts->ids.empty() && opts->synthetic_len == 0) fail(Status::invalid_argument("give --ids or --synthetic-len"));
     RecallOptions ro{.keys = {}, .topk = opts->topk};
+    auto precision = precision_from_name(opts->precision);
+    if (!precision)
+      fail(Status::invalid_argument("--precision '" + opts->precision + "' is not fp32, deepseek-ref or fast"));
+    ro.precision = *precision;
     std::stringstream ss(opts->keys);
     std::string k;
     while (std::getline(ss, k, ',')) {

@@ -24,6 +24,7 @@ Expected<std::vector<RecallRow>> indexer_recall(const std::filesystem::path& mod
   for (KeyPrecision keys : options.keys) {
     ModelOverrides ov = base;
     ov.index_keys = keys;
+    ov.precision = options.precision;
     SPARROW_ASSIGN_OR_RETURN(auto model, Model::load(model_dir, ov));
     SPARROW_ASSIGN_OR_RETURN(auto own, taps_run(*model, backend, ids, "*.indexer.topk_own", &forced));
     for (const TapRecord& r : own) {

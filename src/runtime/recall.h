@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/quant_sim.h"
+#include "model/model.h"
 #include "ops/backend.h"
 #include "sparrow/status.h"
 
@@ -30,6 +31,9 @@ struct RecallRow {
 struct RecallOptions {
   std::vector<KeyPrecision> keys = {KeyPrecision::kBf16, KeyPrecision::kFp8, KeyPrecision::kFp4};
   int64_t topk = 0;  // 0: the config's index_topk
+  // Numerics of the measured side; the reference selections are always fp32's (forced upstream, so
+  // each layer's indexer is measured on the same inputs it would see in the reference run).
+  Precision precision = Precision::kFp32;
 };
 
 Expected<std::vector<RecallRow>> indexer_recall(const std::filesystem::path& model_dir, Backend& backend,

@@ -50,6 +50,24 @@ TEST(Recall, Fp32KeysKeepTheExactSelectionAndFp4LosesSome) {
   EXPECT_LT(fp4_worst, 1.0) << "fp4 keys should flip some selections on this fixture";
 }
 
+// The measured side under the fast profile: even fp32 keys no longer reproduce every selection
+// (bf16 roundings and FP8 activations reach the indexer's inputs), but the upstream decisions are
+// forced, so the overlap stays high.
+TEST(Recall, FastProfileIsMeasuredAgainstTheFp32Selection) {
+  auto backend = make_cpu_backend();
+  auto rows = indexer_recall(kFixtures / "mixed_hc2", *backend, testing::fixture_ids("mixed_hc2"),
+                             {.keys = {KeyPrecision::kF32}, .precision = Precision::kFast});
+  ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+  ASSERT_EQ(rows->size(), 2u);
+  double worst = 1;
+  for (const RecallRow& r : *rows) {
+    EXPECT_GT(r.contested, 0) << "layer " << r.layer;
+    EXPECT_GT(r.mean_overlap, 0.8) << "layer " << r.layer;
+    worst = std::min(worst, r.min_overlap);
+  }
+  EXPECT_LT(worst, 1.0) << "the fast profile should move some selection on this fixture";
+}
+
 TEST(Recall, ModelWithoutCsaIsAClearError) {
   auto backend = make_cpu_backend();
   auto rows = indexer_recall(kFixtures / "swa_hash", *backend, testing::fixture_ids("swa_hash"), {});
