@@ -202,49 +202,9 @@ void print(const std::string& what, const Accuracy& a) {
 
 // A copy of a checkpoint directory (config.json + model.safetensors) with every element of
 // `tensor` (F32 or BF16) multiplied by `factor`, or with config.json edited by `edit_config`.
-std::filesystem::path plant(const std::filesystem::path& src, const std::string& tensor, float factor,
-                            const std::function<void(nlohmann::json&)>& edit_config = {}) {
-  const auto dir = testing::make_temp_dir("fast_fault");
-  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
-  if (edit_config) edit_config(cfg);
-  std::ofstream(dir / "config.json") << cfg.dump();
-  if (tensor.empty()) {
-    std::filesystem::copy_file(src / "model.safetensors", dir / "model.safetensors");
-    return dir;
-  }
-  auto file = SafetensorsFile::open(src / "model.safetensors").value();
-  std::vector<TensorToWrite> out;
-  bool found = false;
-  for (const TensorView& t : file->tensors()) {
-    TensorToWrite w{t.name, t.dtype, t.shape,
-                    std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
-                                         static_cast<const uint8_t*>(t.data) + t.nbytes)};
-    if (t.name == tensor) {
-      found = true;
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        if (t.dtype == DType::kF32) {
-          float v;
-          std::memcpy(&v, w.bytes.data() + 4 * i, 4);
-          v *= factor;
-          std::memcpy(w.bytes.data() + 4 * i, &v, 4);
-        } else {
-          uint16_t h;
-          std::memcpy(&h, w.bytes.data() + 2 * i, 2);
-          h = f32_to_bf16(bf16_to_f32(h) * factor);
-          std::memcpy(w.bytes.data() + 2 * i, &h, 2);
-        }
-      }
-    }
-    out.push_back(std::move(w));
-  }
-  EXPECT_TRUE(found) << tensor;
-  EXPECT_TRUE(safetensors_write(dir / "model.safetensors", out).is_ok());
-  return dir;
-}
-
 // The routed scale applied twice on the fast path only: its config says factor^2.
 std::filesystem::path plant_double_routed_scale(const std::filesystem::path& src) {
-  return plant(src, "", 1.0f, [](nlohmann::json& c) {
+  return testing::copy_checkpoint_with_fault(src, "", 1.0f, [](nlohmann::json& c) {
     const double f = c["routed_scaling_factor"].get<double>();
     c["routed_scaling_factor"] = f * f;
   });
@@ -252,7 +212,7 @@ std::filesystem::path plant_double_routed_scale(const std::filesystem::path& src
 
 // Corrupted index keys: the indexer compressor's wkv negated (the key every entry stores flips sign).
 std::filesystem::path plant_corrupt_index_keys(const std::filesystem::path& src, const std::string& layer) {
-  return plant(src, "model.layers." + layer + ".attn.indexer.compressor.wkv.weight", -1.0f);
+  return testing::copy_checkpoint_with_fault(src, "model.layers." + layer + ".attn.indexer.compressor.wkv.weight", -1.0f);
 }
 
 std::vector<std::vector<int32_t>> needle_prompts() {

@@ -6,10 +6,14 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "core/npy.h"
 #include "io/config_json.h"
+#include "io/safetensors.h"
 
 namespace sparrow::testing {
 
@@ -172,6 +176,47 @@ std::filesystem::path make_temp_dir(const std::string& tag) {
              ("sparrow_" + tag + "_" + std::to_string(rd()) + "_" + std::to_string(counter++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::filesystem::path copy_checkpoint_with_fault(const std::filesystem::path& src, const std::string& tensor,
+                                                 float factor, const std::function<void(nlohmann::json&)>& edit_config) {
+  const auto dir = make_temp_dir("fault");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  if (edit_config) edit_config(cfg);
+  std::ofstream(dir / "config.json") << cfg.dump();
+  if (tensor.empty()) {
+    std::filesystem::copy_file(src / "model.safetensors", dir / "model.safetensors");
+    return dir;
+  }
+  auto file = SafetensorsFile::open(src / "model.safetensors").value();
+  std::vector<TensorToWrite> out;
+  bool found = false;
+  for (const TensorView& t : file->tensors()) {
+    TensorToWrite w{t.name, t.dtype, t.shape,
+                    std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
+                                         static_cast<const uint8_t*>(t.data) + t.nbytes)};
+    if (t.name == tensor) {
+      found = true;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (t.dtype == DType::kF32) {
+          float v;
+          std::memcpy(&v, w.bytes.data() + 4 * i, 4);
+          v *= factor;
+          std::memcpy(w.bytes.data() + 4 * i, &v, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, w.bytes.data() + 2 * i, 2);
+          h = f32_to_bf16(bf16_to_f32(h) * factor);
+          std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+        }
+      }
+    }
+    out.push_back(std::move(w));
+  }
+  if (!found) throw std::runtime_error("copy_checkpoint_with_fault: no tensor " + tensor);
+  if (!safetensors_write(dir / "model.safetensors", out).is_ok())
+    throw std::runtime_error("copy_checkpoint_with_fault: cannot write " + (dir / "model.safetensors").string());
   return dir;
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "io/safetensors.h"
 #include "core/model_config.h"
 
@@ -27,5 +29,12 @@ std::vector<int32_t> fixture_ids(const std::string& name);
 
 // A fresh empty directory under the system temp dir.
 std::filesystem::path make_temp_dir(const std::string& tag);
+
+// A planted fault: copies checkpoint `src` (config.json + model.safetensors) into a new temp dir,
+// multiplying every element of `tensor` (F32 or BF16; empty: no tensor changes) by `factor`, after
+// `edit_config` (if given) has changed the config.
+std::filesystem::path copy_checkpoint_with_fault(const std::filesystem::path& src, const std::string& tensor,
+                                                 float factor,
+                                                 const std::function<void(nlohmann::json&)>& edit_config = {});
 
 }  // namespace sparrow::testing

@@ -21,38 +21,8 @@ using testing::fixture_ids;
 
 const std::filesystem::path kFixtures = SPARROW_FIXTURES_DIR;
 
-// Copies a fixture, multiplying every element of `tensor` (F32 or BF16) by `factor`.
 std::filesystem::path copy_with_scaled_tensor(const std::string& fixture, const std::string& tensor, float factor) {
-  const auto dir = testing::make_temp_dir("diff");
-  std::filesystem::copy_file(kFixtures / fixture / "config.json", dir / "config.json");
-  auto file = SafetensorsFile::open(kFixtures / fixture / "model.safetensors").value();
-  std::vector<TensorToWrite> out;
-  bool found = false;
-  for (const TensorView& t : file->tensors()) {
-    TensorToWrite w{t.name, t.dtype, t.shape,
-                    std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
-                                         static_cast<const uint8_t*>(t.data) + t.nbytes)};
-    if (t.name == tensor) {
-      found = true;
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        if (t.dtype == DType::kF32) {
-          float v;
-          std::memcpy(&v, w.bytes.data() + 4 * i, 4);
-          v *= factor;
-          std::memcpy(w.bytes.data() + 4 * i, &v, 4);
-        } else {
-          uint16_t h;
-          std::memcpy(&h, w.bytes.data() + 2 * i, 2);
-          h = f32_to_bf16(bf16_to_f32(h) * factor);
-          std::memcpy(w.bytes.data() + 2 * i, &h, 2);
-        }
-      }
-    }
-    out.push_back(std::move(w));
-  }
-  EXPECT_TRUE(found) << tensor;
-  EXPECT_TRUE(safetensors_write(dir / "model.safetensors", out).is_ok());
-  return dir;
+  return testing::copy_checkpoint_with_fault(kFixtures / fixture, tensor, factor);
 }
 
 DiffReport diff_dirs(const std::filesystem::path& a, const std::filesystem::path& b, const std::vector<int32_t>& ids,
