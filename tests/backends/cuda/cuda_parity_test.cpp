@@ -180,6 +180,8 @@ struct IndexKeysCase {
   const char* fixture;
   KeyPrecision keys;
 };
+// gtest prints the parameter in test listings (and so in CTest's names).
+void PrintTo(const IndexKeysCase& c, std::ostream* os) { *os << c.fixture << " keys " << key_precision_name(c.keys); }
 
 class CudaIndexKeysParity : public ::testing::TestWithParam<IndexKeysCase> {};
 
