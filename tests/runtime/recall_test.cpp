@@ -44,7 +44,9 @@ TEST(Recall, Fp32KeysKeepTheExactSelectionAndFp4LosesSome) {
   double fp4_worst = 1;
   for (const RecallRow& r : *rows) {
     EXPECT_GT(r.contested, 0) << "layer " << r.layer;
-    if (r.keys == "fp32") EXPECT_EQ(r.min_overlap, 1.0) << "layer " << r.layer;
+    if (r.keys == "fp32") {
+      EXPECT_EQ(r.min_overlap, 1.0) << "layer " << r.layer;
+    }
     if (r.keys == "fp4") fp4_worst = std::min(fp4_worst, r.mean_overlap);
   }
   EXPECT_LT(fp4_worst, 1.0) << "fp4 keys should flip some selections on this fixture";
