@@ -104,6 +104,9 @@ KeyPrecision precision_default_index_keys(Precision p) {
   return KeyPrecision::kF32;
 }
 
+// fast and deepseek-ref need the numerics flags (round_bf16, act_quant_fp8, quant_sim, entry_sim,
+// ref_numerics; deepseek-ref also bf16_scores and the Hadamard/FP4 quant_sim kinds): the CPU and CUDA
+// backends implement all of them (supports_reference_numerics()); other backends are refused here.
 Status Model::check_backend(const Backend& backend) const {
   if (precision_ == Precision::kFp32 || backend.supports_reference_numerics()) return Status::ok();
   if (precision_ == Precision::kFast)

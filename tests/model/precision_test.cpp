@@ -127,8 +127,8 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
 }
 
 TEST(FastNumerics, RefusedWhereNotImplementedNamingWhatIsMissing) {
-  // Until the CUDA fast kernels exist, a backend without the reference numerics refuses `fast`
-  // before any op runs, and says which pieces it lacks.
+  // A backend without the reference numerics (CPU and CUDA both have them) refuses `fast` before
+  // any op runs, and says which pieces it lacks.
   NoReferenceNumerics plain;
   auto model = Model::load(kFixtures / "csa", {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast}).value();
   const auto r = Session(*model, plain).logits(fixture_ids("csa"), 0);

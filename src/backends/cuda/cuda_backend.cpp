@@ -133,6 +133,36 @@ bool is_float_dtype(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kF8E4M3 || t == DType::kF8E8M0;
 }
 
+// The round_bf16 flags: an op's fp32 output rounded once to bf16, as the CPU does after computing it.
+void round_bf16_if(bool round, const Tensor& t, const char* what) {
+  if (!round) return;
+  launch_bf16_round(t.f32(), t.numel());
+  launch_check(what);
+}
+
+// fp8_pow2_quant_sim(row, dims, block) of each of n rows of `stride` values, in place.
+void fp8_rows(float* x, int64_t n, int64_t stride, int64_t dims, int64_t block, const char* what) {
+  launch_row_sim({.x = x, .rows = nullptr, .n = n, .row_stride = stride, .dims = dims, .kind = RowSimKind::kFp8Pow2,
+                  .block = block});
+  launch_check(what);
+}
+
+RowSimArgs row_sim_of(QuantSimKind kind, int64_t dims) {
+  switch (kind) {
+    case QuantSimKind::kFp8Pow2Block64:
+      return {.kind = RowSimKind::kFp8Pow2, .block = 64};
+    case QuantSimKind::kFp4Pow2Block32:
+      return {.kind = RowSimKind::kFp4Pow2Block32, .block = 32};
+    case QuantSimKind::kHadamardBf16:
+      SPARROW_CHECK(dims > 0 && (dims & (dims - 1)) == 0 && dims <= kMaxHadamard);
+      return {.kind = RowSimKind::kHadamardBf16, .block = 0};
+    case QuantSimKind::kBf16:
+      return {.kind = RowSimKind::kBf16, .block = 0};
+  }
+  SPARROW_CHECK(false && "unknown QuantSimKind");
+  return {};
+}
+
 class CudaBackend final : public Backend {
  public:
   const char* name() const override { return "cuda"; }
@@ -213,6 +243,7 @@ class CudaBackend final : public Backend {
                    .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
                    .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps)});
     launch_check("hc_pre");
+    round_bf16_if(p.round_bf16, p.out_input, "hc_pre bf16");
   }
 
   void hc_post(const HcPostParams& p) override {
@@ -222,6 +253,7 @@ class CudaBackend final : public Backend {
     launch_hc_post({.streams = p.streams.f32(), .sublayer = p.sublayer.f32(), .post = p.post.f32(), .comb = p.comb.f32(),
                     .T = T, .S = S, .D = D});
     launch_check("hc_post");
+    round_bf16_if(p.round_bf16, p.streams, "hc_post bf16");
   }
 
   void hc_head(const HcHeadParams& p) override {
@@ -232,6 +264,7 @@ class CudaBackend final : public Backend {
                     .base = dev_view(p.weights->base), .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D,
                     .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps)});
     launch_check("hc_head");
+    round_bf16_if(p.round_bf16, p.out, "hc_head bf16");
   }
 
   void rms_norm(const RmsNormParams& p) override {
@@ -242,6 +275,7 @@ class CudaBackend final : public Backend {
     launch_rms_norm({.out = p.out.f32(), .in = p.in.f32(), .weight = dev_view(p.weight), .rows = n / p.group,
                      .group = p.group, .eps = static_cast<float>(p.eps)});
     launch_check("rms_norm");
+    round_bf16_if(p.round_bf16, p.out, "rms_norm bf16");
   }
 
   void linear(const LinearParams& p) override {
@@ -249,9 +283,19 @@ class CudaBackend final : public Backend {
     const int64_t T = p.in.dim(0);
     SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
-    launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
+    const float* in = p.in.f32();
+    DeviceBuffer quantised;
+    if (p.act_quant_fp8 && T * w.in > 0) {
+      // The CPU's act_quant_fp8: a copy of the input, each token's row in blocks of 128.
+      quantised = DeviceBuffer(static_cast<size_t>(T * w.in) * sizeof(float));
+      SPARROW_CUDA_CHECK(cudaMemcpy(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice));
+      fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
+      in = quantised.f32();
+    }
+    launch_linear({.out = p.out.f32(), .in = in, .in_rows = nullptr, .w = dev_weight(w), .T = T,
                    .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1)});
     launch_check("linear");
+    round_bf16_if(p.round_bf16, p.out, "linear bf16");
   }
 
   void grouped_linear(const GroupedLinearParams& p) override {
@@ -263,7 +307,25 @@ class CudaBackend final : public Backend {
     launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
                    .in_stride = G * w.in, .rows_per_group = w.out / G});
     launch_check("grouped_linear");
+    round_bf16_if(p.round_bf16, p.out, "grouped_linear bf16");
   }
+
+  void quant_sim(const QuantSimParams& p) override {
+    SPARROW_CHECK(p.row > 0);
+    const int64_t rows = p.x.numel() / p.row;
+    SPARROW_CHECK_EQ(rows * p.row, p.x.numel());
+    SPARROW_CHECK(p.dims >= 0 && p.dims <= p.row);
+    RowSimArgs sim = row_sim_of(p.kind, p.dims);
+    sim.x = p.x.f32();
+    sim.n = rows;
+    sim.row_stride = p.row;
+    sim.dims = p.dims;
+    launch_row_sim(sim);
+    launch_check("quant_sim");
+  }
+
+  // Every flag of the fast and deepseek-ref profiles is simulated on the device (docs/cuda.md).
+  bool supports_reference_numerics() const override { return true; }
 
   void linear_fp8_block(const LinearFp8BlockParams& p) override {
     fp8_.run(p, [&] { return dev_weight(*p.weight); });
@@ -278,6 +340,7 @@ class CudaBackend final : public Backend {
     launch_rope({.x = p.x.f32(), .positions = device_batch(batch).positions, .T = T, .n = p.x.dim(1),
                  .width = p.x.dim(2), .table = rope_arg(*p.table), .inverse = p.direction == RopeDirection::kInverse});
     launch_check("rope");
+    round_bf16_if(p.round_bf16, p.x, "rope bf16");
   }
 
   // Plans each sequence's walk on the host (where its rows go, how many entries it emits), makes
@@ -290,7 +353,8 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.ape.numel(), m * width);
     SPARROW_CHECK_EQ(p.norm_weight.numel(), p.dim);
     std::vector<CompressorSeqArgs> seqs;
-    std::vector<float*> emitted_rows;  // where this batch's entries go, for the key precision pass
+    std::vector<float*> emitted_rows;  // where this batch's entries go, for the entry_sim and key precision passes
+    const bool post_pass = p.key_precision != KeyPrecision::kF32 || !p.entry_sim.empty();
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
       CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
@@ -300,7 +364,7 @@ class CudaBackend final : public Backend {
       for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
       const int64_t emitted = (buf.pending + n) / m;
       buf.reserve(buf.count + emitted);
-      if (p.key_precision != KeyPrecision::kF32)
+      if (post_pass)
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
       seqs.push_back({.pending_kv = buf.pending_kv.f32(), .pending_gate = buf.pending_gate.f32(),
                       .prev_kv = buf.prev_kv.f32(), .prev_gate = buf.prev_gate.f32(), .entries = buf.entries.f32(),
@@ -315,11 +379,23 @@ class CudaBackend final : public Backend {
     launch_compressor({.seqs = static_cast<const CompressorSeqArgs*>(plan.get()), .nseq = static_cast<int64_t>(seqs.size()),
                        .kv = p.kv.f32(), .gate = p.gate.f32(), .positions = device_batch(batch).positions,
                        .ape = dev_view(p.ape), .norm_weight = dev_view(p.norm_weight), .rope = rope_arg(*p.rope),
-                       .ratio = m, .dim = p.dim, .overlap = p.overlap, .norm_eps = static_cast<float>(p.norm_eps)});
+                       .ratio = m, .dim = p.dim, .overlap = p.overlap, .norm_eps = static_cast<float>(p.norm_eps),
+                       .round_bf16 = p.round_bf16});
     launch_check("compressor");
-    // `--index-keys`: each new entry rounded as stored, after its rotation (as emit_entry on the CPU).
+    // entry_sim (the stored record), then `--index-keys`: each new entry rounded as stored, after its
+    // rotation, in emit_entry's order. The kernel never reads an entry back once it is emitted.
     if (!emitted_rows.empty()) {
       const DeviceBuffer rows = upload_vector(emitted_rows);
+      for (QuantSimKind kind : p.entry_sim) {
+        const int64_t dims = kind == QuantSimKind::kFp8Pow2Block64 ? p.dim - p.rope->rope_dim() : p.dim;
+        SPARROW_CHECK(dims >= 0 && dims <= p.dim);
+        RowSimArgs sim = row_sim_of(kind, dims);
+        sim.rows = static_cast<float* const*>(rows.get());
+        sim.n = static_cast<int64_t>(emitted_rows.size());
+        sim.dims = dims;
+        launch_row_sim(sim);
+        launch_check("compressor entry_sim");
+      }
       launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
                       .dim = p.dim, .precision = p.key_precision});
       launch_check("compressor key precision");
@@ -350,7 +426,9 @@ class CudaBackend final : public Backend {
                          .head_weights = p.head_weights.f32(), .keys = static_cast<const float* const*>(d_keys.get()),
                          .visible = static_cast<const int64_t*>(d_visible.get()), .T = T, .Hi = Hi, .di = di, .k = p.k,
                          .C = C, .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) /
-                                                             std::sqrt(static_cast<double>(Hi)))});
+                                                             std::sqrt(static_cast<double>(Hi))),
+                         .bf16_scores = p.bf16_scores,
+                         .scale_f64 = 1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(Hi))});
     launch_check("indexer_topk");
     if (out_C > 0)
       SPARROW_CUDA_CHECK(cudaMemcpy2D(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
@@ -398,6 +476,7 @@ class CudaBackend final : public Backend {
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale)});
     launch_check("attention");
+    round_bf16_if(p.round_bf16, p.out, "attention bf16");
   }
 
   // A token whose ring slot a later token of the same sequence in this batch overwrites is
@@ -454,6 +533,16 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.out.numel(), T * D);
     SPARROW_CHECK_EQ(p.weights.numel(), T * K);
     if (T == 0) return;
+    // ref_numerics: every expert reads the input FP8-quantised (1x128 per token, as the CPU's
+    // swiglu_ffn quantises each gathered row: the same row gives the same codes for every expert).
+    const float* x = p.x.f32();
+    DeviceBuffer xq;
+    if (p.ref_numerics && D > 0) {
+      xq = DeviceBuffer(static_cast<size_t>(T * D) * sizeof(float));
+      SPARROW_CUDA_CHECK(cudaMemcpy(xq.get(), x, xq.bytes(), cudaMemcpyDeviceToDevice));
+      fp8_rows(xq.f32(), T, D, D, kFp8ActBlock, "moe input act_quant_fp8");
+      x = xq.f32();
+    }
     // Group (token, slot) pairs by expert, in token order.
     const std::vector<int32_t> experts = download_i32(p.experts);
     std::vector<std::vector<int32_t>> rows(E), slots(E);
@@ -487,9 +576,13 @@ class CudaBackend final : public Backend {
       for (int64_t e = 0; e < E; ++e) {
         const int64_t R = offset[e + 1] - offset[e];
         if (R == 0) continue;
-        swiglu_ffn(routed[e], p.x.f32(), D, rows_ptr + offset[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit);
+        const RefRouting ref{.on = p.ref_numerics, .slots = slots_ptr + offset[e], .weights = p.weights.f32(),
+                             .scale = combine_scale};
+        swiglu_ffn(routed[e], x, D, rows_ptr + offset[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit, ref);
+        // ref_numerics: the weight is in h already; contrib = y.
         launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + offset[e],
-                               .weights = p.weights.f32(), .R = R, .D = D, .scale = static_cast<float>(combine_scale)});
+                               .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = R, .D = D,
+                               .scale = static_cast<float>(combine_scale)});
         launch_check("expert scatter");
       }
     }
@@ -498,11 +591,13 @@ class CudaBackend final : public Backend {
       const int64_t F = p.shared->w1.out;
       DeviceBuffer h1(T * F * sizeof(float)), h3(T * F * sizeof(float));
       shared_out = DeviceBuffer(T * D * sizeof(float));
-      swiglu_ffn(*p.shared, p.x.f32(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit);
+      swiglu_ffn(*p.shared, x, D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit,
+                 {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0});
     }
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = p.shared ? shared_out.f32() : nullptr,
                         .T = T, .K = K, .D = D});
     launch_check("moe combine");
+    round_bf16_if(p.ref_numerics, p.out, "moe bf16");
   }
 
   // Device bytes of a stored tensor, uploaded on first use and cached by host address.
@@ -580,9 +675,17 @@ class CudaBackend final : public Backend {
     return d;
   }
 
+  // ref_numerics inside one expert: h <- bf16(g_r * h) then FP8 1x128, before w2 (weights null: g = 1).
+  struct RefRouting {
+    bool on = false;
+    const int32_t* slots = nullptr;
+    const float* weights = nullptr;
+    double scale = 1.0;
+  };
+
   // ys = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)) for the R rows `rows` of x (all T when null).
   void swiglu_ffn(const ExpertWeights& w, const float* x, int64_t x_stride, const int32_t* rows, int64_t R, float* h1,
-                  float* h3, float* y, double limit) {
+                  float* h3, float* y, double limit, const RefRouting& ref) {
     const int64_t F = w.w1.out;
     SPARROW_CHECK_EQ(w.w3.out, F);
     SPARROW_CHECK_EQ(w.w2.in, F);
@@ -593,6 +696,12 @@ class CudaBackend final : public Backend {
     launch_linear({.out = h3, .in = x, .in_rows = rows, .w = dev_weight(w.w3), .T = R, .in_stride = x_stride,
                    .rows_per_group = F});
     launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
+    if (ref.on) {
+      launch_check("expert swiglu");
+      launch_route_scale_bf16({.h = h1, .slots = ref.slots, .weights = ref.weights, .R = R, .F = F, .scale = ref.scale});
+      launch_check("expert routing weight");
+      fp8_rows(h1, R, F, F, kFp8ActBlock, "expert w2 act_quant_fp8");
+    }
     launch_linear({.out = y, .in = h1, .in_rows = nullptr, .w = dev_weight(w.w2), .T = R, .in_stride = F,
                    .rows_per_group = w.w2.out});
     launch_check("expert ffn");

@@ -155,6 +155,44 @@ struct ActDequantFp8Args {
 };
 void launch_act_dequant_fp8(const ActDequantFp8Args& a);
 
+// ---- numerics simulation of the fast / deepseek-ref profiles (kernels_fp8.cu) -------------------
+// Quantise-then-dequantise in place, the device twins of core/quant_sim.cpp bit for bit on the same
+// input (the encoders of device_common.cuh; every step exact or one correctly rounded IEEE op).
+
+enum class RowSimKind : uint8_t {
+  kBf16,            // bf16_round_inplace
+  kFp8Pow2,         // fp8_pow2_quant_sim(row, dims, block): 128 before GEMMs, 64 for the KV record
+  kFp4Pow2Block32,  // fp4_pow2_quant_sim
+  kHadamardBf16,    // hadamard_transform then bf16_round_inplace (dims a power of two <= kMaxHadamard)
+};
+inline constexpr int64_t kMaxHadamard = 256;
+
+// Rounds the first `dims` values of each of n rows: row r is rows[r] when rows is set, else
+// x + r * row_stride. One block per row; each thread owns whole scale blocks (no barriers).
+struct RowSimArgs {
+  float* x;
+  float* const* rows;
+  int64_t n, row_stride, dims;
+  RowSimKind kind;
+  int64_t block;  // kFp8Pow2 only
+};
+void launch_row_sim(const RowSimArgs& a);
+
+// x[i] = bf16(x[i]) for i < n (the round_bf16 flags: an op's fp32 output rounded once).
+void launch_bf16_round(float* x, int64_t n);
+
+// deepseek-ref/fast MoE (MoeParams::ref_numerics): h[r, f] = bf16(fp32(g_r * h[r, f])) with
+// g_r = fp64(weights[slots[r]]) * scale, or g_r = 1 when weights is null (shared expert), as the
+// CPU's swiglu_ffn computes it in fp64.
+struct RouteScaleArgs {
+  float* h;               // [R, F]
+  const int32_t* slots;   // [R] (ignored when weights is null)
+  const float* weights;   // [T*K] or null
+  int64_t R, F;
+  double scale;
+};
+void launch_route_scale_bf16(const RouteScaleArgs& a);
+
 // ---- compressor, indexer, attention (kernels_attention.cu) --------------------------------------
 
 // One sequence's compressor buffer and its share of the batch (mirrors cpu_state.h).
@@ -181,6 +219,8 @@ struct CompressorArgs {
   int64_t ratio, dim;
   bool overlap;
   float norm_eps;
+  // fast/deepseek-ref: the pooled entry bf16 before the norm, the norm and the rotation bf16 out.
+  bool round_bf16 = false;
 };
 void launch_compressor(const CompressorArgs& a);
 
@@ -203,6 +243,10 @@ struct IndexerArgs {
   const int64_t* visible;       // [T]
   int64_t T, Hi, di, k, C;      // C >= every visible
   float scale;
+  // deepseek-ref (IndexerTopkParams::bf16_scores): the CPU's bf16 products, summed in fp64 over
+  // heads with the fp64 scale, the sum rounded to bf16.
+  bool bf16_scores = false;
+  double scale_f64 = 0.0;
 };
 // Scores into `scores`, then top-k by rank (higher score first, then the lower index).
 void launch_indexer_topk(const IndexerArgs& a);
@@ -257,12 +301,13 @@ struct SwigluArgs {
 };
 void launch_swiglu(const SwigluArgs& a);
 
-// contrib[slots[r], :] = weights[slots[r]] * scale * y[r, :].
+// contrib[slots[r], :] = weights[slots[r]] * scale * y[r, :], or y[r, :] when weights is null
+// (ref_numerics: the routing weight went in before w2).
 struct ScatterArgs {
   float* contrib;         // [T*K, D]
   const float* y;         // [R, D]
   const int32_t* slots;   // [R]
-  const float* weights;   // [T*K]
+  const float* weights;   // [T*K] or null
   int64_t R, D;
   float scale;
 };

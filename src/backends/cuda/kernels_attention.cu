@@ -51,16 +51,28 @@ __global__ void compressor_kernel(CompressorArgs a) {
         den += e;
         num += e * s.pending_kv[j * width + cur];
       }
-      const float v = num / den;
+      // round_bf16 (fast/deepseek-ref): the pooled value is stored and normalised as bf16.
+      const float v = a.round_bf16 ? dev_bf16_round(num / den) : num / den;
       entry[c] = v;
       ss += v * v;
     }
     ss = block_sum(ss);  // its barrier also orders the entry writes before the reads below
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + a.norm_eps);
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) entry[c] = entry[c] * inv * dev_load(a.norm_weight, c);
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      const float y = entry[c] * inv * dev_load(a.norm_weight, c);
+      entry[c] = a.round_bf16 ? dev_bf16_round(y) : y;
+    }
     __syncthreads();
-    for (int i = threadIdx.x; i < rope_pairs; i += blockDim.x)
-      rope_rotate_pair(entry + dim - 2 * rope_pairs, i, static_cast<double>(count * m), a.rope, false);
+    for (int i = threadIdx.x; i < rope_pairs; i += blockDim.x) {
+      float* rp = entry + dim - 2 * rope_pairs;
+      rope_rotate_pair(rp, i, static_cast<double>(count * m), a.rope, false);
+      // The CPU rounds the whole entry after the rotation; the nope dims are bf16 already (above),
+      // so rounding the pair this thread just wrote is the same.
+      if (a.round_bf16) {
+        rp[2 * i] = dev_bf16_round(rp[2 * i]);
+        rp[2 * i + 1] = dev_bf16_round(rp[2 * i + 1]);
+      }
+    }
     if (a.overlap) {
       for (int64_t i = threadIdx.x; i < m * dim; i += blockDim.x) {
         const int64_t j = i / dim, c = i % dim;
@@ -132,6 +144,22 @@ __global__ void indexer_score_kernel(IndexerArgs a) {
     return;
   }
   const float* key = a.keys[t] + w * a.di;
+  if (a.bf16_scores) {
+    // deepseek-ref, as the CPU: wh = bf16(weight * scale), term = bf16(max(bf16(d), 0) * wh),
+    // terms summed in fp64 in head order, the sum rounded to bf16. d is the fp32 dot product.
+    double acc = 0.0;
+    for (int64_t h = 0; h < a.Hi; ++h) {
+      const float* q = a.q + (t * a.Hi + h) * a.di;
+      float d = 0.0f;
+      for (int64_t i = 0; i < a.di; ++i) d += q[i] * key[i];
+      const float wh = dev_bf16_round(__double2float_rn(static_cast<double>(a.head_weights[t * a.Hi + h]) * a.scale_f64));
+      const float db = dev_bf16_round(d);
+      const float relu = db < 0.0f ? 0.0f : db;  // std::max(db, 0.0f)
+      acc += static_cast<double>(dev_bf16_round(relu * wh));
+    }
+    a.scores[t * a.C + w] = dev_bf16_round(__double2float_rn(acc));
+    return;
+  }
   float score = 0.0f;
   for (int64_t h = 0; h < a.Hi; ++h) {
     const float* q = a.q + (t * a.Hi + h) * a.di;

@@ -74,7 +74,97 @@ __global__ void act_dequant_fp8_kernel(ActDequantFp8Args a) {
   a.out[i] = dev_e4m3(a.codes[t * a.k_pad + k]) * a.scales[(k / kFp8ActBlock) * a.rows_pad + t];
 }
 
+constexpr int kRowSimThreads = 128;
+constexpr int kElementThreads = 256;
+
+// grid (n), block kRowSimThreads: block r rounds row r. Threads own disjoint values (bf16: a
+// strided channel each; fp8/fp4: whole scale blocks; Hadamard: thread 0 the whole row), so no
+// barrier is needed and nothing is read that another thread writes.
+__global__ void row_sim_kernel(RowSimArgs a) {
+  float* row = a.rows ? a.rows[blockIdx.x] : a.x + static_cast<int64_t>(blockIdx.x) * a.row_stride;
+  const int64_t dims = a.dims;
+  switch (a.kind) {
+    case RowSimKind::kBf16:
+      for (int64_t c = threadIdx.x; c < dims; c += blockDim.x) row[c] = dev_bf16_round(row[c]);
+      return;
+    case RowSimKind::kFp8Pow2: {
+      // fp8_pow2_quant_sim: amax floored at 1e-4 (fmaxf skips NaN as std::max(amax, |x|) does),
+      // s = 2^ceil(log2(amax/448)), x <- e4m3(clamp(x / s, ±448)) * s.
+      const int64_t block = a.block;
+      for (int64_t b = threadIdx.x * block; b < dims; b += static_cast<int64_t>(blockDim.x) * block) {
+        const int64_t e = b + block < dims ? b + block : dims;
+        float amax = 1e-4f;
+        for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(row[i]));
+        const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 448.0f) + 127));
+        for (int64_t i = b; i < e; ++i) {
+          float q = row[i] / s;
+          q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);  // std::clamp's order
+          row[i] = dev_e4m3(dev_f32_to_e4m3(q)) * s;
+        }
+      }
+      return;
+    }
+    case RowSimKind::kFp4Pow2Block32: {
+      constexpr int64_t kBlock = 32;
+      for (int64_t b = threadIdx.x * kBlock; b < dims; b += static_cast<int64_t>(blockDim.x) * kBlock) {
+        const int64_t e = b + kBlock < dims ? b + kBlock : dims;
+        float amax = 6.0f * 0x1p-126f;
+        for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(row[i]));
+        const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 6.0f) + 127));
+        for (int64_t i = b; i < e; ++i) {
+          float v = row[i] / s;
+          v = v < -6.0f ? -6.0f : (6.0f < v ? 6.0f : v);
+          row[i] = dev_e2m1(dev_f32_to_e2m1(v)) * s;
+        }
+      }
+      return;
+    }
+    case RowSimKind::kHadamardBf16: {
+      // hadamard_transform: the same fp64 butterflies in the same order, one fp64 scale, one
+      // rounding to fp32, then bf16. dims <= kMaxHadamard, a power of two (checked on the host).
+      if (threadIdx.x != 0 || dims > kMaxHadamard) return;
+      double v[kMaxHadamard];
+      for (int64_t i = 0; i < dims; ++i) v[i] = row[i];
+      for (int64_t h = 1; h < dims; h *= 2)
+        for (int64_t i = 0; i < dims; i += 2 * h)
+          for (int64_t j = i; j < i + h; ++j) {
+            const double x0 = v[j], x1 = v[j + h];
+            v[j] = x0 + x1;
+            v[j + h] = x0 - x1;
+          }
+      const double scale = 1.0 / sqrt(static_cast<double>(dims));
+      for (int64_t i = 0; i < dims; ++i) row[i] = dev_bf16_round(__double2float_rn(v[i] * scale));
+      return;
+    }
+  }
+}
+
+__global__ void bf16_round_kernel(float* x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
+  if (i < n) x[i] = dev_bf16_round(x[i]);
+}
+
+__global__ void route_scale_bf16_kernel(RouteScaleArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
+  if (i >= a.R * a.F) return;
+  const int64_t r = i / a.F;
+  const double g = a.weights ? static_cast<double>(a.weights[a.slots[r]]) * a.scale : 1.0;
+  a.h[i] = dev_bf16_round(__double2float_rn(g * static_cast<double>(a.h[i])));
+}
+
 }  // namespace
+
+void launch_row_sim(const RowSimArgs& a) {
+  if (a.n > 0 && a.dims > 0) row_sim_kernel<<<static_cast<unsigned>(a.n), kRowSimThreads>>>(a);
+}
+
+void launch_bf16_round(float* x, int64_t n) {
+  if (n > 0) bf16_round_kernel<<<blocks_for(n, kElementThreads), kElementThreads>>>(x, n);
+}
+
+void launch_route_scale_bf16(const RouteScaleArgs& a) {
+  if (a.R * a.F > 0) route_scale_bf16_kernel<<<blocks_for(a.R * a.F, kElementThreads), kElementThreads>>>(a);
+}
 
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {
   const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);

@@ -840,6 +840,319 @@ TEST_F(CudaOps, RoutedScalePlacementsAgreeAcrossBackends) {
 // ---- backend creation ---------------------------------------------------------------------------
 
 // Without a GPU the factory answers with a Status (CI checks this); with one it gives "cuda".
+// ---- the fast / deepseek-ref numerics flags -------------------------------------------------------
+// Each rounding step against the CPU's on identical fp32 input, bit for bit (quant_sim, and linear
+// with an identity weight, where both backends' products are exact); each bf16 output flag equals
+// bf16 of the same device op's fp32 output, bit for bit; and every flagged op against the CPU's at
+// one bf16 ulp (the fp32 results it rounds differ in the last bits, so a value can round one ulp
+// apart), or, where an FP8/FP4 rounding follows, most elements identical and a small cosine.
+
+constexpr Tolerance kBf16Tol{.atol = 1e-6, .rtol = 1.0 / 128, .max_cosine_distance = 1e-5};
+
+std::vector<float> host_bf16(std::vector<float> v) {
+  for (auto& x : v) x = bf16_round(x);
+  return v;
+}
+
+// Rows whose magnitudes span 10^-6 .. 10^6, plus edge rows (rounding midpoints at scale 1, zeros,
+// signed zeros, a NaN) where the row is wide enough.
+std::vector<float> sim_rows(Rng& rng, int64_t n, int64_t row) {
+  std::vector<float> v;
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<float> x = rng.normal(row, std::pow(10.0, static_cast<double>(r % 13) - 6.0));
+    v.insert(v.end(), x.begin(), x.end());
+  }
+  if (row >= 12) {
+    std::vector<float> e8 = {448.0f, 444.0f, -444.0f, 3 * 0x1p-10f, -5 * 0x1p-10f, 0.0f, -0.0f, 1e-30f, 17.0f, 18.0f, 19.0f, 0x1p-7f};
+    std::vector<float> e2 = {6.0f, 5.0f, 2.5f, -0.25f, 0.75f, -1.75f, 1.25f, 3.5f, 0.0f, -0.0f, 4.5f, 0.3f};
+    std::vector<float> zeros(row, 0.0f);
+    for (auto* e : {&e8, &e2}) {
+      e->resize(row, 0.0f);
+      v.insert(v.end(), e->begin(), e->end());
+    }
+    v.insert(v.end(), zeros.begin(), zeros.end());
+    std::vector<float> nan_row = rng.normal(row);
+    nan_row[row / 2] = std::numeric_limits<float>::quiet_NaN();
+    v.insert(v.end(), nan_row.begin(), nan_row.end());
+  }
+  return v;
+}
+
+TEST_F(CudaOps, QuantSimIsTheCpuOneBitForBit) {
+  Rng rng(201);
+  struct Case {
+    QuantSimKind kind;
+    int64_t row, dims;
+  };
+  for (const Case& c : {Case{QuantSimKind::kBf16, 45, 45}, Case{QuantSimKind::kBf16, 50, 37},
+                        Case{QuantSimKind::kFp8Pow2Block64, 45, 45}, Case{QuantSimKind::kFp8Pow2Block64, 200, 130},
+                        Case{QuantSimKind::kFp8Pow2Block64, 20, 12}, Case{QuantSimKind::kFp4Pow2Block32, 45, 45},
+                        Case{QuantSimKind::kFp4Pow2Block32, 70, 64}, Case{QuantSimKind::kHadamardBf16, 128, 128},
+                        Case{QuantSimKind::kHadamardBf16, 70, 64}, Case{QuantSimKind::kHadamardBf16, 16, 16}}) {
+    const bool hadamard = c.kind == QuantSimKind::kHadamardBf16;
+    std::vector<float> v = sim_rows(rng, 9, c.row);
+    if (hadamard)  // the CPU's transform would carry a NaN into the whole row on both sides; keep it finite
+      for (auto& x : v)
+        if (std::isnan(x)) x = 1.0f;
+    const int64_t rows = static_cast<int64_t>(v.size()) / c.row;
+    auto [xc, xg] = both_f32(v, {rows, c.row});
+    cpu->quant_sim({.x = xc, .row = c.row, .dims = c.dims, .kind = c.kind});
+    gpu->quant_sim({.x = xg, .row = c.row, .dims = c.dims, .kind = c.kind});
+    const std::string what = "quant_sim kind " + std::to_string(static_cast<int>(c.kind)) + " row " +
+                             std::to_string(c.row) + " dims " + std::to_string(c.dims);
+    expect_same_bits(gpu->download_f32(xg), cpu->download_f32(xc), what);
+    EXPECT_NE(cpu->download_f32(xc), v) << what << ": the rounding changed nothing";
+  }
+}
+
+TEST_F(CudaOps, LinearActQuantFp8AndBf16OutputAreTheCpuRoundings) {
+  Rng rng(202);
+  // Identity weights: out = the quantised input exactly on both backends.
+  for (int64_t K : {45, 200, 259}) {
+    std::vector<float> eye(K * K, 0.0f);
+    for (int64_t i = 0; i < K; ++i) eye[i * K + i] = 1.0f;
+    const StoredMatrix m = float_matrix(DType::kF32, K, K, eye);
+    const int64_t T = 7;
+    std::vector<float> x;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> r = rng.normal(K, std::pow(10.0, static_cast<double>(t) - 3.0));
+      x.insert(x.end(), r.begin(), r.end());
+    }
+    std::vector<float> want = x;
+    for (int64_t t = 0; t < T; ++t) fp8_pow2_quant_sim(want.data() + t * K, K, 128);
+    for (bool round : {false, true}) {
+      auto [xc, xg] = both_f32(x, {T, K});
+      auto [oc, og] = both_alloc(ElemType::kF32, {T, K});
+      cpu->linear({.out = oc, .in = xc, .weight = &m.w, .act_quant_fp8 = true, .round_bf16 = round});
+      gpu->linear({.out = og, .in = xg, .weight = &m.w, .act_quant_fp8 = true, .round_bf16 = round});
+      const std::string what = "linear identity K=" + std::to_string(K) + (round ? " bf16" : "");
+      expect_same_bits(gpu->download_f32(og), cpu->download_f32(oc), what);
+      expect_same_bits(gpu->download_f32(og), round ? host_bf16(want) : want, what + " vs host");
+      expect_same_bits(gpu->download_f32(xg), x, what + ": input untouched");
+    }
+  }
+  // A checkpoint-like FP8 weight: the quantised inputs are identical, the sums differ by rounding.
+  const StoredMatrix w = fp8_matrix(rng, 131, 259, 128, 128, DType::kF8E8M0);
+  const int64_t T = 5;
+  auto [xc, xg] = both_f32(rng.normal(T * 259, 2.0), {T, 259});
+  auto [o32c, o32g] = both_alloc(ElemType::kF32, {T, 131});
+  auto [obc, obg] = both_alloc(ElemType::kF32, {T, 131});
+  cpu->linear({.out = o32c, .in = xc, .weight = &w.w, .act_quant_fp8 = true});
+  gpu->linear({.out = o32g, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
+  cpu->linear({.out = obc, .in = xc, .weight = &w.w, .act_quant_fp8 = true, .round_bf16 = true});
+  gpu->linear({.out = obg, .in = xg, .weight = &w.w, .act_quant_fp8 = true, .round_bf16 = true});
+  expect_close(*gpu, o32g, *cpu, o32c, kOpTol, "linear fp8 act_quant");
+  expect_same_bits(gpu->download_f32(obg), host_bf16(gpu->download_f32(o32g)), "linear fp8 bf16 = bf16(fp32)");
+  expect_close(*gpu, obg, *cpu, obc, kBf16Tol, "linear fp8 act_quant bf16");
+}
+
+// Runs `op(backend, round, inputs)` on fresh copies of the same inputs: flag on equals bf16 of flag
+// off on the device bit for bit, and flag on is within one bf16 ulp of the CPU's.
+template <class Op>
+void check_bf16_flag(Backend& cpu, Backend& gpu, const std::vector<std::pair<std::vector<float>, std::vector<int64_t>>>& in,
+                     Op op, const std::string& what) {
+  auto upload = [&](Backend& b) {
+    std::vector<Tensor> t;
+    for (const auto& [v, shape] : in) t.push_back(b.upload_f32(v, shape));
+    return t;
+  };
+  std::vector<Tensor> g0 = upload(gpu), g1 = upload(gpu), c1 = upload(cpu);
+  const Tensor out0 = op(gpu, false, g0), out1 = op(gpu, true, g1), ref = op(cpu, true, c1);
+  expect_same_bits(gpu.download_f32(out1), host_bf16(gpu.download_f32(out0)), what + ": bf16 = bf16(fp32)");
+  expect_close(gpu, out1, cpu, ref, kBf16Tol, what + " vs cpu");
+}
+
+TEST_F(CudaOps, Bf16OutputFlagsRoundTheFp32Result) {
+  Rng rng(203);
+  const int64_t T = 7, S = 3, D = 37;
+  Stored nw = stored_floats(DType::kBF16, {D}, rng.normal(D, 0.2, 1.0));
+  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * D, 3.0), {T, D}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    Tensor o = b.alloc(ElemType::kF32, {T, D});
+                    b.rms_norm({.out = o, .in = t[0], .weight = nw.view, .group = D, .eps = 1e-6, .round_bf16 = r});
+                    return o;
+                  }, "rms_norm");
+  const StoredMatrix gw = float_matrix(DType::kBF16, 3 * 7, 19, rng.normal(3 * 7 * 19, 0.3));
+  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * 3 * 19), {T, 3 * 19}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    Tensor o = b.alloc(ElemType::kF32, {T, 3 * 7});
+                    b.grouped_linear({.out = o, .in = t[0], .weight = &gw.w, .groups = 3, .round_bf16 = r});
+                    return o;
+                  }, "grouped_linear");
+  const BatchInfo batch = simple_batch(std::vector<int32_t>(T, 0), 1000);
+  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * 3 * 20), {T, 3, 20}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    b.rope({.x = t[0], .table = &kRope, .direction = RopeDirection::kInverse, .round_bf16 = r}, batch);
+                    return t[0];
+                  }, "rope");
+  check_bf16_flag(*cpu, *gpu,
+                  {{rng.normal(T * S * D), {T, S, D}}, {rng.normal(T * D), {T, D}}, {rng.uniform(T * S, 0, 2), {T, S}},
+                   {rng.uniform(T * S * S, 0, 1), {T, S, S}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    b.hc_post({.streams = t[0], .sublayer = t[1], .post = t[2], .comb = t[3], .round_bf16 = r});
+                    return t[0];
+                  }, "hc_post");
+  const int64_t mix = (2 + S) * S;
+  Stored fn = stored_floats(DType::kF32, {mix, S * D}, rng.normal(mix * S * D, 0.1));
+  Stored base = stored_floats(DType::kF32, {mix}, rng.normal(mix));
+  Stored scale = stored_floats(DType::kF32, {3}, rng.uniform(3, 0.5, 1.5));
+  HcWeights hw{.fn = fn.view, .base = base.view, .scale = scale.view};
+  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * S * D), {T, S, D}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    Tensor u = b.alloc(ElemType::kF32, {T, D}), post = b.alloc(ElemType::kF32, {T, S}),
+                           comb = b.alloc(ElemType::kF32, {T, S, S});
+                    b.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = t[0], .weights = &hw,
+                              .sinkhorn_iters = 20, .hc_eps = 1e-6, .norm_eps = 1e-6, .round_bf16 = r});
+                    return u;
+                  }, "hc_pre");
+  Stored hfn = stored_floats(DType::kF32, {S, S * D}, rng.normal(S * S * D, 0.1));
+  Stored hbase = stored_floats(DType::kF32, {S}, rng.normal(S));
+  Stored hscale = stored_floats(DType::kF32, {1}, {0.7f});
+  HcWeights hh{.fn = hfn.view, .base = hbase.view, .scale = hscale.view};
+  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * S * D), {T, S, D}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    Tensor o = b.alloc(ElemType::kF32, {T, D});
+                    b.hc_head({.out = o, .streams = t[0], .weights = &hh, .hc_eps = 1e-6, .norm_eps = 1e-6, .round_bf16 = r});
+                    return o;
+                  }, "hc_head");
+  // Attention over the window only (fresh sequence state per run: nothing is appended).
+  const ModelConfig cfg = attn_config(AttentionKind::kSliding, 5);
+  const int64_t H = 3, Dh = cfg.head_dim;
+  Stored sinks = stored_floats(DType::kF32, {H}, {0.3f, -1.0f, 4.0f});
+  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * H * Dh, 0.5), {T, H, Dh}}, {rng.normal(T * Dh), {T, Dh}}},
+                  [&](Backend& b, bool r, std::vector<Tensor>& t) {
+                    auto st = b.create_sequence_state(cfg);
+                    BatchInfo bb = simple_batch(std::vector<int32_t>(T, 0));
+                    bb.seqs = {st.get()};
+                    Tensor o = b.alloc(ElemType::kF32, {T, H, Dh});
+                    b.attention({.out = o, .q = t[0], .kv = t[1], .selected = {}, .sinks = sinks.view, .batch = &bb,
+                                 .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0, .window = cfg.sliding_window,
+                                 .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = r});
+                    return o;
+                  }, "attention");
+}
+
+// Most elements identical and the rest near: an FP8/FP4 rounding after fp32 work that differs in
+// the last bits moves a value by at most one code, which is rare.
+void expect_mostly_identical(const std::vector<float>& got, const std::vector<float>& want, double min_identical,
+                             double max_cosine, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_FALSE(want.empty()) << what;
+  int64_t same = 0;
+  for (size_t i = 0; i < got.size(); ++i) same += f32_to_bits(got[i]) == f32_to_bits(want[i]) ? 1 : 0;
+  const double frac = static_cast<double>(same) / static_cast<double>(got.size());
+  const CompareResult r = compare_f32(got, want, {.max_cosine_distance = max_cosine});
+  std::printf("[cuda-fast-op] %-40s identical %.4f  %s\n", what.c_str(), frac, r.summary().c_str());
+  EXPECT_GE(frac, min_identical) << what;
+  EXPECT_TRUE(r.ok) << what << ": " << r.message;
+}
+
+TEST_F(CudaOps, CompressorBf16AndEntrySimMatchCpu) {
+  for (AttentionKind kind : {AttentionKind::kCsa, AttentionKind::kHca}) {
+    Rng rng(204);
+    ModelConfig cfg = attn_config(kind, 6);
+    cfg.index_head_dim = 16;  // a power of two for the Hadamard transform
+    const bool csa = kind == AttentionKind::kCsa;
+    const CompressorCase main_case(rng, cfg.head_dim, cfg.compress_ratio[0], csa);
+    const CompressorCase index_case(rng, cfg.index_head_dim, cfg.compress_ratio[0], true);
+    TwoSequences seqs(*cpu, *gpu, cfg);
+    for (auto [n0, n1] : {std::pair{3, 5}, std::pair{6, 0}, std::pair{1, 12}, std::pair{13, 7}}) {
+      auto [bc, bg] = seqs.batches(n0, n1);
+      const int64_t T = n0 + n1;
+      for (const CompressorCase* cc : {&main_case, &index_case}) {
+        if (cc == &index_case && !csa) continue;
+        const bool main = cc == &main_case;
+        const CompressorSlot slot = main ? CompressorSlot::kMain : CompressorSlot::kIndexer;
+        auto [kc, kg] = both_f32(rng.normal(T * cc->width), {T, cc->width});
+        auto [gc, gg] = both_f32(rng.normal(T * cc->width, 2.0), {T, cc->width});
+        auto params = [&](const Tensor& k, const Tensor& g, const BatchInfo& b) {
+          CompressorParams p = cc->params(k, g, b, kRope, slot);
+          p.round_bf16 = true;
+          if (main) p.entry_sim = {QuantSimKind::kFp8Pow2Block64};
+          else p.entry_sim = {QuantSimKind::kHadamardBf16, QuantSimKind::kFp4Pow2Block32};
+          if (!main) p.key_precision = KeyPrecision::kBf16;
+          return p;
+        };
+        cpu->compressor(params(kc, gc, bc));
+        gpu->compressor(params(kg, gg, bg));
+      }
+      seqs.advance(n0, n1);
+    }
+    for (CompressorSlot slot : {CompressorSlot::kMain, CompressorSlot::kIndexer}) {
+      if (slot == CompressorSlot::kIndexer && !csa) continue;
+      std::vector<float> got, want;
+      for (int s = 0; s < 2; ++s) {
+        const std::vector<float> w = cpu_entries(*seqs.cpu[s], slot);
+        const std::vector<float> g = std::string(gpu->name()) == "cpu" ? cpu_entries(*seqs.gpu[s], slot)
+                                                                        : cuda::state_entries(*seqs.gpu[s], 0, slot);
+        want.insert(want.end(), w.begin(), w.end());
+        got.insert(got.end(), g.begin(), g.end());
+      }
+      // FP4 (indexer) moves a value by up to a quarter of its block's scale when it flips.
+      expect_mostly_identical(got, want, 0.95, slot == CompressorSlot::kMain ? 1e-4 : 1e-3,
+                              std::string(csa ? "CSA" : "HCA") + (slot == CompressorSlot::kMain ? " main" : " indexer") +
+                                  " entries bf16+sim");
+    }
+  }
+}
+
+TEST_F(CudaOps, IndexerBf16ScoresMatchCpu) {
+  Rng rng(205);
+  const ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
+  const int64_t Hi = 3, di = cfg.index_head_dim, m = cfg.compress_ratio[0];
+  const CompressorCase index_case(rng, di, m, true);
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  auto [bc, bg] = seqs.batches(23, 17);
+  const int64_t T = 40;
+  auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+  auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+  cpu->compressor(index_case.params(kc, gc, bc, kRope, CompressorSlot::kIndexer));
+  gpu->compressor(index_case.params(kg, gg, bg, kRope, CompressorSlot::kIndexer));
+  auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+  auto [wc, wg] = both_f32(rng.normal(T * Hi), {T, Hi});
+  const int64_t C = 23 / m + 1, k = 3;
+  auto [sc, sg] = both_alloc(ElemType::kF32, {T, C});
+  auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
+  cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m, .k = k,
+                     .out_scores = sc, .bf16_scores = true});
+  gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m, .k = k,
+                     .out_scores = sg, .bf16_scores = true});
+  const std::vector<float> s = gpu->download_f32(sg);
+  for (float v : s) {
+    if (std::isfinite(v)) {
+      EXPECT_EQ(v, bf16_round(v)) << "scores are bf16";
+    }
+  }
+  expect_mostly_identical(s, cpu->download_f32(sc), 0.9, 1e-3, "indexer bf16 scores");
+}
+
+TEST_F(CudaOps, MoeRefNumericsMatchesCpu) {
+  Rng rng(206);
+  for (bool quantised : {false, true}) {
+    const MoeCase mc = quantised ? make_moe(rng, 6, 160, 96, true) : make_moe(rng, 6, 45, 37, false);
+    const int64_t T = 7, K = 2, D = mc.D;
+    std::vector<int32_t> experts(T * K);
+    for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>((i * 3 + 1) % 5);
+    auto [ec, eg] = both_i32(experts, {T, K});
+    auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+    auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
+    for (RoutedScalePlacement pl : {RoutedScalePlacement::kInRouterWeights, RoutedScalePlacement::kInExpertCombine}) {
+      auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+      auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+        return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+                         .swiglu_limit = 0.0, .routed_scale = 1.5, .placement = pl, .ref_numerics = true};
+      };
+      cpu->moe(params(oc, xc, ec, wc));
+      gpu->moe(params(og, xg, eg, wg));
+      const std::vector<float> g = gpu->download_f32(og);
+      for (float v : g) EXPECT_EQ(v, bf16_round(v)) << "moe output is bf16";
+      expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4,
+                              std::string("moe ref_numerics ") + (quantised ? "fp4/fp8" : "bf16") + " placement " +
+                                  std::to_string(static_cast<int>(pl)));
+    }
+  }
+}
+
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
   auto be = backend_create("cuda");
   if (be.is_ok()) {
