@@ -65,14 +65,6 @@ void add_needle_command(CLI::App& app) {
     auto lengths = parse_lengths(opts->lengths);
     if (!lengths.is_ok()) fail(lengths.status());
     no.lengths = std::move(lengths).value();
-    for (int64_t L : no.lengths)
-      if (L < kNeedleMinLength)
-        fail(Status::invalid_argument("--lengths: " + std::to_string(L) + " is below the minimum needle length " +
-                                      std::to_string(kNeedleMinLength)));
-    if (opts->trials < 1)
-      fail(Status::invalid_argument("--trials must be at least 1, got " + std::to_string(opts->trials)));
-    if (opts->batch_tokens < 1)
-      fail(Status::invalid_argument("--batch-tokens must be at least 1, got " + std::to_string(opts->batch_tokens)));
     no.trials = opts->trials;
     no.seed = static_cast<uint64_t>(opts->seed);  // two's complement, as needle_prompts.py's `& MASK`
     no.batch_tokens = opts->batch_tokens;
@@ -83,16 +75,7 @@ void add_needle_command(CLI::App& app) {
     const ModelOverrides overrides = model_overrides_or_fail(opts->run);
     auto backend = make_backend_or_fail(opts->backend);
     auto model = load_model_or_fail(opts->model, overrides);
-    const ModelConfig& c = model->config();
-    if (c.vocab_size < kNeedleMinVocab)
-      fail(Status::invalid_argument("--model: " + opts->model + " has a vocabulary of " + std::to_string(c.vocab_size) +
-                                    " ids; needle prompts need a byte vocabulary with <bos> = 256 (at least " +
-                                    std::to_string(kNeedleMinVocab) + " ids)"));
-    for (int64_t L : no.lengths)
-      if (L > c.max_position_embeddings)
-        fail(Status::invalid_argument("--lengths: " + std::to_string(L) +
-                                      " is above the model's max_position_embeddings " +
-                                      std::to_string(c.max_position_embeddings)));
+    if (Status st = needle_options_check(no, model->config()); !st.is_ok()) fail(st);
 
     if (!opts->dump_prompts.empty()) {
       std::ofstream f(opts->dump_prompts, std::ios::binary);

@@ -296,13 +296,17 @@ Status measure_copy(const PeakOptions& o, DevicePeaks& out) {
     PEAK_CUDA(cudaMemcpyAsync(dst[rep % kPairs].p, src[rep % kPairs].p, bytes, cudaMemcpyDeviceToDevice, 0));
     return Status::ok();
   };
+  // Bytes per second from the median of the timed copies.
+  auto record = [&](PeakFigure& f, const std::vector<double>& ms, const char* method) {
+    f.ok = true;
+    f.median_ms = median_of(ms);
+    f.value = moved / (f.median_ms * 1e-3);
+    f.shape = shape;
+    f.method = method;
+  };
   SPARROW_ASSIGN_OR_RETURN(std::vector<double> ms1, time_events(memcpy_op, o.warmup, o.reps));
   PeakFigure& a = out.hbm_memcpy;
-  a.ok = true;
-  a.median_ms = median_of(ms1);
-  a.value = moved / (a.median_ms * 1e-3);
-  a.shape = shape;
-  a.method = "cudaMemcpyAsync device to device (bytes read + written)";
+  record(a, ms1, "cudaMemcpyAsync device to device (bytes read + written)");
 
   int device = 0, sms = 0;
   PEAK_CUDA(cudaGetDevice(&device));
@@ -315,11 +319,7 @@ Status measure_copy(const PeakOptions& o, DevicePeaks& out) {
   };
   SPARROW_ASSIGN_OR_RETURN(std::vector<double> ms2, time_events(kernel_op, o.warmup, o.reps));
   PeakFigure& b = out.hbm_kernel;
-  b.ok = true;
-  b.median_ms = median_of(ms2);
-  b.value = moved / (b.median_ms * 1e-3);
-  b.shape = shape;
-  b.method = "copy kernel, 16 B per thread, grid-stride (bytes read + written)";
+  record(b, ms2, "copy kernel, 16 B per thread, grid-stride (bytes read + written)");
 
   out.hbm = a.value >= b.value ? a : b;
   out.hbm.all_values = {a.value, b.value};

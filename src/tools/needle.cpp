@@ -140,22 +140,23 @@ std::string needle_prompt_json(const NeedlePrompt& p) {
 }
 
 Status needle_options_check(const NeedleOptions& o, const ModelConfig& c) {
+  // The messages name `sparrow needle`'s flags; the model-independent checks come first.
+  if (o.lengths.empty()) return Status::invalid_argument("--lengths: no lengths given");
+  for (int64_t L : o.lengths)
+    if (L < kNeedleMinLength)
+      return Status::invalid_argument("--lengths: " + std::to_string(L) + " is below the minimum needle length " +
+                                      std::to_string(kNeedleMinLength));
+  if (o.trials < 1) return Status::invalid_argument("--trials must be at least 1, got " + std::to_string(o.trials));
+  if (o.batch_tokens < 1)
+    return Status::invalid_argument("--batch-tokens must be at least 1, got " + std::to_string(o.batch_tokens));
   if (c.vocab_size < kNeedleMinVocab)
     return Status::invalid_argument("the model's vocabulary has " + std::to_string(c.vocab_size) +
                                     " ids; needle prompts need a byte vocabulary with <bos> = 256 (at least " +
                                     std::to_string(kNeedleMinVocab) + " ids)");
-  if (o.lengths.empty()) return Status::invalid_argument("no needle lengths given");
-  for (int64_t L : o.lengths) {
-    if (L < kNeedleMinLength)
-      return Status::invalid_argument("needle length " + std::to_string(L) + " is below the minimum " +
-                                      std::to_string(kNeedleMinLength));
+  for (int64_t L : o.lengths)
     if (L > c.max_position_embeddings)
-      return Status::invalid_argument("needle length " + std::to_string(L) + " is above the model's " +
+      return Status::invalid_argument("--lengths: " + std::to_string(L) + " is above the model's " +
                                       "max_position_embeddings " + std::to_string(c.max_position_embeddings));
-  }
-  if (o.trials < 1) return Status::invalid_argument("needle trials must be >= 1, got " + std::to_string(o.trials));
-  if (o.batch_tokens < 1)
-    return Status::invalid_argument("needle batch tokens must be >= 1, got " + std::to_string(o.batch_tokens));
   return Status::ok();
 }
 

@@ -18,13 +18,7 @@ using testing::make_temp_dir;
 using testing::tiny_config;
 using testing::write_test_model;
 
-std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(n);
-  for (auto& x : ids) x = d(rng);
-  return ids;
-}
+using testing::random_ids;
 
 // Parametrised by precision profile: fp32 (the reference) and fast (its bf16/FP8 CPU twin) must both
 // be chunking-invariant.

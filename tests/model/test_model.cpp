@@ -169,6 +169,14 @@ std::vector<int32_t> fixture_ids(const std::string& name) {
   return ids;
 }
 
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& x : ids) x = d(rng);
+  return ids;
+}
+
 std::filesystem::path make_temp_dir(const std::string& tag) {
   static int counter = 0;
   std::random_device rd;

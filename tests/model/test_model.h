@@ -30,6 +30,9 @@ std::vector<int32_t> fixture_ids(const std::string& name);
 // A fresh empty directory under the system temp dir.
 std::filesystem::path make_temp_dir(const std::string& tag);
 
+// n token ids drawn uniformly from [0, vocab) with std::mt19937_64(seed).
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed);
+
 // A planted fault: copies checkpoint `src` (config.json + model.safetensors) into a new temp dir,
 // multiplying every element of `tensor` (F32 or BF16; empty: no tensor changes) by `factor`, after
 // `edit_config` (if given) has changed the config.

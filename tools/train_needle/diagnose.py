@@ -8,6 +8,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import needle_prompts  # noqa: E402
 from transformers import DeepseekV4ForCausalLM  # noqa: E402
 
+# usage: diagnose.py MODEL_DIR [vk|kvk]  (the needle format the model was trained on; default vk)
+fmt = sys.argv[2] if len(sys.argv) > 2 else "vk"
 model = DeepseekV4ForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).cuda().eval()
 for L in (512, 2048):
     per_digit = np.zeros(3)
@@ -15,7 +17,7 @@ for L in (512, 2048):
     n = 64
     with torch.no_grad():
         for t in range(n):
-            full, plen, ans, info = needle_prompts.make_prompt(1234, L, t, n)
+            full, plen, ans, info = needle_prompts.make_prompt(1234, L, t, n, fmt)
             ids = torch.tensor([full]).cuda()
             lg = model(input_ids=ids, use_cache=False).logits[0]
             pred = lg[[plen - 1, plen, plen + 1]].argmax(-1).cpu().numpy()

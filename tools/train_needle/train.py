@@ -307,10 +307,12 @@ def needle_batch(length, trials, seed, t0, t1, fmt="vk"):
 
 
 @torch.no_grad()
-def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, golden_per_length=0, fmt="vk"):
+def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, golden_per_length=0, fmt="vk",
+             golden_lengths=None):
     """Recall@1 per length on needle_prompts.py's prompts (teacher-forced answer digits; a hit is
     all three argmaxes right, the same as greedy decoding).  `golden`: a list that receives the
-    logits rows at the answer positions for the first `golden_per_length` trials per length."""
+    logits rows at the answer positions for the first `golden_per_length` trials of each length in
+    `golden_lengths` (every length when None)."""
     was_training = model.training
     model.eval()
     table = []
@@ -330,7 +332,7 @@ def evaluate(model, lengths, trials, seed, device, batch_tokens, golden=None, go
                 ok = pred == tgt
                 digit_hits += int(ok.sum())
                 hits += int(ok.all())
-                if golden is not None and b0 + j < golden_per_length:
+                if golden is not None and b0 + j < golden_per_length and (golden_lengths is None or L in golden_lengths):
                     golden.append(dict(seed=seed, length=L, trial=b0 + j, trials=trials, format=fmt,
                                        ids=ids_np[j].tolist(), positions=ap,
                                        logits=rows.cpu().numpy().astype(float).round(7).tolist()))
@@ -527,11 +529,14 @@ def main():
                 buf.copy_(ref_bufs[name])
     del fresh
     eval_lengths = [int(x) for x in args.eval_lengths.split(",")]
+    golden_lengths = {int(x) for x in args.golden_lengths.split(",")}
+    missing = golden_lengths - set(eval_lengths)
+    if missing:
+        print(f"golden lengths {sorted(missing)} are not among --eval-lengths: no golden logits for them", flush=True)
     golden = []
-    table = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536, fmt=args.needle_format)
-    golden_lengths = [int(x) for x in args.golden_lengths.split(",")]
-    evaluate(loaded, golden_lengths, args.eval_trials, args.eval_seed, device, 65536,
-             golden=golden, golden_per_length=args.golden_per_length, fmt=args.needle_format)
+    # One pass gives the recall table and the golden logits rows.
+    table = evaluate(loaded, eval_lengths, args.eval_trials, args.eval_seed, device, 65536, golden=golden,
+                     golden_per_length=args.golden_per_length, fmt=args.needle_format, golden_lengths=golden_lengths)
     with open(os.path.join(args.out, "golden_hf.json"), "w") as fh:
         json.dump(dict(note="transformers %s float32 multi-token forward, TF32 off; logits rows at the 3 answer "
                             "positions of needle_prompts.py prompts" % transformers.__version__,

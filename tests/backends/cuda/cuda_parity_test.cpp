@@ -105,13 +105,7 @@ class CudaModelParity : public ::testing::Test {
 };
 std::filesystem::path* CudaModelParity::dir_ = nullptr;
 
-std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(n);
-  for (auto& x : ids) x = d(rng);
-  return ids;
-}
+using testing::random_ids;
 
 TEST_F(CudaModelParity, EveryLayerKindLongSequence) {
   std::unique_ptr<Backend> gpu;
