@@ -113,8 +113,11 @@ void reset_layer(cuda::LayerState& s, const ModelConfig& c, int64_t l, int64_t c
 }
 
 void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed) {
+  // Capacity first (reserve copies the `count` entries it holds), then the counters; one entry
+  // more for the one this step may emit: no growth while timing.
+  buf.count = 0;
+  buf.reserve(context / buf.ratio + 1);
   set_counters(buf, context);
-  buf.reserve(buf.count + 1);  // the entry this step may emit: no growth while timing
   const int64_t width = buf.overlap ? 2 * buf.dim : buf.dim;
   device_fill_normal(buf.entries.f32(), (buf.count + 1) * buf.dim, seed + 1, 1.0f);
   device_fill_normal(buf.pending_kv.f32(), buf.ratio * width, seed + 2, 1.0f);

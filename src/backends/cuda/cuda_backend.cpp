@@ -77,6 +77,7 @@ void CompressorBuffer::init(int64_t r, int64_t d, bool ov) {
 }
 
 void CompressorBuffer::reserve(int64_t n) {
+  SPARROW_CHECK_LE(count, capacity);
   if (n <= capacity) return;
   const int64_t cap = std::max<int64_t>({n, 2 * capacity, 16});
   DeviceBuffer grown(cap * dim * sizeof(float));
@@ -600,16 +601,19 @@ class CudaBackend final : public Backend {
     round_bf16_if(p.ref_numerics, p.out, "moe bf16");
   }
 
-  // Device bytes of a stored tensor, uploaded on first use and cached by host address.
+  // Device bytes of a stored tensor, uploaded on first use and cached by host address (checked
+  // against host_fingerprint, cuda_state.h).
   const void* device_bytes(const TensorView& v) {
     if (!v.data) return nullptr;
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+    const uint64_t fp = host_fingerprint(v.data, bytes);
     auto it = weights_.find(v.data);
-    if (it != weights_.end() && it->second.bytes() == bytes) return it->second.get();
+    if (it != weights_.end() && it->second.buf.bytes() == bytes && it->second.fingerprint == fp)
+      return it->second.buf.get();
     DeviceBuffer b(bytes);
     copy_to_device(b.get(), v.data, bytes);
     const void* p = b.get();
-    weights_[v.data] = std::move(b);
+    weights_[v.data] = CachedWeight{std::move(b), fp};
     return p;
   }
 
@@ -707,7 +711,11 @@ class CudaBackend final : public Backend {
     launch_check("expert ffn");
   }
 
-  std::unordered_map<const void*, DeviceBuffer> weights_;
+  struct CachedWeight {
+    DeviceBuffer buf;
+    uint64_t fingerprint = 0;
+  };
+  std::unordered_map<const void*, CachedWeight> weights_;
   DeviceBatch batch_;
   Fp8Linear fp8_;
 };

@@ -19,6 +19,25 @@
 namespace sparrow::cuda {
 
 // cudaMalloc'd bytes, zero-filled; freed on destruction. Move-only.
+// The weight caches (device copies of stored tensors, and the FP8 GEMM's padded copies) are keyed
+// by host address, and a model freed and another loaded can put a different tensor at the same
+// address. Each entry keeps this fingerprint of what it was made from, the size and FNV-1a over
+// three 256-byte windows (start, middle, end), and is rebuilt when it differs. Cheap enough to check
+// on every use; two tensors that agree in size and in all three windows would still collide.
+inline uint64_t host_fingerprint(const void* p, size_t bytes) {
+  uint64_t h = 1469598103934665603ull ^ bytes;
+  const auto* b = static_cast<const unsigned char*>(p);
+  auto mix = [&](size_t from) {
+    const size_t end = from + 256 < bytes ? from + 256 : bytes;
+    for (size_t i = from; i < end; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  if (!p || bytes == 0) return h;
+  mix(0);
+  if (bytes > 512) mix(bytes / 2 - 128);
+  if (bytes > 256) mix(bytes - 256);
+  return h;
+}
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -111,8 +111,12 @@ Fp8WeightLayout fp8_weight_layout(const WeightMatrix& w) {
 
 const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   const int64_t n_pad = round_up(w.out, 16), k_pad = round_up(w.in, kFp8ActBlock);
+  const uint64_t fp =
+      host_fingerprint(w.data.data, static_cast<size_t>(w.data.numel()) * dtype_size(w.data.dtype)) * 31 +
+      host_fingerprint(w.scale.data, static_cast<size_t>(w.scale.numel()) * dtype_size(w.scale.dtype));
   auto it = weights_.find(w.data.data);
-  if (it != weights_.end() && it->second.n_pad == n_pad && it->second.k_pad == k_pad) return it->second;
+  if (it != weights_.end() && it->second.n_pad == n_pad && it->second.k_pad == k_pad && it->second.fingerprint == fp)
+    return it->second;
   const Fp8WeightLayout l = fp8_weight_layout(w);
   PaddedWeight pw;
   pw.codes = DeviceBuffer(l.codes.size());
@@ -122,6 +126,7 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   pw.n_pad = l.n_pad;
   pw.k_pad = l.k_pad;
   pw.l4 = l.l4;
+  pw.fingerprint = fp;
   PaddedWeight& stored = weights_[w.data.data];
   stored = std::move(pw);
   return stored;

@@ -72,6 +72,7 @@ class Fp8Linear {
     DeviceBuffer codes;   // [n_pad, k_pad] e4m3
     DeviceBuffer scales;  // [ceil(N/128), l4] fp32
     int64_t n_pad = 0, k_pad = 0, l4 = 0;
+    uint64_t fingerprint = 0;  // of the stored codes and scales it was made from (host_fingerprint)
   };
   struct Plan;  // a cached cuBLASLt algorithm for one (M_pad, N_pad, K_pad), or why there is none
 

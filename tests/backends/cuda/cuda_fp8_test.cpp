@@ -302,6 +302,47 @@ TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
   gemm_against_twin(*cpu, *gpu, true, true, 612);
 }
 
+// The device weight caches are keyed by host address: new contents at the same address and of the
+// same size (what a freed model's storage reused by the next one looks like) must be uploaded again,
+// on the FP8 tensor-core path, its fallback and the plain linear. Found on the H200 on 2026-11-30:
+// the odd-shape tests above, whose matrices are freed and reallocated in a loop, got stale scales.
+TEST_F(CudaFp8Linear, NewContentsAtACachedAddressAreUploadedAgain) {
+  Rng rng(613);
+  const int64_t M = 5, K = 200, N = 129;
+  StoredMatrix a = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+  const StoredMatrix b = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+  const std::vector<float> x = rng.normal(M * K);
+  const Tensor xc = cpu->upload_f32(x, {M, K}), xg = gpu->upload_f32(x, {M, K});
+  const Tensor oc = cpu->alloc(ElemType::kF32, {M, N}), og = gpu->alloc(ElemType::kF32, {M, N});
+  auto overwrite = [](const Stored& dst, const Stored& src) {
+    const size_t bytes = static_cast<size_t>(src.view.numel()) * dtype_size(src.view.dtype);
+    ASSERT_EQ(static_cast<size_t>(dst.view.numel()) * dtype_size(dst.view.dtype), bytes);
+    std::memcpy(const_cast<void*>(dst.view.data), src.view.data, bytes);
+  };
+  for (bool fallback : {false, true}) {
+    if (real_cuda()) cuda::fp8_linear_force_fallback(*gpu, fallback);
+    for (bool plain : {false, true}) {
+      StoredMatrix fresh = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+      overwrite(a.data, fresh.data);
+      overwrite(a.scale, fresh.scale);
+      auto run = [&](Backend& be, const Tensor& out, const Tensor& in, const WeightMatrix* w) {
+        if (plain) be.linear({.out = out, .in = in, .weight = w});
+        else be.linear_fp8_block({.out = out, .in = in, .weight = w});
+      };
+      run(*gpu, og, xg, &a.w);  // fills the caches with the first contents
+      overwrite(a.data, b.data);
+      overwrite(a.scale, b.scale);
+      run(*gpu, og, xg, &a.w);
+      run(*cpu, oc, xc, &b.w);
+      const CompareResult r = compare_f32(gpu->download_f32(og), cpu->download_f32(oc),
+                                          {.atol = 1e-2, .max_cosine_distance = 1e-5}, {M, N});
+      EXPECT_TRUE(r.ok) << (plain ? "linear" : "linear_fp8_block") << (fallback ? " (fallback)" : "") << ": "
+                        << r.message;
+    }
+  }
+  if (real_cuda()) cuda::fp8_linear_force_fallback(*gpu, false);
+}
+
 // Inputs whose every sum is exact (header comment): x integers in [-2, 2] (each block's scale is
 // 2^-7, 2^-8 or, for a zero block, 2^-22, and every code is exact), weight codes in {0, ±1, ±2},
 // e8m0 block scales 2^-3 .. 2^3 that differ between blocks and are not symmetric. The result must
