@@ -7,12 +7,14 @@
 # Variants: name and train.py arguments, one per line in VARIANTS below.
 set -u
 RUNS=/tmp/needle_runs
-# The next run (see models/needle-tiny/README.md, "Why it stops at 30 %"): the key on both sides
-# of the value with 4 and 8 heads, and the current format as the control.  The 8-head run takes
-# one 8K sequence per step so that the three fit in the H200's memory together.
-VARIANTS="kvk4 --heads 4 --lr 2e-3 --needle-format kvk
-kvk8 --heads 8 --lr 2e-3 --needle-format kvk --long-tokens-per-step 8192
-vk4 --heads 4 --lr 2e-3 --needle-format vk"
+# Run 4 (see models/needle-tiny/README.md, "Why it stops at 30 %"): every earlier run learned to
+# copy *a* needle's digits without using the key to choose (first digit = a random needle's).
+# More needles per training sample (4..12) make that cost more and double the questions; key on
+# both sides of the value; two seeds, and head dim 128 (the largest attention logit grows as
+# sqrt(head_dim)).
+VARIANTS="n12 --heads 4 --lr 2e-3 --needle-format kvk --needles 4,12
+n12s7 --heads 4 --lr 2e-3 --needle-format kvk --needles 4,12 --seed 7
+n12h128 --heads 4 --head-dim 128 --lr 2e-3 --needle-format kvk --needles 4,12"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -31,12 +33,14 @@ case "$1" in
 start)
   secs=$2
   mkdir -p "$RUNS"
-  python3 "$here/train.py" --out "$RUNS/smoke" --train-seconds 15 --short-max-frac 0.3 --eval-every 4 \
+  [ "${SMOKE:-1}" = 0 ] || python3 "$here/train.py" --out "$RUNS/smoke" --train-seconds 15 --short-max-frac 0.3 --eval-every 4 \
     --ckpt-every 5 --eval-lengths 256,8192 --eval-trials 4 --golden-lengths 256 > "$RUNS/smoke.log" 2>&1
   rc=$?
-  tail -25 "$RUNS/smoke.log"
-  [ $rc = 0 ] || { echo "smoke test failed rc=$rc"; exit 1; }
-  ls -la "$RUNS/smoke/needle-tiny"
+  if [ "${SMOKE:-1}" != 0 ]; then
+    tail -25 "$RUNS/smoke.log"
+    [ $rc = 0 ] || { echo "smoke test failed rc=$rc"; exit 1; }
+    ls -la "$RUNS/smoke/needle-tiny"
+  fi
   echo "$VARIANTS" | while read -r name rest; do
     # shellcheck disable=SC2086
     setsid nohup python3 "$here/train.py" --out "$RUNS/$name" --train-seconds "$secs" $rest \

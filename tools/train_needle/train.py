@@ -192,10 +192,10 @@ def make_sample(rng, length, n_needles, n_questions, depths=None, fmt="vk"):
     return ids, answer_pos, info
 
 
-def make_batch(rng, batch, length, device, fmt="vk"):
+def make_batch(rng, batch, length, device, fmt="vk", needles=(2, 6)):
     ids, mask = [], []
     for _ in range(batch):
-        n = int(rng.integers(2, 7))
+        n = int(rng.integers(needles[0], needles[1] + 1))
         x, ap, _ = make_sample(rng, length, n, n, fmt=fmt)
         m = np.zeros(length, dtype=np.float32)
         m[ap] = 1.0
@@ -368,8 +368,13 @@ def main():
     ap.add_argument("--long-tokens-per-step", type=int, default=16384, help="tokens per step at L >= 4096")
     ap.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
     ap.add_argument("--heads", type=int, default=CFG["heads"])
+    ap.add_argument("--head-dim", type=int, default=CFG["head_dim"],
+                    help="attention head dim; q is RMS-normalised without a weight, so the largest "
+                         "attention logit grows as sqrt(head_dim) (V4 uses 512)")
     ap.add_argument("--needle-format", default="vk", choices=needle_prompts.FORMATS,
                     help="vk = [ddd K] (value, then key), kvk = [K ddd K] (key on both sides)")
+    ap.add_argument("--needles", default="2,6",
+                    help="MIN,MAX needles per training sample (each one asked); the evaluation has 4")
     ap.add_argument("--short-max-frac", type=float, default=0.5,
                     help="the short dense stage ends at this fraction of the time at the latest")
     ap.add_argument("--short-min-frac", type=float, default=0.08,
@@ -402,7 +407,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     print(f"transformers {transformers.__version__} torch {torch.__version__} device {device}", flush=True)
 
-    cfg_dict = dict(CFG, heads=args.heads)
+    # RoPE stays on 16 dims whatever the head dim (the indexer's 32-dim heads must hold them).
+    cfg_dict = dict(CFG, heads=args.heads, head_dim=args.head_dim,
+                    partial_rotary=CFG["partial_rotary"] * CFG["head_dim"] / args.head_dim)
+    needles = tuple(int(x) for x in args.needles.split(","))
+    if len(needles) != 2 or not 1 <= needles[0] <= needles[1] <= 26:
+        ap.error("--needles takes MIN,MAX with 1 <= MIN <= MAX <= 26")
     cfg = build_config(cfg_dict)
     model = DeepseekV4ForCausalLM(cfg)
     init_extra(model, cfg, args.seed)
@@ -454,7 +464,7 @@ def main():
         w = np.array([L_ ** -0.5 for L_ in pool])
         L = int(rng.choice(pool, p=w / w.sum()))
         B = max(1, (args.long_tokens_per_step if L >= 4096 else args.tokens_per_step) // L)
-        ids, amask = make_batch(rng, B, L, device, args.needle_format)
+        ids, amask = make_batch(rng, B, L, device, args.needle_format, needles)
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)
         logits = out.logits[:, :-1].float()
         tgt = ids[:, 1:]
