@@ -44,6 +44,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--peak-reps", opts->b.peaks.reps, "Timed repetitions of each peak measurement")->capture_default_str();
   cmd->add_option("--copy-gib", opts->copy_gib, "Size of each buffer of the bandwidth copy, GiB")->capture_default_str();
+  cmd->add_flag("--breakdown", opts->b.timing.breakdown,
+                "After each cell's timing, profile one more step per op (CUDA events and host time per op; "
+                "printed under the row, \"breakdown\" in the JSON)");
   cmd->add_option("--seed", opts->b.timing.seed, "Seed of the synthetic state and inputs")->capture_default_str();
   cmd->callback([opts] {
     bench::BenchOptions b = opts->b;
@@ -76,7 +79,7 @@ void add_bench_command(CLI::App& app) {
                      (b.model_dir.empty() ? "" : " --model " + b.model_dir) + " --layers " + opts->layers +
                      " --batches " + opts->batches + " --contexts " + opts->contexts + " --prefill " + opts->prefill +
                      " --precision " + b.precision + " --index-keys " + opts->index_keys +
-                     " --time-budget " + std::to_string(b.time_budget_s);
+                     (b.timing.breakdown ? " --breakdown" : "") + " --time-budget " + std::to_string(b.time_budget_s);
     const Status st = bench::run_bench(b);
     if (!st.is_ok()) fail(st);
   });

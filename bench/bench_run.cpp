@@ -107,6 +107,24 @@ std::string utc_now(const char* format) {
   return buf;
 }
 
+// The top of a cell's per-op profile (TimingOptions::breakdown), under its row.
+void print_breakdown(const CellTiming& t) {
+  if (t.breakdown.empty()) return;
+  double gpu = 0, host = 0;
+  for (const cuda::OpTime& op : t.breakdown) {
+    gpu += op.gpu_ms;
+    host += op.host_ms;
+  }
+  std::printf("         profiled step %.3f ms: ops %.3f ms on the GPU, %.3f ms in the host calls\n", t.breakdown_step_ms,
+              gpu, host);
+  const size_t shown = std::min<size_t>(t.breakdown.size(), 12);
+  for (size_t i = 0; i < shown; ++i) {
+    const cuda::OpTime& op = t.breakdown[i];
+    std::printf("         %-34s %5lld calls %9.3f ms gpu %9.3f ms host\n", op.op.c_str(), static_cast<long long>(op.calls),
+                op.gpu_ms, op.host_ms);
+  }
+}
+
 json figure_json(const PeakFigure& f) {
   json j = {{"ok", f.ok}, {"method", f.method}};
   if (f.ok) {
@@ -319,6 +337,7 @@ Status run_bench(const BenchOptions& o) {
                   {"max_reps", o.timing.max_reps},
                   {"target_s", o.timing.target_s},
                   {"input_sets", o.timing.input_sets},
+                  {"breakdown", o.timing.breakdown},
                   {"time_budget_s", o.time_budget_s}};
   r["floor_assumptions"] = {
       {"kv_record_bytes", kv_record_bytes(c)},
@@ -382,6 +401,16 @@ Status run_bench(const BenchOptions& o) {
         cell["floor_tokens_per_s"] = f.tokens / ft.floor_s;
         cell["state_sets"] = t.state_sets;
         cell["state_bytes"] = t.state_bytes;
+        if (!t.breakdown.empty()) {
+          json ops = json::array();
+          double gpu = 0, host = 0;
+          for (const cuda::OpTime& op : t.breakdown) {
+            ops.push_back({{"op", op.op}, {"calls", op.calls}, {"gpu_ms", op.gpu_ms}, {"host_ms", op.host_ms}});
+            gpu += op.gpu_ms;
+            host += op.host_ms;
+          }
+          cell["breakdown"] = {{"step_ms", t.breakdown_step_ms}, {"ops_gpu_ms", gpu}, {"ops_host_ms", host}, {"ops", ops}};
+        }
         if (t.experts_touched >= 0) {
           cell["experts_touched_measured"] = t.experts_touched;
           char buf[64];
@@ -391,6 +420,7 @@ Status run_bench(const BenchOptions& o) {
         std::printf("%-6lld %-10s %5lld %6s %11.3f %11.4f %8.1f %7s  %s\n", static_cast<long long>(l), kind.c_str(),
                     static_cast<long long>(B), ctx.c_str(), t.median_ms, ft.floor_s * 1e3,
                     t.median_ms / (ft.floor_s * 1e3), ft.memory_bound ? "memory" : "compute", note.c_str());
+        print_breakdown(t);
       } else {
         cell["status"] = t.skipped;
         std::printf("%-6lld %-10s %5lld %6s %11s %11.4f %8s %7s  %s\n", static_cast<long long>(l), kind.c_str(),

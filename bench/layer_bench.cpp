@@ -222,6 +222,21 @@ Expected<double> LayerBench::warm(int64_t l, int64_t tokens, uint64_t seed) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// TimingOptions::breakdown: one more step, untimed, with per-op profiling.
+template <class Before, class Step, class After>
+void profile_step(Backend& backend, Before before, Step step, After after, CellTiming& out) {
+  before(0);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  cuda::set_op_profiling(backend, true);
+  const auto t0 = std::chrono::steady_clock::now();
+  step(0);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  out.breakdown_step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  cuda::set_op_profiling(backend, false);
+  out.breakdown = cuda::take_op_profile(backend);
+  after(0);
+}
+
 CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptions& o) {
   const ModelConfig& c = model_.config();
   const ModelConfig sc = state_config(c, l);
@@ -300,6 +315,14 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
         batch = batch_for(i);
       },
       [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out);
+  if (o.breakdown && out.ok)
+    profile_step(
+        backend_,
+        [&](int i) {
+          restore(i);
+          batch = batch_for(i);
+        },
+        [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out);
   return out;
 }
 
@@ -337,6 +360,16 @@ CellTiming LayerBench::prefill(int64_t l, int64_t N, const TimingOptions& o) {
                                    cudaMemcpyDeviceToDevice, 0));
       },
       [&](int) { model_.forward_layer(backend_, batch, l, streams); }, [&](int) { state.reset(); }, out);
+  if (o.breakdown && out.ok)
+    profile_step(
+        backend_,
+        [&](int) {
+          state = std::make_unique<cuda::CudaSequenceState>(sc);
+          batch.seqs = {state.get()};
+          BENCH_CUDA(cudaMemcpyAsync(streams.f32(), pristine.f32(), static_cast<size_t>(stream_bytes),
+                                     cudaMemcpyDeviceToDevice, 0));
+        },
+        [&](int) { model_.forward_layer(backend_, batch, l, streams); }, [&](int) { state.reset(); }, out);
   return out;
 }
 

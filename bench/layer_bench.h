@@ -30,6 +30,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
 
 #include "model/model.h"
 #include "ops/backend.h"
@@ -44,6 +47,9 @@ struct TimingOptions {
   double target_s = 1.0;  // timed seconds after which no more repetitions start (past min_reps)
   int input_sets = 4;
   uint64_t seed = 1;
+  // After the timed steps, one more step with the backend's per-op profiling on
+  // (cuda::set_op_profiling), kept in CellTiming::breakdown. Not part of the timing.
+  bool breakdown = false;
 };
 
 struct CellTiming {
@@ -54,6 +60,8 @@ struct CellTiming {
   int state_sets = 0;
   double state_bytes = 0;       // device bytes of the fp32 decode state built for the cell (all sets)
   double experts_touched = -1;  // distinct routed experts of one untimed step, measured (-1: not)
+  std::vector<cuda::OpTime> breakdown;  // TimingOptions::breakdown: per op of one extra step
+  double breakdown_step_ms = 0;         // that step's wall time, host clock, synchronised at both ends
 };
 
 class LayerBench {

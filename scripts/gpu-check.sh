@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's acceptance run, on a machine with a Hopper GPU: the GPU op and parity tests
 # (sparrow_cuda_tests), then `sparrow logits --backend cuda` against `--backend cpu` on every
-# fixture in three feeding modes (one-shot prefill, chunked prefill, token-by-token decode), and
+# fixture in three feeding modes (one-shot prefill, chunked prefill, token-by-token decode),
+# `sparrow diff --backend-b cuda` on mixed_hc2 (every tap within the diff tolerance), and
 # optionally a synthetic 2-layer V4-Flash, then the trained needle model through `sparrow needle`
 # and `sparrow serve` on CUDA (tools/serve_check.py). Ends with a summary table; exit status 0 when
 # all pass.
@@ -109,6 +110,22 @@ if [ "$synth" -eq 1 ]; then
     row "$name" FAIL "see synth.log: $(tail -1 "$logs/synth.log")"
   fi
   rm -rf "$model" "$logs"/synth*.npy
+fi
+
+# 3b. `sparrow diff` across backends (issue 8): every tap of the CUDA forward against the CPU's on
+#     a fixture with every layer kind; no tap may diverge past the diff's default tolerance.
+f=mixed_hc2
+if [ -f "$root/tests/fixtures/$f/ids.npy" ]; then
+  if "$bin/sparrow" diff --model-a "$root/tests/fixtures/$f" --backend-b cuda --ids "$root/tests/fixtures/$f/ids.npy" \
+      --json >"$logs/diff.json" 2>>"$logs/cli.log"; then
+    if grep -q '"first_divergence": *null' "$logs/diff.json" || grep -q '"first_divergence":null' "$logs/diff.json"; then
+      row "sparrow diff --backend-b cuda ($f)" PASS "no tap past the tolerance, $(grep -o '"name"' "$logs/diff.json" | wc -l) taps"
+    else
+      row "sparrow diff --backend-b cuda ($f)" FAIL "$(grep -o '"first_divergence": *{[^}]*}' "$logs/diff.json" | head -1)"
+    fi
+  else
+    row "sparrow diff --backend-b cuda ($f)" FAIL "exit status $? (see cli.log)"
+  fi
 fi
 
 # 4. The trained needle model on CUDA: sparrow needle's tokens equal the CPU's, and `sparrow serve

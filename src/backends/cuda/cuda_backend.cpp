@@ -10,9 +10,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -164,11 +166,99 @@ RowSimArgs row_sim_of(QuantSimKind kind, int64_t dims) {
   return {};
 }
 
+// Per-op timing for `sparrow bench --breakdown` (cuda_backend.h, set_op_profiling): when on, every
+// op records a cudaEvent pair around its work on the default stream and its host wall time; take()
+// synchronises and sums them per key. Off (the default), an op pays one branch.
+class OpProfiler {
+ public:
+  struct Pending {
+    std::string key;
+    cudaEvent_t start, stop;
+    double host_ms;
+  };
+
+  class Scope {
+   public:
+    Scope(OpProfiler& p, std::string key) : p_(p.enabled_ ? &p : nullptr) {
+      if (!p_) return;
+      key_ = std::move(key);
+      SPARROW_CUDA_CHECK(cudaEventCreate(&start_));
+      SPARROW_CUDA_CHECK(cudaEventCreate(&stop_));
+      SPARROW_CUDA_CHECK(cudaEventRecord(start_));
+      t0_ = std::chrono::steady_clock::now();
+    }
+    ~Scope() {
+      if (!p_) return;
+      cudaEventRecord(stop_);
+      const double host = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+      p_->pending_.push_back({std::move(key_), start_, stop_, host});
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    OpProfiler* p_;
+    std::string key_;
+    cudaEvent_t start_{}, stop_{};
+    std::chrono::steady_clock::time_point t0_;
+  };
+
+  void set_enabled(bool on) { enabled_ = on; }
+
+  std::vector<cuda::OpTime> take() {
+    SPARROW_CUDA_CHECK(cudaDeviceSynchronize());
+    std::map<std::string, cuda::OpTime> sums;
+    for (Pending& q : pending_) {
+      float ms = 0;
+      SPARROW_CUDA_CHECK(cudaEventElapsedTime(&ms, q.start, q.stop));
+      cuda::OpTime& t = sums[q.key];
+      t.op = q.key;
+      t.calls += 1;
+      t.gpu_ms += ms;
+      t.host_ms += q.host_ms;
+      cudaEventDestroy(q.start);
+      cudaEventDestroy(q.stop);
+    }
+    pending_.clear();
+    std::vector<cuda::OpTime> out;
+    for (auto& [k, t] : sums) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](const cuda::OpTime& a, const cuda::OpTime& b) { return a.gpu_ms > b.gpu_ms; });
+    return out;
+  }
+
+  ~OpProfiler() {
+    for (Pending& q : pending_) {
+      cudaEventDestroy(q.start);
+      cudaEventDestroy(q.stop);
+    }
+  }
+
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_ = false;
+  std::vector<Pending> pending_;
+};
+
+const char* format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFloat: return "float";
+    case WeightFormat::kFp8Block: return "fp8";
+    case WeightFormat::kFp4Packed: return "fp4";
+  }
+  return "?";
+}
+
+std::string linear_key(const char* op, const WeightMatrix& w) {
+  return std::string(op) + " " + format_name(w.format) + " " + std::to_string(w.out) + "x" + std::to_string(w.in);
+}
+
 class CudaBackend final : public Backend {
  public:
   const char* name() const override { return "cuda"; }
 
   Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
+    OpProfiler::Scope op_scope(profiler_, "alloc");
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
@@ -180,6 +270,7 @@ class CudaBackend final : public Backend {
   }
 
   Tensor upload_f32(const std::vector<float>& values, std::vector<int64_t> shape) override {
+    OpProfiler::Scope op_scope(profiler_, "upload");
     Tensor t = alloc(ElemType::kF32, std::move(shape));
     SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
     copy_to_device(t.f32(), values.data(), values.size() * sizeof(float));
@@ -187,6 +278,7 @@ class CudaBackend final : public Backend {
   }
 
   Tensor upload_i32(const std::vector<int32_t>& values, std::vector<int64_t> shape) override {
+    OpProfiler::Scope op_scope(profiler_, "upload");
     Tensor t = alloc(ElemType::kI32, std::move(shape));
     SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
     copy_to_device(t.i32(), values.data(), values.size() * sizeof(int32_t));
@@ -194,6 +286,7 @@ class CudaBackend final : public Backend {
   }
 
   std::vector<float> download_f32(const Tensor& t) override {
+    OpProfiler::Scope op_scope(profiler_, "download");
     SPARROW_CHECK(t.type() == ElemType::kF32);
     std::vector<float> v(t.numel());
     if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), t.f32(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -201,6 +294,7 @@ class CudaBackend final : public Backend {
   }
 
   std::vector<int32_t> download_i32(const Tensor& t) override {
+    OpProfiler::Scope op_scope(profiler_, "download");
     SPARROW_CHECK(t.type() == ElemType::kI32);
     std::vector<int32_t> v(t.numel());
     if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), t.i32(), v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
@@ -227,6 +321,7 @@ class CudaBackend final : public Backend {
   }
 
   void embed(const EmbedParams& p, const BatchInfo& batch) override {
+    OpProfiler::Scope op_scope(profiler_, "embed");
     // out is (T, S, D)
     const int64_t T = p.out.dim(0), S = p.out.dim(1), D = p.out.dim(2);
     SPARROW_CHECK_EQ(batch.num_tokens(), T);
@@ -236,6 +331,7 @@ class CudaBackend final : public Backend {
   }
 
   void hc_pre(const HcPreParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "hc_pre");
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), (2 + S) * S * S * D);
@@ -248,6 +344,7 @@ class CudaBackend final : public Backend {
   }
 
   void hc_post(const HcPostParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "hc_post");
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.sublayer.numel(), T * D);
@@ -258,6 +355,7 @@ class CudaBackend final : public Backend {
   }
 
   void hc_head(const HcHeadParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "hc_head");
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), S * S * D);
@@ -269,6 +367,7 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const RmsNormParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "rms_norm");
     const int64_t n = p.in.numel();
     SPARROW_CHECK(p.group > 0 && n % p.group == 0);
     SPARROW_CHECK_EQ(p.out.numel(), n);
@@ -280,6 +379,7 @@ class CudaBackend final : public Backend {
   }
 
   void linear(const LinearParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, linear_key("linear", *p.weight));
     const WeightMatrix& w = *p.weight;
     const int64_t T = p.in.dim(0);
     SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
@@ -300,6 +400,7 @@ class CudaBackend final : public Backend {
   }
 
   void grouped_linear(const GroupedLinearParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, linear_key("grouped_linear", *p.weight));
     const WeightMatrix& w = *p.weight;
     const int64_t T = p.in.dim(0), G = p.groups;
     SPARROW_CHECK(G > 0 && w.out % G == 0);
@@ -312,6 +413,7 @@ class CudaBackend final : public Backend {
   }
 
   void quant_sim(const QuantSimParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "quant_sim");
     SPARROW_CHECK(p.row > 0);
     const int64_t rows = p.x.numel() / p.row;
     SPARROW_CHECK_EQ(rows * p.row, p.x.numel());
@@ -329,12 +431,14 @@ class CudaBackend final : public Backend {
   bool supports_reference_numerics() const override { return true; }
 
   void linear_fp8_block(const LinearFp8BlockParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "linear_fp8_block");
     fp8_.run(p, [&] { return dev_weight(*p.weight); });
   }
 
   Fp8Linear& fp8() { return fp8_; }
 
   void rope(const RopeParams& p, const BatchInfo& batch) override {
+    OpProfiler::Scope op_scope(profiler_, "rope");
     const int64_t T = p.x.dim(0);
     SPARROW_CHECK_EQ(batch.num_tokens(), T);
     SPARROW_CHECK_LE(p.table->rope_dim(), p.x.dim(2));
@@ -347,6 +451,7 @@ class CudaBackend final : public Backend {
   // Plans each sequence's walk on the host (where its rows go, how many entries it emits), makes
   // room for the entries, advances the host counters, and lets one block per sequence replay it.
   void compressor(const CompressorParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "compressor");
     const BatchInfo& batch = *p.batch;
     const int64_t width = p.overlap ? 2 * p.dim : p.dim, m = p.ratio;
     SPARROW_CHECK_EQ(p.kv.numel(), batch.num_tokens() * width);
@@ -404,6 +509,7 @@ class CudaBackend final : public Backend {
   }
 
   void indexer_topk(const IndexerTopkParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "indexer_topk");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), Hi = p.q.dim(1), di = p.q.dim(2);
     SPARROW_CHECK_EQ(p.out_indices.numel(), T * p.k);
@@ -437,6 +543,7 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "attention");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
     const bool csa = p.kind == AttentionKind::kCsa;
@@ -483,6 +590,7 @@ class CudaBackend final : public Backend {
   // A token whose ring slot a later token of the same sequence in this batch overwrites is
   // skipped, so the result is that of the CPU's in-order writes without a race.
   void window_append(const WindowAppendParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "window_append");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), Dh = p.kv.dim(1);
     std::vector<float*> dst(T, nullptr);
@@ -501,6 +609,7 @@ class CudaBackend final : public Backend {
   }
 
   void router(const RouterParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "router");
     const BatchInfo& batch = *p.batch;
     const WeightMatrix& gate = *p.gate;
     const int64_t T = p.x.dim(0), E = gate.out, K = p.k;
@@ -527,6 +636,7 @@ class CudaBackend final : public Backend {
   // Routed experts grouped by expert (each expert's weights are read once per batch, over the
   // gathered rows of the tokens that picked it), then the shared expert, then the combine.
   void moe(const MoeParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "moe");
     const int64_t T = p.x.dim(0), D = p.x.dim(1), K = p.experts.dim(1);
     const auto& routed = *p.routed;
     const int64_t E = static_cast<int64_t>(routed.size());
@@ -718,6 +828,10 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, CachedWeight> weights_;
   DeviceBatch batch_;
   Fp8Linear fp8_;
+  OpProfiler profiler_;
+
+ public:
+  OpProfiler& profiler() { return profiler_; }
 };
 
 CudaBackend& cuda_backend(Backend& b) {
@@ -763,6 +877,10 @@ std::string fp8_linear_last_path(Backend& backend) {
 }
 
 void fp8_linear_force_fallback(Backend& backend, bool force) { cuda_backend(backend).fp8().set_force_fallback(force); }
+
+void set_op_profiling(Backend& backend, bool on) { cuda_backend(backend).profiler().set_enabled(on); }
+
+std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(backend).profiler().take(); }
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ops/backend.h"
@@ -36,6 +37,20 @@ std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, Key
 std::string fp8_linear_last_path(Backend& backend);
 // true: every call takes the fallback kernel (to test it where cuBLASLt works); false: the default.
 void fp8_linear_force_fallback(Backend& backend, bool force);
+
+// Per-op timing (`sparrow bench --breakdown`). While on, every op of the backend records CUDA events
+// around its work and its host wall time; take_op_profile synchronises, returns the sums per op
+// (linear ops per weight format and shape, e.g. "linear fp8 1024x4096") sorted by GPU time, and
+// forgets them. gpu_ms is the time between the op's first and last event on the default stream
+// (launch gaps inside the op included); host_ms is the time the host spent in the op's call
+// (launches, allocations, synchronising copies). Off by default; an op then pays one branch.
+struct OpTime {
+  std::string op;
+  int64_t calls = 0;
+  double gpu_ms = 0, host_ms = 0;
+};
+void set_op_profiling(Backend& backend, bool on);
+std::vector<OpTime> take_op_profile(Backend& backend);
 
 // Test support: the activation quantisation kernel of linear_fp8_block run on host rows [n, K] of
 // `dtype` (F32 or BF16) values, padded to rows_pad rows and k_pad = K rounded up to 128 columns.

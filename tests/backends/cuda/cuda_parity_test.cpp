@@ -6,8 +6,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 
+#include "backends/cuda/cuda_backend.h"
 #include "core/npy.h"
 #include "cuda_test_util.h"
 #include "model/model.h"
@@ -322,6 +324,42 @@ TEST(CudaFastParityNeedle, LogitsAndDecisionsMatchCpuFast) {
                                                 : fixtures_dir().parent_path().parent_path() / "models" / "needle-tiny";
   if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << "no " << dir;
   check_fast_parity(dir, random_ids(300, 260, 77), "needle-tiny");
+}
+
+// `sparrow bench --breakdown`'s per-op profile: a forward with profiling on reports every op kind
+// the model ran (linear ops per weight shape), with call counts and times; the logits do not change;
+// with profiling off nothing is recorded.
+TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  const auto dir = fixtures_dir() / "mixed_hc2";
+  auto model = Model::load(dir);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const std::vector<int32_t> ids = read_ids(dir / "ids.npy");
+  auto plain = Session(**model, *gpu).logits(ids, 0);
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_TRUE(cuda::take_op_profile(*gpu).empty()) << "profiling is off by default";
+  cuda::set_op_profiling(*gpu, true);
+  auto profiled = Session(**model, *gpu).logits(ids, 0);
+  cuda::set_op_profiling(*gpu, false);
+  ASSERT_TRUE(profiled.is_ok());
+  EXPECT_EQ(*profiled, *plain) << "profiling changed the logits";
+  const std::vector<cuda::OpTime> ops = cuda::take_op_profile(*gpu);
+  std::map<std::string, const cuda::OpTime*> by;
+  for (const auto& op : ops) {
+    by[op.op] = &op;
+    EXPECT_GT(op.calls, 0) << op.op;
+    EXPECT_GE(op.gpu_ms, 0.0) << op.op;
+    EXPECT_GE(op.host_ms, 0.0) << op.op;
+  }
+  for (const char* want : {"embed", "hc_pre", "hc_post", "rms_norm", "attention", "router", "moe", "compressor"})
+    EXPECT_TRUE(by.count(want)) << "no '" << want << "' in the profile";
+  bool linear = false;
+  for (const auto& [k, v] : by) linear = linear || k.rfind("linear ", 0) == 0;
+  EXPECT_TRUE(linear) << "no linear op in the profile";
+  for (size_t i = 1; i < ops.size(); ++i) EXPECT_GE(ops[i - 1].gpu_ms, ops[i].gpu_ms) << "not sorted by GPU time";
+  EXPECT_TRUE(cuda::take_op_profile(*gpu).empty()) << "take_op_profile forgets what it returned";
 }
 
 }  // namespace
