@@ -27,8 +27,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", opts->b.backend, "Compute backend (cuda only)")
       ->check(CLI::IsMember({"cuda"}))
       ->capture_default_str();
-  cmd->add_option("--precision", opts->b.precision, "Numerics of the timed backend: fp32 (fast: not implemented yet)")
-      ->check(CLI::IsMember({"fp32", "fast"}))
+  cmd->add_option("--precision", opts->b.precision, "Numerics profile of the timed model: fp32, deepseek-ref or fast (fast: FP8/FP4 weights through the vectorized linear kernel; no tensor-core GEMMs in the model yet)")
+      ->check(CLI::IsMember({"fp32", "deepseek-ref", "fast"}))
       ->capture_default_str();
   cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")
       ->check(CLI::IsMember({"fp8", "fp4", "bf16"}))

@@ -3,6 +3,7 @@
 #include "bench/bench_run.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include <algorithm>
 #include <chrono>
@@ -229,9 +230,9 @@ void print_peaks(const DevicePeaks& p, const Peaks& used, const json& sources) {
 
 Status run_bench(const BenchOptions& o) {
   if (o.backend != "cuda") return Status::invalid_argument("--backend: only cuda is benchmarked, got '" + o.backend + "'");
-  if (o.precision == "fast")
-    return Status::unsupported("--precision fast: not implemented on the cuda backend yet (only fp32 exists)");
-  if (o.precision != "fp32") return Status::invalid_argument("--precision: '" + o.precision + "' (choose fp32)");
+  const std::optional<Precision> precision = precision_from_name(o.precision);
+  if (!precision)
+    return Status::invalid_argument("--precision: '" + o.precision + "' (choose fp32, deepseek-ref or fast)");
   if (!o.peaks_only && o.model_dir.empty()) return Status::invalid_argument("--model DIR is required (or --peaks-only)");
   const auto t_start = std::chrono::steady_clock::now();
 
@@ -309,7 +310,8 @@ Status run_bench(const BenchOptions& o) {
   }
 
   // The model and its cells.
-  SPARROW_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(o.model_dir));
+  SPARROW_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           Model::load(o.model_dir, {.index_topk = {}, .index_keys = {}, .precision = *precision}));
   SPARROW_RETURN_IF_ERROR(model->check_backend(*backend));
   const ModelConfig& c = model->config();
   std::vector<int64_t> layers = o.layers;

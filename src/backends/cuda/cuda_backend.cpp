@@ -393,8 +393,9 @@ class CudaBackend final : public Backend {
       fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
       in = quantised.f32();
     }
-    launch_linear({.out = p.out.f32(), .in = in, .in_rows = nullptr, .w = dev_weight(w), .T = T,
-                   .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1)});
+    last_linear_vectorized_ =
+        launch_linear({.out = p.out.f32(), .in = in, .in_rows = nullptr, .w = dev_weight(w), .T = T,
+                       .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1), .vectorized = p.act_quant_fp8});
     launch_check("linear");
     round_bf16_if(p.round_bf16, p.out, "linear bf16");
   }
@@ -806,9 +807,9 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(w.w1.in, x_stride);
     SPARROW_CHECK_EQ(w.w2.out, x_stride);
     launch_linear({.out = h1, .in = x, .in_rows = rows, .w = dev_weight(w.w1), .T = R, .in_stride = x_stride,
-                   .rows_per_group = F});
+                   .rows_per_group = F, .vectorized = ref.on});
     launch_linear({.out = h3, .in = x, .in_rows = rows, .w = dev_weight(w.w3), .T = R, .in_stride = x_stride,
-                   .rows_per_group = F});
+                   .rows_per_group = F, .vectorized = ref.on});
     launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
     if (ref.on) {
       launch_check("expert swiglu");
@@ -817,7 +818,7 @@ class CudaBackend final : public Backend {
       fp8_rows(h1, R, F, F, kFp8ActBlock, "expert w2 act_quant_fp8");
     }
     launch_linear({.out = y, .in = h1, .in_rows = nullptr, .w = dev_weight(w.w2), .T = R, .in_stride = F,
-                   .rows_per_group = w.w2.out});
+                   .rows_per_group = w.w2.out, .vectorized = ref.on});
     launch_check("expert ffn");
   }
 
@@ -829,9 +830,11 @@ class CudaBackend final : public Backend {
   DeviceBatch batch_;
   Fp8Linear fp8_;
   OpProfiler profiler_;
+  bool last_linear_vectorized_ = false;
 
  public:
   OpProfiler& profiler() { return profiler_; }
+  bool last_linear_vectorized() const { return last_linear_vectorized_; }
 };
 
 CudaBackend& cuda_backend(Backend& b) {
@@ -881,6 +884,8 @@ void fp8_linear_force_fallback(Backend& backend, bool force) { cuda_backend(back
 void set_op_profiling(Backend& backend, bool on) { cuda_backend(backend).profiler().set_enabled(on); }
 
 std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(backend).profiler().take(); }
+
+bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

@@ -52,6 +52,10 @@ struct OpTime {
 void set_op_profiling(Backend& backend, bool on);
 std::vector<OpTime> take_op_profile(Backend& backend);
 
+// Test support: whether the last `linear` call ran the vectorized kernel of the fast profiles
+// (kernels.h, LinearArgs::vectorized) rather than the element-wise one.
+bool last_linear_vectorized(Backend& backend);
+
 // Test support: the activation quantisation kernel of linear_fp8_block run on host rows [n, K] of
 // `dtype` (F32 or BF16) values, padded to rows_pad rows and k_pad = K rounded up to 128 columns.
 // codes [rows_pad, k_pad] and scales [k_pad / 128, rows_pad] as the GEMM reads them (kernels.h

@@ -122,8 +122,17 @@ struct LinearArgs {
   int64_t T;
   int64_t in_stride;
   int64_t rows_per_group;
+  // The fast profiles' kernel (fast, deepseek-ref): FP8-block and packed-FP4 weights read 16 bytes
+  // per lane, each chunk's partial sum scaled once. A different summation order from the fp32
+  // profile's kernel, the same for every token of any batch (batch invariant). Taken only where
+  // linear_vectorizable says so; otherwise the element-wise kernel runs.
+  bool vectorized = false;
 };
-void launch_linear(const LinearArgs& a);
+// Returns whether the vectorized kernel ran.
+bool launch_linear(const LinearArgs& a);
+// Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
+// packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.
+bool linear_vectorizable(const LinearArgs& a);
 
 // ---- FP8 block-scaled linear: activation quantisation (kernels_fp8.cu) ---------------------------
 

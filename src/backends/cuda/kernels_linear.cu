@@ -2,6 +2,8 @@
 // dequantised element by element as they are read. One warp per output row n and a tile of up to
 // kTokenTile tokens: the lanes stride over K, so each weight element is decoded once per tile and
 // the reduction order is fixed (a token's result does not depend on the other tokens).
+#include <cstdint>
+
 #include "backends/cuda/device_common.cuh"
 
 namespace sparrow::cuda {
@@ -40,12 +42,91 @@ __global__ void linear_kernel(LinearArgs a) {
   }
 }
 
+// The vectorized kernel (LinearArgs::vectorized): the same warp-per-row, token-tile layout; lane l
+// takes 16-byte chunks c = l, l + 32, ... of its row (16 FP8 inputs or 32 FP4 inputs, all under one
+// scale), sums the chunk's products against each token's inputs (float4 loads), scales that sum
+// once and adds it to the token's accumulator. A token's arithmetic does not depend on the others.
+template <bool kFp4>
+__global__ void linear_vec_kernel(LinearArgs a) {
+  constexpr int kIn = kFp4 ? 32 : 16;  // inputs per 16-byte chunk
+  const int lane = threadIdx.x % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (n >= a.w.out) return;
+  const int64_t K = a.w.in;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
+  const int64_t nt = a.T - t0 < kTokenTile ? a.T - t0 : kTokenTile;
+  const int64_t col0 = (n / a.rows_per_group) * K;
+  const float* x[kTokenTile];
+#pragma unroll
+  for (int j = 0; j < kTokenTile; ++j) {
+    const int64_t t = t0 + (j < nt ? j : 0);
+    const int64_t row = a.in_rows ? a.in_rows[t] : t;
+    x[j] = a.in + row * a.in_stride + col0;
+  }
+  const int64_t row_bytes = kFp4 ? K / 2 : K;
+  const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.w.data) + n * row_bytes);
+  const DevView scales{a.w.scale, a.w.scale_dtype};
+  const int64_t scale_row = (kFp4 ? n : n / a.w.block_out) * a.w.scale_cols;
+  const int64_t chunks = K / kIn;
+  float acc[kTokenTile] = {};
+  for (int64_t c = lane; c < chunks; c += 32) {
+    const uint4 v = __ldg(wrow + c);
+    const int64_t k0 = c * kIn;
+    const float s = dev_load(scales, scale_row + k0 / a.w.block_in);
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+    float w[kIn];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if constexpr (kFp4) {
+        w[2 * i] = dev_e2m1(b[i] & 0xf);  // low nibble: the even input
+        w[2 * i + 1] = dev_e2m1(b[i] >> 4);
+      } else {
+        w[i] = dev_e4m3(b[i]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTokenTile; ++j) {
+      if (j < nt) {
+        const float4* xv = reinterpret_cast<const float4*>(x[j] + k0);
+        float part = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kIn / 4; ++q) {
+          const float4 xx = xv[q];
+          part += w[4 * q] * xx.x + w[4 * q + 1] * xx.y + w[4 * q + 2] * xx.z + w[4 * q + 3] * xx.w;
+        }
+        acc[j] += part * s;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kTokenTile; ++j) {
+    const float v = warp_sum(acc[j]);
+    if (lane == 0 && j < nt) a.out[(t0 + j) * a.w.out + n] = v;
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
 
-void launch_linear(const LinearArgs& a) {
-  if (a.T == 0 || a.w.out == 0) return;
+bool linear_vectorizable(const LinearArgs& a) {
+  const DevWeight& w = a.w;
+  if (!aligned16(w.data) || !aligned16(a.in) || a.in_stride % 4 != 0 || w.in % 4 != 0) return false;
+  if (w.format == WeightFormat::kFp8Block) return w.in % 16 == 0 && w.block_in > 0 && w.block_in % 16 == 0;
+  if (w.format == WeightFormat::kFp4Packed) return w.in % 32 == 0 && w.block_in > 0 && w.block_in % 32 == 0;
+  return false;
+}
+
+bool launch_linear(const LinearArgs& a) {
+  if (a.T == 0 || a.w.out == 0) return false;
   const dim3 grid(blocks_for(a.w.out, kWarpsPerBlock), blocks_for(a.T, kTokenTile));
+  if (a.vectorized && linear_vectorizable(a)) {
+    if (a.w.format == WeightFormat::kFp4Packed) linear_vec_kernel<true><<<grid, 32 * kWarpsPerBlock>>>(a);
+    else linear_vec_kernel<false><<<grid, 32 * kWarpsPerBlock>>>(a);
+    return true;
+  }
   linear_kernel<<<grid, 32 * kWarpsPerBlock>>>(a);
+  return false;
 }
 
 }  // namespace sparrow::cuda

@@ -182,6 +182,48 @@ TEST_F(CudaOps, LinearEveryWeightFormat) {
   }
 }
 
+// The fast profiles' vectorized kernel (LinearArgs::vectorized; linear with act_quant_fp8): FP8
+// block and packed FP4 weights whose K suits 16-byte chunks, against the CPU (same quantised input,
+// fp64 sums) at the op bar; and batch invariance: each token's row of a 19-token call is the same
+// bits as that token alone. K = 200 (not a multiple of 16) must take the element-wise kernel.
+TEST_F(CudaOps, LinearVectorizedMatchesCpuAndIsBatchInvariant) {
+  const bool real = std::string(gpu->name()) == "cuda";
+  Rng rng(43);
+  struct Case {
+    std::string name;
+    StoredMatrix m;
+    bool vectorizable;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"fp8 131x4096", fp8_matrix(rng, 131, 4096, 128, 128, DType::kF8E8M0), true});
+  cases.push_back({"fp8 37x272 (partial scale block)", fp8_matrix(rng, 37, 272, 128, 128, DType::kF32), true});
+  cases.push_back({"fp8 33x200", fp8_matrix(rng, 33, 200, 128, 128, DType::kF8E8M0), false});
+  cases.push_back({"fp4 37x96", fp4_matrix(rng, 37, 96), true});
+  cases.push_back({"fp4 29x4096", fp4_matrix(rng, 29, 4096), true});
+  for (auto& c : cases) {
+    const int64_t K = c.m.w.in, N = c.m.w.out, T = 19;
+    const std::vector<float> x = rng.normal(T * K);
+    auto [xc, xg] = both_f32(x, {T, K});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, N});
+    cpu->linear({.out = oc, .in = xc, .weight = &c.m.w, .act_quant_fp8 = true});
+    gpu->linear({.out = og, .in = xg, .weight = &c.m.w, .act_quant_fp8 = true});
+    if (real) {
+      EXPECT_EQ(cuda::last_linear_vectorized(*gpu), c.vectorizable) << c.name;
+    }
+    expect_close(*gpu, og, *cpu, oc, kOpTol, "vectorized linear " + c.name);
+    const std::vector<float> all = gpu->download_f32(og);
+    for (int64_t t : {int64_t{0}, int64_t{7}, T - 1}) {
+      const Tensor one = gpu->upload_f32(std::vector<float>(x.begin() + t * K, x.begin() + (t + 1) * K), {1, K});
+      const Tensor o1 = gpu->alloc(ElemType::kF32, {1, N});
+      gpu->linear({.out = o1, .in = one, .weight = &c.m.w, .act_quant_fp8 = true});
+      const std::vector<float> alone = gpu->download_f32(o1);
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(alone[n], all[t * N + n]) << c.name << ": token " << t << " output " << n
+                                            << " differs alone and in a batch of " << T;
+    }
+  }
+}
+
 TEST_F(CudaOps, GroupedLinearMatchesCpu) {
   Rng rng(42);
   const int64_t T = 11, G = 3, R = 7, Kg = 19;
