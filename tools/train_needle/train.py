@@ -373,6 +373,9 @@ def main():
                          "attention logit grows as sqrt(head_dim) (V4 uses 512)")
     ap.add_argument("--needle-format", default="vk", choices=needle_prompts.FORMATS,
                     help="vk = [ddd K] (value, then key), kvk = [K ddd K] (key on both sides)")
+    ap.add_argument("--kv-norm-init", type=float, default=1.0,
+                    help="initial value of the attention's and compressors' kv_norm weights (the indexer's stay 1): "
+                         "an attention logit is at most sqrt(head_dim) times this weight's RMS")
     ap.add_argument("--needles", default="2,6",
                     help="MIN,MAX needles per training sample (each one asked); the evaluation has 4")
     ap.add_argument("--short-max-frac", type=float, default=0.5,
@@ -416,6 +419,11 @@ def main():
     cfg = build_config(cfg_dict)
     model = DeepseekV4ForCausalLM(cfg)
     init_extra(model, cfg, args.seed)
+    if args.kv_norm_init != 1.0:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("kv_norm.weight") and ".indexer." not in name:
+                    p.fill_(args.kv_norm_init)
     model.to(device).train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f} M heads {args.heads} lr {args.lr}", flush=True)
