@@ -85,6 +85,7 @@ double activation_bytes(const ModelConfig& c, int64_t l, int64_t T, int64_t visi
 }
 
 double free_device_bytes() {
+  cuda::trim_device_pool();  // the backend's cached blocks count as free here
   size_t free = 0, total = 0;
   BENCH_CUDA(cudaMemGetInfo(&free, &total));
   return static_cast<double>(free);

@@ -43,20 +43,42 @@ void launch_check(const char* what) {
   }
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  SPARROW_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
-  SPARROW_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
+// Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
+// work runs there): a cudaFree would synchronise the whole device, and the forward allocates and
+// frees its activations op by op. make_cuda_backend raises the default pool's release threshold so
+// freed blocks stay cached for the next allocation instead of going back to the driver at every
+// synchronisation (cudaMemGetInfo then counts them as used; trim_device_pool gives them back).
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
+  SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  return p;
 }
 
 // Errors are ignored here: at process exit the runtime may already be unloading.
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
+void device_free(void* p) {
+  if (p) cudaFreeAsync(p, 0);
 }
+
+void trim_device_pool() {
+  cudaMemPool_t pool;
+  int device = 0;
+  SPARROW_CUDA_CHECK(cudaGetDevice(&device));
+  SPARROW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  SPARROW_CUDA_CHECK(cudaDeviceSynchronize());
+  SPARROW_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  ptr_ = device_alloc(bytes);
+}
+
+DeviceBuffer::~DeviceBuffer() { device_free(ptr_); }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_) cudaFree(ptr_);
+    device_free(ptr_);
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;
     o.ptr_ = nullptr;
@@ -262,10 +284,8 @@ class CudaBackend final : public Backend {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
-    void* p = nullptr;
-    SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
-    SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
-    std::shared_ptr<void> storage(p, [](void* q) { cudaFree(q); });
+    void* p = device_alloc(bytes);
+    std::shared_ptr<void> storage(p, [](void* q) { device_free(q); });
     return Tensor(storage, p, type, std::move(shape));
   }
 
@@ -927,6 +947,13 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend() {
                                std::to_string(prop.minor));
   if (const cudaError_t e = cudaSetDevice(0); e != cudaSuccess)
     return Status::unsupported(std::string("backend 'cuda': cannot use GPU 0: ") + cudaGetErrorString(e));
+  {
+    // Keep freed blocks in the pool (device_alloc).
+    cudaMemPool_t pool;
+    SPARROW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    SPARROW_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
   return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>());
 }
 

@@ -18,7 +18,6 @@
 
 namespace sparrow::cuda {
 
-// cudaMalloc'd bytes, zero-filled; freed on destruction. Move-only.
 // The weight caches (device copies of stored tensors, and the FP8 GEMM's padded copies) are keyed
 // by host address, and a model freed and another loaded can put a different tensor at the same
 // address. Each entry keeps this fingerprint of what it was made from, the size and FNV-1a over
@@ -38,6 +37,14 @@ inline uint64_t host_fingerprint(const void* p, size_t bytes) {
   return h;
 }
 
+// Device memory from the stream-ordered pool on the default stream, zero-filled (cuda_backend.cpp).
+void* device_alloc(size_t bytes);
+void device_free(void* p);
+// Synchronises and returns the pool's cached free blocks to the driver (so that cudaMemGetInfo
+// counts them as free).
+void trim_device_pool();
+
+// Zero-filled device bytes from device_alloc, freed (stream-ordered) on destruction. Move-only.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
