@@ -192,18 +192,30 @@ def make_sample(rng, length, n_needles, n_questions, depths=None, fmt="vk"):
     return ids, answer_pos, info
 
 
-def make_batch(rng, batch, length, device, fmt="vk", needles=(2, 6)):
-    ids, mask = [], []
+def make_batch(rng, batch, length, device, fmt="vk", needles=(2, 6), with_questions=False):
+    """ids [B, L], answer mask [B, L]; with_questions: also (question key positions [B, Q] padded
+    with -1, needle start positions [B, Q]) for attention supervision."""
+    ids, mask, qpos, starts = [], [], [], []
     for _ in range(batch):
         n = int(rng.integers(needles[0], needles[1] + 1))
-        x, ap, _ = make_sample(rng, length, n, n, fmt=fmt)
+        x, ap, info = make_sample(rng, length, n, n, fmt=fmt)
         m = np.zeros(length, dtype=np.float32)
         m[ap] = 1.0
         ids.append(x)
         mask.append(m)
+        qpos.append(ap[0::3])  # the question's key letter predicts the first digit
+        starts.append([inf["pos"] for inf in info])
     ids = torch.from_numpy(np.stack(ids)).to(device)
     mask = torch.from_numpy(np.stack(mask)).to(device)
-    return ids, mask
+    if not with_questions:
+        return ids, mask
+    Q = max(len(q) for q in qpos)
+    qp = np.full((batch, Q), -1, dtype=np.int64)
+    st = np.zeros((batch, Q), dtype=np.int64)
+    for b in range(batch):
+        qp[b, :len(qpos[b])] = qpos[b]
+        st[b, :len(starts[b])] = starts[b]
+    return ids, mask, torch.from_numpy(qp).to(device), torch.from_numpy(st).to(device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -235,6 +247,7 @@ class IndexerTrainer:
             if self.enabled:
                 h = args[0] if args else kwargs["hidden_states"]
                 self.cap.setdefault(i, {})["h"] = h.detach()
+                self.cap[i]["h_live"] = h
                 self.cap[i]["pe"] = kwargs["position_embeddings"]["compress"]
                 self.cap[i]["pos"] = kwargs["position_ids"]
         return hook
@@ -243,6 +256,7 @@ class IndexerTrainer:
         def hook(mod, args, out):
             if self.enabled:
                 self.cap.setdefault(i, {})["ckv"] = out[0].detach()
+                self.cap[i]["ckv_live"] = out[0]
         return hook
 
     @staticmethod
@@ -255,6 +269,55 @@ class IndexerTrainer:
             if self.enabled:
                 self.cap.setdefault(i, {})["scores"] = out
         return hook
+
+    def attn_sup_loss(self, qpos, starts, needle_len):
+        """Attention supervision (optional, --attn-sup): at each question's key letter, the main
+        attention of every CSA layer (heads averaged, over the compressed entries only, computed
+        densely with gradients into the query path and the compressor) should put its mass on the
+        entries that cover the asked needle. Loss: mean over questions and layers of
+        -log(sum of that mass).  Entry w covers tokens 4(w-1) .. 4w+3 (spec, CSA compressor)."""
+        losses = []
+        valid = qpos >= 0
+        if not bool(valid.any()):
+            return None
+        idx = qpos.clamp_min(0)
+        for attn, comp in self.csa:
+            c = self.cap.get(attn.layer_idx)
+            if not c or "h_live" not in c or "ckv_live" not in c:
+                continue
+            h, (cos, sin), ckv = c["h_live"], c["pe"], c["ckv_live"]
+            B, S = h.shape[0], h.shape[1]
+            T = ckv.shape[2]
+            if T == 0:
+                continue
+            rate = comp.compress_rate
+            q = attn.q_b_proj(attn.q_a_norm(attn.q_a_proj(h)))
+            q = q.view(B, S, -1, attn.head_dim).transpose(1, 2)
+            q = attn.q_b_norm(q)
+            q = mdv4.apply_rotary_pos_emb(q, cos, sin)  # [B,H,S,D]
+            H, Q = q.shape[1], idx.shape[1]
+            qs = torch.gather(q, 2, idx[:, None, :, None].expand(B, H, Q, q.shape[-1]))  # [B,H,Q,D]
+            logits = torch.matmul(qs.float(), ckv.float().transpose(-1, -2)) * attn.scaling  # [B,H,Q,T]
+            ent = torch.arange(T, device=h.device)
+            visible = ent.view(1, 1, -1) < ((idx + 1) // rate).unsqueeze(-1)  # [B,Q,T]
+            first = ent.view(1, 1, -1) * rate - rate  # first token an entry covers
+            last = ent.view(1, 1, -1) * rate + rate - 1
+            s0 = starts.unsqueeze(-1)
+            target = (first <= s0 + needle_len - 1) & (last >= s0) & visible
+            rows = valid & target.any(-1)
+            if not bool(rows.any()):
+                continue
+            # log of the head-averaged mass on the targets, in log space (no underflow, so a
+            # query that points away still gets a gradient): per head
+            # logsumexp(targets) - logsumexp(visible), then log-mean-exp over heads.
+            neg = torch.finfo(torch.float32).min
+            lse_t = torch.logsumexp(logits.masked_fill(~target.unsqueeze(1), neg), dim=-1)  # [B,H,Q]
+            lse_v = torch.logsumexp(logits.masked_fill(~visible.unsqueeze(1), neg), dim=-1)
+            log_mass = torch.logsumexp(lse_t - lse_v, dim=1) - math.log(H)  # [B,Q]
+            losses.append(-log_mass[rows].mean())
+        if not losses:
+            return None
+        return torch.stack(losses).mean()
 
     def kl_loss(self, q_rows=None):
         """Mean over CSA layers of KL(p_attn || softmax(index scores)) over causally visible entries."""
@@ -373,6 +436,9 @@ def main():
                          "attention logit grows as sqrt(head_dim) (V4 uses 512)")
     ap.add_argument("--needle-format", default="vk", choices=needle_prompts.FORMATS,
                     help="vk = [ddd K] (value, then key), kvk = [K ddd K] (key on both sides)")
+    ap.add_argument("--attn-sup", type=float, default=0.0,
+                    help="weight of the attention supervision (IndexerTrainer.attn_sup_loss): the CSA layers' "
+                         "attention at a question's key should rest on the asked needle's entries; 0 = off")
     ap.add_argument("--kv-norm-init", type=float, default=1.0,
                     help="initial value of the attention's and compressors' kv_norm weights (the indexer's stay 1): "
                          "an attention logit is at most sqrt(head_dim) times this weight's RMS")
@@ -472,7 +538,9 @@ def main():
         w = np.array([L_ ** -0.5 for L_ in pool])
         L = int(rng.choice(pool, p=w / w.sum()))
         B = max(1, (args.long_tokens_per_step if L >= 4096 else args.tokens_per_step) // L)
-        ids, amask = make_batch(rng, B, L, device, args.needle_format, needles)
+        sup_on = args.attn_sup > 0
+        batch_ = make_batch(rng, B, L, device, args.needle_format, needles, with_questions=sup_on)
+        ids, amask = batch_[0], batch_[1]
         out = model(input_ids=ids, use_cache=False, output_router_logits=True)
         logits = out.logits[:, :-1].float()
         tgt = ids[:, 1:]
@@ -481,9 +549,12 @@ def main():
         ce = (ce * m).sum() / m.sum()
         with torch.no_grad():
             acc = ((logits.argmax(-1) == tgt).float() * m).sum() / m.sum()
+        sup = trainer.attn_sup_loss(batch_[2], batch_[3], NEEDLE_LEN + (args.needle_format == "kvk")) if sup_on else None
         kl = trainer.kl_loss()
         aux = out.aux_loss if out.aux_loss is not None else torch.zeros((), device=device)
         loss = ce + 0.01 * aux + (args.kl_weight * kl if kl is not None else 0.0)
+        if sup is not None:
+            loss = loss + args.attn_sup * sup
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -492,13 +563,14 @@ def main():
         step = st["step"]
         st["elapsed"] = time.time() - t0
         rec = dict(step=step, t=round(st["elapsed"], 2), phase=st["stage"], L=L, B=B, lr=lr, ce=float(ce.detach()),
-                   acc=float(acc), kl=None if kl is None else float(kl), aux=float(aux), gnorm=float(gn))
+                   acc=float(acc), kl=None if kl is None else float(kl), aux=float(aux), gnorm=float(gn),
+                   sup=None if sup is None else float(sup))
         log.write(json.dumps(rec) + "\n")
         ema = float(ce) if ema is None else 0.95 * ema + 0.05 * float(ce)
         if step % 50 == 0 or step <= 3:
             print(f"[{rec['t']:6.1f}s] step {step} {st['stage']} L={L} B={B} ce {float(ce):.3f} (ema {ema:.3f}) "
                   f"acc {float(acc):.3f} kl {rec['kl'] if kl is None else round(float(kl), 4)} "
-                  f"aux {float(aux):.3f} lr {lr:.2e} mem {torch.cuda.max_memory_allocated() / 2**30 if device.type == 'cuda' else 0:.1f}G", flush=True)
+                  f"aux {float(aux):.3f} sup {rec['sup'] if sup is None else round(float(sup), 3)} lr {lr:.2e} mem {torch.cuda.max_memory_allocated() / 2**30 if device.type == 'cuda' else 0:.1f}G", flush=True)
         if time.time() - last_eval > args.eval_every:
             trainer.enabled = False
             if st["stage"] == "short-dense":
