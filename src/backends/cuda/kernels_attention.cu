@@ -160,12 +160,14 @@ __global__ void indexer_score_kernel(IndexerArgs a) {
     a.scores[t * a.C + w] = dev_bf16_round(__double2float_rn(acc));
     return;
   }
+  // Explicit FMAs (what nvcc's contraction makes of `d += q * k` anyway), so that
+  // indexer_score_smem_kernel can give the same bits.
   float score = 0.0f;
   for (int64_t h = 0; h < a.Hi; ++h) {
     const float* q = a.q + (t * a.Hi + h) * a.di;
     float d = 0.0f;
-    for (int64_t i = 0; i < a.di; ++i) d += q[i] * key[i];
-    score += a.head_weights[t * a.Hi + h] * fmaxf(d, 0.0f);
+    for (int64_t i = 0; i < a.di; ++i) d = __fmaf_rn(q[i], key[i], d);
+    score = __fmaf_rn(a.head_weights[t * a.Hi + h], fmaxf(d, 0.0f), score);
   }
   a.scores[t * a.C + w] = score * a.scale;
 }
@@ -183,6 +185,184 @@ __global__ void indexer_select_kernel(IndexerArgs a) {
   int64_t rank = 0;
   for (int64_t v = 0; v < visible && rank < a.k; ++v) rank += (s[v] > mine || (s[v] == mine && v < w)) ? 1 : 0;
   if (rank < a.k) a.out_indices[t * a.k + rank] = static_cast<int32_t>(w);
+}
+
+// ---- the indexer's fast paths (same results, bit for bit, as the kernels above) ------------------
+
+constexpr int kSelectThreads = 512;
+constexpr int kScoreEntries = 32;  // entries per block of indexer_score_smem_kernel
+constexpr int kScoreWarps = 8;
+
+// A 64-bit key that orders entries as the rank rule does: higher score first, then lower index.
+// The score's bits map to an unsigned order (negative floats reversed); the low word is the
+// complement of the index. 0 sorts below every real entry (a finite or -inf score maps above 0).
+__device__ inline uint64_t rank_key(float score, int64_t w) {
+  const uint32_t b = score == 0.0f ? 0u : __float_as_uint(score);  // -0 ties with +0, as on the CPU
+  const uint32_t u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(u) << 32) | static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(w));
+}
+
+// grid (T), block kSelectThreads, dynamic shared memory: next_pow2(k) keys. The same slots as
+// indexer_select_kernel in O(visible) per token: a 4-pass radix select finds the k-th largest
+// score's bits u*; every entry above u*, and the lowest-index entries equal to u* up to k, are
+// compacted (contiguous chunks per thread and a block scan keep index order among the ties); a
+// bitonic sort of the k keys puts them in rank order.
+__global__ void indexer_radix_select_kernel(IndexerArgs a, int64_t pow2) {
+  extern __shared__ uint64_t cand[];  // [pow2]
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_mask;
+  __shared__ int64_t s_remaining;
+  __shared__ int64_t s_greater[kSelectThreads], s_equal[kSelectThreads];
+  const int64_t t = blockIdx.x;
+  const int64_t E = a.visible[t];
+  const int64_t k = a.k;
+  const float* sc = a.scores + t * a.C;
+  const int tid = threadIdx.x;
+  const int64_t take = E < k ? E : k;  // slots this token fills
+  for (int64_t i = tid; i < pow2; i += blockDim.x) cand[i] = 0;
+  if (E == 0) return;
+  uint32_t prefix = 0, mask = 0;
+  int64_t remaining = take;
+  if (E > k) {
+    if (tid == 0) {
+      s_prefix = 0;
+      s_mask = 0;
+      s_remaining = k;
+    }
+    for (int pass = 0; pass < 4; ++pass) {
+      const int shift = 24 - 8 * pass;
+      for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+      __syncthreads();
+      prefix = s_prefix;
+      mask = s_mask;
+      for (int64_t w = tid; w < E; w += blockDim.x) {
+        const uint32_t u = static_cast<uint32_t>(rank_key(sc[w], w) >> 32);
+        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        int64_t acc = 0;
+        for (int bin = 255; bin >= 0; --bin) {
+          if (acc + hist[bin] >= s_remaining) {
+            s_prefix |= static_cast<uint32_t>(bin) << shift;
+            s_mask |= 255u << shift;
+            s_remaining -= acc;
+            break;
+          }
+          acc += hist[bin];
+        }
+      }
+      __syncthreads();
+    }
+    prefix = s_prefix;  // u*: the k-th largest score's bits
+    remaining = s_remaining;  // entries equal to u* that are kept (lowest indices first)
+  }
+  // Compaction in index order: thread i takes entries [i * chunk, (i + 1) * chunk).
+  const int64_t chunk = (E + blockDim.x - 1) / blockDim.x;
+  const int64_t c0 = tid * chunk < E ? tid * chunk : E, c1 = c0 + chunk < E ? c0 + chunk : E;
+  int64_t greater = 0, equal = 0;
+  if (E > k) {
+    for (int64_t w = c0; w < c1; ++w) {
+      const uint32_t u = static_cast<uint32_t>(rank_key(sc[w], w) >> 32);
+      greater += u > prefix ? 1 : 0;
+      equal += u == prefix ? 1 : 0;
+    }
+  }
+  s_greater[tid] = greater;
+  s_equal[tid] = equal;
+  __syncthreads();
+  if (tid == 0) {  // exclusive scans
+    int64_t g = 0, e = 0;
+    for (int i = 0; i < static_cast<int>(blockDim.x); ++i) {
+      const int64_t gi = s_greater[i], ei = s_equal[i];
+      s_greater[i] = g;
+      s_equal[i] = e;
+      g += gi;
+      e += ei;
+    }
+  }
+  __syncthreads();
+  if (E > k) {
+    int64_t g = s_greater[tid], e = s_equal[tid];
+    const int64_t n_greater = take - remaining;
+    for (int64_t w = c0; w < c1; ++w) {
+      const uint64_t key = rank_key(sc[w], w);
+      const uint32_t u = static_cast<uint32_t>(key >> 32);
+      if (u > prefix) {
+        cand[g++] = key;
+      } else if (u == prefix) {
+        if (e < remaining) cand[n_greater + e] = key;
+        ++e;
+      }
+    }
+  } else {
+    for (int64_t w = c0; w < c1; ++w) cand[w] = rank_key(sc[w], w);
+  }
+  __syncthreads();
+  // Bitonic sort, descending.
+  for (int64_t size = 2; size <= pow2; size <<= 1) {
+    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int64_t i = tid; i < pow2; i += blockDim.x) {
+        const int64_t j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const uint64_t x = cand[i], y = cand[j];
+          if (desc ? x < y : x > y) {
+            cand[i] = y;
+            cand[j] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int64_t i = tid; i < take; i += blockDim.x)
+    a.out_indices[t * k + i] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(cand[i] & 0xffffffffu));
+}
+
+// grid (T, ceil(C / kScoreEntries)), block 32 * kScoreWarps, dynamic shared memory: the token's q
+// [Hi, di + 1] (padded: conflict-free column reads), one key row per warp [di], and the per-head
+// terms [kScoreWarps, Hi]. Warp w scores entries w, w + kScoreWarps, ... of the block's tile: lane l
+// computes the dot products of heads l, l + 32, ... with the same FMAs in the same order over i as
+// indexer_score_kernel, and lane 0 accumulates weight x ReLU(dot) in head order with the same FMAs,
+// so the scores are the same bits. fp32 scores only (not bf16_scores).
+__global__ void indexer_score_smem_kernel(IndexerArgs a) {
+  extern __shared__ float smem[];
+  const int64_t t = blockIdx.x;
+  const int64_t di = a.di, Hi = a.Hi, qs = di + 1;
+  float* q = smem;                                   // [Hi, di + 1]
+  float* keys = q + Hi * qs;                         // [kScoreWarps, di]
+  float* terms = keys + kScoreWarps * di;            // [kScoreWarps, Hi]
+  for (int64_t i = threadIdx.x; i < Hi * di; i += blockDim.x) q[(i / di) * qs + i % di] = a.q[t * Hi * di + i];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t visible = a.visible[t];
+  const float* kbase = a.keys[t];
+  float* key = keys + warp * di;
+  float* term = terms + warp * Hi;
+  for (int e = warp; e < kScoreEntries; e += kScoreWarps) {
+    const int64_t w = static_cast<int64_t>(blockIdx.y) * kScoreEntries + e;
+    if (w >= a.C) break;  // the whole warp
+    if (w >= visible) {
+      if (lane == 0) a.scores[t * a.C + w] = -INFINITY;
+      continue;
+    }
+    for (int64_t i = lane; i < di; i += 32) key[i] = kbase[w * di + i];
+    __syncwarp();
+    for (int64_t h = lane; h < Hi; h += 32) {
+      const float* qh = q + h * qs;
+      float d = 0.0f;
+      for (int64_t i = 0; i < di; ++i) d = __fmaf_rn(qh[i], key[i], d);
+      term[h] = fmaxf(d, 0.0f);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float score = 0.0f;
+      for (int64_t h = 0; h < Hi; ++h) score = __fmaf_rn(a.head_weights[t * Hi + h], term[h], score);
+      a.scores[t * a.C + w] = score * a.scale;
+    }
+    __syncwarp();
+  }
 }
 
 // Candidate j of a token: window positions first (older ones from the ring, this batch's from
@@ -253,8 +433,21 @@ void launch_key_sim(const KeySimArgs& a) {
 void launch_indexer_topk(const IndexerArgs& a) {
   if (a.T == 0 || a.C == 0) return;
   const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
-  indexer_score_kernel<<<grid, kThreads>>>(a);
-  if (a.k > 0) indexer_select_kernel<<<grid, kThreads>>>(a);
+  const size_t score_smem = static_cast<size_t>(a.Hi * (a.di + 1) + kScoreWarps * a.di + kScoreWarps * a.Hi) * sizeof(float);
+  if (!a.bf16_scores && score_smem <= 48 * 1024) {
+    const dim3 sgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kScoreEntries));
+    indexer_score_smem_kernel<<<sgrid, 32 * kScoreWarps, score_smem>>>(a);
+  } else {
+    indexer_score_kernel<<<grid, kThreads>>>(a);
+  }
+  if (a.k <= 0) return;
+  int64_t pow2 = 1;
+  while (pow2 < a.k) pow2 <<= 1;
+  if (pow2 * sizeof(uint64_t) <= 32 * 1024) {
+    indexer_radix_select_kernel<<<static_cast<unsigned>(a.T), kSelectThreads, pow2 * sizeof(uint64_t)>>>(a, pow2);
+  } else {
+    indexer_select_kernel<<<grid, kThreads>>>(a);
+  }
 }
 
 void launch_attention(const AttentionArgs& a) {

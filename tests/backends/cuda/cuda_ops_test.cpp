@@ -415,6 +415,51 @@ TEST_F(CudaOps, IndexerTopkMatchesCpuWithFewVisibleAndTies) {
   }
 }
 
+// The indexer's fast paths (indexer_score_smem_kernel, indexer_radix_select_kernel) at sizes the
+// fixtures never reach: 2200 and 600 visible entries, V4's 64 index heads of 128 dims, k = 512 and
+// 1000 (the radix passes; bitonic sorts over 512 and 1024 slots; k above the visible count), and a
+// token whose scores all tie at 0 (the equal-bin compaction must keep the lowest indices, in order).
+TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
+  Rng rng(72);
+  ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
+  cfg.index_head_dim = 128;
+  const int64_t Hi = 64, di = cfg.index_head_dim, m = cfg.compress_ratio[0];
+  const CompressorCase index_case(rng, di, m, true);
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  seqs.ids.assign(4400, 0);
+  for (int rep = 0; rep < 2; ++rep) {  // 8800 and 2400 tokens: 2200 and 600 indexer keys
+    const int64_t n0 = 4400, n1 = 1200, T = n0 + n1;
+    auto [bc, bg] = seqs.batches(n0, n1);
+    auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+    auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+    cpu->compressor(index_case.params(kc, gc, bc, kRope, CompressorSlot::kIndexer));
+    gpu->compressor(index_case.params(kg, gg, bg, kRope, CompressorSlot::kIndexer));
+    seqs.advance(n0, n1);
+  }
+  auto [bc, bg] = seqs.batches(2, 1);  // decode: two tokens of sequence 0, one of sequence 1
+  const int64_t T = 3;
+  std::vector<float> hw = rng.normal(T * Hi);
+  for (int64_t h = 0; h < Hi; ++h) hw[2 * Hi + h] = 0.0f;  // sequence 1's token: every score 0
+  auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+  auto [wc, wg] = both_f32(hw, {T, Hi});
+  int64_t C = 0;
+  for (int64_t t = 0; t < T; ++t) C = std::max(C, (bc.positions[t] + 1) / m);
+  ASSERT_EQ(C, 2200);
+  for (int64_t k : {int64_t{512}, int64_t{1000}}) {
+    auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
+    auto [sc, sg] = both_alloc(ElemType::kF32, {T, C});
+    cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m, .k = k,
+                       .out_scores = sc});
+    gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m, .k = k,
+                       .out_scores = sg});
+    const std::string what = "indexer 2200/600 entries k=" + std::to_string(k);
+    expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
+    const std::vector<int32_t> want = cpu->download_i32(ic), got = gpu->download_i32(ig);
+    expect_same_selection(got, want, cpu->download_f32(sc), T, k, C, what);
+    for (int64_t i = 0; i < k; ++i) EXPECT_EQ(got[2 * k + i], i < 600 ? i : -1) << what << " tie slot " << i;
+  }
+}
+
 // ---- indexer key precision (`--index-keys`) -----------------------------------------------------
 
 constexpr KeyPrecision kKeyPrecisions[] = {KeyPrecision::kF32, KeyPrecision::kBf16, KeyPrecision::kFp8,
