@@ -702,7 +702,10 @@ class CudaBackend final : public Backend {
     const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     DeviceBuffer contrib(T * K * D * sizeof(float));
-    if (max_rows > 0) {
+    if (max_rows > 0 && grouped_experts(routed, offset, x, D, rows_ptr, slots_ptr, max_rows, contrib.f32(), p,
+                                        combine_scale)) {
+      // done: all experts with rows in one launch per projection
+    } else if (max_rows > 0) {
       DeviceBuffer h1(max_rows * max_f * sizeof(float)), h3(max_rows * max_f * sizeof(float)),
           y(max_rows * D * sizeof(float));
       for (int64_t e = 0; e < E; ++e) {
@@ -808,6 +811,81 @@ class CudaBackend final : public Backend {
         break;
     }
     return d;
+  }
+
+  // The routed experts of one moe call with one launch per projection (launch_grouped_expert_linear)
+  // instead of one per expert: every expert with rows, then SwiGLU, the reference numerics' routing
+  // weight and FP8 rounding, w2 and the scatter over all rows at once. Each row goes through the
+  // same arithmetic as in the per-expert path (swiglu_ffn), so the results are the same bits.
+  // Returns false, doing nothing, when the experts with rows differ in shape or format (the caller
+  // then runs them one by one).
+  bool grouped_experts(const std::vector<ExpertWeights>& routed, const std::vector<int64_t>& offset, const float* x,
+                       int64_t D, const int32_t* rows_ptr, const int32_t* slots_ptr, int64_t max_rows, float* contrib,
+                       const MoeParams& p, double combine_scale) {
+    const int64_t E = static_cast<int64_t>(routed.size());
+    std::vector<int64_t> act_offset{0};
+    std::vector<DevWeight> w1s, w3s, w2s;
+    const ExpertWeights* first = nullptr;
+    bool vec1 = p.ref_numerics, vec3 = p.ref_numerics, vec2 = p.ref_numerics;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t R = offset[e + 1] - offset[e];
+      if (R == 0) continue;
+      const ExpertWeights& w = routed[e];
+      if (!first) first = &w;
+      auto same = [](const WeightMatrix& a, const WeightMatrix& b) {
+        return a.format == b.format && a.out == b.out && a.in == b.in && a.block_out == b.block_out &&
+               a.block_in == b.block_in && a.data.dtype == b.data.dtype && a.scale.dtype == b.scale.dtype;
+      };
+      if (!same(w.w1, first->w1) || !same(w.w3, first->w3) || !same(w.w2, first->w2)) return false;
+      w1s.push_back(dev_weight(w.w1));
+      w3s.push_back(dev_weight(w.w3));
+      w2s.push_back(dev_weight(w.w2));
+      act_offset.push_back(act_offset.back() + R);
+    }
+    if (!first) return false;
+    const int64_t F = first->w1.out, total = act_offset.back(), n_active = static_cast<int64_t>(w1s.size());
+    SPARROW_CHECK_EQ(first->w3.out, F);
+    SPARROW_CHECK_EQ(first->w2.in, F);
+    SPARROW_CHECK_EQ(first->w1.in, D);
+    SPARROW_CHECK_EQ(first->w2.out, D);
+    DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
+    for (int64_t i = 0; i < n_active; ++i) {
+      vec1 = vec1 && linear_vectorizable({.out = h1.f32(), .in = x, .in_rows = rows_ptr, .w = w1s[i], .T = 1,
+                                          .in_stride = D, .rows_per_group = F});
+      vec3 = vec3 && linear_vectorizable({.out = h3.f32(), .in = x, .in_rows = rows_ptr, .w = w3s[i], .T = 1,
+                                          .in_stride = D, .rows_per_group = F});
+      vec2 = vec2 && linear_vectorizable({.out = y.f32(), .in = h1.f32(), .in_rows = nullptr, .w = w2s[i], .T = 1,
+                                          .in_stride = F, .rows_per_group = D});
+    }
+    const DeviceBuffer d_w1 = upload_vector(w1s), d_w3 = upload_vector(w3s), d_w2 = upload_vector(w2s),
+                       d_off = upload_vector(act_offset);
+    const auto* off = static_cast<const int64_t*>(d_off.get());
+    launch_grouped_expert_linear({.out = h1.f32(), .in = x, .in_rows = rows_ptr,
+                                  .w = static_cast<const DevWeight*>(d_w1.get()), .offset = off, .n_experts = n_active,
+                                  .max_rows = max_rows, .N = F, .in_stride = D, .format = first->w1.format,
+                                  .vectorized = vec1});
+    launch_grouped_expert_linear({.out = h3.f32(), .in = x, .in_rows = rows_ptr,
+                                  .w = static_cast<const DevWeight*>(d_w3.get()), .offset = off, .n_experts = n_active,
+                                  .max_rows = max_rows, .N = F, .in_stride = D, .format = first->w3.format,
+                                  .vectorized = vec3});
+    launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
+    if (p.ref_numerics) {
+      launch_check("experts swiglu");
+      launch_route_scale_bf16({.h = h1.f32(), .slots = slots_ptr, .weights = p.weights.f32(), .R = total, .F = F,
+                               .scale = combine_scale});
+      launch_check("experts routing weight");
+      fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
+    }
+    launch_grouped_expert_linear({.out = y.f32(), .in = h1.f32(), .in_rows = nullptr,
+                                  .w = static_cast<const DevWeight*>(d_w2.get()), .offset = off, .n_experts = n_active,
+                                  .max_rows = max_rows, .N = D, .in_stride = F, .format = first->w2.format,
+                                  .vectorized = vec2});
+    launch_check("experts ffn");
+    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots_ptr,
+                           .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
+                           .scale = static_cast<float>(combine_scale)});
+    launch_check("experts scatter");
+    return true;
   }
 
   // ref_numerics inside one expert: h <- bf16(g_r * h) then FP8 1x128, before w2 (weights null: g = 1).

@@ -130,6 +130,23 @@ struct LinearArgs {
 };
 // Returns whether the vectorized kernel ran.
 bool launch_linear(const LinearArgs& a);
+// The experts of one MoE call in one launch: expert e (of n_experts, those with rows) computes its
+// rows offset[e] .. offset[e+1]-1 of out ([rows, N]) from the input rows in_rows[offset[e] + r]
+// (gathered) or, when in_rows is null, rows offset[e] + r of in; each tile exactly as launch_linear
+// would for that expert alone (the same bits). w: device array of the experts' weights, all [N, K]
+// in one format; vectorized: the caller checked linear_vectorizable for every expert.
+struct GroupedExpertLinearArgs {
+  float* out;
+  const float* in;
+  const int32_t* in_rows;
+  const DevWeight* w;        // [n_experts], device memory
+  const int64_t* offset;     // [n_experts + 1], device memory
+  int64_t n_experts, max_rows, N, in_stride;
+  WeightFormat format;
+  bool vectorized;
+};
+void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
+
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.
 bool linear_vectorizable(const LinearArgs& a);

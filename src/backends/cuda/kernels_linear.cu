@@ -12,13 +12,9 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokenTile = 8;
 
-// grid (ceil(N / kWarpsPerBlock), ceil(T / kTokenTile)), block (32 * kWarpsPerBlock).
-__global__ void linear_kernel(LinearArgs a) {
-  const int lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (n >= a.w.out) return;  // the whole warp leaves together
+// One warp: output row n for the tokens t0 .. t0 + kTokenTile - 1 below a.T.
+__device__ void linear_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane) {
   const int64_t K = a.w.in;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
   const int64_t nt = a.T - t0 < kTokenTile ? a.T - t0 : kTokenTile;
   const int64_t col0 = (n / a.rows_per_group) * K;
   const float* x[kTokenTile];
@@ -47,13 +43,9 @@ __global__ void linear_kernel(LinearArgs a) {
 // scale), sums the chunk's products against each token's inputs (float4 loads), scales that sum
 // once and adds it to the token's accumulator. A token's arithmetic does not depend on the others.
 template <bool kFp4>
-__global__ void linear_vec_kernel(LinearArgs a) {
+__device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane) {
   constexpr int kIn = kFp4 ? 32 : 16;  // inputs per 16-byte chunk
-  const int lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (n >= a.w.out) return;
   const int64_t K = a.w.in;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
   const int64_t nt = a.T - t0 < kTokenTile ? a.T - t0 : kTokenTile;
   const int64_t col0 = (n / a.rows_per_group) * K;
   const float* x[kTokenTile];
@@ -105,6 +97,32 @@ __global__ void linear_vec_kernel(LinearArgs a) {
   }
 }
 
+// grid (ceil(N / kWarpsPerBlock), ceil(T / kTokenTile)), block (32 * kWarpsPerBlock).
+template <int kPath>  // 0: element-wise, 1: vectorized FP8, 2: vectorized FP4
+__global__ void linear_kernel(LinearArgs a) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (n >= a.w.out) return;  // the whole warp leaves together
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
+  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
+  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
+}
+
+// grid (ceil(N / kWarpsPerBlock), ceil(max_rows / kTokenTile), experts), the same block: expert
+// z's rows, each tile exactly as linear_kernel computes it for that expert alone.
+template <int kPath>
+__global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
+  const int64_t e = blockIdx.z;
+  const int64_t r0 = g.offset[e], R = g.offset[e + 1] - r0;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (t0 >= R || n >= g.N) return;
+  LinearArgs a{.out = g.out + r0 * g.N, .in = g.in_rows ? g.in : g.in + r0 * g.in_stride,
+               .in_rows = g.in_rows ? g.in_rows + r0 : nullptr, .w = g.w[e], .T = R, .in_stride = g.in_stride,
+               .rows_per_group = g.N};
+  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
+  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -121,12 +139,21 @@ bool launch_linear(const LinearArgs& a) {
   if (a.T == 0 || a.w.out == 0) return false;
   const dim3 grid(blocks_for(a.w.out, kWarpsPerBlock), blocks_for(a.T, kTokenTile));
   if (a.vectorized && linear_vectorizable(a)) {
-    if (a.w.format == WeightFormat::kFp4Packed) linear_vec_kernel<true><<<grid, 32 * kWarpsPerBlock>>>(a);
-    else linear_vec_kernel<false><<<grid, 32 * kWarpsPerBlock>>>(a);
+    if (a.w.format == WeightFormat::kFp4Packed) linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(a);
+    else linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(a);
     return true;
   }
-  linear_kernel<<<grid, 32 * kWarpsPerBlock>>>(a);
+  linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(a);
   return false;
+}
+
+void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
+  if (g.n_experts == 0 || g.max_rows == 0 || g.N == 0) return;
+  const dim3 grid(blocks_for(g.N, kWarpsPerBlock), blocks_for(g.max_rows, kTokenTile), static_cast<unsigned>(g.n_experts));
+  const int path = g.vectorized ? (g.format == WeightFormat::kFp4Packed ? 2 : 1) : 0;
+  if (path == 2) grouped_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
+  else if (path == 1) grouped_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);
+  else grouped_expert_linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(g);
 }
 
 }  // namespace sparrow::cuda
