@@ -43,21 +43,38 @@ void launch_check(const char* what) {
   }
 }
 
+bool cuda_feature_on(const char* name) {
+  static const std::string disabled = [] {
+    const char* v = std::getenv("SPARROW_CUDA_DISABLE");
+    return "," + std::string(v ? v : "") + ",";
+  }();
+  return disabled.find("," + std::string(name) + ",") == std::string::npos;
+}
+
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
 // work runs there): a cudaFree would synchronise the whole device, and the forward allocates and
 // frees its activations op by op. make_cuda_backend raises the default pool's release threshold so
 // freed blocks stay cached for the next allocation instead of going back to the driver at every
 // synchronisation (cudaMemGetInfo then counts them as used; trim_device_pool gives them back).
 void* device_alloc(size_t bytes) {
+  static const bool pool = cuda_feature_on("pool");
   void* p = nullptr;
-  SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
-  SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  if (pool) {
+    SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
+    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  } else {
+    SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
+    SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  }
   return p;
 }
 
 // Errors are ignored here: at process exit the runtime may already be unloading.
 void device_free(void* p) {
-  if (p) cudaFreeAsync(p, 0);
+  static const bool pool = cuda_feature_on("pool");
+  if (!p) return;
+  if (pool) cudaFreeAsync(p, 0);
+  else cudaFree(p);
 }
 
 void trim_device_pool() {
@@ -702,7 +719,7 @@ class CudaBackend final : public Backend {
     const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     DeviceBuffer contrib(T * K * D * sizeof(float));
-    if (max_rows > 0 && grouped_experts(routed, offset, x, D, rows_ptr, slots_ptr, max_rows, contrib.f32(), p,
+    if (max_rows > 0 && cuda_feature_on("grouped_moe") && grouped_experts(routed, offset, x, D, rows_ptr, slots_ptr, max_rows, contrib.f32(), p,
                                         combine_scale)) {
       // done: all experts with rows in one launch per projection
     } else if (max_rows > 0) {

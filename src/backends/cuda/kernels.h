@@ -28,6 +28,13 @@ struct DevView {
 };
 
 // A logical [out, in] weight matrix in its checkpoint format, in device memory (see WeightMatrix).
+// The newer fast paths can be switched off at run time, to tell which one a wrong result comes
+// from: SPARROW_CUDA_DISABLE is a comma-separated list of "vec_linear" (the vectorized linear
+// kernel), "indexer_fast" (the shared-memory scorer and radix-select top-k), "grouped_moe" (the
+// experts in one launch per projection) and "pool" (cudaMalloc/cudaFree instead of the
+// stream-ordered pool). Read once per process.
+bool cuda_feature_on(const char* name);
+
 struct DevWeight {
   WeightFormat format = WeightFormat::kFloat;
   int64_t out = 0, in = 0;

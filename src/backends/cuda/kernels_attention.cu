@@ -434,7 +434,8 @@ void launch_indexer_topk(const IndexerArgs& a) {
   if (a.T == 0 || a.C == 0) return;
   const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
   const size_t score_smem = static_cast<size_t>(a.Hi * (a.di + 1) + kScoreWarps * a.di + kScoreWarps * a.Hi) * sizeof(float);
-  if (!a.bf16_scores && score_smem <= 48 * 1024) {
+  const bool fast = cuda_feature_on("indexer_fast");
+  if (fast && !a.bf16_scores && score_smem <= 48 * 1024) {
     const dim3 sgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kScoreEntries));
     indexer_score_smem_kernel<<<sgrid, 32 * kScoreWarps, score_smem>>>(a);
   } else {
@@ -443,7 +444,7 @@ void launch_indexer_topk(const IndexerArgs& a) {
   if (a.k <= 0) return;
   int64_t pow2 = 1;
   while (pow2 < a.k) pow2 <<= 1;
-  if (pow2 * sizeof(uint64_t) <= 32 * 1024) {
+  if (fast && pow2 * sizeof(uint64_t) <= 32 * 1024) {
     indexer_radix_select_kernel<<<static_cast<unsigned>(a.T), kSelectThreads, pow2 * sizeof(uint64_t)>>>(a, pow2);
   } else {
     indexer_select_kernel<<<grid, kThreads>>>(a);

@@ -138,7 +138,7 @@ bool linear_vectorizable(const LinearArgs& a) {
 bool launch_linear(const LinearArgs& a) {
   if (a.T == 0 || a.w.out == 0) return false;
   const dim3 grid(blocks_for(a.w.out, kWarpsPerBlock), blocks_for(a.T, kTokenTile));
-  if (a.vectorized && linear_vectorizable(a)) {
+  if (a.vectorized && linear_vectorizable(a) && cuda_feature_on("vec_linear")) {
     if (a.w.format == WeightFormat::kFp4Packed) linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(a);
     else linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(a);
     return true;
@@ -150,7 +150,7 @@ bool launch_linear(const LinearArgs& a) {
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
   if (g.n_experts == 0 || g.max_rows == 0 || g.N == 0) return;
   const dim3 grid(blocks_for(g.N, kWarpsPerBlock), blocks_for(g.max_rows, kTokenTile), static_cast<unsigned>(g.n_experts));
-  const int path = g.vectorized ? (g.format == WeightFormat::kFp4Packed ? 2 : 1) : 0;
+  const int path = g.vectorized && cuda_feature_on("vec_linear") ? (g.format == WeightFormat::kFp4Packed ? 2 : 1) : 0;
   if (path == 2) grouped_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
   else if (path == 1) grouped_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);
   else grouped_expert_linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(g);
