@@ -63,6 +63,19 @@ else
   row "sparrow_cuda_tests (ops + parity)" FAIL "$detail, exit $rc"
   grep -E '^\[  FAILED  \]|Failure|CHECK failed|CUDA' "$logs/gtest.log" | head -20
 fi
+# When tests failed: run them again with each of the switchable fast paths off
+# (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
+failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
+if [ -n "$failed_tests" ]; then
+  for off in vec_linear indexer_fast grouped_moe pool vec_linear,indexer_fast,grouped_moe,pool; do
+    if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
+        >"$logs/gtest-without-${off//,/+}.log" 2>&1; then
+      row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
+    else
+      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-without-${off//,/+}.log") still fail"
+    fi
+  done
+fi
 worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)
 [ -n "$worst" ] && row "gtest parity, worst of $(grep -c '^\[cuda-parity\]' "$logs/gtest.log") runs" PASS "rel $worst"
 
