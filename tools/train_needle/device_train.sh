@@ -14,9 +14,11 @@ RUNS=/tmp/needle_runs
 # supervision (--attn-sup: at a question's key, the CSA layers' attention should rest on the asked
 # needle's entries), which trains the key match directly; two use head dim 256 (q is
 # RMS-normalised without a weight, so a logit is at most sqrt(head_dim) * the kv_norm weight).
+# The head-dim-256 runs take one 8K sequence per step (--long-tokens-per-step 8192) so that the
+# three fit in the H200's memory together (4 heads x 64 took about 35 GiB at two).
 VARIANTS="n12sup --heads 4 --lr 2e-3 --needle-format kvk --needles 4,12 --attn-sup 1
-n12h256sup --heads 4 --head-dim 256 --lr 2e-3 --needle-format kvk --needles 4,12 --attn-sup 1
-n12h256 --heads 4 --head-dim 256 --lr 2e-3 --needle-format kvk --needles 4,12"
+n12h256sup --heads 4 --head-dim 256 --lr 2e-3 --needle-format kvk --needles 4,12 --attn-sup 1 --long-tokens-per-step 8192
+n12h256 --heads 4 --head-dim 256 --lr 2e-3 --needle-format kvk --needles 4,12 --long-tokens-per-step 8192"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 here=$(cd "$(dirname "$0")" && pwd)
 
