@@ -381,8 +381,13 @@ __device__ inline const float* candidate(const AttentionArgs& a, const AttnToken
 }
 
 // grid (T * H): softmax with the sink over the token's candidates, K = V. The sink joins the max
-// and the denominator but carries no value (spec §3.3).
+// and the denominator but carries no value (spec §3.3). kWarpDots (the default; off with
+// SPARROW_CUDA_DISABLE=attn_warp): a warp per candidate's logit, lanes over Dh with coalesced key
+// reads, the query in shared memory; otherwise a thread per candidate, Dh in sequence. Either way a
+// (token, head)'s arithmetic does not depend on the other tokens of the batch.
+template <bool kWarpDots>
 __global__ void attention_kernel(AttentionArgs a) {
+  extern __shared__ float q_smem[];  // [Dh] when kWarpDots
   const int64_t t = blockIdx.x / a.H, h = blockIdx.x % a.H;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
@@ -390,16 +395,35 @@ __global__ void attention_kernel(AttentionArgs a) {
   float* e = a.scratch + blockIdx.x * a.max_candidates;
   const float sink = dev_load(a.sinks, h);
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const float* key = candidate(a, tk, t, j);
-    float logit = -INFINITY;
-    if (key) {
-      float d = 0.0f;
-      for (int64_t i = 0; i < a.Dh; ++i) d += q[i] * key[i];
-      logit = d * a.scale;
+  if constexpr (kWarpDots) {
+    for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
+    __syncthreads();
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int64_t j = threadIdx.x / 32; j < n; j += warps) {
+      const float* key = candidate(a, tk, t, j);
+      float logit = -INFINITY;
+      if (key) {
+        float d = 0.0f;
+        for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
+        logit = warp_sum(d) * a.scale;
+      }
+      if (lane == 0) {
+        e[j] = logit;
+        mx = fmaxf(mx, logit);
+      }
     }
-    e[j] = logit;
-    mx = fmaxf(mx, logit);
+  } else {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float* key = candidate(a, tk, t, j);
+      float logit = -INFINITY;
+      if (key) {
+        float d = 0.0f;
+        for (int64_t i = 0; i < a.Dh; ++i) d += q[i] * key[i];
+        logit = d * a.scale;
+      }
+      e[j] = logit;
+      mx = fmaxf(mx, logit);
+    }
   }
   mx = fmaxf(block_max(mx), sink);
   float sum = 0.0f;
@@ -452,7 +476,12 @@ void launch_indexer_topk(const IndexerArgs& a) {
 }
 
 void launch_attention(const AttentionArgs& a) {
-  if (a.T * a.H > 0) attention_kernel<<<static_cast<unsigned>(a.T * a.H), kAttnThreads>>>(a);
+  if (a.T * a.H == 0) return;
+  const size_t q_bytes = static_cast<size_t>(a.Dh) * sizeof(float);
+  if (cuda_feature_on("attn_warp") && q_bytes <= 16 * 1024)
+    attention_kernel<true><<<static_cast<unsigned>(a.T * a.H), kAttnThreads, q_bytes>>>(a);
+  else
+    attention_kernel<false><<<static_cast<unsigned>(a.T * a.H), kAttnThreads>>>(a);
 }
 
 }  // namespace sparrow::cuda
