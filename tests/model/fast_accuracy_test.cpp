@@ -12,226 +12,24 @@
 //     fp32's over the contested queries (those that see more entries than index_topk).
 // Each threshold is checked on a planted fault too: the routed scale applied twice and corrupted
 // index keys must fail it while the clean profile passes.
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <fstream>
-#include <set>
-
-#include "core/compare.h"
-#include "core/dtype.h"
-#include "io/safetensors.h"
-#include "model/model.h"
-#include "model/test_model.h"
-#include "runtime/diff.h"
-#include "runtime/taps.h"
-#include "tools/needle.h"
+#include "model/fast_accuracy.h"
 
 namespace sparrow {
 namespace {
 
-using testing::fixture_ids;
+using namespace fast_accuracy;
 
-const std::filesystem::path kFixtures = SPARROW_FIXTURES_DIR;
-const std::filesystem::path kNeedleTiny = std::filesystem::path(SPARROW_MODELS_DIR) / "needle-tiny";
-
-// ---- thresholds ------------------------------------------------------------------------------------
-// Measured on 2026-11-30 (CPU); docs/accuracy.md has every number. Each threshold sits between the
-// clean profile's worst value and what a planted fault gives, with the margin stated.
-//
-// Logits cosine distance (1 - cos over [T, V], fp64). Fixtures are random tiny models (hidden 64, so
-// an FP8 block of 128 spans the whole row and nothing was trained to absorb the rounding): clean
-// 0.9e-3..7.5e-3; the routed scale applied twice gives 1.36e-2..5.5e-2. 1e-2 is 1.3x above the
-// worst clean fixture and 1.36x below the mildest fault.
-constexpr double kFixtureLogitsCosDist = 1e-2;
-// needle-tiny (trained): clean <= 8.1e-5; doubled routed scale 1.7e-3, corrupted keys 4.5e-3.
-// 5e-4 leaves 6x headroom (GPU accumulation order, other prompts) and is 3.4x below the fault.
-constexpr double kNeedleLogitsCosDist = 5e-4;
-// Greedy top-1 agreement per position. Fixtures: clean 0.849..0.950, doubled scale 0.61..0.80.
-// needle-tiny: clean 0.933..0.992 (most positions are random haystack bytes whose logits are
-// nearly flat, so a tiny perturbation flips them; a loose floor), doubled scale 0.937.
-constexpr double kFixtureTop1 = 0.82;
-constexpr double kNeedleTop1 = 0.90;
-// Per-layer output (L<l>.hc_ffn.out) cosine distance. needle-tiny: clean <= 4.0e-4, doubled scale
-// >= 3.3e-3 from layer 0 on, corrupted keys 6.8e-2 from the corrupted layer on. Fixtures: clean
-// <= 7.6e-3; faults overlap it there, so 2e-2 is a sanity bound only (catches a broken profile).
-constexpr double kFixtureLayerCosDist = 2e-2;
-constexpr double kNeedleLayerCosDist = 2e-3;
-// Mean expert-selection overlap per scored MoE layer, free run (hash layers are 1 by
-// construction). Fixtures: clean >= 0.933 (K=2 of 8, so one flip in 30 rows costs 0.017);
-// needle-tiny: clean >= 0.980, doubled scale 0.881.
-constexpr double kFixtureExpertAgreement = 0.90;
-constexpr double kNeedleExpertAgreement = 0.95;
-// Mean indexer top-k overlap per CSA layer over contested queries, bf16 keys, fp32 selections
-// imposed. Fixtures (top 4 of <= 18 entries, small random margins): clean >= 0.933, corrupted keys
-// 0.22..0.25. needle-tiny (top 16 of <= 255): clean >= 0.973, corrupted keys 0.44.
-constexpr double kFixtureIndexOverlapBf16 = 0.85;
-constexpr double kNeedleIndexOverlapBf16 = 0.93;
-
-struct LayerAccuracy {
-  int64_t layer = 0;
-  double out_cos_dist = 0;          // L<l>.hc_ffn.out
-  double expert_agreement = 1;      // mean overlap of L<l>.moe.router.experts (free run)
-  bool scored_moe = false;          // a hash layer's experts depend on the token id only
-};
-
-struct IndexOverlap {
-  int64_t layer = 0;
-  KeyPrecision keys = KeyPrecision::kBf16;
-  int64_t contested = 0;
-  double mean = 1, min = 1;
-};
-
-struct Accuracy {
-  double logits_cos_dist = 0, logits_worst_row_cos_dist = 0, top1 = 1;
-  std::vector<LayerAccuracy> layers;
-  std::vector<IndexOverlap> index;
-  double max_layer_cos_dist() const {
-    double m = 0;
-    for (const auto& l : layers) m = std::max(m, l.out_cos_dist);
-    return m;
-  }
-  double min_expert_agreement() const {
-    double m = 1;
-    for (const auto& l : layers)
-      if (l.scored_moe) m = std::min(m, l.expert_agreement);
-    return m;
-  }
-  double min_index_overlap(KeyPrecision k) const {
-    double m = 1;
-    for (const auto& o : index)
-      if (o.keys == k) m = std::min(m, o.mean);
-    return m;
-  }
-};
-
-const TapRecord* find_tap(const std::vector<TapRecord>& v, const std::string& name) {
-  for (const TapRecord& r : v)
-    if (r.name == name) return &r;
-  return nullptr;
+// The CPU backend of this file's measurements.
+Backend& cpu() {
+  static std::unique_ptr<Backend> b = make_cpu_backend();
+  return *b;
 }
-
-int32_t argmax_row(const std::vector<float>& x, int64_t row, int64_t V) {
-  int32_t best = 0;
-  for (int64_t v = 1; v < V; ++v)
-    if (x[row * V + v] > x[row * V + best]) best = static_cast<int32_t>(v);
-  return best;
-}
-
-// fp32 on `reference_dir` vs fast on `fast_dir` (the same checkpoint, or a planted copy).
-Accuracy measure(const std::filesystem::path& reference_dir, const std::filesystem::path& fast_dir,
-                 const std::vector<int32_t>& ids, const std::vector<KeyPrecision>& key_precisions) {
-  Accuracy acc;
-  auto backend = make_cpu_backend();
-  auto fp32 = Model::load(reference_dir).value();
-  auto fast = Model::load(fast_dir, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast}).value();
-  EXPECT_EQ(fast->index_keys(), KeyPrecision::kBf16) << "fast's default index keys";
-  const ModelConfig& c = fp32->config();
-  const auto ra = taps_run(*fp32, *backend, ids, "*").value();
-  const auto rb = taps_run(*fast, *backend, ids, "*").value();
-  const DiffReport rep = diff_taps(ra, rb, {});
-
-  // Logits: global cosine, worst row, greedy agreement.
-  const TapRecord& la = *find_tap(ra, "logits");
-  const TapRecord& lb = *find_tap(rb, "logits");
-  const int64_t T = la.shape[0], V = la.shape[1];
-  acc.logits_cos_dist = compare_f32(lb.f32, la.f32, {.atol = INFINITY}).cosine_distance;
-  int64_t agree = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    agree += argmax_row(la.f32, t, V) == argmax_row(lb.f32, t, V);
-    const auto row = compare_f32(std::span(lb.f32).subspan(t * V, V), std::span(la.f32).subspan(t * V, V),
-                                 {.atol = INFINITY});
-    acc.logits_worst_row_cos_dist = std::max(acc.logits_worst_row_cos_dist, row.cosine_distance);
-  }
-  acc.top1 = static_cast<double>(agree) / static_cast<double>(T);
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerAccuracy la_{.layer = l, .scored_moe = c.moe[l] != MoeKind::kHash};
-    const std::string p = "L" + std::to_string(l) + ".";
-    for (const TapDiff& d : rep.taps) {
-      if (d.name == p + "hc_ffn.out") la_.out_cos_dist = d.cosine_distance;
-      if (d.name == p + "moe.router.experts") la_.expert_agreement = d.overlap_mean;
-    }
-    acc.layers.push_back(la_);
-  }
-
-  // Indexer overlap per key precision, fp32's decisions imposed.
-  ForcedDecisions forced;
-  for (const TapRecord& r : ra)
-    if (tap_is_selection(r.name)) forced[r.name] = r.i32;
-  for (KeyPrecision keys : key_precisions) {
-    auto variant = Model::load(fast_dir, {.index_topk = {}, .index_keys = keys, .precision = Precision::kFast}).value();
-    const auto own = taps_run(*variant, *backend, ids, "*.indexer.topk_own", &forced).value();
-    for (const TapRecord& r : own) {
-      const int64_t l = tap_layer(r.name), k = r.shape[1];
-      const std::vector<int32_t>& ref = forced.at("L" + std::to_string(l) + ".attn.indexer.topk");
-      IndexOverlap o{.layer = l, .keys = keys};
-      double sum = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        if ((t + 1) / c.compress_ratio[l] <= k) continue;  // sees at most k entries: keeps them all
-        std::set<int32_t> mine(r.i32.begin() + t * k, r.i32.begin() + (t + 1) * k);
-        int64_t common = 0;
-        for (int64_t i = 0; i < k; ++i) common += mine.count(ref[t * k + i]);
-        const double ov = static_cast<double>(common) / static_cast<double>(k);
-        sum += ov;
-        o.min = std::min(o.min, ov);
-        ++o.contested;
-      }
-      o.mean = o.contested ? sum / static_cast<double>(o.contested) : 1.0;
-      acc.index.push_back(o);
-    }
-  }
-  return acc;
-}
-
-void print(const std::string& what, const Accuracy& a) {
-  std::printf("[fast vs fp32] %-22s logits cos-dist %.3e (worst row %.3e) top-1 %.4f\n", what.c_str(),
-              a.logits_cos_dist, a.logits_worst_row_cos_dist, a.top1);
-  for (const auto& l : a.layers)
-    std::printf("[fast vs fp32] %-22s L%lld out cos-dist %.3e experts %.4f%s\n", what.c_str(),
-                static_cast<long long>(l.layer), l.out_cos_dist, l.expert_agreement, l.scored_moe ? "" : " (hash)");
-  for (const auto& o : a.index)
-    std::printf("[fast vs fp32] %-22s L%lld index keys %-4s contested %4lld overlap mean %.4f min %.4f\n",
-                what.c_str(), static_cast<long long>(o.layer), key_precision_name(o.keys),
-                static_cast<long long>(o.contested), o.mean, o.min);
-}
-
-// A copy of a checkpoint directory (config.json + model.safetensors) with every element of
-// `tensor` (F32 or BF16) multiplied by `factor`, or with config.json edited by `edit_config`.
-// The routed scale applied twice on the fast path only: its config says factor^2.
-std::filesystem::path plant_double_routed_scale(const std::filesystem::path& src) {
-  return testing::copy_checkpoint_with_fault(src, "", 1.0f, [](nlohmann::json& c) {
-    const double f = c["routed_scaling_factor"].get<double>();
-    c["routed_scaling_factor"] = f * f;
-  });
-}
-
-// Corrupted index keys: the indexer compressor's wkv negated (the key every entry stores flips sign).
-std::filesystem::path plant_corrupt_index_keys(const std::filesystem::path& src, const std::string& layer) {
-  return testing::copy_checkpoint_with_fault(src, "model.layers." + layer + ".attn.indexer.compressor.wkv.weight", -1.0f);
-}
-
-std::vector<std::vector<int32_t>> needle_prompts() {
-  std::vector<std::vector<int32_t>> out;
-  for (int64_t len : {256, 1024})
-    for (int64_t trial : {0, 1}) {
-      auto p = needle_prompt_make(7, len, trial, 2).value();
-      out.emplace_back(p.prompt().begin(), p.prompt().end());
-    }
-  return out;
-}
-
-const std::vector<KeyPrecision> kAllKeys = {KeyPrecision::kBf16, KeyPrecision::kFp8, KeyPrecision::kFp4};
 
 class FastAccuracyFixture : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FastAccuracyFixture, CleanProfilePassesThresholds) {
   const std::string f = GetParam();
-  const Accuracy a = measure(kFixtures / f, kFixtures / f, fixture_ids(f), kAllKeys);
+  const Accuracy a = measure(kFixtures / f, kFixtures / f, fixture_ids(f), kAllKeys, cpu());
   print(f, a);
   EXPECT_LE(a.logits_cos_dist, kFixtureLogitsCosDist);
   EXPECT_GE(a.top1, kFixtureTop1);
@@ -246,7 +44,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FastAccuracyFixture,
 TEST(FastAccuracy, NeedleTinyPassesThresholds) {
   int i = 0;
   for (const auto& ids : needle_prompts()) {
-    const Accuracy a = measure(kNeedleTiny, kNeedleTiny, ids, kAllKeys);
+    const Accuracy a = measure(kNeedleTiny, kNeedleTiny, ids, kAllKeys, cpu());
     print("needle-tiny T=" + std::to_string(ids.size()) + " #" + std::to_string(i++ % 2), a);
     EXPECT_LE(a.logits_cos_dist, kNeedleLogitsCosDist);
     EXPECT_GE(a.top1, kNeedleTop1);
@@ -259,7 +57,7 @@ TEST(FastAccuracy, NeedleTinyPassesThresholds) {
 TEST(FastAccuracy, DoubledRoutedScaleFailsTheLogitThresholds) {
   for (const char* f : {"swa_hash", "csa", "hca", "mixed_hc2", "mixed_bf16"}) {
     const auto dir = plant_double_routed_scale(kFixtures / f);
-    const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {});
+    const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {}, cpu());
     print(std::string(f) + " 2x scale", a);
     // Both logit thresholds catch it on every fixture.
     EXPECT_GT(a.logits_cos_dist, kFixtureLogitsCosDist) << f;
@@ -268,7 +66,7 @@ TEST(FastAccuracy, DoubledRoutedScaleFailsTheLogitThresholds) {
   }
   const auto dir = plant_double_routed_scale(kNeedleTiny);
   const auto ids = needle_prompts()[0];
-  const Accuracy a = measure(kNeedleTiny, dir, ids, {});
+  const Accuracy a = measure(kNeedleTiny, dir, ids, {}, cpu());
   print("needle-tiny 2x scale", a);
   EXPECT_GT(a.logits_cos_dist, kNeedleLogitsCosDist);
   EXPECT_GT(a.max_layer_cos_dist(), kNeedleLayerCosDist);
@@ -279,13 +77,13 @@ TEST(FastAccuracy, DoubledRoutedScaleFailsTheLogitThresholds) {
 TEST(FastAccuracy, CorruptedIndexKeysFailTheIndexerThreshold) {
   for (const char* f : {"csa", "mixed_hc2"}) {
     const auto dir = plant_corrupt_index_keys(kFixtures / f, "1");
-    const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {KeyPrecision::kBf16});
+    const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {KeyPrecision::kBf16}, cpu());
     print(std::string(f) + " bad keys", a);
     EXPECT_LT(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16) << f;
     std::filesystem::remove_all(dir);
   }
   const auto dir = plant_corrupt_index_keys(kNeedleTiny, "1");
-  const Accuracy a = measure(kNeedleTiny, dir, needle_prompts()[2], {KeyPrecision::kBf16});
+  const Accuracy a = measure(kNeedleTiny, dir, needle_prompts()[2], {KeyPrecision::kBf16}, cpu());
   print("needle-tiny bad keys", a);
   EXPECT_LT(a.min_index_overlap(KeyPrecision::kBf16), kNeedleIndexOverlapBf16);
   std::filesystem::remove_all(dir);

@@ -1,0 +1,76 @@
+// Issue 6 item 4 on the GPU: the `fast` profile against `fp32`, both on the CUDA backend, by the
+// measurement and thresholds of tests/model/fast_accuracy_test.cpp (model/fast_accuracy.h; the
+// reasoning is in docs/accuracy.md): logits cosine and top-1, per-layer output cosine, expert
+// agreement, indexer top-k overlap per key precision; and the planted faults (routed scale applied
+// twice, corrupted index keys) must fail them on the GPU too. The `[fast vs fp32] cuda ...` lines
+// are the report's GPU numbers.
+#include "cuda_test_util.h"
+#include "model/fast_accuracy.h"
+
+namespace sparrow {
+namespace {
+
+using namespace fast_accuracy;
+
+class CudaFastAccuracy : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaFastAccuracy, CleanProfilePassesThresholds) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  const std::string f = GetParam();
+  const Accuracy a = measure(kFixtures / f, kFixtures / f, fixture_ids(f), kAllKeys, *gpu);
+  print("cuda " + f, a);
+  EXPECT_LE(a.logits_cos_dist, kFixtureLogitsCosDist);
+  EXPECT_GE(a.top1, kFixtureTop1);
+  EXPECT_LE(a.max_layer_cos_dist(), kFixtureLayerCosDist);
+  EXPECT_GE(a.min_expert_agreement(), kFixtureExpertAgreement);
+  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFastAccuracy, ::testing::Values("swa_hash", "csa", "hca", "mixed_hc2", "mixed_bf16"));
+
+TEST(CudaFastAccuracyNeedle, NeedleTinyPassesThresholds) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  int i = 0;
+  for (const auto& ids : needle_prompts()) {
+    const Accuracy a = measure(kNeedleTiny, kNeedleTiny, ids, kAllKeys, *gpu);
+    print("cuda needle-tiny T=" + std::to_string(ids.size()) + " #" + std::to_string(i++ % 2), a);
+    EXPECT_LE(a.logits_cos_dist, kNeedleLogitsCosDist);
+    EXPECT_GE(a.top1, kNeedleTop1);
+    EXPECT_LE(a.max_layer_cos_dist(), kNeedleLayerCosDist);
+    EXPECT_GE(a.min_expert_agreement(), kNeedleExpertAgreement);
+    EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kNeedleIndexOverlapBf16);
+  }
+}
+
+TEST(CudaFastAccuracyFaults, DoubledRoutedScaleAndCorruptedKeysFailTheThresholds) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  for (const char* f : {"mixed_hc2", "mixed_bf16"}) {
+    const auto dir = plant_double_routed_scale(kFixtures / f);
+    const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {}, *gpu);
+    print(std::string("cuda ") + f + " 2x scale", a);
+    EXPECT_GT(a.logits_cos_dist, kFixtureLogitsCosDist) << f;
+    EXPECT_LT(a.top1, kFixtureTop1) << f;
+    std::filesystem::remove_all(dir);
+  }
+  {
+    const auto dir = plant_double_routed_scale(kNeedleTiny);
+    const Accuracy a = measure(kNeedleTiny, dir, needle_prompts()[0], {}, *gpu);
+    print("cuda needle-tiny 2x scale", a);
+    EXPECT_GT(a.logits_cos_dist, kNeedleLogitsCosDist);
+    EXPECT_GT(a.max_layer_cos_dist(), kNeedleLayerCosDist);
+    std::filesystem::remove_all(dir);
+  }
+  for (const char* f : {"csa", "mixed_hc2"}) {
+    const auto dir = plant_corrupt_index_keys(kFixtures / f, "1");
+    const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {KeyPrecision::kBf16}, *gpu);
+    print(std::string("cuda ") + f + " bad keys", a);
+    EXPECT_LT(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16) << f;
+    std::filesystem::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace sparrow
