@@ -156,10 +156,22 @@ CudaSequenceState& cuda_state(SequenceState* s) {
   return *cs;
 }
 
+// Small host-to-device copies (per-op plans, uploads of activations): cudaMemcpyAsync on the
+// default stream. A synchronous cudaMemcpy from pageable memory first waits for all queued GPU work,
+// so every op with a plan drained the device; the asynchronous form stages the pageable bytes
+// before it returns (the source may be freed at once) and keeps the stream's order. Off with
+// SPARROW_CUDA_DISABLE=async_upload.
+void host_to_device(void* dst, const void* src, size_t bytes) {
+  static const bool async = cuda_feature_on("async_upload");
+  if (bytes == 0) return;
+  if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+  else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
 template <class T>
 DeviceBuffer upload_vector(const std::vector<T>& v) {
   DeviceBuffer b(v.size() * sizeof(T));
-  if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+  host_to_device(b.get(), v.data(), b.bytes());
   return b;
 }
 
@@ -310,7 +322,7 @@ class CudaBackend final : public Backend {
     OpProfiler::Scope op_scope(profiler_, "upload");
     Tensor t = alloc(ElemType::kF32, std::move(shape));
     SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
-    copy_to_device(t.f32(), values.data(), values.size() * sizeof(float));
+    host_to_device(t.f32(), values.data(), values.size() * sizeof(float));
     return t;
   }
 
@@ -318,7 +330,7 @@ class CudaBackend final : public Backend {
     OpProfiler::Scope op_scope(profiler_, "upload");
     Tensor t = alloc(ElemType::kI32, std::move(shape));
     SPARROW_CHECK_EQ(t.numel(), static_cast<int64_t>(values.size()));
-    copy_to_device(t.i32(), values.data(), values.size() * sizeof(int32_t));
+    host_to_device(t.i32(), values.data(), values.size() * sizeof(int32_t));
     return t;
   }
 

@@ -31,8 +31,9 @@ struct DevView {
 // The newer fast paths can be switched off at run time, to tell which one a wrong result comes
 // from: SPARROW_CUDA_DISABLE is a comma-separated list of "vec_linear" (the vectorized linear
 // kernel), "indexer_fast" (the shared-memory scorer and radix-select top-k), "grouped_moe" (the
-// experts in one launch per projection), "attn_warp" (a warp per attention logit) and "pool"
-// (cudaMalloc/cudaFree instead of the stream-ordered pool). Read once per process.
+// experts in one launch per projection), "attn_warp" (a warp per attention logit), "pool"
+// (cudaMalloc/cudaFree instead of the stream-ordered pool) and "async_upload" (synchronous
+// cudaMemcpy for small uploads). Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
