@@ -44,6 +44,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--peak-reps", opts->b.peaks.reps, "Timed repetitions of each peak measurement")->capture_default_str();
   cmd->add_option("--copy-gib", opts->copy_gib, "Size of each buffer of the bandwidth copy, GiB")->capture_default_str();
+  cmd->add_option("--gemm-tokens", opts->b.gemm_tokens,
+                  "M of the FP8 GEMM section (the model's FP8 matrices through linear_fp8_block against the FP8 peaks; 0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--breakdown", opts->b.timing.breakdown,
                 "After each cell's timing, profile one more step per op (CUDA events and host time per op; "
                 "printed under the row, \"breakdown\" in the JSON)");
@@ -79,7 +83,7 @@ void add_bench_command(CLI::App& app) {
                      (b.model_dir.empty() ? "" : " --model " + b.model_dir) + " --layers " + opts->layers +
                      " --batches " + opts->batches + " --contexts " + opts->contexts + " --prefill " + opts->prefill +
                      " --precision " + b.precision + " --index-keys " + opts->index_keys +
-                     (b.timing.breakdown ? " --breakdown" : "") + " --time-budget " + std::to_string(b.time_budget_s);
+                     " --gemm-tokens " + std::to_string(b.gemm_tokens) + (b.timing.breakdown ? " --breakdown" : "") + " --time-budget " + std::to_string(b.time_budget_s);
     const Status st = bench::run_bench(b);
     if (!st.is_ok()) fail(st);
   });

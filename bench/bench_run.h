@@ -21,6 +21,7 @@ struct BenchOptions {
   std::vector<int64_t> batches = {1, 8, 32, 128, 256};
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t prefill_tokens = 8192;                 // 0: no prefill cells
+  int64_t gemm_tokens = 8192;                    // M of the FP8 GEMM section (0: none)
   std::string backend = "cuda";
   std::string precision = "fp32";
   IndexKeyFormat index_keys = IndexKeyFormat::kFp8;  // the floor's indexer key format
