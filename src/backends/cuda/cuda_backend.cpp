@@ -306,6 +306,7 @@ std::string linear_key(const char* op, const WeightMatrix& w) {
 
 class CudaBackend final : public Backend {
  public:
+  CudaBackend() { set_fp8_gemm_in_linear(cuda_feature_opted_in("fp8_gemm")); }
   const char* name() const override { return "cuda"; }
 
   Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
@@ -433,6 +434,14 @@ class CudaBackend final : public Backend {
     const int64_t T = p.in.dim(0);
     SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
+    if (p.act_quant_fp8 && fp8_gemm_in_linear_ && w.format == WeightFormat::kFp8Block && w.block_out == 128 &&
+        w.block_in == 128) {
+      // The tensor-core GEMM (opt-in, SPARROW_CUDA_ENABLE=fp8_gemm): quantises the input itself.
+      fp8_.run({.out = p.out, .in = p.in, .weight = &w}, [&] { return dev_weight(w); });
+      last_linear_vectorized_ = false;
+      round_bf16_if(p.round_bf16, p.out, "linear bf16");
+      return;
+    }
     const float* in = p.in.f32();
     DeviceBuffer quantised;
     if (p.act_quant_fp8 && T * w.in > 0) {
@@ -958,8 +967,14 @@ class CudaBackend final : public Backend {
   Fp8Linear fp8_;
   OpProfiler profiler_;
   bool last_linear_vectorized_ = false;
+  bool fp8_gemm_in_linear_ = false;
 
  public:
+  // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
+  void set_fp8_gemm_in_linear(bool on) {
+    fp8_gemm_in_linear_ = on;
+    fp8_.set_batch_invariant(on);
+  }
   OpProfiler& profiler() { return profiler_; }
   bool last_linear_vectorized() const { return last_linear_vectorized_; }
 };
@@ -1013,6 +1028,16 @@ void set_op_profiling(Backend& backend, bool on) { cuda_backend(backend).profile
 std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(backend).profiler().take(); }
 
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
+
+void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
+
+bool cuda_feature_opted_in(const char* name) {
+  static const std::string enabled = [] {
+    const char* v = std::getenv("SPARROW_CUDA_ENABLE");
+    return "," + std::string(v ? v : "") + ",";
+  }();
+  return enabled.find("," + std::string(name) + ",") != std::string::npos;
+}
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

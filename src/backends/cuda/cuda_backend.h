@@ -52,6 +52,14 @@ struct OpTime {
 void set_op_profiling(Backend& backend, bool on);
 std::vector<OpTime> take_op_profile(Backend& backend);
 
+// The fast profiles' FP8-stored linears (LinearParams::act_quant_fp8, 128x128 FP8 weights) through
+// linear_fp8_block's tensor-core GEMM with one cuBLASLt algorithm per weight shape for every M
+// (Fp8Linear::set_batch_invariant). Off by default: opt in with SPARROW_CUDA_ENABLE=fp8_gemm (or
+// this call) until a GPU run has shown the rows batch invariant (CudaFp8Linear.*BatchInvariant*).
+void set_fp8_gemm_in_linear(Backend& backend, bool on);
+// Whether SPARROW_CUDA_ENABLE (comma-separated) names `name`.
+bool cuda_feature_opted_in(const char* name);
+
 // Test support: whether the last `linear` call ran the vectorized kernel of the fast profiles
 // (kernels.h, LinearArgs::vectorized) rather than the element-wise one.
 bool last_linear_vectorized(Backend& backend);

@@ -173,16 +173,30 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
       (s = lt.layout_create(&o.d, CUDA_R_32F, n_pad, m_pad, n_pad)) != CUBLAS_STATUS_SUCCESS)
     return fail("cublasLtMatrixLayoutCreate", s);
 
-  std::unique_ptr<Plan>& plan = plans_[{m_pad, n_pad, k_pad}];
+  // Batch-invariant mode: one algorithm per weight shape, chosen for kInvariantM tokens and used
+  // for every M, with no split-K reduction, so that a token's row never depends on how many rows
+  // share the GEMM (the rows of a tile are independent and the K loop is the same).
+  std::unique_ptr<Plan>& plan = plans_[{batch_invariant_ ? 0 : m_pad, n_pad, k_pad}];
   if (!plan) {
     plan = std::make_unique<Plan>();
     const uint64_t ws = kWorkspaceBytes;
+    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    if ((s = lt.pref_create(&o.pref)) != CUBLAS_STATUS_SUCCESS ||
-        (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))) != CUBLAS_STATUS_SUCCESS) {
+    LtObjects ref;  // the layouts the batch-invariant algorithm is chosen for
+    const bool layouts_ok =
+        !batch_invariant_ ||
+        ((s = lt.layout_create(&ref.b, CUDA_R_8F_E4M3, k_pad, kInvariantM, k_pad)) == CUBLAS_STATUS_SUCCESS &&
+         (s = lt.layout_create(&ref.d, CUDA_R_32F, n_pad, kInvariantM, n_pad)) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t hb = batch_invariant_ ? ref.b : o.b, hd = batch_invariant_ ? ref.d : o.d;
+    if (!layouts_ok) {
+      plan->why = "cublasLtMatrixLayoutCreate failed: " + cublaslt_status_text(s);
+    } else if ((s = lt.pref_create(&o.pref)) != CUBLAS_STATUS_SUCCESS ||
+        (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))) != CUBLAS_STATUS_SUCCESS ||
+        (batch_invariant_ && (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction,
+                                              sizeof(no_reduction))) != CUBLAS_STATUS_SUCCESS)) {
       plan->why = "cublasLtMatmulPreference failed: " + cublaslt_status_text(s);
-    } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, o.b, o.d, o.d, o.pref, 1, &result,
+    } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, hb, hd, hd, o.pref, 1, &result,
                                  &returned)) != CUBLAS_STATUS_SUCCESS) {
       plan->why = "cublasLtMatmulAlgoGetHeuristic failed: " + cublaslt_status_text(s);
     } else if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
@@ -204,6 +218,11 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
   last_detail_ = "cuBLASLt " + std::to_string(lt.version) + " (" + lt.library + "), " + shape + ", workspace " +
                  std::to_string(plan->workspace) + " B";
   return true;
+}
+
+void Fp8Linear::set_batch_invariant(bool on) {
+  if (on != batch_invariant_) plans_.clear();
+  batch_invariant_ = on;
 }
 
 void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original) {

@@ -64,6 +64,11 @@ class Fp8Linear {
 
   // Test support: always take the fallback (false: choose as described above).
   void set_force_fallback(bool force) { force_fallback_ = force; }
+  // One cuBLASLt algorithm per weight shape for every M (chosen for kInvariantM rows, no split-K
+  // reduction), so that each row's result is independent of the other rows: what the model's fast
+  // linears need (batch invariance, chunking invariance). Off: an algorithm per (M, N, K).
+  void set_batch_invariant(bool on);
+  static constexpr int64_t kInvariantM = 4096;
   Fp8GemmPath last_path() const { return last_path_; }
   const std::string& last_detail() const { return last_detail_; }
 
@@ -83,6 +88,7 @@ class Fp8Linear {
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
 
   bool force_fallback_ = false;
+  bool batch_invariant_ = false;
   Fp8GemmPath last_path_ = Fp8GemmPath::kNone;
   std::string last_detail_;
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use

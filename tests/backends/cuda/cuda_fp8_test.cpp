@@ -302,6 +302,48 @@ TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
   gemm_against_twin(*cpu, *gpu, true, true, 612);
 }
 
+// The fast profiles' FP8 linears on the tensor cores (cuda::set_fp8_gemm_in_linear, opt-in): linear
+// with act_quant_fp8 on a 128x128 FP8 weight takes cuBLASLt's GEMM, stays within the tensor-core
+// bound of the CPU twin, and is batch invariant: a token's row is the same bits alone, in a batch of
+// 37 (M_pad 48) and in a batch of 300 (M_pad 304), because one algorithm serves every M.
+TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  Rng rng(614);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{129, 1152}, std::pair<int64_t, int64_t>{1000, 4096}}) {
+    StoredMatrix w = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+    const int64_t T = 300;
+    const std::vector<float> x = rng.normal(T * K);
+    auto run = [&](int64_t t0, int64_t n) {
+      const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
+      const Tensor og = gpu->alloc(ElemType::kF32, {n, N});
+      gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
+      return gpu->download_f32(og);
+    };
+    const std::vector<float> all = run(0, T);
+    const std::string path = cuda::fp8_linear_last_path(*gpu);
+    EXPECT_EQ(path.rfind("tensor cores", 0), 0u) << path;
+    // Within the tensor-core bound of the CPU twin (the first 37 rows).
+    const Tensor xc = cpu->upload_f32(std::vector<float>(x.begin(), x.begin() + 37 * K), {37, K});
+    const Tensor oc = cpu->alloc(ElemType::kF32, {37, N});
+    cpu->linear({.out = oc, .in = xc, .weight = &w.w, .act_quant_fp8 = true});
+    const std::vector<float> ref = cpu->download_f32(oc);
+    const std::vector<double> S = abs_products(std::vector<float>(x.begin(), x.begin() + 37 * K), w.w, 37);
+    const BoundCheck b = check_bound(std::vector<float>(all.begin(), all.begin() + 37 * N), ref, S, std::ldexp(1.0, -9));
+    EXPECT_EQ(b.failures, 0) << "N=" << N << " K=" << K << ": " << b.report;
+    // Batch invariance.
+    const std::vector<float> first37 = run(0, 37);
+    for (int64_t i = 0; i < 37 * N; ++i)
+      ASSERT_EQ(first37[i], all[i]) << "N=" << N << " K=" << K << ": row " << i / N << " differs in batches of 37 and 300";
+    for (int64_t t : {int64_t{0}, int64_t{20}, int64_t{299}}) {
+      const std::vector<float> alone = run(t, 1);
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(alone[n], all[t * N + n]) << "N=" << N << " K=" << K << ": token " << t << " alone differs";
+    }
+  }
+  cuda::set_fp8_gemm_in_linear(*gpu, false);
+}
+
 // The device weight caches are keyed by host address: new contents at the same address and of the
 // same size (what a freed model's storage reused by the next one looks like) must be uploaded again,
 // on the FP8 tensor-core path, its fallback and the plain linear. Found on the H200 on 2026-11-30:
