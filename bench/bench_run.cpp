@@ -86,18 +86,10 @@ Status run_bench(const BenchOptions&) {
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/cuda_backend.h"
+#include "bench/bench_cuda.h"
 #include "bench/device_fill.h"
 
 namespace sparrow::bench {
-
-#define GEMM_CUDA(expr)                                                                        \
-  do {                                                                                         \
-    const cudaError_t _e = (expr);                                                             \
-    if (_e != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "sparrow bench: %s failed: %s\n", #expr, cudaGetErrorString(_e));   \
-      std::abort();                                                                            \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
@@ -264,16 +256,16 @@ json fp8_gemm_section(Backend& backend, const Model& model, const std::vector<in
     Tensor y = backend.alloc(ElemType::kF32, {M, w->out});
     device_fill_normal(x.f32(), x.numel(), 17, 1.0f);
     cudaEvent_t a, b;
-    GEMM_CUDA(cudaEventCreate(&a));
-    GEMM_CUDA(cudaEventCreate(&b));
+    BENCH_CUDA(cudaEventCreate(&a));
+    BENCH_CUDA(cudaEventCreate(&b));
     std::vector<double> ms;
     for (int r = 0; r < 7; ++r) {
-      GEMM_CUDA(cudaEventRecord(a));
+      BENCH_CUDA(cudaEventRecord(a));
       backend.linear_fp8_block({.out = y, .in = x, .weight = w});
-      GEMM_CUDA(cudaEventRecord(b));
-      GEMM_CUDA(cudaEventSynchronize(b));
+      BENCH_CUDA(cudaEventRecord(b));
+      BENCH_CUDA(cudaEventSynchronize(b));
       float t = 0;
-      GEMM_CUDA(cudaEventElapsedTime(&t, a, b));
+      BENCH_CUDA(cudaEventElapsedTime(&t, a, b));
       if (r >= 2) ms.push_back(t);
     }
     cudaEventDestroy(a);

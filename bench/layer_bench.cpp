@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_state.h"
+#include "bench/bench_cuda.h"
 #include "bench/device_fill.h"
 #include "bench/device_peaks.h"
 #include "bench/floors.h"
@@ -27,15 +28,6 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMarginBytes = 3.0 * kGiB;
 // A cell whose state sets are smaller than this rotates among several copies (L2 is 50-60 MB).
 constexpr double kRotateStateBytes = 512.0 * 1024 * 1024;
-
-#define BENCH_CUDA(expr)                                                                                 \
-  do {                                                                                                   \
-    const cudaError_t _e = (expr);                                                                       \
-    if (_e != cudaSuccess) {                                                                             \
-      std::fprintf(stderr, "sparrow bench: %s failed: %s\n", #expr, cudaGetErrorString(_e));             \
-      std::abort();                                                                                      \
-    }                                                                                                    \
-  } while (0)
 
 double alloc_bytes(double b) {
   const double page = 2.0 * 1024 * 1024;

@@ -223,4 +223,21 @@ inline std::vector<std::vector<int32_t>> needle_prompts() {
 
 inline const std::vector<KeyPrecision> kAllKeys = {KeyPrecision::kBf16, KeyPrecision::kFp8, KeyPrecision::kFp4};
 
+// The clean profile's checks: every threshold above, on a fixture or on needle-tiny.
+inline void expect_fixture_thresholds(const Accuracy& a, const std::string& what) {
+  EXPECT_LE(a.logits_cos_dist, kFixtureLogitsCosDist) << what;
+  EXPECT_GE(a.top1, kFixtureTop1) << what;
+  EXPECT_LE(a.max_layer_cos_dist(), kFixtureLayerCosDist) << what;
+  EXPECT_GE(a.min_expert_agreement(), kFixtureExpertAgreement) << what;
+  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16) << what;
+}
+
+inline void expect_needle_thresholds(const Accuracy& a, const std::string& what) {
+  EXPECT_LE(a.logits_cos_dist, kNeedleLogitsCosDist) << what;
+  EXPECT_GE(a.top1, kNeedleTop1) << what;
+  EXPECT_LE(a.max_layer_cos_dist(), kNeedleLayerCosDist) << what;
+  EXPECT_GE(a.min_expert_agreement(), kNeedleExpertAgreement) << what;
+  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kNeedleIndexOverlapBf16) << what;
+}
+
 }  // namespace sparrow::fast_accuracy

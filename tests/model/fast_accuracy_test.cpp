@@ -31,11 +31,7 @@ TEST_P(FastAccuracyFixture, CleanProfilePassesThresholds) {
   const std::string f = GetParam();
   const Accuracy a = measure(kFixtures / f, kFixtures / f, fixture_ids(f), kAllKeys, cpu());
   print(f, a);
-  EXPECT_LE(a.logits_cos_dist, kFixtureLogitsCosDist);
-  EXPECT_GE(a.top1, kFixtureTop1);
-  EXPECT_LE(a.max_layer_cos_dist(), kFixtureLayerCosDist);
-  EXPECT_GE(a.min_expert_agreement(), kFixtureExpertAgreement);
-  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16);
+  expect_fixture_thresholds(a, f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FastAccuracyFixture,
@@ -46,11 +42,7 @@ TEST(FastAccuracy, NeedleTinyPassesThresholds) {
   for (const auto& ids : needle_prompts()) {
     const Accuracy a = measure(kNeedleTiny, kNeedleTiny, ids, kAllKeys, cpu());
     print("needle-tiny T=" + std::to_string(ids.size()) + " #" + std::to_string(i++ % 2), a);
-    EXPECT_LE(a.logits_cos_dist, kNeedleLogitsCosDist);
-    EXPECT_GE(a.top1, kNeedleTop1);
-    EXPECT_LE(a.max_layer_cos_dist(), kNeedleLayerCosDist);
-    EXPECT_GE(a.min_expert_agreement(), kNeedleExpertAgreement);
-    EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kNeedleIndexOverlapBf16);
+    expect_needle_thresholds(a, "needle-tiny T=" + std::to_string(ids.size()));
   }
 }
 

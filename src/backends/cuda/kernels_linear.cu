@@ -12,18 +12,25 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokenTile = 8;
 
-// One warp: output row n for the tokens t0 .. t0 + kTokenTile - 1 below a.T.
-__device__ void linear_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane) {
-  const int64_t K = a.w.in;
+// The input rows of a tile's tokens (row-group offset applied; tokens past a.T repeat the first
+// and are not written); returns how many of the kTokenTile tokens are real.
+__device__ inline int64_t tile_inputs(const LinearArgs& a, int64_t n, int64_t t0, const float* (&x)[kTokenTile]) {
   const int64_t nt = a.T - t0 < kTokenTile ? a.T - t0 : kTokenTile;
-  const int64_t col0 = (n / a.rows_per_group) * K;
-  const float* x[kTokenTile];
+  const int64_t col0 = (n / a.rows_per_group) * a.w.in;
 #pragma unroll
   for (int j = 0; j < kTokenTile; ++j) {
     const int64_t t = t0 + (j < nt ? j : 0);
     const int64_t row = a.in_rows ? a.in_rows[t] : t;
     x[j] = a.in + row * a.in_stride + col0;
   }
+  return nt;
+}
+
+// One warp: output row n for the tokens t0 .. t0 + kTokenTile - 1 below a.T.
+__device__ void linear_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane) {
+  const int64_t K = a.w.in;
+  const float* x[kTokenTile];
+  const int64_t nt = tile_inputs(a, n, t0, x);
   float acc[kTokenTile] = {};
   for (int64_t k = lane; k < K; k += 32) {
     const float w = weight_at(a.w, n, k);
@@ -46,15 +53,8 @@ template <bool kFp4>
 __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane) {
   constexpr int kIn = kFp4 ? 32 : 16;  // inputs per 16-byte chunk
   const int64_t K = a.w.in;
-  const int64_t nt = a.T - t0 < kTokenTile ? a.T - t0 : kTokenTile;
-  const int64_t col0 = (n / a.rows_per_group) * K;
   const float* x[kTokenTile];
-#pragma unroll
-  for (int j = 0; j < kTokenTile; ++j) {
-    const int64_t t = t0 + (j < nt ? j : 0);
-    const int64_t row = a.in_rows ? a.in_rows[t] : t;
-    x[j] = a.in + row * a.in_stride + col0;
-  }
+  const int64_t nt = tile_inputs(a, n, t0, x);
   const int64_t row_bytes = kFp4 ? K / 2 : K;
   const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.w.data) + n * row_bytes);
   const DevView scales{a.w.scale, a.w.scale_dtype};
