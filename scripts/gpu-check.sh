@@ -67,7 +67,7 @@ fi
 # (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
 if [ -n "$failed_tests" ]; then
-  for off in vec_linear indexer_fast grouped_moe attn_warp pool async_upload vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload; do
+  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload; do
     if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
         >"$logs/gtest-without-${off//,/+}.log" 2>&1; then
       row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"

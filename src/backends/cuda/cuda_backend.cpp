@@ -713,50 +713,54 @@ class CudaBackend final : public Backend {
       fp8_rows(xq.f32(), T, D, D, kFp8ActBlock, "moe input act_quant_fp8");
       x = xq.f32();
     }
-    // Group (token, slot) pairs by expert, in token order.
-    const std::vector<int32_t> experts = download_i32(p.experts);
-    std::vector<std::vector<int32_t>> rows(E), slots(E);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < K; ++i) {
-        const int32_t e = experts[t * K + i];
-        SPARROW_CHECK(e >= 0 && e < E);
-        rows[e].push_back(static_cast<int32_t>(t));
-        slots[e].push_back(static_cast<int32_t>(t * K + i));
-      }
-    std::vector<int32_t> all_rows, all_slots;
-    std::vector<int64_t> offset(E + 1, 0);
-    int64_t max_rows = 0, max_f = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      offset[e + 1] = offset[e] + static_cast<int64_t>(rows[e].size());
-      all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
-      all_slots.insert(all_slots.end(), slots[e].begin(), slots[e].end());
-      if (!rows[e].empty()) {
-        max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(rows[e].size()));
-        max_f = std::max(max_f, routed[e].w1.out);
-      }
-    }
-    const DeviceBuffer d_rows = upload_vector(all_rows), d_slots = upload_vector(all_slots);
-    const auto* rows_ptr = static_cast<const int32_t*>(d_rows.get());
-    const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     DeviceBuffer contrib(T * K * D * sizeof(float));
-    if (max_rows > 0 && cuda_feature_on("grouped_moe") && grouped_experts(routed, offset, x, D, rows_ptr, slots_ptr, max_rows, contrib.f32(), p,
-                                        combine_scale)) {
-      // done: all experts with rows in one launch per projection
-    } else if (max_rows > 0) {
-      DeviceBuffer h1(max_rows * max_f * sizeof(float)), h3(max_rows * max_f * sizeof(float)),
-          y(max_rows * D * sizeof(float));
+    const bool routed_done = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") &&
+                             planned_experts(routed, x, D, T, K, contrib.f32(), p, combine_scale);
+    if (!routed_done) {
+      // Group (token, slot) pairs by expert, in token order.
+      const std::vector<int32_t> experts = download_i32(p.experts);
+      std::vector<std::vector<int32_t>> rows(E), slots(E);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < K; ++i) {
+          const int32_t e = experts[t * K + i];
+          SPARROW_CHECK(e >= 0 && e < E);
+          rows[e].push_back(static_cast<int32_t>(t));
+          slots[e].push_back(static_cast<int32_t>(t * K + i));
+        }
+      std::vector<int32_t> all_rows, all_slots;
+      std::vector<int64_t> offset(E + 1, 0);
+      int64_t max_rows = 0, max_f = 0;
       for (int64_t e = 0; e < E; ++e) {
-        const int64_t R = offset[e + 1] - offset[e];
-        if (R == 0) continue;
-        const RefRouting ref{.on = p.ref_numerics, .slots = slots_ptr + offset[e], .weights = p.weights.f32(),
-                             .scale = combine_scale};
-        swiglu_ffn(routed[e], x, D, rows_ptr + offset[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit, ref);
-        // ref_numerics: the weight is in h already; contrib = y.
-        launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + offset[e],
-                               .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = R, .D = D,
-                               .scale = static_cast<float>(combine_scale)});
-        launch_check("expert scatter");
+        offset[e + 1] = offset[e] + static_cast<int64_t>(rows[e].size());
+        all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
+        all_slots.insert(all_slots.end(), slots[e].begin(), slots[e].end());
+        if (!rows[e].empty()) {
+          max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(rows[e].size()));
+          max_f = std::max(max_f, routed[e].w1.out);
+        }
+      }
+      const DeviceBuffer d_rows = upload_vector(all_rows), d_slots = upload_vector(all_slots);
+      const auto* rows_ptr = static_cast<const int32_t*>(d_rows.get());
+      const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
+      if (max_rows > 0 && cuda_feature_on("grouped_moe") && grouped_experts(routed, offset, x, D, rows_ptr, slots_ptr, max_rows, contrib.f32(), p,
+                                          combine_scale)) {
+        // done: all experts with rows in one launch per projection
+      } else if (max_rows > 0) {
+        DeviceBuffer h1(max_rows * max_f * sizeof(float)), h3(max_rows * max_f * sizeof(float)),
+            y(max_rows * D * sizeof(float));
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t R = offset[e + 1] - offset[e];
+          if (R == 0) continue;
+          const RefRouting ref{.on = p.ref_numerics, .slots = slots_ptr + offset[e], .weights = p.weights.f32(),
+                               .scale = combine_scale};
+          swiglu_ffn(routed[e], x, D, rows_ptr + offset[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit, ref);
+          // ref_numerics: the weight is in h already; contrib = y.
+          launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + offset[e],
+                                 .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = R, .D = D,
+                                 .scale = static_cast<float>(combine_scale)});
+          launch_check("expert scatter");
+        }
       }
     }
     DeviceBuffer shared_out;
@@ -849,6 +853,114 @@ class CudaBackend final : public Backend {
         break;
     }
     return d;
+  }
+
+  // Device weight tables of a layer's routed experts for the device-planned MoE: every expert's
+  // DevWeight per projection (device arrays), cached by the experts vector's address and checked
+  // against expert 0's current device pointers (a re-upload after a model swap rebuilds them).
+  struct ExpertTables {
+    int64_t E = 0;
+    DevWeight first1{};
+    DeviceBuffer w1, w3, w2;
+    bool weights_vectorizable = false;  // every expert's weights pass linear_vectorizable's weight checks
+  };
+  std::unordered_map<const void*, ExpertTables> expert_tables_;
+
+  const ExpertTables* expert_tables(const std::vector<ExpertWeights>& routed) {
+    const int64_t E = static_cast<int64_t>(routed.size());
+    const DevWeight d0 = dev_weight(routed[0].w1);
+    auto it = expert_tables_.find(routed.data());
+    if (it != expert_tables_.end() && it->second.E == E && it->second.first1.data == d0.data &&
+        it->second.first1.scale == d0.scale)
+      return &it->second;
+    auto same = [](const WeightMatrix& a, const WeightMatrix& b) {
+      return a.format == b.format && a.out == b.out && a.in == b.in && a.block_out == b.block_out &&
+             a.block_in == b.block_in && a.data.dtype == b.data.dtype && a.scale.dtype == b.scale.dtype;
+    };
+    for (const ExpertWeights& w : routed)
+      if (!same(w.w1, routed[0].w1) || !same(w.w3, routed[0].w3) || !same(w.w2, routed[0].w2)) return nullptr;
+    std::vector<DevWeight> w1s, w3s, w2s;
+    bool vec = true;
+    alignas(16) static const float kAligned[4] = {};  // stands in for an aligned input in the weight checks
+    for (const ExpertWeights& w : routed) {
+      w1s.push_back(dev_weight(w.w1));
+      w3s.push_back(dev_weight(w.w3));
+      w2s.push_back(dev_weight(w.w2));
+      for (const DevWeight* d : {&w1s.back(), &w3s.back(), &w2s.back()})
+        vec = vec && linear_vectorizable({.out = nullptr, .in = kAligned, .in_rows = nullptr, .w = *d, .T = 1,
+                                          .in_stride = 4, .rows_per_group = 1});
+    }
+    ExpertTables& t = expert_tables_[routed.data()];
+    t.E = E;
+    t.first1 = w1s[0];
+    t.w1 = upload_vector(w1s);
+    t.w3 = upload_vector(w3s);
+    t.w2 = upload_vector(w2s);
+    t.weights_vectorizable = vec;
+    return &t;
+  }
+
+  // The routed experts with their grouping planned on the device (launch_moe_plan): no download of
+  // the expert choices, so nothing waits for the router; then the same projections, SwiGLU,
+  // reference numerics and scatter as grouped_experts, over all T*K rows (same bits). Returns
+  // false, doing nothing, when the experts differ in shape or format or the plan would not fit one
+  // launch (the caller then plans on the host).
+  bool planned_experts(const std::vector<ExpertWeights>& routed, const float* x, int64_t D, int64_t T, int64_t K,
+                       float* contrib, const MoeParams& p, double combine_scale) {
+    const int64_t E = static_cast<int64_t>(routed.size()), total = T * K;
+    // Sum over experts of ceil(R_e / 8) <= total / 8 + (experts with rows) <= total / 8 + min(E, total).
+    const int64_t max_items = (total + 7) / 8 + std::min(E, total);
+    if (E == 0 || total == 0 || max_items > 65535 || E > 12 * 1024) return false;
+    const ExpertTables* tab = expert_tables(routed);
+    if (!tab) return false;
+    const ExpertWeights& f = routed[0];
+    const int64_t F = f.w1.out;
+    SPARROW_CHECK_EQ(f.w3.out, F);
+    SPARROW_CHECK_EQ(f.w2.in, F);
+    SPARROW_CHECK_EQ(f.w1.in, D);
+    SPARROW_CHECK_EQ(f.w2.out, D);
+    DeviceBuffer offsets((E + 1) * sizeof(int64_t)), rows(total * sizeof(int32_t)), slots(total * sizeof(int32_t)),
+        items(2 * max_items * sizeof(int32_t)), n_items(sizeof(int32_t));
+    launch_moe_plan({.experts = p.experts.i32(), .T = T, .K = K, .E = E, .offsets = static_cast<int64_t*>(offsets.get()),
+                     .rows = static_cast<int32_t*>(rows.get()), .slots = static_cast<int32_t*>(slots.get()),
+                     .items = static_cast<int32_t*>(items.get()), .n_items = static_cast<int32_t*>(n_items.get()),
+                     .max_items = max_items});
+    launch_check("moe plan");
+    DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
+    const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    const bool vec = p.ref_numerics && tab->weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
+                     aligned(h1.get());
+    const auto* off = static_cast<const int64_t*>(offsets.get());
+    const auto* its = static_cast<const int32_t*>(items.get());
+    const auto* nit = static_cast<const int32_t*>(n_items.get());
+    const auto* rows_ptr = static_cast<const int32_t*>(rows.get());
+    const auto* slots_ptr = static_cast<const int32_t*>(slots.get());
+    launch_planned_expert_linear({.out = h1.f32(), .in = x, .in_rows = rows_ptr,
+                                  .w = static_cast<const DevWeight*>(tab->w1.get()), .offsets = off, .items = its,
+                                  .n_items = nit, .max_items = max_items, .N = F, .in_stride = D,
+                                  .format = f.w1.format, .vectorized = vec});
+    launch_planned_expert_linear({.out = h3.f32(), .in = x, .in_rows = rows_ptr,
+                                  .w = static_cast<const DevWeight*>(tab->w3.get()), .offsets = off, .items = its,
+                                  .n_items = nit, .max_items = max_items, .N = F, .in_stride = D,
+                                  .format = f.w3.format, .vectorized = vec});
+    launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
+    if (p.ref_numerics) {
+      launch_check("experts swiglu");
+      launch_route_scale_bf16({.h = h1.f32(), .slots = slots_ptr, .weights = p.weights.f32(), .R = total, .F = F,
+                               .scale = combine_scale});
+      launch_check("experts routing weight");
+      fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
+    }
+    launch_planned_expert_linear({.out = y.f32(), .in = h1.f32(), .in_rows = nullptr,
+                                  .w = static_cast<const DevWeight*>(tab->w2.get()), .offsets = off, .items = its,
+                                  .n_items = nit, .max_items = max_items, .N = D, .in_stride = F,
+                                  .format = f.w2.format, .vectorized = vec});
+    launch_check("experts ffn");
+    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots_ptr,
+                           .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
+                           .scale = static_cast<float>(combine_scale)});
+    launch_check("experts scatter");
+    return true;
   }
 
   // The routed experts of one moe call with one launch per projection (launch_grouped_expert_linear)

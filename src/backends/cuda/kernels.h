@@ -31,7 +31,8 @@ struct DevView {
 // The newer fast paths can be switched off at run time, to tell which one a wrong result comes
 // from: SPARROW_CUDA_DISABLE is a comma-separated list of "vec_linear" (the vectorized linear
 // kernel), "indexer_fast" (the shared-memory scorer and radix-select top-k), "grouped_moe" (the
-// experts in one launch per projection), "attn_warp" (a warp per attention logit), "pool"
+// experts in one launch per projection), "moe_device_plan" (their grouping planned on the device,
+// without downloading the expert choices), "attn_warp" (a warp per attention logit), "pool"
 // (cudaMalloc/cudaFree instead of the stream-ordered pool) and "async_upload" (synchronous
 // cudaMemcpy for small uploads). Read once per process.
 bool cuda_feature_on(const char* name);
@@ -154,6 +155,40 @@ struct GroupedExpertLinearArgs {
   bool vectorized;
 };
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
+
+// The MoE's grouping planned on the device (no download of the expert choices): from experts
+// [T, K] (each in [0, E)), rows grouped by expert in (token, slot) order as the host plan does:
+// offsets [E + 1], rows [T*K] (token of each grouped row), slots [T*K] (t*K + i), and the work
+// items of the grouped projections, one per (expert with rows, tile of 8 rows): items [2 * max_items]
+// (expert, first row of the tile within the expert), n_items [1]. One block; an expert id out of
+// range traps.
+struct MoePlanArgs {
+  const int32_t* experts;
+  int64_t T, K, E;
+  int64_t* offsets;
+  int32_t* rows;
+  int32_t* slots;
+  int32_t* items;
+  int32_t* n_items;
+  int64_t max_items;  // >= ceil(T*K / 8) + min(E, T*K)
+};
+void launch_moe_plan(const MoePlanArgs& a);
+
+// launch_grouped_expert_linear over a device plan: grid y = max_items (blocks past *n_items
+// leave); w and offsets index all E experts. Each tile as launch_linear computes it (same bits).
+struct PlannedExpertLinearArgs {
+  float* out;                // [T*K, N], grouped rows
+  const float* in;
+  const int32_t* in_rows;    // [T*K] gathered input rows, or null: row r of `in` for grouped row r
+  const DevWeight* w;        // [E]
+  const int64_t* offsets;    // [E + 1]
+  const int32_t* items;      // [2 * max_items]
+  const int32_t* n_items;
+  int64_t max_items, N, in_stride;
+  WeightFormat format;
+  bool vectorized;
+};
+void launch_planned_expert_linear(const PlannedExpertLinearArgs& g);
 
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.

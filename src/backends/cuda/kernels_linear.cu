@@ -123,6 +123,23 @@ __global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
   else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
 }
 
+// grid (ceil(N / kWarpsPerBlock), max_items), the same block: work item y = (expert, first row of
+// its tile) from the device plan; blocks past *n_items leave.
+template <int kPath>
+__global__ void planned_expert_linear_kernel(PlannedExpertLinearArgs g) {
+  const int64_t item = blockIdx.y;
+  if (item >= *g.n_items) return;
+  const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
+  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (n >= g.N) return;
+  LinearArgs a{.out = g.out + r0 * g.N, .in = g.in_rows ? g.in : g.in + r0 * g.in_stride,
+               .in_rows = g.in_rows ? g.in_rows + r0 : nullptr, .w = g.w[e], .T = R, .in_stride = g.in_stride,
+               .rows_per_group = g.N};
+  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
+  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -145,6 +162,15 @@ bool launch_linear(const LinearArgs& a) {
   }
   linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(a);
   return false;
+}
+
+void launch_planned_expert_linear(const PlannedExpertLinearArgs& g) {
+  if (g.max_items == 0 || g.N == 0) return;
+  const dim3 grid(blocks_for(g.N, kWarpsPerBlock), static_cast<unsigned>(g.max_items));
+  const int path = g.vectorized && cuda_feature_on("vec_linear") ? (g.format == WeightFormat::kFp4Packed ? 2 : 1) : 0;
+  if (path == 2) planned_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
+  else if (path == 1) planned_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);
+  else planned_expert_linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(g);
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

@@ -101,6 +101,53 @@ void launch_router(const RouterArgs& a) {
   router_kernel<<<static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float)>>>(a);
 }
 
+namespace {
+
+// One block: counts per expert (shared atomics), the exclusive scan and the placement in (token,
+// slot) order on thread 0 (the order the host plan keeps), then the work items.
+__global__ void moe_plan_kernel(MoePlanArgs a) {
+  extern __shared__ int32_t counts[];  // [E]
+  for (int64_t e = threadIdx.x; e < a.E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  const int64_t n = a.T * a.K;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int32_t e = a.experts[i];
+    if (e < 0 || e >= a.E) __trap();  // the router's output is always in range
+    atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  int64_t acc = 0;
+  for (int64_t e = 0; e < a.E; ++e) {
+    a.offsets[e] = acc;
+    acc += counts[e];
+    counts[e] = 0;  // now the fill position within the expert
+  }
+  a.offsets[a.E] = acc;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t e = a.experts[i];
+    const int64_t r = a.offsets[e] + counts[e]++;
+    a.rows[r] = static_cast<int32_t>(i / a.K);
+    a.slots[r] = static_cast<int32_t>(i);
+  }
+  int32_t items = 0;
+  for (int64_t e = 0; e < a.E; ++e)
+    for (int64_t t0 = 0; t0 < a.offsets[e + 1] - a.offsets[e]; t0 += 8) {
+      if (items >= a.max_items) __trap();  // the host's bound is ceil(T*K / 8) + min(E, T*K)
+      a.items[2 * items] = static_cast<int32_t>(e);
+      a.items[2 * items + 1] = static_cast<int32_t>(t0);
+      ++items;
+    }
+  *a.n_items = items;
+}
+
+}  // namespace
+
+void launch_moe_plan(const MoePlanArgs& a) {
+  if (a.T * a.K == 0) return;
+  moe_plan_kernel<<<1, kThreads, a.E * sizeof(int32_t)>>>(a);
+}
+
 void launch_swiglu(const SwigluArgs& a) {
   if (a.n > 0) swiglu_kernel<<<blocks_for(a.n, kThreads), kThreads>>>(a);
 }
