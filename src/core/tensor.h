@@ -19,6 +19,10 @@ struct TensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;   // not owned
   size_t nbytes = 0;
+  // Process-unique identity of bytes that stay unchanged while any view of them lives (a tensor of
+  // a mapped checkpoint: SafetensorsFile numbers its tensors); 0 when unknown. Device caches key
+  // on it, so they need not look at the host bytes again (cuda_backend.cpp device_bytes).
+  uint64_t id = 0;
 
   int64_t numel() const {
     int64_t n = 1;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,16 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 static_assert(sizeof(size_t) == 8, "offsets are 64-bit; a 32-bit build would need narrowing checks");
+
+namespace {
+
+// TensorView::id of every tensor of every file opened by this process: never reused.
+uint64_t next_tensor_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
 
 namespace {
 
@@ -350,6 +361,7 @@ Status SafetensorsFile::parse_header() {
     view.shape = std::move(shape);
     view.data = data_base + begin;  // in bounds: begin <= end <= data_size
     view.nbytes = static_cast<size_t>(nbytes);
+    view.id = next_tensor_id();
     ranges.push_back({begin, end, tensors_.size()});
     index_.emplace(key, tensors_.size());
     tensors_.push_back(std::move(view));

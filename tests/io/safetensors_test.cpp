@@ -6,6 +6,8 @@
 #include "io/safetensors.h"
 
 #include <gtest/gtest.h>
+
+#include <set>
 #include <unistd.h>
 
 #include <atomic>
@@ -192,6 +194,24 @@ TEST(Safetensors, MoveKeepsViewsValid) {
   SafetensorsFile assigned = std::move(moved);
   EXPECT_EQ(from_view<int32_t>(*assigned.find("i32")), (std::vector<int32_t>{-7, 7}));
   EXPECT_EQ(assigned.path(), p);
+}
+
+// TensorView::id: every tensor of every opened file gets its own nonzero id, never reused, even when
+// the same file is opened again (device caches key on it instead of the host address).
+TEST(Safetensors, EveryOpenedTensorHasItsOwnId) {
+  TempDir dir;
+  const fs::path p = dir / "ids.safetensors";
+  ASSERT_TRUE(safetensors_write(p, sample_tensors()).is_ok());
+  std::set<uint64_t> seen;
+  for (int pass = 0; pass < 2; ++pass) {
+    auto file = SafetensorsFile::open(p);
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    for (const TensorView& v : (*file)->tensors()) {
+      EXPECT_NE(v.id, 0u) << v.name;
+      EXPECT_TRUE(seen.insert(v.id).second) << v.name << ": id " << v.id << " given twice";
+    }
+  }
+  EXPECT_EQ(seen.size(), 2 * sample_tensors().size());
 }
 
 TEST(Safetensors, ManyTensorsKeepHeaderOrder) {

@@ -43,12 +43,39 @@ void launch_check(const char* what) {
   }
 }
 
+namespace {
+
+// The comma-separated names in environment variable `var`.
+std::vector<std::string> env_names(const char* var) {
+  std::vector<std::string> out;
+  const char* v = std::getenv(var);
+  std::string cur;
+  for (const char* c = v ? v : ""; ; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+      if (*c == '\0') break;
+    } else {
+      cur += *c;
+    }
+  }
+  return out;
+}
+
+bool listed(const std::vector<std::string>& names, const char* name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
+
 bool cuda_feature_on(const char* name) {
-  static const std::string disabled = [] {
-    const char* v = std::getenv("SPARROW_CUDA_DISABLE");
-    return "," + std::string(v ? v : "") + ",";
-  }();
-  return disabled.find("," + std::string(name) + ",") == std::string::npos;
+  static const std::vector<std::string> disabled = env_names("SPARROW_CUDA_DISABLE");
+  return !listed(disabled, name);
+}
+
+bool cuda_feature_opted_in(const char* name) {
+  static const std::vector<std::string> enabled = env_names("SPARROW_CUDA_ENABLE");
+  return listed(enabled, name);
 }
 
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
@@ -217,6 +244,15 @@ RowSimArgs row_sim_of(QuantSimKind kind, int64_t dims) {
   return {};
 }
 
+const char* format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFloat: return "float";
+    case WeightFormat::kFp8Block: return "fp8";
+    case WeightFormat::kFp4Packed: return "fp4";
+  }
+  return "?";
+}
+
 // Per-op timing for `sparrow bench --breakdown` (cuda_backend.h, set_op_profiling): when on, every
 // op records a cudaEvent pair around its work on the default stream and its host wall time; take()
 // synchronises and sums them per key. Off (the default), an op pays one branch.
@@ -230,9 +266,11 @@ class OpProfiler {
 
   class Scope {
    public:
-    Scope(OpProfiler& p, std::string key) : p_(p.enabled_ ? &p : nullptr) {
+    // The key is `op`, or for a linear op "op format NxK"; it is built only while profiling.
+    Scope(OpProfiler& p, const char* op, const WeightMatrix* w = nullptr) : p_(p.enabled_ ? &p : nullptr) {
       if (!p_) return;
-      key_ = std::move(key);
+      key_ = op;
+      if (w) key_ += std::string(" ") + format_name(w->format) + " " + std::to_string(w->out) + "x" + std::to_string(w->in);
       SPARROW_CUDA_CHECK(cudaEventCreate(&start_));
       SPARROW_CUDA_CHECK(cudaEventCreate(&stop_));
       SPARROW_CUDA_CHECK(cudaEventRecord(start_));
@@ -284,25 +322,11 @@ class OpProfiler {
     }
   }
 
-  bool enabled() const { return enabled_; }
 
  private:
   bool enabled_ = false;
   std::vector<Pending> pending_;
 };
-
-const char* format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kFloat: return "float";
-    case WeightFormat::kFp8Block: return "fp8";
-    case WeightFormat::kFp4Packed: return "fp4";
-  }
-  return "?";
-}
-
-std::string linear_key(const char* op, const WeightMatrix& w) {
-  return std::string(op) + " " + format_name(w.format) + " " + std::to_string(w.out) + "x" + std::to_string(w.in);
-}
 
 class CudaBackend final : public Backend {
  public:
@@ -429,7 +453,7 @@ class CudaBackend final : public Backend {
   }
 
   void linear(const LinearParams& p) override {
-    OpProfiler::Scope op_scope(profiler_, linear_key("linear", *p.weight));
+    OpProfiler::Scope op_scope(profiler_, "linear", p.weight);
     const WeightMatrix& w = *p.weight;
     const int64_t T = p.in.dim(0);
     SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
@@ -459,7 +483,7 @@ class CudaBackend final : public Backend {
   }
 
   void grouped_linear(const GroupedLinearParams& p) override {
-    OpProfiler::Scope op_scope(profiler_, linear_key("grouped_linear", *p.weight));
+    OpProfiler::Scope op_scope(profiler_, "grouped_linear", p.weight);
     const WeightMatrix& w = *p.weight;
     const int64_t T = p.in.dim(0), G = p.groups;
     SPARROW_CHECK(G > 0 && w.out % G == 0);
@@ -715,48 +739,33 @@ class CudaBackend final : public Backend {
     }
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     DeviceBuffer contrib(T * K * D * sizeof(float));
-    const bool routed_done = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") &&
-                             planned_experts(routed, x, D, T, K, contrib.f32(), p, combine_scale);
-    if (!routed_done) {
-      // Group (token, slot) pairs by expert, in token order.
-      const std::vector<int32_t> experts = download_i32(p.experts);
-      std::vector<std::vector<int32_t>> rows(E), slots(E);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < K; ++i) {
-          const int32_t e = experts[t * K + i];
-          SPARROW_CHECK(e >= 0 && e < E);
-          rows[e].push_back(static_cast<int32_t>(t));
-          slots[e].push_back(static_cast<int32_t>(t * K + i));
-        }
-      std::vector<int32_t> all_rows, all_slots;
-      std::vector<int64_t> offset(E + 1, 0);
-      int64_t max_rows = 0, max_f = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        offset[e + 1] = offset[e] + static_cast<int64_t>(rows[e].size());
-        all_rows.insert(all_rows.end(), rows[e].begin(), rows[e].end());
-        all_slots.insert(all_slots.end(), slots[e].begin(), slots[e].end());
-        if (!rows[e].empty()) {
-          max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(rows[e].size()));
-          max_f = std::max(max_f, routed[e].w1.out);
-        }
-      }
-      const DeviceBuffer d_rows = upload_vector(all_rows), d_slots = upload_vector(all_slots);
-      const auto* rows_ptr = static_cast<const int32_t*>(d_rows.get());
-      const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
-      if (max_rows > 0 && cuda_feature_on("grouped_moe") && grouped_experts(routed, offset, x, D, rows_ptr, slots_ptr, max_rows, contrib.f32(), p,
-                                          combine_scale)) {
-        // done: all experts with rows in one launch per projection
-      } else if (max_rows > 0) {
-        DeviceBuffer h1(max_rows * max_f * sizeof(float)), h3(max_rows * max_f * sizeof(float)),
-            y(max_rows * D * sizeof(float));
+    static const bool grouped = cuda_feature_on("grouped_moe"), device_plan = cuda_feature_on("moe_device_plan");
+    const ExpertTables* tab = grouped ? expert_tables(routed) : nullptr;  // null: the experts differ in shape
+    if (tab && device_plan && device_plan_items(T * K, E) <= kMaxMoeItems) {
+      run_planned_experts(*tab, routed[0], plan_on_device(p.experts, T, K, E), x, D, T * K, contrib.f32(), p,
+                          combine_scale);
+    } else {
+      const HostMoePlan hp = plan_on_host(p.experts, T, K, E);
+      if (tab && hp.n_items <= kMaxMoeItems) {
+        run_planned_experts(*tab, routed[0], upload_plan(hp), x, D, T * K, contrib.f32(), p, combine_scale);
+      } else if (hp.max_rows > 0) {
+        // One expert at a time (experts of different shapes, or SPARROW_CUDA_DISABLE=grouped_moe).
+        const DeviceBuffer d_rows = upload_vector(hp.rows), d_slots = upload_vector(hp.slots);
+        const auto* rows_ptr = static_cast<const int32_t*>(d_rows.get());
+        const auto* slots_ptr = static_cast<const int32_t*>(d_slots.get());
+        int64_t max_f = 0;
+        for (int64_t e = 0; e < E; ++e)
+          if (hp.offsets[e + 1] > hp.offsets[e]) max_f = std::max(max_f, routed[e].w1.out);
+        DeviceBuffer h1(hp.max_rows * max_f * sizeof(float)), h3(hp.max_rows * max_f * sizeof(float)),
+            y(hp.max_rows * D * sizeof(float));
         for (int64_t e = 0; e < E; ++e) {
-          const int64_t R = offset[e + 1] - offset[e];
+          const int64_t R = hp.offsets[e + 1] - hp.offsets[e];
           if (R == 0) continue;
-          const RefRouting ref{.on = p.ref_numerics, .slots = slots_ptr + offset[e], .weights = p.weights.f32(),
+          const RefRouting ref{.on = p.ref_numerics, .slots = slots_ptr + hp.offsets[e], .weights = p.weights.f32(),
                                .scale = combine_scale};
-          swiglu_ffn(routed[e], x, D, rows_ptr + offset[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit, ref);
+          swiglu_ffn(routed[e], x, D, rows_ptr + hp.offsets[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit, ref);
           // ref_numerics: the weight is in h already; contrib = y.
-          launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + offset[e],
+          launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + hp.offsets[e],
                                  .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = R, .D = D,
                                  .scale = static_cast<float>(combine_scale)});
           launch_check("expert scatter");
@@ -777,19 +786,27 @@ class CudaBackend final : public Backend {
     round_bf16_if(p.ref_numerics, p.out, "moe bf16");
   }
 
-  // Device bytes of a stored tensor, uploaded on first use and cached by host address (checked
-  // against host_fingerprint, cuda_state.h).
+  // Device bytes of a stored tensor, uploaded on first use and cached: by its TensorView::id when
+  // it has one (a checkpoint tensor: nothing on the host is read again), else by host address and
+  // checked against host_fingerprint (cuda_state.h) on every use.
   const void* device_bytes(const TensorView& v) {
     if (!v.data) return nullptr;
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-    const uint64_t fp = host_fingerprint(v.data, bytes);
-    auto it = weights_.find(v.data);
-    if (it != weights_.end() && it->second.buf.bytes() == bytes && it->second.fingerprint == fp)
-      return it->second.buf.get();
+    CachedWeight* hit = nullptr;
+    uint64_t fp = 0;
+    if (v.id != 0) {
+      auto it = weights_by_id_.find(v.id);
+      if (it != weights_by_id_.end() && it->second.buf.bytes() == bytes) hit = &it->second;
+    } else {
+      fp = host_fingerprint(v.data, bytes);
+      auto it = weights_.find(v.data);
+      if (it != weights_.end() && it->second.buf.bytes() == bytes && it->second.fingerprint == fp) hit = &it->second;
+    }
+    if (hit) return hit->buf.get();
     DeviceBuffer b(bytes);
-    copy_to_device(b.get(), v.data, bytes);
+    host_to_device(b.get(), v.data, bytes);
     const void* p = b.get();
-    weights_[v.data] = CachedWeight{std::move(b), fp};
+    (v.id != 0 ? weights_by_id_[v.id] : weights_[v.data]) = CachedWeight{std::move(b), fp};
     return p;
   }
 
@@ -801,10 +818,6 @@ class CudaBackend final : public Backend {
     const int64_t* positions = nullptr;
     const int32_t* ids = nullptr;
   };
-
-  static void copy_to_device(void* dst, const void* src, size_t bytes) {
-    if (bytes > 0) SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  }
 
   // The batch's positions and ids on the device; uploaded again only when they change.
   const DeviceBatch& device_batch(const BatchInfo& b) {
@@ -855,9 +868,15 @@ class CudaBackend final : public Backend {
     return d;
   }
 
-  // Device weight tables of a layer's routed experts for the device-planned MoE: every expert's
+  static bool same_shape(const WeightMatrix& a, const WeightMatrix& b) {
+    return a.format == b.format && a.out == b.out && a.in == b.in && a.block_out == b.block_out &&
+           a.block_in == b.block_in && a.data.dtype == b.data.dtype && a.scale.dtype == b.scale.dtype;
+  }
+
+  // Device weight tables of a layer's routed experts for the grouped projections: every expert's
   // DevWeight per projection (device arrays), cached by the experts vector's address and checked
   // against expert 0's current device pointers (a re-upload after a model swap rebuilds them).
+  // Null when the experts differ in shape or format.
   struct ExpertTables {
     int64_t E = 0;
     DevWeight first1{};
@@ -868,17 +887,15 @@ class CudaBackend final : public Backend {
 
   const ExpertTables* expert_tables(const std::vector<ExpertWeights>& routed) {
     const int64_t E = static_cast<int64_t>(routed.size());
+    if (E == 0) return nullptr;
     const DevWeight d0 = dev_weight(routed[0].w1);
     auto it = expert_tables_.find(routed.data());
     if (it != expert_tables_.end() && it->second.E == E && it->second.first1.data == d0.data &&
         it->second.first1.scale == d0.scale)
       return &it->second;
-    auto same = [](const WeightMatrix& a, const WeightMatrix& b) {
-      return a.format == b.format && a.out == b.out && a.in == b.in && a.block_out == b.block_out &&
-             a.block_in == b.block_in && a.data.dtype == b.data.dtype && a.scale.dtype == b.scale.dtype;
-    };
     for (const ExpertWeights& w : routed)
-      if (!same(w.w1, routed[0].w1) || !same(w.w3, routed[0].w3) || !same(w.w2, routed[0].w2)) return nullptr;
+      if (!same_shape(w.w1, routed[0].w1) || !same_shape(w.w3, routed[0].w3) || !same_shape(w.w2, routed[0].w2))
+        return nullptr;
     std::vector<DevWeight> w1s, w3s, w2s;
     bool vec = true;
     alignas(16) static const float kAligned[4] = {};  // stands in for an aligned input in the weight checks
@@ -900,142 +917,124 @@ class CudaBackend final : public Backend {
     return &t;
   }
 
-  // The routed experts with their grouping planned on the device (launch_moe_plan): no download of
-  // the expert choices, so nothing waits for the router; then the same projections, SwiGLU,
-  // reference numerics and scatter as grouped_experts, over all T*K rows (same bits). Returns
-  // false, doing nothing, when the experts differ in shape or format or the plan would not fit one
-  // launch (the caller then plans on the host).
-  bool planned_experts(const std::vector<ExpertWeights>& routed, const float* x, int64_t D, int64_t T, int64_t K,
-                       float* contrib, const MoeParams& p, double combine_scale) {
-    const int64_t E = static_cast<int64_t>(routed.size()), total = T * K;
-    // Sum over experts of ceil(R_e / 8) <= total / 8 + (experts with rows) <= total / 8 + min(E, total).
-    const int64_t max_items = (total + 7) / 8 + std::min(E, total);
-    if (E == 0 || total == 0 || max_items > 65535 || E > 12 * 1024) return false;
-    const ExpertTables* tab = expert_tables(routed);
-    if (!tab) return false;
-    const ExpertWeights& f = routed[0];
+  // The MoE's grouping: rows grouped by expert in (token, slot) order, and the grouped
+  // projections' work items, one per (expert with rows, tile of 8 rows) (kernels.h MoePlanArgs).
+  static constexpr int64_t kMaxMoeItems = 65535;  // grid y of the grouped projections
+  struct MoePlan {
+    DeviceBuffer offsets, rows, slots, items, n_items;
+    int64_t max_items = 0;  // a bound on *n_items (the grid's height)
+  };
+  struct HostMoePlan {
+    std::vector<int64_t> offsets;  // [E + 1]
+    std::vector<int32_t> rows, slots, items;
+    int64_t max_rows = 0, n_items = 0;
+  };
+
+  // The device plan's bound on its work items: the sum over experts of ceil(R_e / 8) is at most
+  // total / 8 + (experts with rows) <= total / 8 + min(E, total), plus one for the rounding.
+  static int64_t device_plan_items(int64_t total, int64_t E) { return total / 8 + std::min(E, total) + 1; }
+
+  // On the device: nothing waits for the router. REQUIRES device_plan_items(T*K, E) <= kMaxMoeItems.
+  MoePlan plan_on_device(const Tensor& experts, int64_t T, int64_t K, int64_t E) {
+    MoePlan plan;
+    const int64_t total = T * K;
+    plan.max_items = device_plan_items(total, E);
+    plan.offsets = DeviceBuffer((E + 1) * sizeof(int64_t));
+    plan.rows = DeviceBuffer(total * sizeof(int32_t));
+    plan.slots = DeviceBuffer(total * sizeof(int32_t));
+    plan.items = DeviceBuffer(2 * plan.max_items * sizeof(int32_t));
+    plan.n_items = DeviceBuffer(sizeof(int32_t));
+    launch_moe_plan({.experts = experts.i32(), .T = T, .K = K, .E = E,
+                     .offsets = static_cast<int64_t*>(plan.offsets.get()), .rows = static_cast<int32_t*>(plan.rows.get()),
+                     .slots = static_cast<int32_t*>(plan.slots.get()), .items = static_cast<int32_t*>(plan.items.get()),
+                     .n_items = static_cast<int32_t*>(plan.n_items.get()), .max_items = plan.max_items});
+    launch_check("moe plan");
+    return plan;
+  }
+
+  // On the host, from the downloaded expert choices (the same grouping and order).
+  HostMoePlan plan_on_host(const Tensor& experts_t, int64_t T, int64_t K, int64_t E) {
+    const std::vector<int32_t> experts = download_i32(experts_t);
+    HostMoePlan hp;
+    hp.offsets.assign(E + 1, 0);
+    for (int32_t e : experts) {
+      SPARROW_CHECK(e >= 0 && e < E);
+      ++hp.offsets[e + 1];
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      hp.max_rows = std::max(hp.max_rows, hp.offsets[e + 1]);
+      hp.offsets[e + 1] += hp.offsets[e];
+      for (int64_t t0 = 0; t0 < hp.offsets[e + 1] - hp.offsets[e]; t0 += 8) {
+        hp.items.push_back(static_cast<int32_t>(e));
+        hp.items.push_back(static_cast<int32_t>(t0));
+      }
+    }
+    hp.n_items = static_cast<int64_t>(hp.items.size()) / 2;
+    hp.rows.resize(T * K);
+    hp.slots.resize(T * K);
+    std::vector<int64_t> fill(hp.offsets.begin(), hp.offsets.end() - 1);
+    for (int64_t i = 0; i < T * K; ++i) {
+      const int64_t r = fill[experts[i]]++;
+      hp.rows[r] = static_cast<int32_t>(i / K);
+      hp.slots[r] = static_cast<int32_t>(i);
+    }
+    return hp;
+  }
+
+  MoePlan upload_plan(const HostMoePlan& hp) {
+    MoePlan plan;
+    plan.max_items = hp.n_items;
+    plan.offsets = upload_vector(hp.offsets);
+    plan.rows = upload_vector(hp.rows);
+    plan.slots = upload_vector(hp.slots);
+    plan.items = upload_vector(hp.items);
+    plan.n_items = upload_vector(std::vector<int32_t>{static_cast<int32_t>(hp.n_items)});
+    return plan;
+  }
+
+  // The routed experts over a plan, one launch per projection (launch_grouped_expert_linear), then
+  // SwiGLU, the reference numerics' routing weight and FP8 rounding, w2 and the scatter over all
+  // rows at once. Each row goes through the arithmetic of the one-expert-at-a-time path
+  // (swiglu_ffn), so the results are the same bits.
+  void run_planned_experts(const ExpertTables& tab, const ExpertWeights& f, const MoePlan& plan, const float* x,
+                           int64_t D, int64_t total, float* contrib, const MoeParams& p, double combine_scale) {
     const int64_t F = f.w1.out;
     SPARROW_CHECK_EQ(f.w3.out, F);
     SPARROW_CHECK_EQ(f.w2.in, F);
     SPARROW_CHECK_EQ(f.w1.in, D);
     SPARROW_CHECK_EQ(f.w2.out, D);
-    DeviceBuffer offsets((E + 1) * sizeof(int64_t)), rows(total * sizeof(int32_t)), slots(total * sizeof(int32_t)),
-        items(2 * max_items * sizeof(int32_t)), n_items(sizeof(int32_t));
-    launch_moe_plan({.experts = p.experts.i32(), .T = T, .K = K, .E = E, .offsets = static_cast<int64_t*>(offsets.get()),
-                     .rows = static_cast<int32_t*>(rows.get()), .slots = static_cast<int32_t*>(slots.get()),
-                     .items = static_cast<int32_t*>(items.get()), .n_items = static_cast<int32_t*>(n_items.get()),
-                     .max_items = max_items});
-    launch_check("moe plan");
+    SPARROW_CHECK_LE(plan.max_items, kMaxMoeItems);
     DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    const bool vec = p.ref_numerics && tab->weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
+    const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned(h1.get());
-    const auto* off = static_cast<const int64_t*>(offsets.get());
-    const auto* its = static_cast<const int32_t*>(items.get());
-    const auto* nit = static_cast<const int32_t*>(n_items.get());
-    const auto* rows_ptr = static_cast<const int32_t*>(rows.get());
-    const auto* slots_ptr = static_cast<const int32_t*>(slots.get());
-    launch_planned_expert_linear({.out = h1.f32(), .in = x, .in_rows = rows_ptr,
-                                  .w = static_cast<const DevWeight*>(tab->w1.get()), .offsets = off, .items = its,
-                                  .n_items = nit, .max_items = max_items, .N = F, .in_stride = D,
-                                  .format = f.w1.format, .vectorized = vec});
-    launch_planned_expert_linear({.out = h3.f32(), .in = x, .in_rows = rows_ptr,
-                                  .w = static_cast<const DevWeight*>(tab->w3.get()), .offsets = off, .items = its,
-                                  .n_items = nit, .max_items = max_items, .N = F, .in_stride = D,
-                                  .format = f.w3.format, .vectorized = vec});
+    const auto* rows = static_cast<const int32_t*>(plan.rows.get());
+    const auto* slots = static_cast<const int32_t*>(plan.slots.get());
+    auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in,
+                       const int32_t* in_rows, int64_t in_stride) {
+      launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = static_cast<const DevWeight*>(w.get()),
+                                    .offsets = static_cast<const int64_t*>(plan.offsets.get()),
+                                    .items = static_cast<const int32_t*>(plan.items.get()),
+                                    .n_items = static_cast<const int32_t*>(plan.n_items.get()),
+                                    .max_items = plan.max_items, .N = shape.out, .in_stride = in_stride,
+                                    .format = shape.format, .vectorized = vec});
+    };
+    project(tab.w1, f.w1, h1.f32(), x, rows, D);
+    project(tab.w3, f.w3, h3.f32(), x, rows, D);
     launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
     if (p.ref_numerics) {
       launch_check("experts swiglu");
-      launch_route_scale_bf16({.h = h1.f32(), .slots = slots_ptr, .weights = p.weights.f32(), .R = total, .F = F,
+      launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
                                .scale = combine_scale});
       launch_check("experts routing weight");
       fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
     }
-    launch_planned_expert_linear({.out = y.f32(), .in = h1.f32(), .in_rows = nullptr,
-                                  .w = static_cast<const DevWeight*>(tab->w2.get()), .offsets = off, .items = its,
-                                  .n_items = nit, .max_items = max_items, .N = D, .in_stride = F,
-                                  .format = f.w2.format, .vectorized = vec});
+    project(tab.w2, f.w2, y.f32(), h1.f32(), nullptr, F);
     launch_check("experts ffn");
-    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots_ptr,
+    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
                            .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
                            .scale = static_cast<float>(combine_scale)});
     launch_check("experts scatter");
-    return true;
-  }
-
-  // The routed experts of one moe call with one launch per projection (launch_grouped_expert_linear)
-  // instead of one per expert: every expert with rows, then SwiGLU, the reference numerics' routing
-  // weight and FP8 rounding, w2 and the scatter over all rows at once. Each row goes through the
-  // same arithmetic as in the per-expert path (swiglu_ffn), so the results are the same bits.
-  // Returns false, doing nothing, when the experts with rows differ in shape or format (the caller
-  // then runs them one by one).
-  bool grouped_experts(const std::vector<ExpertWeights>& routed, const std::vector<int64_t>& offset, const float* x,
-                       int64_t D, const int32_t* rows_ptr, const int32_t* slots_ptr, int64_t max_rows, float* contrib,
-                       const MoeParams& p, double combine_scale) {
-    const int64_t E = static_cast<int64_t>(routed.size());
-    std::vector<int64_t> act_offset{0};
-    std::vector<DevWeight> w1s, w3s, w2s;
-    const ExpertWeights* first = nullptr;
-    bool vec1 = p.ref_numerics, vec3 = p.ref_numerics, vec2 = p.ref_numerics;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t R = offset[e + 1] - offset[e];
-      if (R == 0) continue;
-      const ExpertWeights& w = routed[e];
-      if (!first) first = &w;
-      auto same = [](const WeightMatrix& a, const WeightMatrix& b) {
-        return a.format == b.format && a.out == b.out && a.in == b.in && a.block_out == b.block_out &&
-               a.block_in == b.block_in && a.data.dtype == b.data.dtype && a.scale.dtype == b.scale.dtype;
-      };
-      if (!same(w.w1, first->w1) || !same(w.w3, first->w3) || !same(w.w2, first->w2)) return false;
-      w1s.push_back(dev_weight(w.w1));
-      w3s.push_back(dev_weight(w.w3));
-      w2s.push_back(dev_weight(w.w2));
-      act_offset.push_back(act_offset.back() + R);
-    }
-    if (!first) return false;
-    const int64_t F = first->w1.out, total = act_offset.back(), n_active = static_cast<int64_t>(w1s.size());
-    SPARROW_CHECK_EQ(first->w3.out, F);
-    SPARROW_CHECK_EQ(first->w2.in, F);
-    SPARROW_CHECK_EQ(first->w1.in, D);
-    SPARROW_CHECK_EQ(first->w2.out, D);
-    DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
-    for (int64_t i = 0; i < n_active; ++i) {
-      vec1 = vec1 && linear_vectorizable({.out = h1.f32(), .in = x, .in_rows = rows_ptr, .w = w1s[i], .T = 1,
-                                          .in_stride = D, .rows_per_group = F});
-      vec3 = vec3 && linear_vectorizable({.out = h3.f32(), .in = x, .in_rows = rows_ptr, .w = w3s[i], .T = 1,
-                                          .in_stride = D, .rows_per_group = F});
-      vec2 = vec2 && linear_vectorizable({.out = y.f32(), .in = h1.f32(), .in_rows = nullptr, .w = w2s[i], .T = 1,
-                                          .in_stride = F, .rows_per_group = D});
-    }
-    const DeviceBuffer d_w1 = upload_vector(w1s), d_w3 = upload_vector(w3s), d_w2 = upload_vector(w2s),
-                       d_off = upload_vector(act_offset);
-    const auto* off = static_cast<const int64_t*>(d_off.get());
-    launch_grouped_expert_linear({.out = h1.f32(), .in = x, .in_rows = rows_ptr,
-                                  .w = static_cast<const DevWeight*>(d_w1.get()), .offset = off, .n_experts = n_active,
-                                  .max_rows = max_rows, .N = F, .in_stride = D, .format = first->w1.format,
-                                  .vectorized = vec1});
-    launch_grouped_expert_linear({.out = h3.f32(), .in = x, .in_rows = rows_ptr,
-                                  .w = static_cast<const DevWeight*>(d_w3.get()), .offset = off, .n_experts = n_active,
-                                  .max_rows = max_rows, .N = F, .in_stride = D, .format = first->w3.format,
-                                  .vectorized = vec3});
-    launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
-    if (p.ref_numerics) {
-      launch_check("experts swiglu");
-      launch_route_scale_bf16({.h = h1.f32(), .slots = slots_ptr, .weights = p.weights.f32(), .R = total, .F = F,
-                               .scale = combine_scale});
-      launch_check("experts routing weight");
-      fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
-    }
-    launch_grouped_expert_linear({.out = y.f32(), .in = h1.f32(), .in_rows = nullptr,
-                                  .w = static_cast<const DevWeight*>(d_w2.get()), .offset = off, .n_experts = n_active,
-                                  .max_rows = max_rows, .N = D, .in_stride = F, .format = first->w2.format,
-                                  .vectorized = vec2});
-    launch_check("experts ffn");
-    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots_ptr,
-                           .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
-                           .scale = static_cast<float>(combine_scale)});
-    launch_check("experts scatter");
-    return true;
   }
 
   // ref_numerics inside one expert: h <- bf16(g_r * h) then FP8 1x128, before w2 (weights null: g = 1).
@@ -1074,7 +1073,8 @@ class CudaBackend final : public Backend {
     DeviceBuffer buf;
     uint64_t fingerprint = 0;
   };
-  std::unordered_map<const void*, CachedWeight> weights_;
+  std::unordered_map<const void*, CachedWeight> weights_;    // views without an id
+  std::unordered_map<uint64_t, CachedWeight> weights_by_id_;  // checkpoint tensors
   DeviceBatch batch_;
   Fp8Linear fp8_;
   OpProfiler profiler_;
@@ -1142,14 +1142,6 @@ std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(back
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
 
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
-
-bool cuda_feature_opted_in(const char* name) {
-  static const std::string enabled = [] {
-    const char* v = std::getenv("SPARROW_CUDA_ENABLE");
-    return "," + std::string(v ? v : "") + ",";
-  }();
-  return enabled.find("," + std::string(name) + ",") != std::string::npos;
-}
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

@@ -1,7 +1,8 @@
 // The CUDA backend (Hopper, sm_90a): every op of src/ops/backend.h on the GPU, fp32 arithmetic,
 // weights in their checkpoint formats in device memory. Activation Tensors hold device pointers.
 //
-// Weights are uploaded on first use and cached by the address of their stored bytes, so
+// Weights are uploaded on first use and cached by TensorView::id (checkpoint tensors) or by the
+// address of their stored bytes checked against a fingerprint, so
 // REQUIRES: a weight's bytes stay alive and unchanged while the backend is in use (the mmap'd
 // checkpoint of a loaded Model satisfies this). All work runs on the default stream, in order;
 // downloads synchronise. Not thread-safe: one backend per thread.

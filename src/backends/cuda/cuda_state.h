@@ -18,11 +18,12 @@
 
 namespace sparrow::cuda {
 
-// The weight caches (device copies of stored tensors, and the FP8 GEMM's padded copies) are keyed
-// by host address, and a model freed and another loaded can put a different tensor at the same
-// address. Each entry keeps this fingerprint of what it was made from, the size and FNV-1a over
-// three 256-byte windows (start, middle, end), and is rebuilt when it differs. Cheap enough to check
-// on every use; two tensors that agree in size and in all three windows would still collide.
+// The weight caches (device copies of stored tensors, and the FP8 GEMM's padded copies) key a view
+// without a TensorView::id by host address, and freed memory reused for another tensor can put
+// different bytes at the same address. Each such entry keeps this fingerprint of what it was made
+// from, the size and FNV-1a over three 256-byte windows (start, middle, end), and is rebuilt when it
+// differs; two tensors that agree in size and in all three windows would still collide.
+// Checkpoint tensors have ids and are never fingerprinted (their pages are not read again).
 inline uint64_t host_fingerprint(const void* p, size_t bytes) {
   uint64_t h = 1469598103934665603ull ^ bytes;
   const auto* b = static_cast<const unsigned char*>(p);

@@ -20,8 +20,8 @@
 // [ceil(N/128), ceil(K/128)] with its rows padded to L4); B's VEC128 scales are [K_pad/128] columns
 // of M_pad values (kernels.h ActQuantFp8Args).
 //
-// Not thread-safe (one per CudaBackend). Weights are converted once and cached by host address, like
-// the backend's other uploads.
+// Not thread-safe (one per CudaBackend). Weights are converted once and cached like the backend's
+// other uploads (by TensorView::id, or by host address checked against a fingerprint).
 #pragma once
 
 #include <cstdint>
@@ -93,7 +93,8 @@ class Fp8Linear {
   std::string last_detail_;
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
   DeviceBuffer workspace_;
-  std::unordered_map<const void*, PaddedWeight> weights_;
+  std::unordered_map<const void*, PaddedWeight> weights_;      // views without an id
+  std::unordered_map<uint64_t, PaddedWeight> weights_by_id_;    // checkpoint tensors
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 

@@ -139,23 +139,6 @@ struct LinearArgs {
 };
 // Returns whether the vectorized kernel ran.
 bool launch_linear(const LinearArgs& a);
-// The experts of one MoE call in one launch: expert e (of n_experts, those with rows) computes its
-// rows offset[e] .. offset[e+1]-1 of out ([rows, N]) from the input rows in_rows[offset[e] + r]
-// (gathered) or, when in_rows is null, rows offset[e] + r of in; each tile exactly as launch_linear
-// would for that expert alone (the same bits). w: device array of the experts' weights, all [N, K]
-// in one format; vectorized: the caller checked linear_vectorizable for every expert.
-struct GroupedExpertLinearArgs {
-  float* out;
-  const float* in;
-  const int32_t* in_rows;
-  const DevWeight* w;        // [n_experts], device memory
-  const int64_t* offset;     // [n_experts + 1], device memory
-  int64_t n_experts, max_rows, N, in_stride;
-  WeightFormat format;
-  bool vectorized;
-};
-void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
-
 // The MoE's grouping planned on the device (no download of the expert choices): from experts
 // [T, K] (each in [0, E)), rows grouped by expert in (token, slot) order as the host plan does:
 // offsets [E + 1], rows [T*K] (token of each grouped row), slots [T*K] (t*K + i), and the work
@@ -170,16 +153,20 @@ struct MoePlanArgs {
   int32_t* slots;
   int32_t* items;
   int32_t* n_items;
-  int64_t max_items;  // >= ceil(T*K / 8) + min(E, T*K)
+  int64_t max_items;  // a bound on the items: T*K / 8 + min(E, T*K) + 1 (cuda_backend.cpp)
 };
 void launch_moe_plan(const MoePlanArgs& a);
 
-// launch_grouped_expert_linear over a device plan: grid y = max_items (blocks past *n_items
-// leave); w and offsets index all E experts. Each tile as launch_linear computes it (same bits).
-struct PlannedExpertLinearArgs {
-  float* out;                // [T*K, N], grouped rows
+// The routed experts of one MoE call in one launch, over a plan (launch_moe_plan, or the same
+// built on the host): grid y = max_items work items (blocks past *n_items leave); item (e, t0)
+// computes rows t0 .. t0+7 of expert e's rows offsets[e] .. offsets[e+1]-1 of out ([T*K, N]) from
+// the input rows in_rows[r] (gathered) or, when in_rows is null, rows r of in. Each tile exactly as
+// launch_linear would compute it for that expert alone (the same bits). w: device array of all E
+// experts' weights, [N, K] in one format; vectorized: the caller checked linear_vectorizable.
+struct GroupedExpertLinearArgs {
+  float* out;
   const float* in;
-  const int32_t* in_rows;    // [T*K] gathered input rows, or null: row r of `in` for grouped row r
+  const int32_t* in_rows;    // [T*K] or null
   const DevWeight* w;        // [E]
   const int64_t* offsets;    // [E + 1]
   const int32_t* items;      // [2 * max_items]
@@ -188,7 +175,7 @@ struct PlannedExpertLinearArgs {
   WeightFormat format;
   bool vectorized;
 };
-void launch_planned_expert_linear(const PlannedExpertLinearArgs& g);
+void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.

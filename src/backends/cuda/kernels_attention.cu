@@ -458,7 +458,7 @@ void launch_indexer_topk(const IndexerArgs& a) {
   if (a.T == 0 || a.C == 0) return;
   const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
   const size_t score_smem = static_cast<size_t>(a.Hi * (a.di + 1) + kScoreWarps * a.di + kScoreWarps * a.Hi) * sizeof(float);
-  const bool fast = cuda_feature_on("indexer_fast");
+  static const bool fast = cuda_feature_on("indexer_fast");
   if (fast && !a.bf16_scores && score_smem <= 48 * 1024) {
     const dim3 sgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kScoreEntries));
     indexer_score_smem_kernel<<<sgrid, 32 * kScoreWarps, score_smem>>>(a);
@@ -478,7 +478,8 @@ void launch_indexer_topk(const IndexerArgs& a) {
 void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
   const size_t q_bytes = static_cast<size_t>(a.Dh) * sizeof(float);
-  if (cuda_feature_on("attn_warp") && q_bytes <= 16 * 1024)
+  static const bool warp_dots = cuda_feature_on("attn_warp");
+  if (warp_dots && q_bytes <= 16 * 1024)
     attention_kernel<true><<<static_cast<unsigned>(a.T * a.H), kAttnThreads, q_bytes>>>(a);
   else
     attention_kernel<false><<<static_cast<unsigned>(a.T * a.H), kAttnThreads>>>(a);

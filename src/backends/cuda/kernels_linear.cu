@@ -99,34 +99,29 @@ __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int 
 
 // grid (ceil(N / kWarpsPerBlock), ceil(T / kTokenTile)), block (32 * kWarpsPerBlock).
 template <int kPath>  // 0: element-wise, 1: vectorized FP8, 2: vectorized FP4
+__device__ inline void tile(const LinearArgs& a, int64_t n, int64_t t0) {
+  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
+  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
+}
+
+// The kernel path for a launch: element-wise unless the caller asked for and allows vectorized.
+int kernel_path(bool vectorized, WeightFormat f) {
+  static const bool on = cuda_feature_on("vec_linear");
+  if (!vectorized || !on) return 0;
+  return f == WeightFormat::kFp4Packed ? 2 : 1;
+}
+
+template <int kPath>
 __global__ void linear_kernel(LinearArgs a) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= a.w.out) return;  // the whole warp leaves together
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
-  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
-  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
-}
-
-// grid (ceil(N / kWarpsPerBlock), ceil(max_rows / kTokenTile), experts), the same block: expert
-// z's rows, each tile exactly as linear_kernel computes it for that expert alone.
-template <int kPath>
-__global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
-  const int64_t e = blockIdx.z;
-  const int64_t r0 = g.offset[e], R = g.offset[e + 1] - r0;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokenTile;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (t0 >= R || n >= g.N) return;
-  LinearArgs a{.out = g.out + r0 * g.N, .in = g.in_rows ? g.in : g.in + r0 * g.in_stride,
-               .in_rows = g.in_rows ? g.in_rows + r0 : nullptr, .w = g.w[e], .T = R, .in_stride = g.in_stride,
-               .rows_per_group = g.N};
-  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
-  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
+  tile<kPath>(a, n, static_cast<int64_t>(blockIdx.y) * kTokenTile);
 }
 
 // grid (ceil(N / kWarpsPerBlock), max_items), the same block: work item y = (expert, first row of
-// its tile) from the device plan; blocks past *n_items leave.
+// its tile) from the plan; blocks past *n_items leave.
 template <int kPath>
-__global__ void planned_expert_linear_kernel(PlannedExpertLinearArgs g) {
+__global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
   const int64_t item = blockIdx.y;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
@@ -136,8 +131,7 @@ __global__ void planned_expert_linear_kernel(PlannedExpertLinearArgs g) {
   LinearArgs a{.out = g.out + r0 * g.N, .in = g.in_rows ? g.in : g.in + r0 * g.in_stride,
                .in_rows = g.in_rows ? g.in_rows + r0 : nullptr, .w = g.w[e], .T = R, .in_stride = g.in_stride,
                .rows_per_group = g.N};
-  if constexpr (kPath == 0) linear_tile(a, n, t0, threadIdx.x % 32);
-  else linear_vec_tile<kPath == 2>(a, n, t0, threadIdx.x % 32);
+  tile<kPath>(a, n, t0);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -155,28 +149,17 @@ bool linear_vectorizable(const LinearArgs& a) {
 bool launch_linear(const LinearArgs& a) {
   if (a.T == 0 || a.w.out == 0) return false;
   const dim3 grid(blocks_for(a.w.out, kWarpsPerBlock), blocks_for(a.T, kTokenTile));
-  if (a.vectorized && linear_vectorizable(a) && cuda_feature_on("vec_linear")) {
-    if (a.w.format == WeightFormat::kFp4Packed) linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(a);
-    else linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(a);
-    return true;
-  }
-  linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(a);
-  return false;
-}
-
-void launch_planned_expert_linear(const PlannedExpertLinearArgs& g) {
-  if (g.max_items == 0 || g.N == 0) return;
-  const dim3 grid(blocks_for(g.N, kWarpsPerBlock), static_cast<unsigned>(g.max_items));
-  const int path = g.vectorized && cuda_feature_on("vec_linear") ? (g.format == WeightFormat::kFp4Packed ? 2 : 1) : 0;
-  if (path == 2) planned_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
-  else if (path == 1) planned_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);
-  else planned_expert_linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(g);
+  const int path = kernel_path(a.vectorized && linear_vectorizable(a), a.w.format);
+  if (path == 2) linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(a);
+  else if (path == 1) linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(a);
+  else linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(a);
+  return path != 0;
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
-  if (g.n_experts == 0 || g.max_rows == 0 || g.N == 0) return;
-  const dim3 grid(blocks_for(g.N, kWarpsPerBlock), blocks_for(g.max_rows, kTokenTile), static_cast<unsigned>(g.n_experts));
-  const int path = g.vectorized && cuda_feature_on("vec_linear") ? (g.format == WeightFormat::kFp4Packed ? 2 : 1) : 0;
+  if (g.max_items == 0 || g.N == 0) return;
+  const dim3 grid(blocks_for(g.N, kWarpsPerBlock), static_cast<unsigned>(g.max_items));
+  const int path = kernel_path(g.vectorized, g.format);
   if (path == 2) grouped_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
   else if (path == 1) grouped_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);
   else grouped_expert_linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(g);

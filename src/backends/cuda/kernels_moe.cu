@@ -133,7 +133,7 @@ __global__ void moe_plan_kernel(MoePlanArgs a) {
   int32_t items = 0;
   for (int64_t e = 0; e < a.E; ++e)
     for (int64_t t0 = 0; t0 < a.offsets[e + 1] - a.offsets[e]; t0 += 8) {
-      if (items >= a.max_items) __trap();  // the host's bound is ceil(T*K / 8) + min(E, T*K)
+      if (items >= a.max_items) __trap();  // the host's bound (MoePlanArgs::max_items) is never reached
       a.items[2 * items] = static_cast<int32_t>(e);
       a.items[2 * items + 1] = static_cast<int32_t>(t0);
       ++items;

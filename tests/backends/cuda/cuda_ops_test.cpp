@@ -375,6 +375,32 @@ void expect_same_selection(const std::vector<int32_t>& got, const std::vector<in
   if (swaps) std::printf("[indexer] %s: %lld near-tie swaps\n", what.c_str(), static_cast<long long>(swaps));
 }
 
+// The most entries any token of `b` sees at compression ratio m.
+int64_t max_visible(const BatchInfo& b, int64_t m) {
+  int64_t C = 0;
+  for (int64_t p : b.positions) C = std::max(C, (p + 1) / m);
+  return C;
+}
+
+// indexer_topk on both backends for one batch (q [T, Hi, di] and head weights [T, Hi] on each,
+// the batches' sequences holding the same keys): scores within kOpTol over `cols` >= every visible
+// count, and the same selections up to near-ties. Returns the GPU's selections [T, k].
+std::vector<int32_t> indexer_on_both(Backend& cpu, Backend& gpu, const std::pair<Tensor, Tensor>& q,
+                                     const std::pair<Tensor, Tensor>& w, const BatchInfo& bc, const BatchInfo& bg,
+                                     int64_t m, int64_t k, int64_t cols, const std::string& what) {
+  const int64_t T = bc.num_tokens();
+  const Tensor ic = cpu.alloc(ElemType::kI32, {T, k}), ig = gpu.alloc(ElemType::kI32, {T, k});
+  const Tensor sc = cpu.alloc(ElemType::kF32, {T, cols}), sg = gpu.alloc(ElemType::kF32, {T, cols});
+  cpu.indexer_topk({.out_indices = ic, .q = q.first, .head_weights = w.first, .batch = &bc, .layer = 0, .ratio = m,
+                    .k = k, .out_scores = sc});
+  gpu.indexer_topk({.out_indices = ig, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0, .ratio = m,
+                    .k = k, .out_scores = sg});
+  expect_close(gpu, sg, cpu, sc, kOpTol, what + " scores");
+  const std::vector<int32_t> want = cpu.download_i32(ic), got = gpu.download_i32(ig);
+  expect_same_selection(got, want, cpu.download_f32(sc), T, k, cols, what);
+  return got;
+}
+
 TEST_F(CudaOps, IndexerTopkMatchesCpuWithFewVisibleAndTies) {
   Rng rng(71);
   const ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
@@ -390,21 +416,12 @@ TEST_F(CudaOps, IndexerTopkMatchesCpuWithFewVisibleAndTies) {
     gpu->compressor(index_case.params(kg, gg, bg, kRope, CompressorSlot::kIndexer));
     std::vector<float> hw = rng.normal(T * Hi);
     for (int64_t h = 0; h < Hi; ++h) hw[(T - 1) * Hi + h] = 0.0f;  // last token: every score 0, a full tie
-    auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
-    auto [wc, wg] = both_f32(hw, {T, Hi});
-    int64_t C = 0;
-    for (int64_t t = 0; t < T; ++t) C = std::max(C, (bc.positions[t] + 1) / m);
+    const auto q = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+    const auto w = both_f32(hw, {T, Hi});
+    const int64_t C = max_visible(bc, m);
     for (int64_t k : {int64_t{3}, int64_t{8}}) {  // 8 exceeds the visible entries of most tokens
-      auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
-      auto [sc, sg] = both_alloc(ElemType::kF32, {T, C + 2});
-      cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m, .k = k,
-                         .out_scores = sc});
-      gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m, .k = k,
-                         .out_scores = sg});
       const std::string what = "indexer batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ") k=" + std::to_string(k);
-      expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
-      const std::vector<int32_t> want = cpu->download_i32(ic), got = gpu->download_i32(ig);
-      expect_same_selection(got, want, cpu->download_f32(sc), T, k, C + 2, what);
+      const std::vector<int32_t> got = indexer_on_both(*cpu, *gpu, q, w, bc, bg, m, k, C + 2, what);
       // The all-zero token keeps the lowest indices in order.
       for (int64_t i = 0; i < k; ++i) {
         const int64_t visible = (bc.positions[T - 1] + 1) / m;
@@ -440,22 +457,13 @@ TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
   const int64_t T = 3;
   std::vector<float> hw = rng.normal(T * Hi);
   for (int64_t h = 0; h < Hi; ++h) hw[2 * Hi + h] = 0.0f;  // sequence 1's token: every score 0
-  auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
-  auto [wc, wg] = both_f32(hw, {T, Hi});
-  int64_t C = 0;
-  for (int64_t t = 0; t < T; ++t) C = std::max(C, (bc.positions[t] + 1) / m);
+  const auto q = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+  const auto w = both_f32(hw, {T, Hi});
+  const int64_t C = max_visible(bc, m);
   ASSERT_EQ(C, 2200);
   for (int64_t k : {int64_t{512}, int64_t{1000}}) {
-    auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
-    auto [sc, sg] = both_alloc(ElemType::kF32, {T, C});
-    cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m, .k = k,
-                       .out_scores = sc});
-    gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m, .k = k,
-                       .out_scores = sg});
     const std::string what = "indexer 2200/600 entries k=" + std::to_string(k);
-    expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
-    const std::vector<int32_t> want = cpu->download_i32(ic), got = gpu->download_i32(ig);
-    expect_same_selection(got, want, cpu->download_f32(sc), T, k, C, what);
+    const std::vector<int32_t> got = indexer_on_both(*cpu, *gpu, q, w, bc, bg, m, k, C, what);
     for (int64_t i = 0; i < k; ++i) EXPECT_EQ(got[2 * k + i], i < 600 ? i : -1) << what << " tie slot " << i;
   }
 }
@@ -646,22 +654,13 @@ TEST_F(CudaOps, IndexerTopkWithEveryKeyPrecisionMatchesCpu) {
       }
       std::vector<float> hw = rng.normal(T * Hi);
       for (int64_t h = 0; h < Hi; ++h) hw[(T - 1) * Hi + h] = 0.0f;  // last token: every score 0, a full tie
-      auto [qc, qg] = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
-      auto [wc, wg] = both_f32(hw, {T, Hi});
-      int64_t C = 0;
-      for (int64_t t = 0; t < T; ++t) C = std::max(C, (bc.positions[t] + 1) / m);
+      const auto q = both_f32(rng.normal(T * Hi * di), {T, Hi, di});
+      const auto w = both_f32(hw, {T, Hi});
+      const int64_t C = max_visible(bc, m);
       for (int64_t k : {int64_t{3}, int64_t{8}}) {
-        auto [ic, ig] = both_alloc(ElemType::kI32, {T, k});
-        auto [sc, sg] = both_alloc(ElemType::kF32, {T, C + 1});
-        cpu->indexer_topk({.out_indices = ic, .q = qc, .head_weights = wc, .batch = &bc, .layer = 0, .ratio = m,
-                           .k = k, .out_scores = sc});
-        gpu->indexer_topk({.out_indices = ig, .q = qg, .head_weights = wg, .batch = &bg, .layer = 0, .ratio = m,
-                           .k = k, .out_scores = sg});
         const std::string what = std::string("indexer keys ") + key_precision_name(p) + " batch (" +
                                  std::to_string(n0) + ", " + std::to_string(n1) + ") k=" + std::to_string(k);
-        expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
-        const std::vector<int32_t> want = cpu->download_i32(ic), got = gpu->download_i32(ig);
-        expect_same_selection(got, want, cpu->download_f32(sc), T, k, C + 1, what);
+        const std::vector<int32_t> got = indexer_on_both(*cpu, *gpu, q, w, bc, bg, m, k, C + 1, what);
         for (int64_t t = 0; t < T; ++t) {  // fewer visible entries than k: the tail is -1 on both
           const int64_t visible = (bc.positions[t] + 1) / m;
           for (int64_t i = visible; i < k; ++i) EXPECT_EQ(got[t * k + i], -1) << what << " token " << t << " slot " << i;
