@@ -37,7 +37,7 @@ Expected<std::vector<int64_t>> parse_lengths(const std::string& arg) {
 
 void add_needle_command(CLI::App& app) {
   struct Opts {
-    std::string model, lengths = "1k,2k,4k,8k", backend = "cpu", dump_prompts, format = "vk";
+    std::string model, lengths = "1k,2k,4k,8k", backend = "cpu", dump_prompts, format = "auto";
     int64_t trials = 20, seed = 1234, batch_tokens = 16384;
     bool json = false;
     ModelRunOptions run;
@@ -54,7 +54,8 @@ void add_needle_command(CLI::App& app) {
                   "Prompt tokens per forward: trials that fit run together; longer prompts prefill in chunks")
       ->capture_default_str();
   cmd->add_option("--needle-format", opts->format,
-                  "Needle layout the model was trained on: vk = [ddd K], kvk = [K ddd K] (needle_prompts.py --format)")
+                  "Needle layout the model was trained on: vk = [ddd K], kvk = [K ddd K] (needle_prompts.py --format); "
+                  "auto: args.needle_format of the model's training_summary.json, else vk")
       ->capture_default_str();
   cmd->add_option("--dump-prompts", opts->dump_prompts, "Also write the prompts as JSON lines to FILE");
   cmd->add_flag("--json", opts->json, "Print {\"results\": [...]} instead of a table");
@@ -68,7 +69,7 @@ void add_needle_command(CLI::App& app) {
     no.trials = opts->trials;
     no.seed = static_cast<uint64_t>(opts->seed);  // two's complement, as needle_prompts.py's `& MASK`
     no.batch_tokens = opts->batch_tokens;
-    auto format = needle_format_parse(opts->format);
+    auto format = opts->format == "auto" ? needle_format_of_model(opts->model) : needle_format_parse(opts->format);
     if (!format.is_ok()) fail(Status::invalid_argument("--needle-format: " + format.status().message()));
     no.format = *format;
 
@@ -105,8 +106,8 @@ void add_needle_command(CLI::App& app) {
                        got.c_str(), t.predicted[0], t.predicted[1], t.predicted[2], t.hit ? " hit" : "");
         }
     std::printf("%s", opts->json ? (needle_table_json(*rows) + "\n").c_str() : needle_table_text(*rows).c_str());
-    std::fprintf(stderr, "sparrow: %s backend, precision %s, index keys %s%s\n", backend->name(),
-                 opts->run.precision.c_str(), key_precision_name(model->index_keys()),
+    std::fprintf(stderr, "sparrow: %s backend, precision %s, needle format %s, index keys %s%s\n", backend->name(),
+                 opts->run.precision.c_str(), needle_format_name(no.format), key_precision_name(model->index_keys()),
                  opts->run.index_topk > 0 ? (", index_topk " + std::to_string(opts->run.index_topk)).c_str() : "");
   });
 }

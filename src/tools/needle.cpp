@@ -5,8 +5,11 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <numeric>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/session.h"
 
@@ -52,6 +55,24 @@ Expected<NeedleFormat> needle_format_parse(std::string_view name) {
   if (name == "vk") return NeedleFormat::kValueKey;
   if (name == "kvk") return NeedleFormat::kKeyValueKey;
   return Status::invalid_argument("unknown needle format '" + std::string(name) + "' (expected vk or kvk)");
+}
+
+Expected<NeedleFormat> needle_format_of_model(const std::filesystem::path& model_dir) {
+  const std::filesystem::path path = model_dir / "training_summary.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return NeedleFormat::kValueKey;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::io_error("cannot read " + path.string());
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(path.string() + " is not a JSON object");
+  const auto args = j.find("args");
+  if (args == j.end() || !args->is_object()) return NeedleFormat::kValueKey;
+  const auto fmt = args->find("needle_format");
+  if (fmt == args->end()) return NeedleFormat::kValueKey;
+  if (!fmt->is_string()) return Status::invalid_argument(path.string() + ": args.needle_format is not a string");
+  auto parsed = needle_format_parse(fmt->get<std::string>());
+  if (!parsed.is_ok()) return Status::invalid_argument(path.string() + ": " + parsed.status().message());
+  return parsed;
 }
 
 Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t trial, int64_t trials,

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
@@ -53,6 +54,11 @@ enum class NeedleFormat { kValueKey, kKeyValueKey };
 // "vk" / "kvk".
 const char* needle_format_name(NeedleFormat f);
 Expected<NeedleFormat> needle_format_parse(std::string_view name);
+// The layout a checkpoint directory was trained on: `args.needle_format` of its
+// training_summary.json (written by tools/train_needle/train.py); kValueKey when the directory has
+// no such file or the summary predates the option. A summary that is not JSON, or names an unknown
+// layout, is an error naming the file.
+Expected<NeedleFormat> needle_format_of_model(const std::filesystem::path& model_dir);
 
 Expected<NeedlePrompt> needle_prompt_make(uint64_t seed, int64_t length, int64_t trial, int64_t trials,
                                           NeedleFormat format = NeedleFormat::kValueKey);

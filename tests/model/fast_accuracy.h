@@ -35,7 +35,8 @@ inline const std::filesystem::path kFixtures = SPARROW_FIXTURES_DIR;
 inline const std::filesystem::path kNeedleTiny = std::filesystem::path(SPARROW_MODELS_DIR) / "needle-tiny";
 
 // ---- thresholds ------------------------------------------------------------------------------------
-// Measured on 2026-11-30 (CPU); docs/accuracy.md has every number. Each threshold sits between the
+// Measured on 2026-11-30 (CPU; needle-tiny values on 2026-12-01 for the retrieving checkpoint of
+// run 4); docs/accuracy.md has every number. Each threshold sits between the
 // clean profile's worst value and what a planted fault gives, with the margin stated.
 //
 // Logits cosine distance (1 - cos over [T, V], fp64). Fixtures are random tiny models (hidden 64, so
@@ -43,29 +44,31 @@ inline const std::filesystem::path kNeedleTiny = std::filesystem::path(SPARROW_M
 // 0.9e-3..7.5e-3; the routed scale applied twice gives 1.36e-2..5.5e-2. 1e-2 is 1.3x above the
 // worst clean fixture and 1.36x below the mildest fault.
 constexpr double kFixtureLogitsCosDist = 1e-2;
-// needle-tiny (trained): clean <= 8.1e-5; doubled routed scale 1.7e-3, corrupted keys 4.5e-3.
-// 5e-4 leaves 6x headroom (GPU accumulation order, other prompts) and is 3.4x below the fault.
-constexpr double kNeedleLogitsCosDist = 5e-4;
+// needle-tiny (trained, Recall@1 1.0): clean 9.5e-4..1.7e-3 (its scored-MoE layers flip 1-4 % of
+// expert choices under bf16 activations, and a flipped expert moves that token's output a lot);
+// doubled routed scale 1.1e-2. 4e-3 leaves 2.3x headroom and is 2.8x below the fault.
+constexpr double kNeedleLogitsCosDist = 4e-3;
 // Greedy top-1 agreement per position. Fixtures: clean 0.849..0.950, doubled scale 0.61..0.80.
-// needle-tiny: clean 0.933..0.992 (most positions are random haystack bytes whose logits are
-// nearly flat, so a tiny perturbation flips them; a loose floor), doubled scale 0.937.
+// needle-tiny: clean 0.934..0.956 (most positions are random haystack bytes whose logits are
+// nearly flat, so a tiny perturbation flips them), doubled scale 0.766.
 constexpr double kFixtureTop1 = 0.82;
 constexpr double kNeedleTop1 = 0.90;
-// Per-layer output (L<l>.hc_ffn.out) cosine distance. needle-tiny: clean <= 4.0e-4, doubled scale
-// >= 3.3e-3 from layer 0 on, corrupted keys 6.8e-2 from the corrupted layer on. Fixtures: clean
-// <= 7.6e-3; faults overlap it there, so 2e-2 is a sanity bound only (catches a broken profile).
+// Per-layer output (L<l>.hc_ffn.out) cosine distance, worst layer. needle-tiny: clean <= 9.3e-3
+// (layers 2-3, the scored MoE; layers 0-1 <= 2.2e-4), doubled scale 5.5e-2: 2e-2 is 2.2x above
+// clean and 2.8x below the fault. Fixtures: clean <= 7.6e-3; faults overlap it there, so 2e-2 is a
+// sanity bound only (catches a broken profile).
 constexpr double kFixtureLayerCosDist = 2e-2;
-constexpr double kNeedleLayerCosDist = 2e-3;
+constexpr double kNeedleLayerCosDist = 2e-2;
 // Mean expert-selection overlap per scored MoE layer, free run (hash layers are 1 by
 // construction). Fixtures: clean >= 0.933 (K=2 of 8, so one flip in 30 rows costs 0.017);
-// needle-tiny: clean >= 0.980, doubled scale 0.881.
+// needle-tiny: clean >= 0.963, doubled scale 0.794.
 constexpr double kFixtureExpertAgreement = 0.90;
-constexpr double kNeedleExpertAgreement = 0.95;
+constexpr double kNeedleExpertAgreement = 0.93;
 // Mean indexer top-k overlap per CSA layer over contested queries, bf16 keys, fp32 selections
 // imposed. Fixtures (top 4 of <= 18 entries, small random margins): clean >= 0.933, corrupted keys
-// 0.22..0.25. needle-tiny (top 16 of <= 255): clean >= 0.973, corrupted keys 0.44.
+// 0.22..0.25. needle-tiny (top 16 of <= 255): clean >= 0.941, corrupted keys 0.842.
 constexpr double kFixtureIndexOverlapBf16 = 0.85;
-constexpr double kNeedleIndexOverlapBf16 = 0.93;
+constexpr double kNeedleIndexOverlapBf16 = 0.88;
 
 struct LayerAccuracy {
   int64_t layer = 0;
@@ -211,11 +214,13 @@ inline std::filesystem::path plant_corrupt_index_keys(const std::filesystem::pat
   return testing::copy_checkpoint_with_fault(src, "model.layers." + layer + ".attn.indexer.compressor.wkv.weight", -1.0f);
 }
 
+// Four prompts in the layout needle-tiny was trained on.
 inline std::vector<std::vector<int32_t>> needle_prompts() {
   std::vector<std::vector<int32_t>> out;
+  const NeedleFormat format = needle_format_of_model(kNeedleTiny).value();
   for (int64_t len : {256, 1024})
     for (int64_t trial : {0, 1}) {
-      auto p = needle_prompt_make(7, len, trial, 2).value();
+      auto p = needle_prompt_make(7, len, trial, 2, format).value();
       out.emplace_back(p.prompt().begin(), p.prompt().end());
     }
   return out;

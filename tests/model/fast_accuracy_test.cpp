@@ -61,6 +61,7 @@ TEST(FastAccuracy, DoubledRoutedScaleFailsTheLogitThresholds) {
   const Accuracy a = measure(kNeedleTiny, dir, ids, {}, cpu());
   print("needle-tiny 2x scale", a);
   EXPECT_GT(a.logits_cos_dist, kNeedleLogitsCosDist);
+  EXPECT_LT(a.top1, kNeedleTop1);
   EXPECT_GT(a.max_layer_cos_dist(), kNeedleLayerCosDist);
   EXPECT_LT(a.min_expert_agreement(), kNeedleExpertAgreement);
   std::filesystem::remove_all(dir);

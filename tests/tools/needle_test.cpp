@@ -61,6 +61,39 @@ TEST(NeedlePrompts, FormatNames) {
   EXPECT_FALSE(needle_format_parse("kv").is_ok());
 }
 
+// `sparrow needle --needle-format auto` reads the layout from the model's training summary.
+TEST(NeedlePrompts, FormatOfAModelDirectory) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "needle_format_of_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& text) { std::ofstream(dir / "training_summary.json") << text; };
+  auto got = needle_format_of_model(dir);  // no summary: the first layout
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(*got, NeedleFormat::kValueKey);
+  write(R"({"args": {"lr": 0.002}})");  // a summary from before the option
+  got = needle_format_of_model(dir);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(*got, NeedleFormat::kValueKey);
+  write(R"({"args": {"needle_format": "kvk"}})");
+  got = needle_format_of_model(dir);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(*got, NeedleFormat::kKeyValueKey);
+  write(R"({"args": {"needle_format": "kv"}})");
+  got = needle_format_of_model(dir);
+  ASSERT_FALSE(got.is_ok());
+  EXPECT_NE(got.status().message().find("training_summary.json"), std::string::npos) << got.status().message();
+  EXPECT_NE(got.status().message().find("'kv'"), std::string::npos) << got.status().message();
+  write("{\"args\": ");  // truncated
+  got = needle_format_of_model(dir);
+  ASSERT_FALSE(got.is_ok());
+  EXPECT_NE(got.status().message().find("not a JSON object"), std::string::npos) << got.status().message();
+  // The committed model's summary names its layout.
+  got = needle_format_of_model(std::filesystem::path(SPARROW_MODELS_DIR) / "needle-tiny");
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(*got, NeedleFormat::kKeyValueKey);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(NeedlePrompts, LayoutAtOddLengths) {
   for (uint64_t seed : {0ull, 1234ull, ~0ull})
     for (int64_t L : {64, 65, 97, 1000, 4099})

@@ -4,7 +4,7 @@
 //    needle_prompts.py prompts (teacher-forced); Sparrow's multi-token forward must match them.
 //  * training_summary.json holds transformers' Recall@1 per length over 64 prompts; Sparrow's
 //    greedy `needle_recall` on the same prompts must count the same hits (one flip allowed for an
-//    argmax that sits on a near-tie).
+//    argmax that sits on a near-tie), and that must be at least 0.95.
 // Whatever checkpoint is committed there, these tests hold it to its own recorded numbers.
 #include <gtest/gtest.h>
 
@@ -80,8 +80,7 @@ TEST(NeedleTiny, RecallAt256MatchesTransformers) {
     }
   ASSERT_GT(trials, 0) << "training_summary.json has no Recall@1 at length 256";
   const uint64_t seed = summary["args"]["eval_seed"].get<uint64_t>();
-  // Runs before the format option trained the "vk" layout.
-  auto format = needle_format_parse(summary["args"].value("needle_format", std::string("vk")));
+  auto format = needle_format_of_model(kModel);
   ASSERT_TRUE(format.is_ok()) << format.status().to_string();
   auto backend = make_cpu_backend();
   auto rows = needle_recall(**model, *backend,
@@ -92,8 +91,10 @@ TEST(NeedleTiny, RecallAt256MatchesTransformers) {
               static_cast<long long>(rows->at(0).hits), static_cast<long long>(trials),
               static_cast<long long>(want_hits), static_cast<long long>(trials));
   EXPECT_LE(std::llabs(rows->at(0).hits - want_hits), 1);
-  // Retrieval, not luck: a guess of three digits is right one time in a thousand.
-  EXPECT_GE(rows->at(0).recall(), 0.1);
+  // The committed model is the demo's: it must retrieve (issue 9's bar, Recall@1 >= 0.95 at every
+  // trained length; the full table is models/needle-tiny/README.md). A guess of three digits is
+  // right one time in a thousand, a key-blind copy of some needle's digits about one time in four.
+  EXPECT_GE(rows->at(0).recall(), 0.95);
 }
 
 }  // namespace

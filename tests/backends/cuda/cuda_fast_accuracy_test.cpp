@@ -52,6 +52,7 @@ TEST(CudaFastAccuracyFaults, DoubledRoutedScaleAndCorruptedKeysFailTheThresholds
     const Accuracy a = measure(kNeedleTiny, dir, needle_prompts()[0], {}, *gpu);
     print("cuda needle-tiny 2x scale", a);
     EXPECT_GT(a.logits_cos_dist, kNeedleLogitsCosDist);
+    EXPECT_LT(a.top1, kNeedleTop1);
     EXPECT_GT(a.max_layer_cos_dist(), kNeedleLayerCosDist);
     std::filesystem::remove_all(dir);
   }
