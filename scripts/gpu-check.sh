@@ -65,24 +65,24 @@ else
 fi
 # The fallbacks the default paths replace still have to be right: the MoE op tests with the host
 # plan (grouped, then one expert at a time), and the op tests with every switchable path off.
-for off in moe_device_plan moe_device_plan,grouped_moe vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload; do
+for off in moe_device_plan moe_device_plan,grouped_moe vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split; do
   if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*' \
-      >"$logs/gtest-fallback-${off//,/+}.log" 2>&1; then
-    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-fallback-${off//,/+}.log" | grep -oE '[0-9]+' | head -1) passed"
+      >"$logs/gtest-fallback-${off//,/-}.log" 2>&1; then
+    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-fallback-${off//,/-}.log" | grep -oE '[0-9]+' | head -1) passed"
   else
-    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-fallback-${off//,/+}.log") failed"
+    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-fallback-${off//,/-}.log") failed"
   fi
 done
 # When tests failed: run them again with each of the switchable fast paths off
 # (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
 if [ -n "$failed_tests" ]; then
-  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload; do
+  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload hc_split vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split; do
     if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
-        >"$logs/gtest-without-${off//,/+}.log" 2>&1; then
+        >"$logs/gtest-without-${off//,/-}.log" 2>&1; then
       row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
     else
-      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-without-${off//,/+}.log") still fail"
+      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-without-${off//,/-}.log") still fail"
     fi
   done
 fi

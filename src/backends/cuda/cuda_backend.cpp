@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -302,6 +303,7 @@ class OpProfiler {
       SPARROW_CUDA_CHECK(cudaEventElapsedTime(&ms, q.start, q.stop));
       cuda::OpTime& t = sums[q.key];
       t.op = q.key;
+      t.part = q.key.find('/') != std::string::npos;
       t.calls += 1;
       t.gpu_ms += ms;
       t.host_ms += q.host_ms;
@@ -409,10 +411,13 @@ class CudaBackend final : public Backend {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), (2 + S) * S * S * D);
+    static const bool split = cuda_feature_on("hc_split");
+    DeviceBuffer mix(split ? static_cast<size_t>(T * (2 + S) * S) * sizeof(float) : 0);
     launch_hc_pre({.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
                    .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
                    .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
-                   .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps)});
+                   .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
+                   .mix = split ? mix.f32() : nullptr});
     launch_check("hc_pre");
     round_bf16_if(p.round_bf16, p.out_input, "hc_pre bf16");
   }
@@ -433,9 +438,12 @@ class CudaBackend final : public Backend {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), S * S * D);
+    static const bool split = cuda_feature_on("hc_split");
+    DeviceBuffer mix(split ? static_cast<size_t>(T * S) * sizeof(float) : 0);
     launch_hc_head({.out = p.out.f32(), .streams = p.streams.f32(), .fn = dev_view(p.weights->fn),
                     .base = dev_view(p.weights->base), .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D,
-                    .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps)});
+                    .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
+                    .mix = split ? mix.f32() : nullptr});
     launch_check("hc_head");
     round_bf16_if(p.round_bf16, p.out, "hc_head bf16");
   }
@@ -489,8 +497,11 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK(G > 0 && w.out % G == 0);
     SPARROW_CHECK_EQ(p.in.numel(), T * G * w.in);
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
-    launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
-                   .in_stride = G * w.in, .rows_per_group = w.out / G});
+    // The reduced-precision profiles (round_bf16) take the vectorized kernel where the weight allows
+    // it (V4's wo_a: 128x128 FP8), as `linear` does under act_quant_fp8; fp32 keeps the element-wise one.
+    last_linear_vectorized_ =
+        launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
+                       .in_stride = G * w.in, .rows_per_group = w.out / G, .vectorized = p.round_bf16});
     launch_check("grouped_linear");
     round_bf16_if(p.round_bf16, p.out, "grouped_linear bf16");
   }
@@ -732,6 +743,7 @@ class CudaBackend final : public Backend {
     const float* x = p.x.f32();
     DeviceBuffer xq;
     if (p.ref_numerics && D > 0) {
+      OpProfiler::Scope part(profiler_, "moe/input act_quant");
       xq = DeviceBuffer(static_cast<size_t>(T * D) * sizeof(float));
       SPARROW_CUDA_CHECK(cudaMemcpy(xq.get(), x, xq.bytes(), cudaMemcpyDeviceToDevice));
       fp8_rows(xq.f32(), T, D, D, kFp8ActBlock, "moe input act_quant_fp8");
@@ -740,10 +752,13 @@ class CudaBackend final : public Backend {
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     DeviceBuffer contrib(T * K * D * sizeof(float));
     static const bool grouped = cuda_feature_on("grouped_moe"), device_plan = cuda_feature_on("moe_device_plan");
+    std::optional<OpProfiler::Scope> routed_part(std::in_place, profiler_, "moe/routed experts");
     const ExpertTables* tab = grouped ? expert_tables(routed) : nullptr;  // null: the experts differ in shape
     if (tab && device_plan && device_plan_items(T * K, E) <= kMaxMoeItems) {
-      run_planned_experts(*tab, routed[0], plan_on_device(p.experts, T, K, E), x, D, T * K, contrib.f32(), p,
-                          combine_scale);
+      std::optional<OpProfiler::Scope> plan_part(std::in_place, profiler_, "moe/plan (device)");
+      MoePlan plan = plan_on_device(p.experts, T, K, E);
+      plan_part.reset();
+      run_planned_experts(*tab, routed[0], plan, x, D, T * K, contrib.f32(), p, combine_scale);
     } else {
       const HostMoePlan hp = plan_on_host(p.experts, T, K, E);
       if (tab && hp.n_items <= kMaxMoeItems) {
@@ -772,8 +787,10 @@ class CudaBackend final : public Backend {
         }
       }
     }
+    routed_part.reset();
     DeviceBuffer shared_out;
     if (p.shared) {
+      OpProfiler::Scope part(profiler_, "moe/shared expert");
       const int64_t F = p.shared->w1.out;
       DeviceBuffer h1(T * F * sizeof(float)), h3(T * F * sizeof(float));
       shared_out = DeviceBuffer(T * D * sizeof(float));
@@ -1019,8 +1036,10 @@ class CudaBackend final : public Backend {
                                     .max_items = plan.max_items, .N = shape.out, .in_stride = in_stride,
                                     .format = shape.format, .vectorized = vec});
     };
+    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, "moe/experts w1, w3");
     project(tab.w1, f.w1, h1.f32(), x, rows, D);
     project(tab.w3, f.w3, h3.f32(), x, rows, D);
+    part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
     launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
     if (p.ref_numerics) {
       launch_check("experts swiglu");
@@ -1029,6 +1048,7 @@ class CudaBackend final : public Backend {
       launch_check("experts routing weight");
       fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
     }
+    part.emplace(profiler_, "moe/experts w2, scatter");
     project(tab.w2, f.w2, y.f32(), h1.f32(), nullptr, F);
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,

@@ -45,8 +45,11 @@ void fp8_linear_force_fallback(Backend& backend, bool force);
 // forgets them. gpu_ms is the time between the op's first and last event on the default stream
 // (launch gaps inside the op included); host_ms is the time the host spent in the op's call
 // (launches, allocations, synchronising copies). Off by default; an op then pays one branch.
+// An op name with a '/' ("moe/routed experts") is a part of the op before it, timed inside it:
+// `part` is set, and a sum over the ops leaves it out.
 struct OpTime {
   std::string op;
+  bool part = false;
   int64_t calls = 0;
   double gpu_ms = 0, host_ms = 0;
 };
@@ -60,8 +63,10 @@ std::vector<OpTime> take_op_profile(Backend& backend);
 void set_fp8_gemm_in_linear(Backend& backend, bool on);
 // Whether SPARROW_CUDA_ENABLE (comma-separated) names `name`.
 bool cuda_feature_opted_in(const char* name);
+// Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
+bool cuda_feature_on(const char* name);
 
-// Test support: whether the last `linear` call ran the vectorized kernel of the fast profiles
+// Test support: whether the last `linear` or `grouped_linear` call ran the vectorized kernel of the fast profiles
 // (kernels.h, LinearArgs::vectorized) rather than the element-wise one.
 bool last_linear_vectorized(Backend& backend);
 

@@ -32,10 +32,13 @@ __device__ inline float dev_e8m0(uint8_t e) {
   return __uint_as_float(static_cast<uint32_t>(e) << 23);
 }
 
+// Magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 built from the bits (exponent e = bits 2..1, mantissa m =
+// bit 0: (1 + m/2) * 2^(e-1), or m/2 when e = 0), all exact. A lookup table here lived in local
+// memory: 32 local loads per 16 weight bytes made the FP4 experts 4x slower per byte than FP8.
 __device__ inline float dev_e2m1(uint8_t nibble) {
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = kMag[nibble & 7];
-  return (nibble & 8) ? -m : m;
+  const uint32_t e = (nibble >> 1) & 3u, m = nibble & 1u;
+  const float v = e != 0 ? __uint_as_float(((e + 126u) << 23) | (m << 22)) : 0.5f * static_cast<float>(m);
+  return (nibble & 8) ? -v : v;
 }
 
 // ---- encoders: bit-exact twins of core/dtype.h f32_to_bf16 and core/quant.cpp ------------------

@@ -33,8 +33,9 @@ struct DevView {
 // kernel), "indexer_fast" (the shared-memory scorer and radix-select top-k), "grouped_moe" (the
 // experts in one launch per projection), "moe_device_plan" (their grouping planned on the device,
 // without downloading the expert choices), "attn_warp" (a warp per attention logit), "pool"
-// (cudaMalloc/cudaFree instead of the stream-ordered pool) and "async_upload" (synchronous
-// cudaMemcpy for small uploads). Read once per process.
+// (cudaMalloc/cudaFree instead of the stream-ordered pool), "async_upload" (synchronous
+// cudaMemcpy for small uploads) and "hc_split" (mHC's mix dot products in one block per token
+// instead of one block per (token, mix)). Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
@@ -72,6 +73,9 @@ struct HcPreArgs {
   int64_t T, S, D;
   int64_t sinkhorn_iters;
   float hc_eps, norm_eps;
+  // [T, (2 + S) * S] scratch, or null: set, the mix dot products run in (2 + S) * S blocks per
+  // token before the per-token kernel (same bits); null, each token's block makes them in turn.
+  float* mix = nullptr;
 };
 void launch_hc_pre(const HcPreArgs& a);
 
@@ -90,6 +94,7 @@ struct HcHeadArgs {
   DevView fn, base, scale;
   int64_t T, S, D;
   float hc_eps, norm_eps;
+  float* mix = nullptr;   // [T, S] scratch, or null (as HcPreArgs::mix)
 };
 void launch_hc_head(const HcHeadArgs& a);
 

@@ -37,13 +37,44 @@ __device__ void hc_mix(const float* X, int64_t width, const DevView& fn, int64_t
   __syncthreads();
 }
 
+// grid (T, nmix): one mix value per block, into mix_out[t * nmix + m]: the sums hc_mix makes, each
+// thread accumulating the same elements in the same order and the block reducing with the same
+// block_sum, so the values are hc_mix's bit for bit. hc_mix runs the nmix dot products of a token
+// one after another in one block (one SM reading 24 x 64 KB for V4-Flash's 4 x 4096 streams: 0.67 ms
+// a call on the H200 at batch 1); here they run in nmix blocks side by side.
+__global__ void hc_mix_rows_kernel(const float* streams, int64_t width, DevView fn, int64_t nmix, float norm_eps,
+                                   float* mix_out) {
+  const int64_t t = blockIdx.x, m = blockIdx.y;
+  const float* X = streams + t * width;
+  float ss = 0.0f, acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    const float x = X[i];
+    ss += x * x;
+    acc += dev_load(fn, m * width + i) * x;
+  }
+  ss = block_sum(ss);
+  acc = block_sum(acc);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(width) + norm_eps);
+  if (threadIdx.x == 0) mix_out[t * nmix + m] = acc * r;
+}
+
+// The token's nmix mix values into shared `mix`: computed here (hc_mix) or read from
+// hc_mix_rows_kernel's output when `mix_in` is set.
+__device__ void hc_mix_or_load(const float* X, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
+                               const float* mix_in, float* mix) {
+  if (mix_in == nullptr) return hc_mix(X, width, fn, nmix, norm_eps, mix);
+  const int64_t t = blockIdx.x;
+  for (int64_t m = threadIdx.x; m < nmix; m += blockDim.x) mix[m] = mix_in[t * nmix + m];
+  __syncthreads();
+}
+
 // grid (T): pre/post/comb of one token, Sinkhorn with eps in every denominator, u = sum_j pre_j X[j].
 __global__ void hc_pre_kernel(HcPreArgs a) {
   __shared__ float mix[kMaxMix];
   __shared__ float pre[kMaxStreams];
   const int64_t t = blockIdx.x, S = a.S, D = a.D;
   const float* X = a.streams + t * S * D;
-  hc_mix(X, S * D, a.fn, (2 + S) * S, a.norm_eps, mix);
+  hc_mix_or_load(X, S * D, a.fn, (2 + S) * S, a.norm_eps, a.mix, mix);
   if (threadIdx.x == 0) {
     const float eps = a.hc_eps;
     const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
@@ -112,7 +143,7 @@ __global__ void hc_head_kernel(HcHeadArgs a) {
   __shared__ float pre[kMaxStreams];
   const int64_t t = blockIdx.x, S = a.S, D = a.D;
   const float* X = a.streams + t * S * D;
-  hc_mix(X, S * D, a.fn, S, a.norm_eps, mix);
+  hc_mix_or_load(X, S * D, a.fn, S, a.norm_eps, a.mix, mix);
   if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(mix[threadIdx.x] * dev_load(a.scale, 0) + dev_load(a.base, threadIdx.x)) + a.hc_eps;
   __syncthreads();
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -165,7 +196,11 @@ void launch_embed(const EmbedArgs& a) {
 }
 
 void launch_hc_pre(const HcPreArgs& a) {
-  if (a.T > 0) hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  if (a.T <= 0) return;
+  if (a.mix)
+    hc_mix_rows_kernel<<<dim3(static_cast<unsigned>(a.T), static_cast<unsigned>((2 + a.S) * a.S)), kThreads>>>(
+        a.streams, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
+  hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
 void launch_hc_post(const HcPostArgs& a) {
@@ -173,7 +208,11 @@ void launch_hc_post(const HcPostArgs& a) {
 }
 
 void launch_hc_head(const HcHeadArgs& a) {
-  if (a.T > 0) hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  if (a.T <= 0) return;
+  if (a.mix)
+    hc_mix_rows_kernel<<<dim3(static_cast<unsigned>(a.T), static_cast<unsigned>(a.S)), kThreads>>>(
+        a.streams, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
+  hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
 void launch_rms_norm(const RmsNormArgs& a) {

@@ -49,6 +49,11 @@ __device__ void linear_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane
 // takes 16-byte chunks c = l, l + 32, ... of its row (16 FP8 inputs or 32 FP4 inputs, all under one
 // scale), sums the chunk's products against each token's inputs (float4 loads), scales that sum
 // once and adds it to the token's accumulator. A token's arithmetic does not depend on the others.
+// The weight loads of kChunkUnroll consecutive chunks are issued before any is used (a GEMV at
+// batch 1 waits on memory latency, one load at a time otherwise); the chunks are then summed in
+// the same order as before, so the results are the same bits.
+constexpr int kChunkUnroll = 4;
+
 template <bool kFp4>
 __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int lane) {
   constexpr int kIn = kFp4 ? 32 : 16;  // inputs per 16-byte chunk
@@ -61,32 +66,45 @@ __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int 
   const int64_t scale_row = (kFp4 ? n : n / a.w.block_out) * a.w.scale_cols;
   const int64_t chunks = K / kIn;
   float acc[kTokenTile] = {};
-  for (int64_t c = lane; c < chunks; c += 32) {
-    const uint4 v = __ldg(wrow + c);
-    const int64_t k0 = c * kIn;
-    const float s = dev_load(scales, scale_row + k0 / a.w.block_in);
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
-    float w[kIn];
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kChunkUnroll) {
+    uint4 vs[kChunkUnroll];
+    float ss[kChunkUnroll];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      if constexpr (kFp4) {
-        w[2 * i] = dev_e2m1(b[i] & 0xf);  // low nibble: the even input
-        w[2 * i + 1] = dev_e2m1(b[i] >> 4);
-      } else {
-        w[i] = dev_e4m3(b[i]);
+    for (int u = 0; u < kChunkUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c < chunks) {
+        vs[u] = __ldg(wrow + c);
+        ss[u] = dev_load(scales, scale_row + c * kIn / a.w.block_in);
       }
     }
 #pragma unroll
-    for (int j = 0; j < kTokenTile; ++j) {
-      if (j < nt) {
-        const float4* xv = reinterpret_cast<const float4*>(x[j] + k0);
-        float part = 0.0f;
+    for (int u = 0; u < kChunkUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+      const int64_t k0 = c * kIn;
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(&vs[u]);
+      float w[kIn];
 #pragma unroll
-        for (int q = 0; q < kIn / 4; ++q) {
-          const float4 xx = xv[q];
-          part += w[4 * q] * xx.x + w[4 * q + 1] * xx.y + w[4 * q + 2] * xx.z + w[4 * q + 3] * xx.w;
+      for (int i = 0; i < 16; ++i) {
+        if constexpr (kFp4) {
+          w[2 * i] = dev_e2m1(b[i] & 0xf);  // low nibble: the even input
+          w[2 * i + 1] = dev_e2m1(b[i] >> 4);
+        } else {
+          w[i] = dev_e4m3(b[i]);
         }
-        acc[j] += part * s;
+      }
+#pragma unroll
+      for (int j = 0; j < kTokenTile; ++j) {
+        if (j < nt) {
+          const float4* xv = reinterpret_cast<const float4*>(x[j] + k0);
+          float part = 0.0f;
+#pragma unroll
+          for (int q = 0; q < kIn / 4; ++q) {
+            const float4 xx = xv[q];
+            part += w[4 * q] * xx.x + w[4 * q + 1] * xx.y + w[4 * q + 2] * xx.z + w[4 * q + 3] * xx.w;
+          }
+          acc[j] += part * ss[u];
+        }
       }
     }
   }

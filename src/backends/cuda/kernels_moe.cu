@@ -104,9 +104,13 @@ void launch_router(const RouterArgs& a) {
 namespace {
 
 // One block: counts per expert (shared atomics), the exclusive scan and the placement in (token,
-// slot) order on thread 0 (the order the host plan keeps), then the work items.
+// slot) order on thread 0 (the order the host plan keeps), then the work items. Thread 0's serial
+// loops read the offsets from shared memory (a global read per step made each step wait on the
+// memory: about 0.25 ms at batch 1 with 256 experts).
 __global__ void moe_plan_kernel(MoePlanArgs a) {
-  extern __shared__ int32_t counts[];  // [E]
+  extern __shared__ int32_t plan_shared[];  // counts [E], then offsets [E + 1]
+  int32_t* counts = plan_shared;
+  int32_t* offs = plan_shared + a.E;
   for (int64_t e = threadIdx.x; e < a.E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   const int64_t n = a.T * a.K;
@@ -117,25 +121,27 @@ __global__ void moe_plan_kernel(MoePlanArgs a) {
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  int64_t acc = 0;
+  int32_t acc = 0;
   for (int64_t e = 0; e < a.E; ++e) {
+    offs[e] = acc;
     a.offsets[e] = acc;
     acc += counts[e];
     counts[e] = 0;  // now the fill position within the expert
   }
+  offs[a.E] = acc;
   a.offsets[a.E] = acc;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t e = a.experts[i];
-    const int64_t r = a.offsets[e] + counts[e]++;
+    const int32_t r = offs[e] + counts[e]++;
     a.rows[r] = static_cast<int32_t>(i / a.K);
     a.slots[r] = static_cast<int32_t>(i);
   }
   int32_t items = 0;
   for (int64_t e = 0; e < a.E; ++e)
-    for (int64_t t0 = 0; t0 < a.offsets[e + 1] - a.offsets[e]; t0 += 8) {
+    for (int32_t t0 = 0; t0 < offs[e + 1] - offs[e]; t0 += 8) {
       if (items >= a.max_items) __trap();  // the host's bound (MoePlanArgs::max_items) is never reached
       a.items[2 * items] = static_cast<int32_t>(e);
-      a.items[2 * items + 1] = static_cast<int32_t>(t0);
+      a.items[2 * items + 1] = t0;
       ++items;
     }
   *a.n_items = items;
@@ -145,7 +151,7 @@ __global__ void moe_plan_kernel(MoePlanArgs a) {
 
 void launch_moe_plan(const MoePlanArgs& a) {
   if (a.T * a.K == 0) return;
-  moe_plan_kernel<<<1, kThreads, a.E * sizeof(int32_t)>>>(a);
+  moe_plan_kernel<<<1, kThreads, (2 * a.E + 1) * sizeof(int32_t)>>>(a);
 }
 
 void launch_swiglu(const SwigluArgs& a) {

@@ -358,6 +358,15 @@ TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
   bool linear = false;
   for (const auto& [k, v] : by) linear = linear || k.rfind("linear ", 0) == 0;
   EXPECT_TRUE(linear) << "no linear op in the profile";
+  // The MoE's parts are marked, timed inside it, and no larger than it.
+  ASSERT_TRUE(by.count("moe/routed experts")) << "no 'moe/routed experts' in the profile";
+  for (const auto& [k, v] : by) {
+    EXPECT_EQ(v->part, k.find('/') != std::string::npos) << k;
+    if (k.rfind("moe/", 0) == 0) {
+      EXPECT_LE(v->gpu_ms, by["moe"]->gpu_ms) << k;
+      EXPECT_EQ(v->calls, by["moe"]->calls) << k;
+    }
+  }
   for (size_t i = 1; i < ops.size(); ++i) EXPECT_GE(ops[i - 1].gpu_ms, ops[i].gpu_ms) << "not sorted by GPU time";
   EXPECT_TRUE(cuda::take_op_profile(*gpu).empty()) << "take_op_profile forgets what it returned";
 }
