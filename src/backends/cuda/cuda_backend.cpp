@@ -671,12 +671,24 @@ class CudaBackend final : public Backend {
     }
     if (T == 0) return;
     const DeviceBuffer d_tokens = upload_vector(tokens);
-    DeviceBuffer scratch(T * H * max_candidates * sizeof(float));
-    launch_attention({.out = p.out.f32(), .scratch = scratch.f32(), .q = p.q.f32(),
+    // The split kernel, opted in with SPARROW_CUDA_ENABLE=attn_split until it has run on a GPU, unless
+    // the candidates would need more than 8192 splits (its combine keeps one weight per split in
+    // shared memory); its scratch is bounded by running the tokens in passes, which changes no
+    // token's arithmetic.
+    static const bool split_on = cuda_feature_opted_in("attn_split");
+    const int64_t split_floats = attention_split_floats_per_token(H, Dh, max_candidates);
+    const bool split = split_on && split_floats / (H * (Dh + 2)) <= 8192;
+    constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
+    const int64_t per_pass =
+        split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
+    DeviceBuffer scratch(split ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
+                               : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
+    launch_attention({.out = p.out.f32(), .scratch = split ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
-                      .scale = static_cast<float>(p.scale)});
+                      .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
+                      .split_tokens_per_pass = per_pass});
     launch_check("attention");
     round_bf16_if(p.round_bf16, p.out, "attention bf16");
   }

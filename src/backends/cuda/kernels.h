@@ -8,6 +8,7 @@
 // project's letters (T tokens, D hidden, H heads, Dh head dim, E experts, K slots, S streams).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -35,7 +36,8 @@ struct DevView {
 // without downloading the expert choices), "attn_warp" (a warp per attention logit), "pool"
 // (cudaMalloc/cudaFree instead of the stream-ordered pool), "async_upload" (synchronous
 // cudaMemcpy for small uploads) and "hc_split" (mHC's mix dot products in one block per token
-// instead of one block per (token, mix)). Read once per process.
+// instead of one block per (token, mix)). Read once per process. (SPARROW_CUDA_ENABLE opts in to
+// paths not yet run on a GPU: cuda_backend.h, cuda_feature_opted_in.)
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
@@ -334,8 +336,20 @@ struct AttentionArgs {
   int64_t T, H, Dh, window, k, max_candidates;
   bool csa;
   float scale;
+  // Split attention (flash-decoding), when set: a (token, head)'s candidates in blocks of
+  // kAttnSplitCandidates, each block's max, exp-sum and weighted keys into split_scratch, then one
+  // combine per (token, head); the tokens in passes of split_tokens_per_pass (scratch bounded).
+  // The split depends only on the token's own candidate count: batch invariant. `scratch` is unused.
+  float* split_scratch = nullptr;  // [split_tokens_per_pass, H, max_splits, Dh + 2]
+  int64_t split_tokens_per_pass = 0;
 };
 void launch_attention(const AttentionArgs& a);
+constexpr int64_t kAttnSplitCandidates = 64;
+// Floats of split_scratch per token (all heads) for the given largest candidate count.
+inline int64_t attention_split_floats_per_token(int64_t H, int64_t Dh, int64_t max_candidates) {
+  const int64_t max_splits = (std::max<int64_t>(max_candidates, 1) + kAttnSplitCandidates - 1) / kAttnSplitCandidates;
+  return H * max_splits * (Dh + 2);
+}
 
 // ---- router and experts (kernels_moe.cu) --------------------------------------------------------
 

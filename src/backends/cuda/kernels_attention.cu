@@ -443,6 +443,88 @@ __global__ void attention_kernel(AttentionArgs a) {
   }
 }
 
+// grid (tokens of the pass * H, max_splits): split s of a (token, head), candidates
+// [s * kAttnSplitCandidates, ...) of its n: the logits (a warp per candidate, as attention_kernel),
+// their max m, e = exp(logit - m), and into part: sum_j e_j key_j [Dh], then m, then sum_j e_j.
+// Splits past the token's n leave. The sink is applied in the combine.
+__global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  extern __shared__ float split_smem[];  // q [Dh], then e [kAttnSplitCandidates]
+  float* q_smem = split_smem;
+  float* e = split_smem + a.Dh;
+  const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H, s = blockIdx.y;
+  const AttnTokenArgs tk = a.tokens[t];
+  const int64_t n = tk.n_window + tk.n_compressed;
+  const int64_t j0 = s * kAttnSplitCandidates;
+  if (j0 >= n) return;  // the whole block leaves
+  const int64_t cnt = n - j0 < kAttnSplitCandidates ? n - j0 : kAttnSplitCandidates;
+  const float* q = a.q + (t * a.H + h) * a.Dh;
+  for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x / 32; j < cnt; j += warps) {
+    const float* key = candidate(a, tk, t, j0 + j);
+    float logit = -INFINITY;
+    if (key) {
+      float d = 0.0f;
+      for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
+      logit = warp_sum(d) * a.scale;
+    }
+    if (lane == 0) {
+      e[j] = logit;
+      mx = fmaxf(mx, logit);
+    }
+  }
+  mx = block_max(mx);  // its barrier publishes e[]
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+    const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
+    e[j] = v;
+    sum += v;
+  }
+  sum = block_sum(sum);  // its barrier publishes e[]
+  float* out = a.split_scratch + (th * max_splits + s) * (a.Dh + 2);
+  for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < cnt; ++j) {
+      const float* key = candidate(a, tk, t, j0 + j);
+      if (key) acc += e[j] * key[d];
+    }
+    out[d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    out[a.Dh] = mx;
+    out[a.Dh + 1] = sum;
+  }
+}
+
+// grid (tokens of the pass * H): M = max(sink, m_s), w_s = exp(m_s - M) (0 for an all-masked split),
+// out = sum_s w_s acc_s / (exp(sink - M) + sum_s w_s sum_s), splits in order.
+__global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  extern __shared__ float w[];  // [max_splits]
+  const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
+  const AttnTokenArgs tk = a.tokens[t];
+  const int64_t n = tk.n_window + tk.n_compressed;
+  const int64_t splits = (n + kAttnSplitCandidates - 1) / kAttnSplitCandidates;
+  const float* part = a.split_scratch + th * max_splits * (a.Dh + 2);
+  const float sink = dev_load(a.sinks, h);
+  float M = sink;
+  for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, part[s * (a.Dh + 2) + a.Dh]);
+  float denom = expf(sink - M);
+  for (int64_t s = 0; s < splits; ++s) {
+    const float m = part[s * (a.Dh + 2) + a.Dh];
+    const float ws = m == -INFINITY ? 0.0f : expf(m - M);
+    denom += ws * part[s * (a.Dh + 2) + a.Dh + 1];
+    if (threadIdx.x == 0) w[s] = ws;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) acc += w[s] * part[s * (a.Dh + 2) + d];
+    a.out[(t * a.H + h) * a.Dh + d] = acc / denom;
+  }
+}
+
 }  // namespace
 
 void launch_compressor(const CompressorArgs& a) {
@@ -477,6 +559,18 @@ void launch_indexer_topk(const IndexerArgs& a) {
 
 void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
+  if (a.split_scratch) {
+    const int64_t max_splits = attention_split_floats_per_token(a.H, a.Dh, a.max_candidates) / (a.H * (a.Dh + 2));
+    const size_t smem = static_cast<size_t>(a.Dh + kAttnSplitCandidates) * sizeof(float);
+    for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
+      const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
+      attention_split_kernel<<<dim3(static_cast<unsigned>(tp * a.H), static_cast<unsigned>(max_splits)), kAttnThreads,
+                               smem>>>(a, t_base, max_splits);
+      attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
+          a, t_base, max_splits);
+    }
+    return;
+  }
   const size_t q_bytes = static_cast<size_t>(a.Dh) * sizeof(float);
   static const bool warp_dots = cuda_feature_on("attn_warp");
   if (warp_dots && q_bytes <= 16 * 1024)

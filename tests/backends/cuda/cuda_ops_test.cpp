@@ -37,6 +37,9 @@ class CudaOps : public ::testing::Test {
   std::pair<Tensor, Tensor> both_alloc(ElemType type, const std::vector<int64_t>& shape) {
     return {cpu->alloc(type, shape), gpu->alloc(type, shape)};
   }
+  // Defined with the attention tests below.
+  void check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
+                                  std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed);
 
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   std::unique_ptr<Backend> gpu;
@@ -717,16 +720,19 @@ TEST_F(CudaOps, IndexerTopkWithEveryKeyPrecisionMatchesCpu) {
 // Attention over window (ring + batch) and compressed entries, two sequences per batch, across
 // batches longer than the window (ring overwrite). CSA selections come from the CPU indexer with
 // -1 holes punched in, so both backends attend to the same entries.
-TEST_F(CudaOps, AttentionMatchesCpuForEveryKind) {
+// Every attention kind against the CPU over a run of two-sequence batches: `window`, `k` CSA
+// selections per token (index 1 and every index from `masked_from` on are -1), queries of scale 0.5.
+void CudaOps::check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
+                                         std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed) {
   for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
-    Rng rng(81);
-    const ModelConfig cfg = attn_config(kind, 5);
-    const int64_t H = 3, Dh = cfg.head_dim, m = cfg.compress_ratio[0], k = 4;
+    Rng rng(seed);
+    const ModelConfig cfg = attn_config(kind, window);
+    const int64_t H = 3, Dh = cfg.head_dim, m = cfg.compress_ratio[0];
     const bool csa = kind == AttentionKind::kCsa;
     Stored sinks = stored_floats(DType::kF32, {H}, {0.3f, -1.0f, 4.0f});
     const CompressorCase main_case(rng, Dh, std::max<int64_t>(m, 1), csa);
     TwoSequences seqs(*cpu, *gpu, cfg);
-    for (auto [n0, n1] : {std::pair{7, 3}, std::pair{4, 9}, std::pair{1, 1}, std::pair{12, 6}}) {
+    for (auto [n0, n1] : batches) {
       auto [bc, bg] = seqs.batches(n0, n1);
       const int64_t T = n0 + n1;
       if (kind != AttentionKind::kSliding) {
@@ -741,7 +747,9 @@ TEST_F(CudaOps, AttentionMatchesCpuForEveryKind) {
         for (int64_t t = 0; t < T; ++t) {
           const int64_t visible = (bc.positions[t] + 1) / m;
           for (int64_t i = 0; i < k; ++i)
-            sel[t * k + i] = (i == 1 || visible == 0) ? -1 : static_cast<int32_t>(rng.integer(0, visible - 1));
+            sel[t * k + i] = (i == 1 || i >= masked_from || visible == 0)
+                                 ? -1
+                                 : static_cast<int32_t>(rng.integer(0, visible - 1));
         }
         std::tie(sel_c, sel_g) = both_i32(sel, {T, k});
       }
@@ -750,17 +758,29 @@ TEST_F(CudaOps, AttentionMatchesCpuForEveryKind) {
       auto [oc, og] = both_alloc(ElemType::kF32, {T, H, Dh});
       const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
       cpu->attention({.out = oc, .q = qc, .kv = vc, .selected = sel_c, .sinks = sinks.view, .batch = &bc, .layer = 0,
-                      .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale});
+                     .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale});
       gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sel_g, .sinks = sinks.view, .batch = &bg, .layer = 0,
-                      .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale});
+                     .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale});
       expect_close(*gpu, og, *cpu, oc, kOpTol,
-                   "attention kind " + std::to_string(static_cast<int>(kind)) + " batch (" + std::to_string(n0) + ", " +
-                       std::to_string(n1) + ")");
+                   "attention kind " + std::to_string(static_cast<int>(kind)) + " window " + std::to_string(window) +
+                       " batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ")");
       cpu->window_append({.kv = vc, .batch = &bc, .layer = 0});
       gpu->window_append({.kv = vg, .batch = &bg, .layer = 0});
       seqs.advance(n0, n1);
     }
   }
+}
+
+TEST_F(CudaOps, AttentionMatchesCpuForEveryKind) {
+  check_attention_every_kind(5, 4, 4, {{7, 3}, {4, 9}, {1, 1}, {12, 6}}, 81);
+}
+
+// Candidate counts across several blocks of the split attention (64 candidates a block): a window
+// of 70, 150 CSA selections of which 40.. are -1 (at least one block of masked candidates), HCA
+// entries past 64, over sequences of about 300 tokens in prefill chunks and single decode steps.
+TEST_F(CudaOps, AttentionAcrossManySplitsMatchesCpu) {
+  check_attention_every_kind(70, 150, 40, {{64, 40}, {64, 64}, {64, 64}, {64, 63}, {1, 1}, {1, 64}, {1, 1}},
+                             83);
 }
 
 // No window and every selection -1: the sink is all a query has, and the output is 0.
