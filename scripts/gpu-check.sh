@@ -88,7 +88,7 @@ if [ -n "$failed_tests" ]; then
 fi
 # Paths that are opt-in until they have passed here (SPARROW_CUDA_ENABLE, docs/cuda.md): every GPU
 # test again with each of them on.
-for on in attn_split fp8_gemm; do
+for on in attn_split w4a8 fp8_gemm; do
   if SPARROW_CUDA_ENABLE=$on "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest-enable-$on.log" 2>&1; then
     row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$on" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-enable-$on.log" | grep -oE '[0-9]+' | head -1) passed"
   else

@@ -1033,6 +1033,9 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(f.w1.in, D);
     SPARROW_CHECK_EQ(f.w2.out, D);
     SPARROW_CHECK_LE(plan.max_items, kMaxMoeItems);
+    const auto mxfp4 = [](const WeightMatrix& w) { return w.format == WeightFormat::kFp4Packed && w.block_in == 32; };
+    if (w4a8_experts_ && p.ref_numerics && mxfp4(f.w1) && mxfp4(f.w3) && mxfp4(f.w2) && D % 32 == 0 && F % 32 == 0)
+      return run_w4a8_experts(tab, plan, D, F, total, contrib, p, combine_scale);
     DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
@@ -1065,6 +1068,55 @@ class CudaBackend final : public Backend {
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
                            .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
+                           .scale = static_cast<float>(combine_scale)});
+    launch_check("experts scatter");
+  }
+
+  // The same under the reference numerics on the tensor cores (SPARROW_CUDA_ENABLE=w4a8, or
+  // set_w4a8_experts): the expert inputs quantised to e4m3 codes and 1x128 scales by
+  // launch_act_quant_fp8 (the values fp8_rows gives, bit for bit), each projection one
+  // launch_grouped_w4a8 (MXFP4 widened to e4m3 in the kernel). The products are exact; the sums are
+  // fp32 in the mma's order, so the rows differ from the CUDA-core path in the last bits.
+  void run_w4a8_experts(const ExpertTables& tab, const MoePlan& plan, int64_t D, int64_t F, int64_t total,
+                        float* contrib, const MoeParams& p, double combine_scale) {
+    const int64_t T = p.x.dim(0);
+    const auto round128 = [](int64_t k) { return (k + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock; };
+    const int64_t kx = round128(D), kh = round128(F);
+    DeviceBuffer xc(static_cast<size_t>(T * kx)), xs(static_cast<size_t>(kx / kFp8ActBlock * T) * sizeof(float));
+    DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
+    DeviceBuffer hc(static_cast<size_t>(total * kh)), hs(static_cast<size_t>(kh / kFp8ActBlock * total) * sizeof(float));
+    const auto* rows = static_cast<const int32_t*>(plan.rows.get());
+    const auto* slots = static_cast<const int32_t*>(plan.slots.get());
+    auto project = [&](const DeviceBuffer& w, int64_t N, int64_t K, float* out, const DeviceBuffer& codes,
+                       const DeviceBuffer& scales, int64_t rows_pad, int64_t k_pad, const int32_t* in_rows) {
+      launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.get()), .scales = scales.f32(),
+                           .rows_pad = rows_pad, .k_pad = k_pad, .in_rows = in_rows,
+                           .w = static_cast<const DevWeight*>(w.get()),
+                           .offsets = static_cast<const int64_t*>(plan.offsets.get()),
+                           .items = static_cast<const int32_t*>(plan.items.get()),
+                           .n_items = static_cast<const int32_t*>(plan.n_items.get()), .max_items = plan.max_items,
+                           .N = N, .K = K});
+    };
+    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, "moe/experts w1, w3 (w4a8)");
+    launch_act_quant_fp8({.codes = static_cast<uint8_t*>(xc.get()), .scales = xs.f32(), .in = p.x.f32(),
+                          .in_dtype = DType::kF32, .rows = T, .K = D, .in_stride = D, .rows_pad = T, .k_pad = kx});
+    launch_check("experts input act_quant (w4a8)");
+    project(tab.w1, F, D, h1.f32(), xc, xs, T, kx, rows);
+    project(tab.w3, F, D, h3.f32(), xc, xs, T, kx, rows);
+    launch_check("experts w1, w3 (w4a8)");
+    part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
+    launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
+    launch_check("experts swiglu");
+    launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
+                             .scale = combine_scale});
+    launch_check("experts routing weight");
+    launch_act_quant_fp8({.codes = static_cast<uint8_t*>(hc.get()), .scales = hs.f32(), .in = h1.f32(),
+                          .in_dtype = DType::kF32, .rows = total, .K = F, .in_stride = F, .rows_pad = total, .k_pad = kh});
+    launch_check("experts w2 act_quant (w4a8)");
+    part.emplace(profiler_, "moe/experts w2, scatter (w4a8)");
+    project(tab.w2, D, F, y.f32(), hc, hs, total, kh, nullptr);
+    launch_check("experts w2 (w4a8)");
+    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots, .weights = nullptr, .R = total, .D = D,
                            .scale = static_cast<float>(combine_scale)});
     launch_check("experts scatter");
   }
@@ -1112,8 +1164,10 @@ class CudaBackend final : public Backend {
   OpProfiler profiler_;
   bool last_linear_vectorized_ = false;
   bool fp8_gemm_in_linear_ = false;
+  bool w4a8_experts_ = cuda_feature_opted_in("w4a8");
 
  public:
+  void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
   void set_fp8_gemm_in_linear(bool on) {
     fp8_gemm_in_linear_ = on;
@@ -1174,6 +1228,7 @@ std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(back
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
 
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
+void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

@@ -61,6 +61,10 @@ std::vector<OpTime> take_op_profile(Backend& backend);
 // (Fp8Linear::set_batch_invariant). Off by default: opt in with SPARROW_CUDA_ENABLE=fp8_gemm (or
 // this call) until a GPU run has shown the rows batch invariant (CudaFp8Linear.*BatchInvariant*).
 void set_fp8_gemm_in_linear(Backend& backend, bool on);
+// The routed MXFP4 experts under the reference numerics (fast, deepseek-ref) on the tensor cores
+// (W4A8: kernels.h launch_grouped_w4a8). Off by default until it has run on a GPU: opt in with
+// SPARROW_CUDA_ENABLE=w4a8 (or this call).
+void set_w4a8_experts(Backend& backend, bool on);
 // Whether SPARROW_CUDA_ENABLE (comma-separated) names `name`.
 bool cuda_feature_opted_in(const char* name);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).

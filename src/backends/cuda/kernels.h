@@ -184,6 +184,27 @@ struct GroupedExpertLinearArgs {
 };
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 
+// W4A8 on the tensor cores, over the same plan: out[r, n] = sum_k x_q[row(r), k] W[e][n, k] for the
+// rows r of each item's tile, where x_q = e4m3 codes x per-(row, 128-block) scales (act_quant_fp8,
+// bit for bit the CPU's) and W = packed MXFP4 (e2m1 x e8m0 per 32 inputs). Each 32-input block is
+// one mma.sync.m16n8k32 e4m3 (e2m1 widened to e4m3 exactly), its fp32 sum scaled by the weight and
+// activation scales and added to the accumulator: the products are exact, the sums are fp32 in
+// another order than the CUDA-core kernel's. Grid (ceil(N / 32), max_items), 4 warps a block, each
+// warp 8 output columns of one tile of 8 rows. REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0.
+struct GroupedW4A8Args {
+  float* out;                // [offsets[E], N]
+  const uint8_t* codes;      // [rows_pad, k_pad] e4m3 (launch_act_quant_fp8's layout)
+  const float* scales;       // [k_pad / 128, rows_pad]
+  int64_t rows_pad, k_pad;
+  const int32_t* in_rows;    // codes row of each grouped row, or null (the grouped row itself)
+  const DevWeight* w;        // [E]
+  const int64_t* offsets;    // [E + 1]
+  const int32_t* items;      // [2 * max_items]
+  const int32_t* n_items;
+  int64_t max_items, N, K;
+};
+void launch_grouped_w4a8(const GroupedW4A8Args& g);
+
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.
 bool linear_vectorizable(const LinearArgs& a);

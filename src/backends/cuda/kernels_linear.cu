@@ -152,6 +152,79 @@ __global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
   tile<kPath>(a, n, t0);
 }
 
+// Four e2m1 nibbles (the low nibble first) as four e4m3 bytes of the same values: magnitude index
+// i = nibble & 7 is 0, 0.5, 1, 1.5, 2, 3, 4, 6; in e4m3 0.5 is 0x30 and (1 + m/2) 2^(e-1) for
+// e = i >> 1 >= 1, m = i & 1 is exponent field e + 6, mantissa m << 2; the sign moves to bit 7.
+__device__ inline uint32_t e2m1x4_to_e4m3x4(uint32_t nibbles) {
+  uint32_t out = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t nib = (nibbles >> (4 * q)) & 0xfu, i = nib & 7u;
+    const uint32_t mag = i == 0 ? 0u : i == 1 ? 0x30u : (((i >> 1) + 6u) << 3) | ((i & 1u) << 2);
+    out |= (mag | ((nib & 8u) << 4)) << (8 * q);
+  }
+  return out;
+}
+
+// d = A (16 x 32, e4m3, row) x B (32 x 8, e4m3, col), fp32, from zero. A's a0/a2 and B's b0/b1 hold
+// the same k's in the same byte order, so which k a register slot means in hardware does not matter.
+__device__ inline void mma_e4m3_16x8x32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+#else
+  __trap();
+#endif
+}
+
+// Lane l of a warp: g = l / 4 is its A row (tile row), its B column and its C row; t = l % 4 picks
+// 4 of each 16 k's. Tile rows 8..15 of the m16 shape are never rows here (a1 = a3 = 0).
+__global__ void grouped_w4a8_kernel(GroupedW4A8Args g) {
+  const int64_t item = blockIdx.y;
+  if (item >= *g.n_items) return;
+  const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
+  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
+  const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 32 + (threadIdx.x / 32) * 8;
+  if (n0 >= g.N) return;  // the whole warp leaves together
+  const DevWeight W = g.w[e];
+  const DevView wscale{W.scale, W.scale_dtype};
+  // This lane's A row (tile row gid) and B column (n0 + gid).
+  const int64_t tr = t0 + gid;
+  const bool row_ok = tr < R;
+  const int64_t src = row_ok ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : 0;
+  const uint8_t* arow = g.codes + src * g.k_pad;
+  const int64_t nb = n0 + gid;
+  const bool col_ok = nb < g.N;
+  const uint8_t* wrow = static_cast<const uint8_t*>(W.data) + (col_ok ? nb : 0) * (g.K / 2);
+  // This lane's C columns n0 + 2 tig, n0 + 2 tig + 1 (row gid).
+  const int64_t nc0 = n0 + 2 * tig, nc1 = nc0 + 1;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  for (int64_t kb = 0; kb < g.K / 32; ++kb) {
+    const int64_t k0 = kb * 32;
+    const uint32_t a0 = row_ok ? *reinterpret_cast<const uint32_t*>(arow + k0 + 4 * tig) : 0u;
+    const uint32_t a2 = row_ok ? *reinterpret_cast<const uint32_t*>(arow + k0 + 16 + 4 * tig) : 0u;
+    const uint32_t w0 = col_ok ? *reinterpret_cast<const uint16_t*>(wrow + (k0 + 4 * tig) / 2) : 0u;
+    const uint32_t w1 = col_ok ? *reinterpret_cast<const uint16_t*>(wrow + (k0 + 16 + 4 * tig) / 2) : 0u;
+    float d[4];
+    mma_e4m3_16x8x32(d, a0, 0u, a2, 0u, e2m1x4_to_e4m3x4(w0), e2m1x4_to_e4m3x4(w1));
+    if (row_ok) {
+      const float sa = g.scales[(k0 / 128) * g.rows_pad + src];
+      if (nc0 < g.N) acc0 += d[0] * (sa * dev_load(wscale, nc0 * W.scale_cols + kb));
+      if (nc1 < g.N) acc1 += d[1] * (sa * dev_load(wscale, nc1 * W.scale_cols + kb));
+    }
+  }
+  if (row_ok) {
+    float* out = g.out + (r0 + tr) * g.N;
+    if (nc0 < g.N) out[nc0] = acc0;
+    if (nc1 < g.N) out[nc1] = acc1;
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -172,6 +245,11 @@ bool launch_linear(const LinearArgs& a) {
   else if (path == 1) linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(a);
   else linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(a);
   return path != 0;
+}
+
+void launch_grouped_w4a8(const GroupedW4A8Args& g) {
+  if (g.max_items == 0 || g.N == 0) return;
+  grouped_w4a8_kernel<<<dim3(blocks_for(g.N, 32), static_cast<unsigned>(g.max_items)), 128>>>(g);
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

@@ -1302,6 +1302,44 @@ TEST_F(CudaOps, MoeRefNumericsMatchesCpu) {
   }
 }
 
+// The W4A8 routed experts (tensor cores; opt-in) against the CPU's reference numerics and against
+// the CUDA-core path: MXFP4 experts with D = 256, F = 96 (K multiples of 32, one past a 128-block),
+// 16 rows per expert (two tiles of 8), odd N; the output is bf16, so most values are the same bits
+// and the rest one rounding apart. The profile shows which path ran.
+TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(207);
+  const MoeCase mc = make_moe(rng, 6, 256, 96, true);
+  const int64_t T = 40, K = 2, D = mc.D;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>(i % 5);  // 16 rows each, expert 5 idle
+  auto [ec, eg] = both_i32(experts, {T, K});
+  auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+  auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
+  auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+    return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+                     .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine,
+                     .ref_numerics = true};
+  };
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+  cpu->moe(params(oc, xc, ec, wc));
+  const Tensor cores = gpu->alloc(ElemType::kF32, {T, D});
+  cuda::set_w4a8_experts(*gpu, false);
+  gpu->moe(params(cores, xg, eg, wg));
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_op_profiling(*gpu, true);
+  gpu->moe(params(og, xg, eg, wg));
+  cuda::set_op_profiling(*gpu, false);
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_opted_in("w4a8"));
+  bool ran = false;
+  for (const cuda::OpTime& op : cuda::take_op_profile(*gpu)) ran = ran || op.op == "moe/experts w1, w3 (w4a8)";
+  EXPECT_TRUE(ran) << "the W4A8 path did not run";
+  const std::vector<float> g = gpu->download_f32(og);
+  for (float v : g) ASSERT_EQ(v, bf16_round(v)) << "moe output is bf16";
+  expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4, "moe w4a8 vs cpu");
+  expect_mostly_identical(g, gpu->download_f32(cores), 0.8, 1e-4, "moe w4a8 vs cuda cores");
+}
+
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
   auto be = backend_create("cuda");
   if (be.is_ok()) {
