@@ -380,6 +380,29 @@ __device__ inline const float* candidate(const AttentionArgs& a, const AttnToken
   return tk.entries + static_cast<int64_t>(w) * a.Dh;
 }
 
+// The logits of candidates j_begin .. j_begin + count - 1 into e[0 .. count): a warp per candidate,
+// lanes over Dh with coalesced key reads, q in shared memory; -inf for a masked candidate. Returns
+// the running max of the logits this thread wrote (lane 0s; -inf for the other lanes).
+__device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j_begin, int64_t count,
+                             const float* q_smem, float* e) {
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x / 32; j < count; j += warps) {
+    const float* key = candidate(a, tk, t, j_begin + j);
+    float logit = -INFINITY;
+    if (key) {
+      float d = 0.0f;
+      for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
+      logit = warp_sum(d) * a.scale;
+    }
+    if (lane == 0) {
+      e[j] = logit;
+      mx = fmaxf(mx, logit);
+    }
+  }
+  return mx;
+}
+
 // grid (T * H): softmax with the sink over the token's candidates, K = V. The sink joins the max
 // and the denominator but carries no value (spec §3.3). kWarpDots (the default; off with
 // SPARROW_CUDA_DISABLE=attn_warp): a warp per candidate's logit, lanes over Dh with coalesced key
@@ -398,20 +421,7 @@ __global__ void attention_kernel(AttentionArgs a) {
   if constexpr (kWarpDots) {
     for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
     __syncthreads();
-    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int64_t j = threadIdx.x / 32; j < n; j += warps) {
-      const float* key = candidate(a, tk, t, j);
-      float logit = -INFINITY;
-      if (key) {
-        float d = 0.0f;
-        for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
-        logit = warp_sum(d) * a.scale;
-      }
-      if (lane == 0) {
-        e[j] = logit;
-        mx = fmaxf(mx, logit);
-      }
-    }
+    mx = warp_logits(a, tk, t, 0, n, q_smem, e);
   } else {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float* key = candidate(a, tk, t, j);
@@ -460,22 +470,7 @@ __global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t 
   const float* q = a.q + (t * a.H + h) * a.Dh;
   for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
   __syncthreads();
-  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x / 32; j < cnt; j += warps) {
-    const float* key = candidate(a, tk, t, j0 + j);
-    float logit = -INFINITY;
-    if (key) {
-      float d = 0.0f;
-      for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
-      logit = warp_sum(d) * a.scale;
-    }
-    if (lane == 0) {
-      e[j] = logit;
-      mx = fmaxf(mx, logit);
-    }
-  }
-  mx = block_max(mx);  // its barrier publishes e[]
+  const float mx = block_max(warp_logits(a, tk, t, j0, cnt, q_smem, e));  // its barrier publishes e[]
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
     const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
