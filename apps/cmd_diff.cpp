@@ -42,7 +42,7 @@ void add_diff_command(CLI::App& app) {
     if (!ids.is_ok()) fail(ids.status());
     auto run = [&](const Side& side, const ForcedDecisions* forced) {
       auto backend = make_backend_or_fail(side.backend);
-      auto model = Model::load(side.model, model_overrides_or_fail(side.run));
+      auto model = Model::load(side.model, model_overrides_or_fail(side.run, side.backend));
       if (!model.is_ok()) fail(model.status());
       // Selections are always recorded: --force-decisions and the set comparison need them.
       const std::string pattern = opts->taps == "*" ? "*" : opts->taps + ",*.indexer.topk,*.router.experts";

@@ -73,7 +73,7 @@ void add_needle_command(CLI::App& app) {
     if (!format.is_ok()) fail(Status::invalid_argument("--needle-format: " + format.status().message()));
     no.format = *format;
 
-    const ModelOverrides overrides = model_overrides_or_fail(opts->run);
+    const ModelOverrides overrides = model_overrides_or_fail(opts->run, opts->backend);
     auto backend = make_backend_or_fail(opts->backend);
     auto model = load_model_or_fail(opts->model, overrides);
     if (Status st = needle_options_check(no, model->config()); !st.is_ok()) fail(st);
@@ -107,7 +107,7 @@ void add_needle_command(CLI::App& app) {
         }
     std::printf("%s", opts->json ? (needle_table_json(*rows) + "\n").c_str() : needle_table_text(*rows).c_str());
     std::fprintf(stderr, "sparrow: %s backend, precision %s, needle format %s, index keys %s%s\n", backend->name(),
-                 opts->run.precision.c_str(), needle_format_name(no.format), key_precision_name(model->index_keys()),
+                 precision_name(overrides.precision), needle_format_name(no.format), key_precision_name(model->index_keys()),
                  opts->run.index_topk > 0 ? (", index_topk " + std::to_string(opts->run.index_topk)).c_str() : "");
   });
 }

@@ -123,7 +123,7 @@ void add_run_command(CLI::App& app) {
     if (auto eos = tok.eos_id()) gen.stop_tokens.push_back(*eos);
 
     auto backend = make_backend_or_fail(o->backend);
-    auto model = load_model_or_fail(o->src.model, model_overrides_or_fail(o->run));
+    auto model = load_model_or_fail(o->src.model, model_overrides_or_fail(o->run, o->backend));
     if (verbose_flag()) std::fprintf(stderr, "sparrow: prompt text: %s\n", text.c_str());
 
     StreamDecoder decoder(tok);

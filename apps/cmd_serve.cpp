@@ -52,7 +52,7 @@ void add_serve_command(CLI::App& app) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
     Tokenizer tok = load_tokenizer_or_fail(opts->src);
-    (void)model_overrides_or_fail(opts->run);  // the flags' errors name the flag; the engine parses them again
+    (void)model_overrides_or_fail(opts->run, opts->backend);  // the flags' errors name the flag; the engine parses them again
     EngineOptions eo;
     eo.model_dir = opts->src.model;
     eo.backend = opts->backend;

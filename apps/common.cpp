@@ -75,7 +75,8 @@ std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOve
 
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix) {
   const std::string side = suffix.empty() ? "" : " of side " + suffix.substr(1);
-  cmd->add_option("--precision" + suffix, o->precision, "Numerics profile" + side + ": fp32, deepseek-ref or fast")
+  cmd->add_option("--precision" + suffix, o->precision,
+                  "Numerics profile" + side + ": fp32, deepseek-ref or fast; auto: fast on cuda, fp32 on cpu")
       ->capture_default_str();
   cmd->add_option("--index-keys" + suffix, o->index_keys, "Indexer key storage" + side +
                                                    ": fp32, bf16, fp8 or fp4; auto: the profile's (bf16 under fast, "
@@ -84,11 +85,11 @@ void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string&
   cmd->add_option("--index-topk" + suffix, o->index_topk, "Override index_topk" + side)->check(CLI::PositiveNumber);
 }
 
-ModelOverrides model_overrides_or_fail(const ModelRunOptions& o) {
+ModelOverrides model_overrides_or_fail(const ModelRunOptions& o, const std::string& backend) {
   ModelOverrides ov;
-  auto precision = precision_from_name(o.precision);
+  auto precision = o.precision == "auto" ? std::optional<Precision>(default_precision(backend)) : precision_from_name(o.precision);
   if (!precision)
-    fail(Status::invalid_argument("--precision '" + o.precision + "' is not fp32, deepseek-ref or fast"));
+    fail(Status::invalid_argument("--precision '" + o.precision + "' is not auto, fp32, deepseek-ref or fast"));
   ov.precision = *precision;
   if (o.index_keys != "auto") {
     auto keys = key_precision_from_name(o.index_keys);
@@ -107,7 +108,7 @@ LoadedRun load_run_or_fail(const std::string& ids, const std::string& backend, c
   if (!parsed.is_ok()) fail(parsed.status());
   r.ids = std::move(parsed).value();
   r.backend = make_backend_or_fail(backend);
-  r.model = load_model_or_fail(model_dir, model_overrides_or_fail(run));
+  r.model = load_model_or_fail(model_dir, model_overrides_or_fail(run, backend));
   return r;
 }
 

@@ -26,11 +26,13 @@ std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOve
 // --precision, --index-keys, --index-topk (with a suffix: --precision-a, ...): run-time numerics.
 struct ModelRunOptions {
   // index_keys "auto": the profile's default (fp32 under fp32 and deepseek-ref, bf16 under fast).
-  std::string precision = "fp32", index_keys = "auto";
+  // precision "auto": fast on the cuda backend, fp32 on the cpu one (default_precision).
+  std::string precision = "auto", index_keys = "auto";
   int64_t index_topk = 0;
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");
-ModelOverrides model_overrides_or_fail(const ModelRunOptions& o);
+// The run options as overrides for a model run on `backend` (which resolves --precision auto).
+ModelOverrides model_overrides_or_fail(const ModelRunOptions& o, const std::string& backend);
 
 // What the one-forward commands (logits, generate, dump) share: parsed --ids, the backend and the
 // model loaded with the run options; fails the command on any error.

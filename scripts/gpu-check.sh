@@ -115,7 +115,7 @@ for dir in "$root"/tests/fixtures/*/; do
     { row "logits $f (cpu reference)" FAIL "see cli.log"; continue; }
   for mode in one-shot:0 chunked-5:5 decode:1; do
     name=${mode%%:*} chunk=${mode##*:}
-    if "$bin/sparrow" logits --backend cuda --model "$dir" --ids "$dir/ids.npy" --chunk "$chunk" \
+    if "$bin/sparrow" logits --backend cuda --precision fp32 --model "$dir" --ids "$dir/ids.npy" --chunk "$chunk" \
         --out "$logs/$f.cuda.$name.npy" >>"$logs/cli.log" 2>&1; then
       compare "logits --backend cuda $f $name" "$logs/$f.cuda.$name.npy" "$logs/$f.cpu.npy"
     else
@@ -133,8 +133,8 @@ if [ "$synth" -eq 1 ]; then
   rm -rf "$model"
   if "$bin/sparrow" synth --layers "$synth_layers" --experts 8 --out "$model" >>"$logs/synth.log" 2>&1 &&
      "$bin/sparrow" logits --model "$model" --ids $ids --out "$logs/synth.cpu.npy" >>"$logs/synth.log" 2>&1 &&
-     "$bin/sparrow" logits --backend cuda --model "$model" --ids $ids --out "$logs/synth.cuda.npy" >>"$logs/synth.log" 2>&1 &&
-     "$bin/sparrow" logits --backend cuda --model "$model" --ids $ids --chunk 1 --out "$logs/synth.cuda.decode.npy" \
+     "$bin/sparrow" logits --backend cuda --precision fp32 --model "$model" --ids $ids --out "$logs/synth.cuda.npy" >>"$logs/synth.log" 2>&1 &&
+     "$bin/sparrow" logits --backend cuda --precision fp32 --model "$model" --ids $ids --chunk 1 --out "$logs/synth.cuda.decode.npy" \
        >>"$logs/synth.log" 2>&1; then
     compare "$name one-shot ($(( $(date +%s) - t0 )) s)" "$logs/synth.cuda.npy" "$logs/synth.cpu.npy"
     compare "$name decode" "$logs/synth.cuda.decode.npy" "$logs/synth.cpu.npy"
@@ -148,7 +148,7 @@ fi
 #     a fixture with every layer kind; no tap may diverge past the diff's default tolerance.
 f=mixed_hc2
 if [ -f "$root/tests/fixtures/$f/ids.npy" ]; then
-  if "$bin/sparrow" diff --model-a "$root/tests/fixtures/$f" --backend-b cuda --ids "$root/tests/fixtures/$f/ids.npy" \
+  if "$bin/sparrow" diff --model-a "$root/tests/fixtures/$f" --backend-b cuda --precision-b fp32 --ids "$root/tests/fixtures/$f/ids.npy" \
       --json >"$logs/diff.json" 2>>"$logs/cli.log"; then
     if grep -q '"first_divergence": *null' "$logs/diff.json" || grep -q '"first_divergence":null' "$logs/diff.json"; then
       row "sparrow diff --backend-b cuda ($f)" PASS "no tap past the tolerance, $(grep -o '"name"' "$logs/diff.json" | wc -l) taps"

@@ -86,6 +86,10 @@ std::optional<Precision> precision_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+Precision default_precision(std::string_view backend) {
+  return backend == "cuda" ? Precision::kFast : Precision::kFp32;
+}
+
 const char* precision_name(Precision p) {
   switch (p) {
     case Precision::kFp32: return "fp32";

@@ -52,6 +52,9 @@ struct ForwardOptions {
 enum class Precision : uint8_t { kFp32, kDeepseekRef, kFast };
 std::optional<Precision> precision_from_name(std::string_view name);  // "fp32", "deepseek-ref", "fast"
 const char* precision_name(Precision p);
+// The profile a backend runs when none is named ("auto" on the command line and in EngineOptions):
+// fast on "cuda" (the GPU's production numerics), fp32 elsewhere (the reference).
+Precision default_precision(std::string_view backend);
 // The indexer key precision a profile uses when `--index-keys` is not given: bf16 under fast (the
 // FP8 KV record's neighbour in the production cache), fp32 (as computed) otherwise.
 KeyPrecision precision_default_index_keys(Precision p);

@@ -233,8 +233,9 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   impl->options = options;
   SPARROW_ASSIGN_OR_RETURN(impl->backend, backend_create(options.backend));
   ModelOverrides overrides;
-  if (auto p = precision_from_name(options.precision)) overrides.precision = *p;
-  else return Status::invalid_argument("precision '" + options.precision + "' is not fp32, deepseek-ref or fast");
+  if (options.precision == "auto") overrides.precision = default_precision(options.backend);
+  else if (auto p = precision_from_name(options.precision)) overrides.precision = *p;
+  else return Status::invalid_argument("precision '" + options.precision + "' is not auto, fp32, deepseek-ref or fast");
   if (options.index_keys != "auto") {
     auto k = key_precision_from_name(options.index_keys);
     if (!k) return Status::invalid_argument("index_keys '" + options.index_keys + "' is not auto, fp32, bf16, fp8 or fp4");

@@ -124,6 +124,10 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
   EXPECT_EQ(precision_from_name("fast"), Precision::kFast);
   EXPECT_STREQ(precision_name(Precision::kFast), "fast");
   EXPECT_FALSE(precision_from_name("fp8").has_value());
+  // "auto" (the CLI's and the engine's default): the GPU runs its production numerics, the CPU the
+  // reference.
+  EXPECT_EQ(default_precision("cuda"), Precision::kFast);
+  EXPECT_EQ(default_precision("cpu"), Precision::kFp32);
 }
 
 TEST(FastNumerics, RefusedWhereNotImplementedNamingWhatIsMissing) {

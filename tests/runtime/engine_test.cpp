@@ -55,6 +55,20 @@ TEST(Engine, GreedyOutputIsTheSameAloneAndAmong31Others) {
   EXPECT_EQ(engine->stats().state_bytes, 0) << "every request's state must be freed";
 }
 
+// precision "auto" (the default) is the backend's profile: fp32 on the CPU, the same tokens as
+// naming it; a name that is no profile is refused, naming the accepted ones.
+TEST(Engine, PrecisionAutoIsTheBackendsDefault) {
+  const auto request = greedy(prompt_of(5, 30), 12);
+  const auto by_default = make()->generate(request);
+  const auto named = make({.precision = "fp32"})->generate(request);
+  ASSERT_TRUE(by_default.is_ok() && named.is_ok());
+  EXPECT_EQ(by_default->tokens, named->tokens);
+  auto bad = Engine::create({.model_dir = kModel, .precision = "fp16"});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("is not auto, fp32, deepseek-ref or fast"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(Engine, SeededSamplingIsReproducible) {
   auto engine = make();
   GenerationRequest r = greedy(prompt_of(3, 12), 20);
