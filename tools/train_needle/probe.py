@@ -15,6 +15,7 @@ A model that answers "normal" at about 1/4 + 3/4 * 1/10 and "single" perfectly, 
 Needs numpy and a built `sparrow` (--sparrow, default build/bin/sparrow).
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -40,16 +41,28 @@ def needles_in(ids, fmt):
     return out
 
 
+def model_format(model_dir):
+    """The layout the model was trained on, as `sparrow needle --needle-format auto` reads it."""
+    path = os.path.join(model_dir, "training_summary.json")
+    if not os.path.exists(path):
+        return "vk"
+    with open(path) as f:
+        return json.load(f).get("args", {}).get("needle_format", "vk")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--format", default="vk", choices=NP.FORMATS)
+    ap.add_argument("--format", default="auto", choices=("auto",) + tuple(NP.FORMATS),
+                    help="needle layout; auto: args.needle_format of the model's training_summary.json, else vk")
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--trials", type=int, default=48)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--sparrow", default="build/bin/sparrow")
     ap.add_argument("--backend", default="cpu")
     a = ap.parse_args()
+    if a.format == "auto":
+        a.format = model_format(a.model)
     tmp = tempfile.mkdtemp(prefix="probe-")
     width = len(NP.needle_bytes(a.format, 0, [0, 0, 0]))
     for mode in ("normal", "single", "absent"):
