@@ -3,7 +3,6 @@
 #include "bench/bench_run.h"
 
 #include <nlohmann/json.hpp>
-#include <optional>
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "runtime/backend_factory.h"
 
@@ -83,10 +84,7 @@ Status run_bench(const BenchOptions&) {
 
 }  // namespace sparrow::bench
 
-#include <cuda_runtime_api.h>
-
 #include "backends/cuda/cuda_backend.h"
-#include "bench/bench_cuda.h"
 #include "bench/device_fill.h"
 
 namespace sparrow::bench {
@@ -118,15 +116,21 @@ std::string utc_now(const char* format) {
   return buf;
 }
 
-// The top of a cell's per-op profile (TimingOptions::breakdown), under its row.
-void print_breakdown(const CellTiming& t) {
-  if (t.breakdown.empty()) return;
+// The ops' GPU and host milliseconds summed, parts left out (they are inside their op's time).
+std::pair<double, double> op_sums(const std::vector<cuda::OpTime>& ops) {
   double gpu = 0, host = 0;
-  for (const cuda::OpTime& op : t.breakdown) {
-    if (op.part) continue;  // inside its op's time already
+  for (const cuda::OpTime& op : ops) {
+    if (op.part) continue;
     gpu += op.gpu_ms;
     host += op.host_ms;
   }
+  return {gpu, host};
+}
+
+// The top of a cell's per-op profile (TimingOptions::breakdown), under its row.
+void print_breakdown(const CellTiming& t) {
+  if (t.breakdown.empty()) return;
+  const auto [gpu, host] = op_sums(t.breakdown);
   std::printf("         profiled step %.3f ms: ops %.3f ms on the GPU, %.3f ms in the host calls\n", t.breakdown_step_ms,
               gpu, host);
   const size_t shown = std::min<size_t>(t.breakdown.size(), 16);
@@ -256,23 +260,18 @@ json fp8_gemm_section(Backend& backend, const Model& model, const std::vector<in
     Tensor x = backend.alloc(ElemType::kF32, {M, w->in});
     Tensor y = backend.alloc(ElemType::kF32, {M, w->out});
     device_fill_normal(x.f32(), x.numel(), 17, 1.0f);
-    cudaEvent_t a, b;
-    BENCH_CUDA(cudaEventCreate(&a));
-    BENCH_CUDA(cudaEventCreate(&b));
-    std::vector<double> ms;
-    for (int r = 0; r < 7; ++r) {
-      BENCH_CUDA(cudaEventRecord(a));
-      backend.linear_fp8_block({.out = y, .in = x, .weight = w});
-      BENCH_CUDA(cudaEventRecord(b));
-      BENCH_CUDA(cudaEventSynchronize(b));
-      float t = 0;
-      BENCH_CUDA(cudaEventElapsedTime(&t, a, b));
-      if (r >= 2) ms.push_back(t);
+    auto ms = time_events(
+        [&](int) {
+          backend.linear_fp8_block({.out = y, .in = x, .weight = w});
+          return Status::ok();
+        },
+        /*warmup=*/2, /*reps=*/5);
+    if (!ms.is_ok()) {
+      g["status"] = "failed: " + ms.status().to_string();
+      out.push_back(g);
+      continue;
     }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    const double med = median_of(*ms);
     const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(w->out) * static_cast<double>(w->in);
     const double rate = flops / (med * 1e-3);
     const std::string path = cuda::fp8_linear_last_path(backend);
@@ -486,13 +485,9 @@ Status run_bench(const BenchOptions& o) {
         cell["state_bytes"] = t.state_bytes;
         if (!t.breakdown.empty()) {
           json ops = json::array();
-          double gpu = 0, host = 0;
-          for (const cuda::OpTime& op : t.breakdown) {
+          for (const cuda::OpTime& op : t.breakdown)
             ops.push_back({{"op", op.op}, {"part", op.part}, {"calls", op.calls}, {"gpu_ms", op.gpu_ms}, {"host_ms", op.host_ms}});
-            if (op.part) continue;
-            gpu += op.gpu_ms;
-            host += op.host_ms;
-          }
+          const auto [gpu, host] = op_sums(t.breakdown);
           cell["breakdown"] = {{"step_ms", t.breakdown_step_ms}, {"ops_gpu_ms", gpu}, {"ops_host_ms", host}, {"ops", ops}};
         }
         if (t.experts_touched >= 0) {

@@ -90,32 +90,6 @@ __global__ void copy16_kernel(int4* __restrict__ dst, const int4* __restrict__ s
 constexpr int kFillThreads = 256;
 constexpr unsigned kFillBlocks = 4096;
 
-// Times `op(rep)` with events: `warmup` untimed calls, then `reps` timed ones; milliseconds each.
-Expected<std::vector<double>> time_events(const std::function<Status(int)>& op, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) SPARROW_RETURN_IF_ERROR(op(i));
-  PEAK_CUDA(cudaDeviceSynchronize());
-  struct Events {
-    cudaEvent_t start = nullptr, stop = nullptr;
-    ~Events() {
-      if (start) cudaEventDestroy(start);
-      if (stop) cudaEventDestroy(stop);
-    }
-  } ev;
-  PEAK_CUDA(cudaEventCreate(&ev.start));
-  PEAK_CUDA(cudaEventCreate(&ev.stop));
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    PEAK_CUDA(cudaEventRecord(ev.start));
-    SPARROW_RETURN_IF_ERROR(op(warmup + r));
-    PEAK_CUDA(cudaEventRecord(ev.stop));
-    PEAK_CUDA(cudaEventSynchronize(ev.stop));
-    float t = 0;
-    PEAK_CUDA(cudaEventElapsedTime(&t, ev.start, ev.stop));
-    ms.push_back(t);
-  }
-  return ms;
-}
-
 // ---- cuBLASLt, loaded at run time ----------------------------------------------------------------
 
 // cuBLASLt comes from the loader the FP8 linear uses (backends/cuda/cublaslt_api.h).
@@ -350,6 +324,31 @@ Expected<DeviceInfo> device_info() {
   std::ifstream f("/proc/driver/nvidia/version");
   if (f) std::getline(f, d.nvidia_driver);
   return d;
+}
+
+Expected<std::vector<double>> time_events(const std::function<Status(int)>& op, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) SPARROW_RETURN_IF_ERROR(op(i));
+  PEAK_CUDA(cudaDeviceSynchronize());
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+    }
+  } ev;
+  PEAK_CUDA(cudaEventCreate(&ev.start));
+  PEAK_CUDA(cudaEventCreate(&ev.stop));
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    PEAK_CUDA(cudaEventRecord(ev.start));
+    SPARROW_RETURN_IF_ERROR(op(warmup + r));
+    PEAK_CUDA(cudaEventRecord(ev.stop));
+    PEAK_CUDA(cudaEventSynchronize(ev.stop));
+    float t = 0;
+    PEAK_CUDA(cudaEventElapsedTime(&t, ev.start, ev.stop));
+    ms.push_back(t);
+  }
+  return ms;
 }
 
 double median_of(std::vector<double> v) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,5 +72,9 @@ Expected<DeviceInfo> device_info();
 
 // Median of `v` (the mean of the middle two for an even count). REQUIRES !v.empty().
 double median_of(std::vector<double> v);
+
+// Times `op(rep)` with cudaEvents on the default stream: `warmup` untimed calls, then `reps` timed
+// ones; milliseconds each.
+Expected<std::vector<double>> time_events(const std::function<Status(int)>& op, int warmup, int reps);
 
 }  // namespace sparrow::bench

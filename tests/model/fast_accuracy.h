@@ -36,39 +36,39 @@ inline const std::filesystem::path kNeedleTiny = std::filesystem::path(SPARROW_M
 
 // ---- thresholds ------------------------------------------------------------------------------------
 // Measured on 2026-11-30 (CPU; needle-tiny values on 2026-12-01 for the retrieving checkpoint of
-// run 4); docs/accuracy.md has every number. Each threshold sits between the
-// clean profile's worst value and what a planted fault gives, with the margin stated.
-//
-// Logits cosine distance (1 - cos over [T, V], fp64). Fixtures are random tiny models (hidden 64, so
-// an FP8 block of 128 spans the whole row and nothing was trained to absorb the rounding): clean
-// 0.9e-3..7.5e-3; the routed scale applied twice gives 1.36e-2..5.5e-2. 1e-2 is 1.3x above the
-// worst clean fixture and 1.36x below the mildest fault.
-constexpr double kFixtureLogitsCosDist = 1e-2;
-// needle-tiny (trained, Recall@1 1.0): clean 9.5e-4..1.7e-3 (its scored-MoE layers flip 1-4 % of
-// expert choices under bf16 activations, and a flipped expert moves that token's output a lot);
-// doubled routed scale 1.1e-2. 4e-3 leaves 2.3x headroom and is 2.8x below the fault.
-constexpr double kNeedleLogitsCosDist = 4e-3;
-// Greedy top-1 agreement per position. Fixtures: clean 0.849..0.950, doubled scale 0.61..0.80.
-// needle-tiny: clean 0.934..0.956 (most positions are random haystack bytes whose logits are
-// nearly flat, so a tiny perturbation flips them), doubled scale 0.766.
-constexpr double kFixtureTop1 = 0.82;
-constexpr double kNeedleTop1 = 0.90;
-// Per-layer output (L<l>.hc_ffn.out) cosine distance, worst layer. needle-tiny: clean <= 9.3e-3
-// (layers 2-3, the scored MoE; layers 0-1 <= 2.2e-4), doubled scale 5.5e-2: 2e-2 is 2.2x above
-// clean and 2.8x below the fault. Fixtures: clean <= 7.6e-3; faults overlap it there, so 2e-2 is a
-// sanity bound only (catches a broken profile).
-constexpr double kFixtureLayerCosDist = 2e-2;
-constexpr double kNeedleLayerCosDist = 2e-2;
-// Mean expert-selection overlap per scored MoE layer, free run (hash layers are 1 by
-// construction). Fixtures: clean >= 0.933 (K=2 of 8, so one flip in 30 rows costs 0.017);
-// needle-tiny: clean >= 0.963, doubled scale 0.794.
-constexpr double kFixtureExpertAgreement = 0.90;
-constexpr double kNeedleExpertAgreement = 0.93;
-// Mean indexer top-k overlap per CSA layer over contested queries, bf16 keys, fp32 selections
-// imposed. Fixtures (top 4 of <= 18 entries, small random margins): clean >= 0.933, corrupted keys
-// 0.22..0.25. needle-tiny (top 16 of <= 255): clean >= 0.941, corrupted keys 0.842.
-constexpr double kFixtureIndexOverlapBf16 = 0.85;
-constexpr double kNeedleIndexOverlapBf16 = 0.88;
+// run 4); docs/accuracy.md has every number. Each threshold sits between the clean profile's worst
+// value and what a planted fault gives, with the margin stated.
+struct Thresholds {
+  double logits_cos_dist;     // at most: 1 - cos over [T, V] logits, fp64
+  double top1;                // at least: greedy top-1 agreement per position
+  double layer_cos_dist;      // at most: worst layer's L<l>.hc_ffn.out cosine distance
+  double expert_agreement;    // at least: mean expert-set overlap per scored MoE layer, free run
+  double index_overlap_bf16;  // at least: mean indexer top-k overlap per CSA layer, contested
+                              // queries, bf16 keys, fp32 selections imposed
+};
+
+// The five random tiny fixtures (hidden 64, so an FP8 block of 128 spans the whole row and nothing
+// was trained to absorb the rounding).
+// - logits: clean 0.9e-3..7.5e-3; the routed scale applied twice 1.36e-2..5.5e-2: 1.3x above the
+//   worst clean fixture, 1.36x below the mildest fault.
+// - top-1: clean 0.849..0.950, doubled scale 0.61..0.80.
+// - layers: clean <= 7.6e-3; faults overlap it here, so a sanity bound only (a broken profile).
+// - experts: clean >= 0.933 (K=2 of 8: one flip in 30 rows costs 0.017).
+// - indexer (top 4 of <= 18 entries, small random margins): clean >= 0.933, corrupted keys 0.22..0.25.
+inline constexpr Thresholds kFixtureThresholds{.logits_cos_dist = 1e-2, .top1 = 0.82, .layer_cos_dist = 2e-2,
+                                               .expert_agreement = 0.90, .index_overlap_bf16 = 0.85};
+
+// models/needle-tiny (trained, Recall@1 1.0). Its scored-MoE layers flip 1-4 % of expert choices
+// under bf16 activations, and a flipped expert moves that token's output a lot.
+// - logits: clean 9.5e-4..1.7e-3, doubled routed scale 1.1e-2: 2.3x headroom, 2.8x below the fault.
+// - top-1: clean 0.934..0.956 (most positions are random haystack bytes whose logits are nearly
+//   flat, so a tiny perturbation flips them), doubled scale 0.766.
+// - layers: clean <= 9.3e-3 (layers 2-3; layers 0-1 <= 2.2e-4), doubled scale 5.5e-2: 2.2x above
+//   clean, 2.8x below the fault.
+// - experts: clean >= 0.963, doubled scale 0.794.
+// - indexer (top 16 of <= 255): clean >= 0.941, corrupted keys 0.842.
+inline constexpr Thresholds kNeedleThresholds{.logits_cos_dist = 4e-3, .top1 = 0.90, .layer_cos_dist = 2e-2,
+                                              .expert_agreement = 0.93, .index_overlap_bf16 = 0.88};
 
 struct LayerAccuracy {
   int64_t layer = 0;
@@ -228,21 +228,29 @@ inline std::vector<std::vector<int32_t>> needle_prompts() {
 
 inline const std::vector<KeyPrecision> kAllKeys = {KeyPrecision::kBf16, KeyPrecision::kFp8, KeyPrecision::kFp4};
 
-// The clean profile's checks: every threshold above, on a fixture or on needle-tiny.
-inline void expect_fixture_thresholds(const Accuracy& a, const std::string& what) {
-  EXPECT_LE(a.logits_cos_dist, kFixtureLogitsCosDist) << what;
-  EXPECT_GE(a.top1, kFixtureTop1) << what;
-  EXPECT_LE(a.max_layer_cos_dist(), kFixtureLayerCosDist) << what;
-  EXPECT_GE(a.min_expert_agreement(), kFixtureExpertAgreement) << what;
-  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16) << what;
+// The clean profile's checks: every threshold of `t`.
+inline void expect_within(const Accuracy& a, const Thresholds& t, const std::string& what) {
+  EXPECT_LE(a.logits_cos_dist, t.logits_cos_dist) << what;
+  EXPECT_GE(a.top1, t.top1) << what;
+  EXPECT_LE(a.max_layer_cos_dist(), t.layer_cos_dist) << what;
+  EXPECT_GE(a.min_expert_agreement(), t.expert_agreement) << what;
+  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), t.index_overlap_bf16) << what;
 }
 
-inline void expect_needle_thresholds(const Accuracy& a, const std::string& what) {
-  EXPECT_LE(a.logits_cos_dist, kNeedleLogitsCosDist) << what;
-  EXPECT_GE(a.top1, kNeedleTop1) << what;
-  EXPECT_LE(a.max_layer_cos_dist(), kNeedleLayerCosDist) << what;
-  EXPECT_GE(a.min_expert_agreement(), kNeedleExpertAgreement) << what;
-  EXPECT_GE(a.min_index_overlap(KeyPrecision::kBf16), kNeedleIndexOverlapBf16) << what;
+// The routed scale applied twice must fail both logit thresholds; on needle-tiny (whole_model) the
+// layer and expert thresholds too (on the fixtures those overlap the clean values).
+inline void expect_doubled_scale_caught(const Accuracy& a, const Thresholds& t, bool whole_model,
+                                        const std::string& what) {
+  EXPECT_GT(a.logits_cos_dist, t.logits_cos_dist) << what;
+  EXPECT_LT(a.top1, t.top1) << what;
+  if (!whole_model) return;
+  EXPECT_GT(a.max_layer_cos_dist(), t.layer_cos_dist) << what;
+  EXPECT_LT(a.min_expert_agreement(), t.expert_agreement) << what;
+}
+
+// Corrupted index keys must fail the bf16 indexer threshold.
+inline void expect_corrupt_keys_caught(const Accuracy& a, const Thresholds& t, const std::string& what) {
+  EXPECT_LT(a.min_index_overlap(KeyPrecision::kBf16), t.index_overlap_bf16) << what;
 }
 
 }  // namespace sparrow::fast_accuracy

@@ -411,13 +411,12 @@ class CudaBackend final : public Backend {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), (2 + S) * S * S * D);
-    static const bool split = cuda_feature_on("hc_split");
-    DeviceBuffer mix(split ? static_cast<size_t>(T * (2 + S) * S) * sizeof(float) : 0);
+    const DeviceBuffer mix = hc_mix_scratch(T * (2 + S) * S);
     launch_hc_pre({.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
                    .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
                    .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
                    .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
-                   .mix = split ? mix.f32() : nullptr});
+                   .mix = mix.f32()});
     launch_check("hc_pre");
     round_bf16_if(p.round_bf16, p.out_input, "hc_pre bf16");
   }
@@ -438,12 +437,11 @@ class CudaBackend final : public Backend {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), S * S * D);
-    static const bool split = cuda_feature_on("hc_split");
-    DeviceBuffer mix(split ? static_cast<size_t>(T * S) * sizeof(float) : 0);
+    const DeviceBuffer mix = hc_mix_scratch(T * S);
     launch_hc_head({.out = p.out.f32(), .streams = p.streams.f32(), .fn = dev_view(p.weights->fn),
                     .base = dev_view(p.weights->base), .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D,
                     .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
-                    .mix = split ? mix.f32() : nullptr});
+                    .mix = mix.f32()});
     launch_check("hc_head");
     round_bf16_if(p.round_bf16, p.out, "hc_head bf16");
   }
@@ -676,8 +674,8 @@ class CudaBackend final : public Backend {
     // shared memory); its scratch is bounded by running the tokens in passes, which changes no
     // token's arithmetic.
     static const bool split_on = cuda_feature_opted_in("attn_split");
-    const int64_t split_floats = attention_split_floats_per_token(H, Dh, max_candidates);
-    const bool split = split_on && split_floats / (H * (Dh + 2)) <= 8192;
+    const bool split = split_on && attention_splits(max_candidates) <= 8192;
+    const int64_t split_floats = H * attention_splits(max_candidates) * (Dh + 2);  // per token
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
     const int64_t per_pass =
         split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
@@ -821,22 +819,11 @@ class CudaBackend final : public Backend {
   const void* device_bytes(const TensorView& v) {
     if (!v.data) return nullptr;
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-    CachedWeight* hit = nullptr;
-    uint64_t fp = 0;
-    if (v.id != 0) {
-      auto it = weights_by_id_.find(v.id);
-      if (it != weights_by_id_.end() && it->second.buf.bytes() == bytes) hit = &it->second;
-    } else {
-      fp = host_fingerprint(v.data, bytes);
-      auto it = weights_.find(v.data);
-      if (it != weights_.end() && it->second.buf.bytes() == bytes && it->second.fingerprint == fp) hit = &it->second;
-    }
-    if (hit) return hit->buf.get();
+    const uint64_t fp = view_fingerprint(v);
+    if (const DeviceBuffer* hit = weights_.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
     DeviceBuffer b(bytes);
     host_to_device(b.get(), v.data, bytes);
-    const void* p = b.get();
-    (v.id != 0 ? weights_by_id_[v.id] : weights_[v.data]) = CachedWeight{std::move(b), fp};
-    return p;
+    return weights_.put(v, fp, std::move(b)).get();
   }
 
  private:
@@ -895,6 +882,13 @@ class CudaBackend final : public Backend {
         break;
     }
     return d;
+  }
+
+  // The mix values of hc_pre / hc_head computed in a block per (token, mix) (kernels.h HcPreArgs::mix):
+  // `values` floats of scratch, or an empty buffer (a null pointer) with SPARROW_CUDA_DISABLE=hc_split.
+  static DeviceBuffer hc_mix_scratch(int64_t values) {
+    static const bool split = cuda_feature_on("hc_split");
+    return DeviceBuffer(split ? static_cast<size_t>(values) * sizeof(float) : 0);
   }
 
   static bool same_shape(const WeightMatrix& a, const WeightMatrix& b) {
@@ -961,7 +955,9 @@ class CudaBackend final : public Backend {
 
   // The device plan's bound on its work items: the sum over experts of ceil(R_e / 8) is at most
   // total / 8 + (experts with rows) <= total / 8 + min(E, total), plus one for the rounding.
-  static int64_t device_plan_items(int64_t total, int64_t E) { return total / 8 + std::min(E, total) + 1; }
+  static int64_t device_plan_items(int64_t total, int64_t E) {
+    return total / kMoeTileRows + std::min(E, total) + 1;
+  }
 
   // On the device: nothing waits for the router. REQUIRES device_plan_items(T*K, E) <= kMaxMoeItems.
   MoePlan plan_on_device(const Tensor& experts, int64_t T, int64_t K, int64_t E) {
@@ -993,7 +989,7 @@ class CudaBackend final : public Backend {
     for (int64_t e = 0; e < E; ++e) {
       hp.max_rows = std::max(hp.max_rows, hp.offsets[e + 1]);
       hp.offsets[e + 1] += hp.offsets[e];
-      for (int64_t t0 = 0; t0 < hp.offsets[e + 1] - hp.offsets[e]; t0 += 8) {
+      for (int64_t t0 = 0; t0 < hp.offsets[e + 1] - hp.offsets[e]; t0 += kMoeTileRows) {
         hp.items.push_back(static_cast<int32_t>(e));
         hp.items.push_back(static_cast<int32_t>(t0));
       }
@@ -1021,10 +1017,15 @@ class CudaBackend final : public Backend {
     return plan;
   }
 
-  // The routed experts over a plan, one launch per projection (launch_grouped_expert_linear), then
-  // SwiGLU, the reference numerics' routing weight and FP8 rounding, w2 and the scatter over all
-  // rows at once. Each row goes through the arithmetic of the one-expert-at-a-time path
-  // (swiglu_ffn), so the results are the same bits.
+  // The routed experts over a plan, one launch per projection, then SwiGLU, the reference
+  // numerics' routing weight and FP8 rounding, w2 and the scatter over all rows at once. On the CUDA
+  // cores (launch_grouped_expert_linear) each row goes through the arithmetic of the
+  // one-expert-at-a-time path (swiglu_ffn), so the results are the same bits. Under the reference
+  // numerics with MXFP4 experts and w4a8 on (SPARROW_CUDA_ENABLE=w4a8, or set_w4a8_experts), on the
+  // tensor cores instead (launch_grouped_w4a8): the projections' inputs become e4m3 codes and 1x128
+  // scales (launch_act_quant_fp8: the values fp8_rows gives, bit for bit) and MXFP4 is widened to
+  // e4m3 in the kernel; the products are exact, the sums fp32 in the mma's order, so the rows differ
+  // from the CUDA-core path in the last bits.
   void run_planned_experts(const ExpertTables& tab, const ExpertWeights& f, const MoePlan& plan, const float* x,
                            int64_t D, int64_t total, float* contrib, const MoeParams& p, double combine_scale) {
     const int64_t F = f.w1.out;
@@ -1034,89 +1035,69 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(f.w2.out, D);
     SPARROW_CHECK_LE(plan.max_items, kMaxMoeItems);
     const auto mxfp4 = [](const WeightMatrix& w) { return w.format == WeightFormat::kFp4Packed && w.block_in == 32; };
-    if (w4a8_experts_ && p.ref_numerics && mxfp4(f.w1) && mxfp4(f.w3) && mxfp4(f.w2) && D % 32 == 0 && F % 32 == 0)
-      return run_w4a8_experts(tab, plan, D, F, total, contrib, p, combine_scale);
+    const bool w4a8 =
+        w4a8_experts_ && p.ref_numerics && mxfp4(f.w1) && mxfp4(f.w3) && mxfp4(f.w2) && D % 32 == 0 && F % 32 == 0;
     DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned(h1.get());
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());
     const auto* slots = static_cast<const int32_t*>(plan.slots.get());
-    auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in,
-                       const int32_t* in_rows, int64_t in_stride) {
-      launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = static_cast<const DevWeight*>(w.get()),
-                                    .offsets = static_cast<const int64_t*>(plan.offsets.get()),
-                                    .items = static_cast<const int32_t*>(plan.items.get()),
-                                    .n_items = static_cast<const int32_t*>(plan.n_items.get()),
-                                    .max_items = plan.max_items, .N = shape.out, .in_stride = in_stride,
-                                    .format = shape.format, .vectorized = vec});
+    // w4a8: an input [n, K] of float rows as e4m3 codes [n, k_pad] and scales [k_pad / 128, n].
+    struct Codes {
+      DeviceBuffer codes, scales;
+      int64_t rows = 0, k_pad = 0;
     };
-    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, "moe/experts w1, w3");
-    project(tab.w1, f.w1, h1.f32(), x, rows, D);
-    project(tab.w3, f.w3, h3.f32(), x, rows, D);
+    const auto quantise = [](const float* in, int64_t n, int64_t K) {
+      Codes c{.rows = n, .k_pad = (K + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock};
+      c.codes = DeviceBuffer(static_cast<size_t>(n * c.k_pad));
+      c.scales = DeviceBuffer(static_cast<size_t>(c.k_pad / kFp8ActBlock * n) * sizeof(float));
+      launch_act_quant_fp8({.codes = static_cast<uint8_t*>(c.codes.get()), .scales = c.scales.f32(), .in = in,
+                            .in_dtype = DType::kF32, .rows = n, .K = K, .in_stride = K, .rows_pad = n, .k_pad = c.k_pad});
+      launch_check("experts act_quant (w4a8)");
+      return c;
+    };
+    // out = in x W^T over the plan; `in` is float rows (CUDA cores) or `codes` (w4a8).
+    auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in, const Codes& codes,
+                       const int32_t* in_rows) {
+      const auto* dw = static_cast<const DevWeight*>(w.get());
+      const auto* offsets = static_cast<const int64_t*>(plan.offsets.get());
+      const auto* items = static_cast<const int32_t*>(plan.items.get());
+      const auto* n_items = static_cast<const int32_t*>(plan.n_items.get());
+      if (w4a8) {
+        launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
+                             .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
+                             .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
+                             .max_items = plan.max_items, .N = shape.out, .K = shape.in});
+      } else {
+        launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
+                                      .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
+                                      .in_stride = shape.in, .format = shape.format, .vectorized = vec});
+      }
+    };
+    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, w4a8 ? "moe/experts w1, w3 (w4a8)" : "moe/experts w1, w3");
+    {
+      // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
+      const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
+      project(tab.w1, f.w1, h1.f32(), x, xc, rows);
+      project(tab.w3, f.w3, h3.f32(), x, xc, rows);
+    }
     part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
     launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
+    Codes hc;
     if (p.ref_numerics) {
       launch_check("experts swiglu");
       launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
                                .scale = combine_scale});
       launch_check("experts routing weight");
-      fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
+      if (w4a8) hc = quantise(h1.f32(), total, F);
+      else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
     }
-    part.emplace(profiler_, "moe/experts w2, scatter");
-    project(tab.w2, f.w2, y.f32(), h1.f32(), nullptr, F);
+    part.emplace(profiler_, w4a8 ? "moe/experts w2, scatter (w4a8)" : "moe/experts w2, scatter");
+    project(tab.w2, f.w2, y.f32(), h1.f32(), hc, nullptr);
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
                            .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
-                           .scale = static_cast<float>(combine_scale)});
-    launch_check("experts scatter");
-  }
-
-  // The same under the reference numerics on the tensor cores (SPARROW_CUDA_ENABLE=w4a8, or
-  // set_w4a8_experts): the expert inputs quantised to e4m3 codes and 1x128 scales by
-  // launch_act_quant_fp8 (the values fp8_rows gives, bit for bit), each projection one
-  // launch_grouped_w4a8 (MXFP4 widened to e4m3 in the kernel). The products are exact; the sums are
-  // fp32 in the mma's order, so the rows differ from the CUDA-core path in the last bits.
-  void run_w4a8_experts(const ExpertTables& tab, const MoePlan& plan, int64_t D, int64_t F, int64_t total,
-                        float* contrib, const MoeParams& p, double combine_scale) {
-    const int64_t T = p.x.dim(0);
-    const auto round128 = [](int64_t k) { return (k + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock; };
-    const int64_t kx = round128(D), kh = round128(F);
-    DeviceBuffer xc(static_cast<size_t>(T * kx)), xs(static_cast<size_t>(kx / kFp8ActBlock * T) * sizeof(float));
-    DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
-    DeviceBuffer hc(static_cast<size_t>(total * kh)), hs(static_cast<size_t>(kh / kFp8ActBlock * total) * sizeof(float));
-    const auto* rows = static_cast<const int32_t*>(plan.rows.get());
-    const auto* slots = static_cast<const int32_t*>(plan.slots.get());
-    auto project = [&](const DeviceBuffer& w, int64_t N, int64_t K, float* out, const DeviceBuffer& codes,
-                       const DeviceBuffer& scales, int64_t rows_pad, int64_t k_pad, const int32_t* in_rows) {
-      launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.get()), .scales = scales.f32(),
-                           .rows_pad = rows_pad, .k_pad = k_pad, .in_rows = in_rows,
-                           .w = static_cast<const DevWeight*>(w.get()),
-                           .offsets = static_cast<const int64_t*>(plan.offsets.get()),
-                           .items = static_cast<const int32_t*>(plan.items.get()),
-                           .n_items = static_cast<const int32_t*>(plan.n_items.get()), .max_items = plan.max_items,
-                           .N = N, .K = K});
-    };
-    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, "moe/experts w1, w3 (w4a8)");
-    launch_act_quant_fp8({.codes = static_cast<uint8_t*>(xc.get()), .scales = xs.f32(), .in = p.x.f32(),
-                          .in_dtype = DType::kF32, .rows = T, .K = D, .in_stride = D, .rows_pad = T, .k_pad = kx});
-    launch_check("experts input act_quant (w4a8)");
-    project(tab.w1, F, D, h1.f32(), xc, xs, T, kx, rows);
-    project(tab.w3, F, D, h3.f32(), xc, xs, T, kx, rows);
-    launch_check("experts w1, w3 (w4a8)");
-    part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
-    launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
-    launch_check("experts swiglu");
-    launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
-                             .scale = combine_scale});
-    launch_check("experts routing weight");
-    launch_act_quant_fp8({.codes = static_cast<uint8_t*>(hc.get()), .scales = hs.f32(), .in = h1.f32(),
-                          .in_dtype = DType::kF32, .rows = total, .K = F, .in_stride = F, .rows_pad = total, .k_pad = kh});
-    launch_check("experts w2 act_quant (w4a8)");
-    part.emplace(profiler_, "moe/experts w2, scatter (w4a8)");
-    project(tab.w2, D, F, y.f32(), hc, hs, total, kh, nullptr);
-    launch_check("experts w2 (w4a8)");
-    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots, .weights = nullptr, .R = total, .D = D,
                            .scale = static_cast<float>(combine_scale)});
     launch_check("experts scatter");
   }
@@ -1153,12 +1134,7 @@ class CudaBackend final : public Backend {
     launch_check("expert ffn");
   }
 
-  struct CachedWeight {
-    DeviceBuffer buf;
-    uint64_t fingerprint = 0;
-  };
-  std::unordered_map<const void*, CachedWeight> weights_;    // views without an id
-  std::unordered_map<uint64_t, CachedWeight> weights_by_id_;  // checkpoint tensors
+  WeightCache<DeviceBuffer> weights_;
   DeviceBatch batch_;
   Fp8Linear fp8_;
   OpProfiler profiler_;

@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/model_config.h"
@@ -37,6 +39,46 @@ inline uint64_t host_fingerprint(const void* p, size_t bytes) {
   if (bytes > 256) mix(bytes - 256);
   return h;
 }
+
+// The fingerprint a cache entry made from view `v` carries: 0 for a view with an id (its bytes never
+// change), else host_fingerprint of its bytes.
+inline uint64_t view_fingerprint(const TensorView& v) {
+  return v.id != 0 ? 0 : host_fingerprint(v.data, static_cast<size_t>(v.numel()) * dtype_size(v.dtype));
+}
+
+// Device copies made from stored tensors, keyed as above: by the view's id when it has one, else by
+// its host address, an entry counting only while its fingerprint matches. One per cache (the
+// backend's uploads, the FP8 GEMM's padded weights).
+template <class V>
+class WeightCache {
+ public:
+  // The entry made from `v` with fingerprint `fp`, or null.
+  V* find(const TensorView& v, uint64_t fp) {
+    Entry* e = nullptr;
+    if (v.id != 0) {
+      auto it = by_id_.find(v.id);
+      if (it != by_id_.end()) e = &it->second;
+    } else {
+      auto it = by_address_.find(v.data);
+      if (it != by_address_.end()) e = &it->second;
+    }
+    return e && e->fingerprint == fp ? &e->value : nullptr;
+  }
+  // Stores `value` as the entry of `v` (replacing any) and returns it.
+  V& put(const TensorView& v, uint64_t fp, V value) {
+    Entry& e = v.id != 0 ? by_id_[v.id] : by_address_[v.data];
+    e = Entry{std::move(value), fp};
+    return e.value;
+  }
+
+ private:
+  struct Entry {
+    V value;
+    uint64_t fingerprint = 0;
+  };
+  std::unordered_map<uint64_t, Entry> by_id_;              // checkpoint tensors
+  std::unordered_map<const void*, Entry> by_address_;      // views without an id
+};
 
 // Device memory from the stream-ordered pool on the default stream, zero-filled (cuda_backend.cpp).
 void* device_alloc(size_t bytes);

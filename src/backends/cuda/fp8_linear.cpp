@@ -111,22 +111,10 @@ Fp8WeightLayout fp8_weight_layout(const WeightMatrix& w) {
 
 const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   const int64_t n_pad = round_up(w.out, 16), k_pad = round_up(w.in, kFp8ActBlock);
-  // Keyed like the backend's device_bytes: a checkpoint tensor by its id (codes and scales come
-  // from the same file), anything else by address with a fingerprint checked on every use.
-  const bool by_id = w.data.id != 0 && w.scale.id != 0;
-  const uint64_t fp =
-      by_id ? 0
-            : host_fingerprint(w.data.data, static_cast<size_t>(w.data.numel()) * dtype_size(w.data.dtype)) * 31 +
-                  host_fingerprint(w.scale.data, static_cast<size_t>(w.scale.numel()) * dtype_size(w.scale.dtype));
-  PaddedWeight* hit = nullptr;
-  if (by_id) {
-    auto it = weights_by_id_.find(w.data.id);
-    if (it != weights_by_id_.end()) hit = &it->second;
-  } else {
-    auto it = weights_.find(w.data.data);
-    if (it != weights_.end()) hit = &it->second;
-  }
-  if (hit && hit->n_pad == n_pad && hit->k_pad == k_pad && hit->fingerprint == fp) return *hit;
+  // Keyed by the codes' view (cuda_state.h WeightCache); the fingerprint covers the scales too.
+  const uint64_t fp = view_fingerprint(w.data) * 31 + view_fingerprint(w.scale);
+  if (const PaddedWeight* hit = weights_.find(w.data, fp); hit && hit->n_pad == n_pad && hit->k_pad == k_pad)
+    return *hit;
   const Fp8WeightLayout l = fp8_weight_layout(w);
   PaddedWeight pw;
   pw.codes = DeviceBuffer(l.codes.size());
@@ -136,10 +124,7 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   pw.n_pad = l.n_pad;
   pw.k_pad = l.k_pad;
   pw.l4 = l.l4;
-  pw.fingerprint = fp;
-  PaddedWeight& stored = by_id ? weights_by_id_[w.data.id] : weights_[w.data.data];
-  stored = std::move(pw);
-  return stored;
+  return weights_.put(w.data, fp, std::move(pw));
 }
 
 bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad) {

@@ -77,7 +77,6 @@ class Fp8Linear {
     DeviceBuffer codes;   // [n_pad, k_pad] e4m3
     DeviceBuffer scales;  // [ceil(N/128), l4] fp32
     int64_t n_pad = 0, k_pad = 0, l4 = 0;
-    uint64_t fingerprint = 0;  // of the stored codes and scales it was made from (host_fingerprint)
   };
   struct Plan;  // a cached cuBLASLt algorithm for one (M_pad, N_pad, K_pad), or why there is none
 
@@ -93,8 +92,7 @@ class Fp8Linear {
   std::string last_detail_;
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
   DeviceBuffer workspace_;
-  std::unordered_map<const void*, PaddedWeight> weights_;      // views without an id
-  std::unordered_map<uint64_t, PaddedWeight> weights_by_id_;    // checkpoint tensors
+  WeightCache<PaddedWeight> weights_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 

@@ -146,6 +146,9 @@ struct LinearArgs {
 };
 // Returns whether the vectorized kernel ran.
 bool launch_linear(const LinearArgs& a);
+// Rows of a grouped-expert work item: the linear kernels' token tile, which the W4A8 kernel's m16
+// fragments also hold (rows 8..15 unused). The plans (device and host) cut each expert's rows by it.
+inline constexpr int64_t kMoeTileRows = 8;
 // The MoE's grouping planned on the device (no download of the expert choices): from experts
 // [T, K] (each in [0, E)), rows grouped by expert in (token, slot) order as the host plan does:
 // offsets [E + 1], rows [T*K] (token of each grouped row), slots [T*K] (t*K + i), and the work
@@ -366,10 +369,9 @@ struct AttentionArgs {
 };
 void launch_attention(const AttentionArgs& a);
 constexpr int64_t kAttnSplitCandidates = 64;
-// Floats of split_scratch per token (all heads) for the given largest candidate count.
-inline int64_t attention_split_floats_per_token(int64_t H, int64_t Dh, int64_t max_candidates) {
-  const int64_t max_splits = (std::max<int64_t>(max_candidates, 1) + kAttnSplitCandidates - 1) / kAttnSplitCandidates;
-  return H * max_splits * (Dh + 2);
+// Blocks of the split attention for a (token, head) with `candidates` candidates (at least 1).
+inline int64_t attention_splits(int64_t candidates) {
+  return (std::max<int64_t>(candidates, 1) + kAttnSplitCandidates - 1) / kAttnSplitCandidates;
 }
 
 // ---- router and experts (kernels_moe.cu) --------------------------------------------------------

@@ -500,7 +500,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
   const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
-  const int64_t splits = (n + kAttnSplitCandidates - 1) / kAttnSplitCandidates;
+  const int64_t splits = (n + kAttnSplitCandidates - 1) / kAttnSplitCandidates;  // 0 when n is
   const float* part = a.split_scratch + th * max_splits * (a.Dh + 2);
   const float sink = dev_load(a.sinks, h);
   float M = sink;
@@ -555,7 +555,7 @@ void launch_indexer_topk(const IndexerArgs& a) {
 void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
   if (a.split_scratch) {
-    const int64_t max_splits = attention_split_floats_per_token(a.H, a.Dh, a.max_candidates) / (a.H * (a.Dh + 2));
+    const int64_t max_splits = attention_splits(a.max_candidates);
     const size_t smem = static_cast<size_t>(a.Dh + kAttnSplitCandidates) * sizeof(float);
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;

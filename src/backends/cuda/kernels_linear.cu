@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokenTile = 8;
+static_assert(kTokenTile == kMoeTileRows, "a grouped-expert work item is one token tile");
 
 // The input rows of a tile's tokens (row-group offset applied; tokens past a.T repeat the first
 // and are not written); returns how many of the kTokenTile tokens are real.
@@ -180,6 +181,8 @@ __device__ inline void mma_e4m3_16x8x32(float (&d)[4], uint32_t a0, uint32_t a1,
   __trap();
 #endif
 }
+
+static_assert(kMoeTileRows == 8, "the W4A8 kernel maps a lane group (lane / 4) to one of 8 tile rows");
 
 // Lane l of a warp: g = l / 4 is its A row (tile row), its B column and its C row; t = l % 4 picks
 // 4 of each 16 k's. Tile rows 8..15 of the m16 shape are never rows here (a1 = a3 = 0).

@@ -105,8 +105,8 @@ namespace {
 
 // One block: counts per expert (shared atomics), the exclusive scan and the placement in (token,
 // slot) order on thread 0 (the order the host plan keeps), then the work items. Thread 0's serial
-// loops read the offsets from shared memory (a global read per step made each step wait on the
-// memory: about 0.25 ms at batch 1 with 256 experts).
+// loops read the offsets from shared memory (a global read per step would make each step wait on
+// the memory; with it the plan took 0.055 ms at batch 1 with 256 experts on the H200).
 __global__ void moe_plan_kernel(MoePlanArgs a) {
   extern __shared__ int32_t plan_shared[];  // counts [E], then offsets [E + 1]
   int32_t* counts = plan_shared;
@@ -138,7 +138,7 @@ __global__ void moe_plan_kernel(MoePlanArgs a) {
   }
   int32_t items = 0;
   for (int64_t e = 0; e < a.E; ++e)
-    for (int32_t t0 = 0; t0 < offs[e + 1] - offs[e]; t0 += 8) {
+    for (int32_t t0 = 0; t0 < offs[e + 1] - offs[e]; t0 += kMoeTileRows) {
       if (items >= a.max_items) __trap();  // the host's bound (MoePlanArgs::max_items) is never reached
       a.items[2 * items] = static_cast<int32_t>(e);
       a.items[2 * items + 1] = t0;

@@ -20,7 +20,7 @@ TEST_P(CudaFastAccuracy, CleanProfilePassesThresholds) {
   const std::string f = GetParam();
   const Accuracy a = measure(kFixtures / f, kFixtures / f, fixture_ids(f), kAllKeys, *gpu);
   print("cuda " + f, a);
-  expect_fixture_thresholds(a, f);
+  expect_within(a, kFixtureThresholds, f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFastAccuracy, ::testing::Values("swa_hash", "csa", "hca", "mixed_hc2", "mixed_bf16"));
@@ -32,7 +32,7 @@ TEST(CudaFastAccuracyNeedle, NeedleTinyPassesThresholds) {
   for (const auto& ids : needle_prompts()) {
     const Accuracy a = measure(kNeedleTiny, kNeedleTiny, ids, kAllKeys, *gpu);
     print("cuda needle-tiny T=" + std::to_string(ids.size()) + " #" + std::to_string(i++ % 2), a);
-    expect_needle_thresholds(a, "needle-tiny T=" + std::to_string(ids.size()));
+    expect_within(a, kNeedleThresholds, "needle-tiny T=" + std::to_string(ids.size()));
   }
 }
 
@@ -43,24 +43,21 @@ TEST(CudaFastAccuracyFaults, DoubledRoutedScaleAndCorruptedKeysFailTheThresholds
     const auto dir = plant_double_routed_scale(kFixtures / f);
     const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {}, *gpu);
     print(std::string("cuda ") + f + " 2x scale", a);
-    EXPECT_GT(a.logits_cos_dist, kFixtureLogitsCosDist) << f;
-    EXPECT_LT(a.top1, kFixtureTop1) << f;
+    expect_doubled_scale_caught(a, kFixtureThresholds, /*whole_model=*/false, f);
     std::filesystem::remove_all(dir);
   }
   {
     const auto dir = plant_double_routed_scale(kNeedleTiny);
     const Accuracy a = measure(kNeedleTiny, dir, needle_prompts()[0], {}, *gpu);
     print("cuda needle-tiny 2x scale", a);
-    EXPECT_GT(a.logits_cos_dist, kNeedleLogitsCosDist);
-    EXPECT_LT(a.top1, kNeedleTop1);
-    EXPECT_GT(a.max_layer_cos_dist(), kNeedleLayerCosDist);
+    expect_doubled_scale_caught(a, kNeedleThresholds, /*whole_model=*/true, "needle-tiny");
     std::filesystem::remove_all(dir);
   }
   for (const char* f : {"csa", "mixed_hc2"}) {
     const auto dir = plant_corrupt_index_keys(kFixtures / f, "1");
     const Accuracy a = measure(kFixtures / f, dir, fixture_ids(f), {KeyPrecision::kBf16}, *gpu);
     print(std::string("cuda ") + f + " bad keys", a);
-    EXPECT_LT(a.min_index_overlap(KeyPrecision::kBf16), kFixtureIndexOverlapBf16) << f;
+    expect_corrupt_keys_caught(a, kFixtureThresholds, f);
     std::filesystem::remove_all(dir);
   }
 }
