@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend's acceptance run, on a machine with a Hopper GPU: the GPU op and parity tests
-# (sparrow_cuda_tests; again with each fallback forced, and with each opt-in path on), then `sparrow logits --backend cuda` against `--backend cpu` on every
+# (sparrow_cuda_tests; again with each fallback forced, and with each opt-in path of GPU_CHECK_ENABLE on), then `sparrow logits --backend cuda` against `--backend cpu` on every
 # fixture in three feeding modes (one-shot prefill, chunked prefill, token-by-token decode),
 # `sparrow diff --backend-b cuda` on mixed_hc2 (every tap within the diff tolerance), and
 # optionally a synthetic 2-layer V4-Flash, then the trained needle model through `sparrow needle`
@@ -63,36 +63,47 @@ else
   row "sparrow_cuda_tests (ops + parity)" FAIL "$detail, exit $rc"
   grep -E '^\[  FAILED  \]|Failure|CHECK failed|CUDA' "$logs/gtest.log" | head -20
 fi
+# The distinct failed tests of a gtest log, named (gtest prints each twice: at its end and in the summary).
+failed_names() { grep -E '^\[  FAILED  \] [A-Za-z]' "$1" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd' ' -; }
+failed_detail() { local n; n=$(failed_names "$1"); echo "$(echo "$n" | wc -w) failed: $n"; }
 # The fallbacks the default paths replace still have to be right: the MoE op tests with the host
 # plan (grouped, then one expert at a time), and the op tests with every switchable path off.
-for off in moe_device_plan moe_device_plan,grouped_moe vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split; do
+for off in moe_device_plan moe_device_plan,grouped_moe vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled; do
   if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*' \
       >"$logs/gtest-fallback-${off//,/-}.log" 2>&1; then
     row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-fallback-${off//,/-}.log" | grep -oE '[0-9]+' | head -1) passed"
   else
-    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-fallback-${off//,/-}.log") failed"
+    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" FAIL "$(failed_detail "$logs/gtest-fallback-${off//,/-}.log")"
   fi
 done
 # When tests failed: run them again with each of the switchable fast paths off
 # (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
 if [ -n "$failed_tests" ]; then
-  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload hc_split vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split; do
+  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload hc_split attn_split w4a8 fp8_gemm bf16_gemm w4a8_tiled indexer_tiled vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled; do
     if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
         >"$logs/gtest-without-${off//,/-}.log" 2>&1; then
       row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
     else
-      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-without-${off//,/-}.log") still fail"
+      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "still $(failed_detail "$logs/gtest-without-${off//,/-}.log")"
     fi
   done
 fi
-# Paths that are opt-in until they have passed here (SPARROW_CUDA_ENABLE, docs/cuda.md): every GPU
-# test again with each of them on.
-for on in attn_split w4a8 fp8_gemm; do
+# The paths made the defaults on 2026-12-01 (flash-decoding attention, W4A8 experts and their tiled
+# kernel, cuBLASLt FP8 linears, the bf16 wo_a GEMM, the tiled indexer scorer) replaced ones the
+# whole suite must still pass with: every GPU test with them off.
+prev=attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled
+if SPARROW_CUDA_DISABLE=$prev "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest-without-new.log" 2>&1; then
+  row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-without-new.log" | grep -oE '[0-9]+' | head -1) passed"
+else
+  row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" FAIL "$(failed_detail "$logs/gtest-without-new.log")"
+fi
+# Paths still opt-in (SPARROW_CUDA_ENABLE, docs/cuda.md): every GPU test again with each of them on.
+for on in ${GPU_CHECK_ENABLE:-}; do
   if SPARROW_CUDA_ENABLE=$on "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest-enable-$on.log" 2>&1; then
     row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$on" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-enable-$on.log" | grep -oE '[0-9]+' | head -1) passed"
   else
-    row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$on" FAIL "$(grep -c '^\[  FAILED  \] [A-Za-z]' "$logs/gtest-enable-$on.log") failed"
+    row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$on" FAIL "$(failed_detail "$logs/gtest-enable-$on.log")"
   fi
 done
 worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)

@@ -145,7 +145,7 @@ Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions&
   if (opt.logits_rows) hidden = be.gather_rows(hidden, *opt.logits_rows);
   // logits is (rows, V); the reference computes them in fp32 too (spec §4 row 12).
   Tensor logits = be.alloc(ElemType::kF32, {hidden.dim(0), c.vocab_size});
-  be.linear({.out = logits, .in = hidden, .weight = &weights_.head});
+  be.linear({.out = logits, .in = hidden, .weight = &weights_.head, .input_bf16 = ref});
   if (opt.tap) (*opt.tap)("logits", logits);
   return logits;
 }
@@ -224,8 +224,8 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
     // The compressor's projections run in fp32 in the reference too (spec §4 row 8).
     Tensor ckv = be.alloc(ElemType::kF32, {T, width});
     Tensor cgate = be.alloc(ElemType::kF32, {T, width});
-    be.linear({.out = ckv, .in = x, .weight = &L.compressor.wkv});
-    be.linear({.out = cgate, .in = x, .weight = &L.compressor.wgate});
+    be.linear({.out = ckv, .in = x, .weight = &L.compressor.wkv, .input_bf16 = ref});
+    be.linear({.out = cgate, .in = x, .weight = &L.compressor.wgate, .input_bf16 = ref});
     std::vector<QuantSimKind> kv_sim, key_sim;
     if (nx.kv_fp8) kv_sim = {QuantSimKind::kFp8Pow2Block64};
     if (nx.index_hadamard_fp4) key_sim = {QuantSimKind::kHadamardBf16, QuantSimKind::kFp4Pow2Block32};
@@ -238,8 +238,8 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       const int64_t Hi = c.index_heads, di = c.index_head_dim;
       Tensor ikv = be.alloc(ElemType::kF32, {T, 2 * di});
       Tensor igate = be.alloc(ElemType::kF32, {T, 2 * di});
-      be.linear({.out = ikv, .in = x, .weight = &L.index_compressor.wkv});
-      be.linear({.out = igate, .in = x, .weight = &L.index_compressor.wgate});
+      be.linear({.out = ikv, .in = x, .weight = &L.index_compressor.wkv, .input_bf16 = ref});
+      be.linear({.out = igate, .in = x, .weight = &L.index_compressor.wgate, .input_bf16 = ref});
       be.compressor({.kv = ikv, .gate = igate, .ape = L.index_compressor.ape,
                      .norm_weight = L.index_compressor.norm, .batch = &batch, .rope = &rope, .layer = l,
                      .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,
@@ -253,7 +253,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       }
       tap(opt, l, "attn.indexer.q", iq);
       Tensor iw = be.alloc(ElemType::kF32, {T, Hi});
-      be.linear({.out = iw, .in = x, .weight = &L.index_weights_proj, .round_bf16 = ref});
+      be.linear({.out = iw, .in = x, .weight = &L.index_weights_proj, .round_bf16 = ref, .input_bf16 = ref});
       tap(opt, l, "attn.indexer.weights", iw);
       selected = be.alloc(ElemType::kI32, {T, c.index_topk});
       Tensor scores;  // [T, C] only when tapping: C = entries visible to the batch's last token
@@ -298,12 +298,13 @@ Tensor Model::moe_forward(Backend& be, const BatchInfo& batch, int64_t l, const 
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[l];
   const int64_t T = batch.num_tokens(), K = c.experts_per_token;
+  const bool ref = numerics_of(precision_).round_bf16;
   Tensor experts = be.alloc(ElemType::kI32, {T, K});
   Tensor weights = be.alloc(ElemType::kF32, {T, K});
   be.router({.out_experts = experts, .out_weights = weights, .x = x, .gate = &L.gate, .bias = L.gate_bias,
              .tid2eid = L.tid2eid, .batch = &batch, .kind = c.moe[l], .k = K,
              .routed_scale = c.routed_scaling_factor, .placement = opt.routed_scale_placement,
-             .forced_experts = forced_decision(be, opt, l, "moe.router.experts", T)});
+             .forced_experts = forced_decision(be, opt, l, "moe.router.experts", T), .input_bf16 = ref});
   tap(opt, l, "moe.router.experts", experts);
   tap(opt, l, "moe.router.weights", weights);
   Tensor out = be.alloc(ElemType::kF32, {T, c.hidden_size});

@@ -137,6 +137,10 @@ struct LinearParams {
   // before the reference's FP8/FP4 GEMMs, spec §3.0.5) and the output is rounded to bf16.
   bool act_quant_fp8 = false;
   bool round_bf16 = false;
+  // The input holds bf16 values (the fast and deepseek-ref profiles' activations): with a BF16 float
+  // weight, x W^T is then exactly a bf16 GEMM with fp32 sums, which a backend may run as one (the
+  // CUDA backend's tensor cores); only the order of the sums differs from fp32 arithmetic.
+  bool input_bf16 = false;
 };
 
 // The `fast` profile's FP8 linear (issue 6; not used by the model yet): y = dequant(q(x)) ·
@@ -273,6 +277,8 @@ struct RouterParams {
   // Optional [T, K] int32: route to these experts instead of selecting (sparrow diff
   // --force-decisions); the weights are still computed from this router's scores.
   Tensor forced_experts = {};
+  // x holds bf16 values: the gate's logits may be a bf16 GEMM (LinearParams::input_bf16).
+  bool input_bf16 = false;
 };
 
 struct MoeParams {

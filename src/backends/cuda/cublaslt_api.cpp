@@ -50,6 +50,7 @@ CublasLtApi load() {
   resolve(lib, "cublasLtMatmulDescSetAttribute", api.desc_set, err);
   resolve(lib, "cublasLtMatrixLayoutCreate", api.layout_create, err);
   resolve(lib, "cublasLtMatrixLayoutDestroy", api.layout_destroy, err);
+  resolve(lib, "cublasLtMatrixLayoutSetAttribute", api.layout_set, err);
   resolve(lib, "cublasLtMatmulPreferenceCreate", api.pref_create, err);
   resolve(lib, "cublasLtMatmulPreferenceDestroy", api.pref_destroy, err);
   resolve(lib, "cublasLtMatmulPreferenceSetAttribute", api.pref_set, err);

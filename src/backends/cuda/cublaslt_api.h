@@ -1,7 +1,8 @@
 // cuBLASLt, opened at run time with dlopen rather than linked: a sparrow binary built on a machine
 // without a GPU must start on the GPU machines without carrying the 540 MB library, and a missing
 // or old cuBLASLt must only cost the paths that use it. Only the header's types and enums are used
-// at compile time. Shared by the FP8 block-scaled linear (fp8_linear.cpp) and `sparrow bench`.
+// at compile time. Shared by the FP8 block-scaled linear (fp8_linear.cpp), the bf16 grouped linear (bf16_linear.cpp)
+// and `sparrow bench`.
 #pragma once
 
 #include <cublasLt.h>
@@ -24,6 +25,7 @@ struct CublasLtApi {
   decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
   decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
@@ -35,6 +37,24 @@ struct CublasLtApi {
 // libcublasLt.so.<major> on the loader's path, the toolkit's usual directories, and the CUDA wheel
 // directories of the GPU machines' PyTorch image.
 const CublasLtApi& cublaslt_api();
+
+// Destroys cuBLASLt descriptors at scope exit.
+struct LtObjects {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtObjects() = default;
+  LtObjects(const LtObjects&) = delete;
+  LtObjects& operator=(const LtObjects&) = delete;
+  ~LtObjects() {
+    const CublasLtApi& lt = cublaslt_api();
+    if (pref) lt.pref_destroy(pref);
+    if (d) lt.layout_destroy(d);
+    if (b) lt.layout_destroy(b);
+    if (a) lt.layout_destroy(a);
+    if (desc) lt.desc_destroy(desc);
+  }
+};
 
 // cublasLtGetStatusString's text, or the number when the library is not loaded.
 std::string cublaslt_status_text(cublasStatus_t s);

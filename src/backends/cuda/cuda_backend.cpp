@@ -19,6 +19,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "backends/cuda/bf16_linear.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_state.h"
 #include "backends/cuda/fp8_linear.h"
@@ -332,7 +333,7 @@ class OpProfiler {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() { set_fp8_gemm_in_linear(cuda_feature_opted_in("fp8_gemm")); }
+  CudaBackend() { set_fp8_gemm_in_linear(cuda_feature_on("fp8_gemm")); }
   const char* name() const override { return "cuda"; }
 
   Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
@@ -464,11 +465,16 @@ class CudaBackend final : public Backend {
     const int64_t T = p.in.dim(0);
     SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
-    if (p.act_quant_fp8 && fp8_gemm_in_linear_ && w.format == WeightFormat::kFp8Block && w.block_out == 128 &&
-        w.block_in == 128) {
-      // The tensor-core GEMM (opt-in, SPARROW_CUDA_ENABLE=fp8_gemm): quantises the input itself.
-      fp8_.run({.out = p.out, .in = p.in, .weight = &w}, [&] { return dev_weight(w); });
+    if (p.act_quant_fp8 && fp8_gemm_rows(p.out.f32(), p.in.f32(), T, w)) {
+      // The tensor-core GEMM (SPARROW_CUDA_DISABLE=fp8_gemm: the CUDA-core kernel below).
       last_linear_vectorized_ = false;
+      last_linear_tensor_cores_ = true;
+      round_bf16_if(p.round_bf16, p.out, "linear bf16");
+      return;
+    }
+    if (p.input_bf16 && bf16_gemm_rows(p.out.f32(), p.in.f32(), T, w)) {
+      last_linear_vectorized_ = false;
+      last_linear_tensor_cores_ = true;
       round_bf16_if(p.round_bf16, p.out, "linear bf16");
       return;
     }
@@ -481,6 +487,7 @@ class CudaBackend final : public Backend {
       fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
       in = quantised.f32();
     }
+    last_linear_tensor_cores_ = false;
     last_linear_vectorized_ =
         launch_linear({.out = p.out.f32(), .in = in, .in_rows = nullptr, .w = dev_weight(w), .T = T,
                        .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1), .vectorized = p.act_quant_fp8});
@@ -495,8 +502,18 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK(G > 0 && w.out % G == 0);
     SPARROW_CHECK_EQ(p.in.numel(), T * G * w.in);
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
-    // The reduced-precision profiles (round_bf16) take the vectorized kernel where the weight allows
-    // it (V4's wo_a: 128x128 FP8), as `linear` does under act_quant_fp8; fp32 keeps the element-wise one.
+    // The reduced-precision profiles (round_bf16: the input holds bf16 values) run it as the reference
+    // does, a bf16 GEMM with fp32 sums, on the tensor cores (bf16_linear.h; SPARROW_CUDA_DISABLE=bf16_gemm
+    // or a weight it cannot take: the vectorized kernel where the weight allows it, as `linear` does
+    // under act_quant_fp8); fp32 keeps the element-wise one.
+    if (p.round_bf16 && bf16_gemm_on() && bf16_.run(p.out.f32(), p.in.f32(), T, G, w, [&] { return dev_weight(w); })) {
+      last_linear_vectorized_ = false;
+      last_linear_tensor_cores_ = true;
+      launch_check("grouped_linear bf16 GEMM");
+      round_bf16_if(true, p.out, "grouped_linear bf16");
+      return;
+    }
+    last_linear_tensor_cores_ = false;
     last_linear_vectorized_ =
         launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
                        .in_stride = G * w.in, .rows_per_group = w.out / G, .vectorized = p.round_bf16});
@@ -552,6 +569,7 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.norm_weight.numel(), p.dim);
     std::vector<CompressorSeqArgs> seqs;
     std::vector<float*> emitted_rows;  // where this batch's entries go, for the entry_sim and key precision passes
+    std::vector<int64_t> jobs;         // {sequence index, e} of every entry the batch emits
     const bool post_pass = p.key_precision != KeyPrecision::kF32 || !p.entry_sim.empty();
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
@@ -564,6 +582,10 @@ class CudaBackend final : public Backend {
       buf.reserve(buf.count + emitted);
       if (post_pass)
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
+      for (int64_t j = 0; j < emitted; ++j) {
+        jobs.push_back(static_cast<int64_t>(seqs.size()));
+        jobs.push_back(j);
+      }
       seqs.push_back({.pending_kv = buf.pending_kv.f32(), .pending_gate = buf.pending_gate.f32(),
                       .prev_kv = buf.prev_kv.f32(), .prev_gate = buf.prev_gate.f32(), .entries = buf.entries.f32(),
                       .t_begin = begin, .t_end = end, .pending = buf.pending, .count = buf.count,
@@ -574,11 +596,15 @@ class CudaBackend final : public Backend {
     }
     if (seqs.empty()) return;
     const DeviceBuffer plan = upload_vector(seqs);
+    static const bool parallel = cuda_feature_on("compressor_parallel");
+    const DeviceBuffer d_jobs = parallel && !jobs.empty() ? upload_vector(jobs) : DeviceBuffer();
     launch_compressor({.seqs = static_cast<const CompressorSeqArgs*>(plan.get()), .nseq = static_cast<int64_t>(seqs.size()),
                        .kv = p.kv.f32(), .gate = p.gate.f32(), .positions = device_batch(batch).positions,
                        .ape = dev_view(p.ape), .norm_weight = dev_view(p.norm_weight), .rope = rope_arg(*p.rope),
                        .ratio = m, .dim = p.dim, .overlap = p.overlap, .norm_eps = static_cast<float>(p.norm_eps),
-                       .round_bf16 = p.round_bf16});
+                       .round_bf16 = p.round_bf16,
+                       .parallel = parallel, .jobs = static_cast<const int64_t*>(d_jobs.get()),
+                       .n_jobs = parallel ? static_cast<int64_t>(jobs.size() / 2) : 0});
     launch_check("compressor");
     // entry_sim (the stored record), then `--index-keys`: each new entry rounded as stored, after its
     // rotation, in emit_entry's order. The kernel never reads an entry back once it is emitted.
@@ -669,11 +695,11 @@ class CudaBackend final : public Backend {
     }
     if (T == 0) return;
     const DeviceBuffer d_tokens = upload_vector(tokens);
-    // The split kernel, opted in with SPARROW_CUDA_ENABLE=attn_split until it has run on a GPU, unless
+    // The split kernel (flash-decoding; SPARROW_CUDA_DISABLE=attn_split: one block per (token, head)), unless
     // the candidates would need more than 8192 splits (its combine keeps one weight per split in
     // shared memory); its scratch is bounded by running the tokens in passes, which changes no
     // token's arithmetic.
-    static const bool split_on = cuda_feature_opted_in("attn_split");
+    static const bool split_on = cuda_feature_on("attn_split");
     const bool split = split_on && attention_splits(max_candidates) <= 8192;
     const int64_t split_floats = H * attention_splits(max_candidates) * (Dh + 2);  // per token
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
@@ -726,8 +752,9 @@ class CudaBackend final : public Backend {
     if (!forced && p.kind == MoeKind::kScored) SPARROW_CHECK_EQ(p.bias.numel(), E);
     if (T == 0) return;
     DeviceBuffer logits(T * E * sizeof(float));
-    launch_linear({.out = logits.f32(), .in = p.x.f32(), .in_rows = nullptr, .w = dev_weight(gate), .T = T,
-                   .in_stride = gate.in, .rows_per_group = E});
+    if (!(p.input_bf16 && bf16_gemm_rows(logits.f32(), p.x.f32(), T, gate)))
+      launch_linear({.out = logits.f32(), .in = p.x.f32(), .in_rows = nullptr, .w = dev_weight(gate), .T = T,
+                     .in_stride = gate.in, .rows_per_group = E});
     launch_check("router logits");
     const double scale = p.placement == RoutedScalePlacement::kInRouterWeights ? p.routed_scale : 1.0;
     launch_router({.out_experts = p.out_experts.i32(), .out_weights = p.out_weights.f32(), .logits = logits.f32(),
@@ -969,10 +996,12 @@ class CudaBackend final : public Backend {
     plan.slots = DeviceBuffer(total * sizeof(int32_t));
     plan.items = DeviceBuffer(2 * plan.max_items * sizeof(int32_t));
     plan.n_items = DeviceBuffer(sizeof(int32_t));
+    const DeviceBuffer counts(E * sizeof(int32_t));  // zero-filled
     launch_moe_plan({.experts = experts.i32(), .T = T, .K = K, .E = E,
                      .offsets = static_cast<int64_t*>(plan.offsets.get()), .rows = static_cast<int32_t*>(plan.rows.get()),
                      .slots = static_cast<int32_t*>(plan.slots.get()), .items = static_cast<int32_t*>(plan.items.get()),
-                     .n_items = static_cast<int32_t*>(plan.n_items.get()), .max_items = plan.max_items});
+                     .n_items = static_cast<int32_t*>(plan.n_items.get()), .max_items = plan.max_items,
+                     .counts = static_cast<int32_t*>(counts.get())});
     launch_check("moe plan");
     return plan;
   }
@@ -1021,7 +1050,7 @@ class CudaBackend final : public Backend {
   // numerics' routing weight and FP8 rounding, w2 and the scatter over all rows at once. On the CUDA
   // cores (launch_grouped_expert_linear) each row goes through the arithmetic of the
   // one-expert-at-a-time path (swiglu_ffn), so the results are the same bits. Under the reference
-  // numerics with MXFP4 experts and w4a8 on (SPARROW_CUDA_ENABLE=w4a8, or set_w4a8_experts), on the
+  // numerics with MXFP4 experts (unless SPARROW_CUDA_DISABLE=w4a8, or set_w4a8_experts(false)), on the
   // tensor cores instead (launch_grouped_w4a8): the projections' inputs become e4m3 codes and 1x128
   // scales (launch_act_quant_fp8: the values fp8_rows gives, bit for bit) and MXFP4 is widened to
   // e4m3 in the kernel; the products are exact, the sums fp32 in the mma's order, so the rows differ
@@ -1037,6 +1066,10 @@ class CudaBackend final : public Backend {
     const auto mxfp4 = [](const WeightMatrix& w) { return w.format == WeightFormat::kFp4Packed && w.block_in == 32; };
     const bool w4a8 =
         w4a8_experts_ && p.ref_numerics && mxfp4(f.w1) && mxfp4(f.w3) && mxfp4(f.w2) && D % 32 == 0 && F % 32 == 0;
+    // Many rows an expert (an average of kTiledRowsPerExpert or more, as in prefill): the W4A8 kernel
+    // that stages tiles in shared memory; the same bits as the small one (kernels.h GroupedW4A8Args).
+    constexpr int64_t kTiledRowsPerExpert = 32;
+    const bool tiled = w4a8 && w4a8_tiled_ && total >= kTiledRowsPerExpert * static_cast<int64_t>(p.routed->size());
     DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
@@ -1068,14 +1101,16 @@ class CudaBackend final : public Backend {
         launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
                              .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
                              .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
-                             .max_items = plan.max_items, .N = shape.out, .K = shape.in});
+                             .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled});
       } else {
         launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                       .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
                                       .in_stride = shape.in, .format = shape.format, .vectorized = vec});
       }
     };
-    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, w4a8 ? "moe/experts w1, w3 (w4a8)" : "moe/experts w1, w3");
+    std::optional<OpProfiler::Scope> part(std::in_place, profiler_,
+                                          !w4a8 ? "moe/experts w1, w3" : tiled ? "moe/experts w1, w3 (w4a8 tiled)"
+                                                                                : "moe/experts w1, w3 (w4a8)");
     {
       // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
       const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
@@ -1093,7 +1128,8 @@ class CudaBackend final : public Backend {
       if (w4a8) hc = quantise(h1.f32(), total, F);
       else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
     }
-    part.emplace(profiler_, w4a8 ? "moe/experts w2, scatter (w4a8)" : "moe/experts w2, scatter");
+    part.emplace(profiler_, !w4a8 ? "moe/experts w2, scatter" : tiled ? "moe/experts w2, scatter (w4a8 tiled)"
+                                                                     : "moe/experts w2, scatter (w4a8)");
     project(tab.w2, f.w2, y.f32(), h1.f32(), hc, nullptr);
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
@@ -1118,10 +1154,18 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(w.w2.in, F);
     SPARROW_CHECK_EQ(w.w1.in, x_stride);
     SPARROW_CHECK_EQ(w.w2.out, x_stride);
-    launch_linear({.out = h1, .in = x, .in_rows = rows, .w = dev_weight(w.w1), .T = R, .in_stride = x_stride,
-                   .rows_per_group = F, .vectorized = ref.on});
-    launch_linear({.out = h3, .in = x, .in_rows = rows, .w = dev_weight(w.w3), .T = R, .in_stride = x_stride,
-                   .rows_per_group = F, .vectorized = ref.on});
+    // Under the reference numerics, an ungathered FFN (the shared expert) with 128x128 FP8 weights
+    // takes the fast linears' tensor-core GEMM (fp8_gemm): its inputs are already FP8-rounded, and
+    // quantising them again gives the same values (fp8_gemm_rows).
+    const bool tensor_cores = ref.on && rows == nullptr;
+    auto project = [&](float* out, const float* in, const int32_t* in_rows, int64_t in_stride, int64_t rows_per_group,
+                       const WeightMatrix& m) {
+      if (!(tensor_cores && fp8_gemm_rows(out, in, R, m)))
+        launch_linear({.out = out, .in = in, .in_rows = in_rows, .w = dev_weight(m), .T = R, .in_stride = in_stride,
+                       .rows_per_group = rows_per_group, .vectorized = ref.on});
+    };
+    project(h1, x, rows, x_stride, F, w.w1);
+    project(h3, x, rows, x_stride, F, w.w3);
     launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
     if (ref.on) {
       launch_check("expert swiglu");
@@ -1129,21 +1173,50 @@ class CudaBackend final : public Backend {
       launch_check("expert routing weight");
       fp8_rows(h1, R, F, F, kFp8ActBlock, "expert w2 act_quant_fp8");
     }
-    launch_linear({.out = y, .in = h1, .in_rows = nullptr, .w = dev_weight(w.w2), .T = R, .in_stride = F,
-                   .rows_per_group = w.w2.out, .vectorized = ref.on});
+    project(y, h1, nullptr, F, w.w2.out, w.w2);
     launch_check("expert ffn");
+  }
+
+  static bool bf16_gemm_on() {
+    static const bool on = cuda_feature_on("bf16_gemm");
+    return on;
+  }
+
+  // out [T, N] = in [T, K] (contiguous, bf16 values) x w^T as a bf16 GEMM on the tensor cores
+  // (Bf16GroupedLinear, one group) when bf16_gemm is on and w is a BF16 float weight it can take;
+  // false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
+  bool bf16_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w) {
+    if (!bf16_gemm_on() || w.format != WeightFormat::kFloat || w.data.dtype != DType::kBF16) return false;
+    return bf16_.run(out, in, T, 1, w, [&] { return dev_weight(w); });
+  }
+
+  // out [T, N] = act_quant_fp8(in [T, K], contiguous) x w^T on the tensor cores (Fp8Linear, the
+  // batch-invariant cuBLASLt plan) when fp8_gemm is on and w is FP8 with 128x128 blocks; false (and
+  // nothing run) otherwise. An input whose rows are already FP8-rounded (1x128, power-of-two scales)
+  // is quantised to the same values again, so callers may pass either.
+  bool fp8_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w) {
+    if (!fp8_gemm_in_linear_ || w.format != WeightFormat::kFp8Block || w.block_out != 128 || w.block_in != 128)
+      return false;
+    const Tensor ti(nullptr, const_cast<float*>(in), ElemType::kF32, {T, w.in});
+    const Tensor to(nullptr, out, ElemType::kF32, {T, w.out});
+    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); });
+    return true;
   }
 
   WeightCache<DeviceBuffer> weights_;
   DeviceBatch batch_;
   Fp8Linear fp8_;
+  Bf16GroupedLinear bf16_;
   OpProfiler profiler_;
   bool last_linear_vectorized_ = false;
+  bool last_linear_tensor_cores_ = false;
   bool fp8_gemm_in_linear_ = false;
-  bool w4a8_experts_ = cuda_feature_opted_in("w4a8");
+  bool w4a8_experts_ = cuda_feature_on("w4a8");
+  bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
 
  public:
   void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
+  void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
   void set_fp8_gemm_in_linear(bool on) {
     fp8_gemm_in_linear_ = on;
@@ -1151,6 +1224,7 @@ class CudaBackend final : public Backend {
   }
   OpProfiler& profiler() { return profiler_; }
   bool last_linear_vectorized() const { return last_linear_vectorized_; }
+  bool last_linear_tensor_cores() const { return last_linear_tensor_cores_; }
 };
 
 CudaBackend& cuda_backend(Backend& b) {
@@ -1202,9 +1276,11 @@ void set_op_profiling(Backend& backend, bool on) { cuda_backend(backend).profile
 std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(backend).profiler().take(); }
 
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
+bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).last_linear_tensor_cores(); }
 
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
+void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

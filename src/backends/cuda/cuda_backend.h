@@ -58,13 +58,16 @@ std::vector<OpTime> take_op_profile(Backend& backend);
 
 // The fast profiles' FP8-stored linears (LinearParams::act_quant_fp8, 128x128 FP8 weights) through
 // linear_fp8_block's tensor-core GEMM with one cuBLASLt algorithm per weight shape for every M
-// (Fp8Linear::set_batch_invariant). Off by default: opt in with SPARROW_CUDA_ENABLE=fp8_gemm (or
-// this call) until a GPU run has shown the rows batch invariant (CudaFp8Linear.*BatchInvariant*).
+// (Fp8Linear::set_batch_invariant). On by default since its GPU run of 2026-12-01 showed the rows
+// batch invariant (CudaFp8Linear.*BatchInvariant*); off with SPARROW_CUDA_DISABLE=fp8_gemm (or this call).
 void set_fp8_gemm_in_linear(Backend& backend, bool on);
 // The routed MXFP4 experts under the reference numerics (fast, deepseek-ref) on the tensor cores
-// (W4A8: kernels.h launch_grouped_w4a8). Off by default until it has run on a GPU: opt in with
-// SPARROW_CUDA_ENABLE=w4a8 (or this call).
+// (W4A8: kernels.h launch_grouped_w4a8). On by default since its GPU run of 2026-12-01; off with
+// SPARROW_CUDA_DISABLE=w4a8 (or this call).
 void set_w4a8_experts(Backend& backend, bool on);
+// Whether those take the tiled W4A8 kernel when an expert averages 32 rows or more (on unless
+// SPARROW_CUDA_DISABLE=w4a8_tiled); the same bits as the small kernel, which runs otherwise.
+void set_w4a8_tiled(Backend& backend, bool on);
 // Whether SPARROW_CUDA_ENABLE (comma-separated) names `name`.
 bool cuda_feature_opted_in(const char* name);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
@@ -73,6 +76,9 @@ bool cuda_feature_on(const char* name);
 // Test support: whether the last `linear` or `grouped_linear` call ran the vectorized kernel of the fast profiles
 // (kernels.h, LinearArgs::vectorized) rather than the element-wise one.
 bool last_linear_vectorized(Backend& backend);
+// Test support: whether it ran on the tensor cores (fp8_gemm's cuBLASLt FP8 GEMM for `linear`,
+// bf16_gemm's bf16 GEMM for `grouped_linear`).
+bool last_linear_tensor_cores(Backend& backend);
 
 // Test support: the activation quantisation kernel of linear_fp8_block run on host rows [n, K] of
 // `dtype` (F32 or BF16) values, padded to rows_pad rows and k_pad = K rounded up to 128 columns.

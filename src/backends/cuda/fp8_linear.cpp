@@ -42,21 +42,6 @@ std::string dims(int64_t m, int64_t n, int64_t k) {
   return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
 }
 
-// Destroys cuBLASLt descriptors at scope exit.
-struct LtObjects {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtObjects() {
-    const CublasLtApi& lt = cublaslt_api();
-    if (pref) lt.pref_destroy(pref);
-    if (d) lt.layout_destroy(d);
-    if (b) lt.layout_destroy(b);
-    if (a) lt.layout_destroy(a);
-    if (desc) lt.desc_destroy(desc);
-  }
-};
-
 }  // namespace
 
 struct Fp8Linear::Plan {

@@ -35,8 +35,14 @@ struct DevView {
 // experts in one launch per projection), "moe_device_plan" (their grouping planned on the device,
 // without downloading the expert choices), "attn_warp" (a warp per attention logit), "pool"
 // (cudaMalloc/cudaFree instead of the stream-ordered pool), "async_upload" (synchronous
-// cudaMemcpy for small uploads) and "hc_split" (mHC's mix dot products in one block per token
-// instead of one block per (token, mix)). Read once per process. (SPARROW_CUDA_ENABLE opts in to
+// cudaMemcpy for small uploads), "hc_split" (mHC's mix dot products in one block per token
+// instead of one block per (token, mix)), "compressor_parallel" (the compressors' entries one block
+// each instead of one block walking each sequence), "attn_split" (flash-decoding attention: the candidates
+// split over blocks), "w4a8" (the routed MXFP4 experts on the tensor cores), "w4a8_tiled" (their
+// shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
+// register tiles of 4 heads x 8 entries a thread), "fp8_gemm" (the
+// fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a as a bf16 cuBLASLt
+// GEMM). Read once per process. (SPARROW_CUDA_ENABLE opts in to
 // paths not yet run on a GPU: cuda_backend.h, cuda_feature_opted_in.)
 bool cuda_feature_on(const char* name);
 
@@ -153,8 +159,8 @@ inline constexpr int64_t kMoeTileRows = 8;
 // [T, K] (each in [0, E)), rows grouped by expert in (token, slot) order as the host plan does:
 // offsets [E + 1], rows [T*K] (token of each grouped row), slots [T*K] (t*K + i), and the work
 // items of the grouped projections, one per (expert with rows, tile of 8 rows): items [2 * max_items]
-// (expert, first row of the tile within the expert), n_items [1]. One block; an expert id out of
-// range traps.
+// (expert, first row of the tile within the expert), n_items [1]; counts [E] is scratch the caller
+// zero-fills. An expert id out of range traps.
 struct MoePlanArgs {
   const int32_t* experts;
   int64_t T, K, E;
@@ -164,6 +170,7 @@ struct MoePlanArgs {
   int32_t* items;
   int32_t* n_items;
   int64_t max_items;  // a bound on the items: T*K / 8 + min(E, T*K) + 1 (cuda_backend.cpp)
+  int32_t* counts;    // [E] scratch, zero on entry
 };
 void launch_moe_plan(const MoePlanArgs& a);
 
@@ -192,8 +199,11 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 // bit for bit the CPU's) and W = packed MXFP4 (e2m1 x e8m0 per 32 inputs). Each 32-input block is
 // one mma.sync.m16n8k32 e4m3 (e2m1 widened to e4m3 exactly), its fp32 sum scaled by the weight and
 // activation scales and added to the accumulator: the products are exact, the sums are fp32 in
-// another order than the CUDA-core kernel's. Grid (ceil(N / 32), max_items), 4 warps a block, each
-// warp 8 output columns of one tile of 8 rows. REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0.
+// another order than the CUDA-core kernel's (fixed by K alone). Grid (ceil(N / 8), max_items): a block
+// computes 8 output columns of one tile of 8 rows, its 4 warps each a quarter of K (groups of 128
+// inputs), summed in warp order. `tiled` (for many rows an expert, e.g. prefill): 64 rows x 32
+// columns a block from shared-memory tiles, each output the same arithmetic, so the same bits.
+// REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0.
 struct GroupedW4A8Args {
   float* out;                // [offsets[E], N]
   const uint8_t* codes;      // [rows_pad, k_pad] e4m3 (launch_act_quant_fp8's layout)
@@ -205,8 +215,16 @@ struct GroupedW4A8Args {
   const int32_t* items;      // [2 * max_items]
   const int32_t* n_items;
   int64_t max_items, N, K;
+  bool tiled = false;
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
+
+// bf16 operands of the tensor-core GEMMs (bf16_linear.cpp), as raw bf16 bits, round to nearest even:
+// out[n * w.in + k] = bf16(W[n, k]) for the whole weight (exact for FP8-block weights, whose e4m3
+// value times a power-of-two scale has at most 4 significant bits, and for BF16 ones), and
+// out[i] = bf16(in[i]) for i < n (exact for the fast profiles' bf16-valued activations).
+void launch_weight_to_bf16(const DevWeight& w, uint16_t* out);
+void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
 
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.
@@ -308,6 +326,12 @@ struct CompressorArgs {
   float norm_eps;
   // fast/deepseek-ref: the pooled entry bf16 before the norm, the norm and the rotation bf16 out.
   bool round_bf16 = false;
+  // false: one block per sequence walks its tokens in order. true: the entries in parallel, one
+  // block per job {sequence index, e} (every entry the batch emits: e < (pending + n) / ratio), then
+  // one block per sequence leaves the pending and prev buffers; the same bits (kernels_attention.cu).
+  bool parallel = false;
+  const int64_t* jobs = nullptr;  // [2 * n_jobs] when parallel
+  int64_t n_jobs = 0;
 };
 void launch_compressor(const CompressorArgs& a);
 

@@ -1,6 +1,7 @@
 // The compressors, the Lightning Indexer (scores + top-k) and sparse attention with the sink
 // (spec §3.3, §5.2). They mirror src/backends/cpu/cpu_backend.cpp; the per-sequence buffers they
 // read and write are described in cuda_state.h.
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
 
 namespace sparrow::cuda {
@@ -84,6 +85,107 @@ __global__ void compressor_kernel(CompressorArgs a) {
     ++count;
     pending = 0;
     __syncthreads();  // the pending rows are free again
+  }
+}
+
+// The same entries in parallel (the serial walk above spent 46 ms of an 8K CSA prefill and 16 ms of
+// an HCA one in its one block per sequence): grid (n_jobs), one block per emitted entry (jobs[b] =
+// {sequence, e}: the e-th entry this batch emits for it), reading its window's rows where they are
+// (rows of the pending buffer written by earlier batches, or this batch's kv and gate rows plus the
+// positional bias, as the walk would have buffered them) and the previous window's first halves
+// (the prev buffer for e = 0, else window e - 1's rows). Every channel's sums, the norm's block_sum
+// and the rotation are the walk's, in the same order: the same bits. compressor_state_kernel then
+// leaves the pending and prev buffers as the walk would.
+__global__ void compressor_entries_kernel(CompressorArgs a) {
+  const CompressorSeqArgs s = a.seqs[a.jobs[2 * blockIdx.x]];
+  const int64_t e = a.jobs[2 * blockIdx.x + 1];
+  const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
+  const int rope_pairs = a.rope.pairs;
+  const int64_t count = s.count + e;
+  float* entry = s.entries + count * dim;
+  const bool has_prev = a.overlap && (e > 0 || s.has_prev != 0);
+  // Row q of this batch's windows (q counts from the first pending row): its kv and its gate with
+  // the positional bias, as the walk buffers them.
+  auto kv_at = [&](int64_t q, int64_t c) {
+    if (q < s.pending) return s.pending_kv[q * width + c];
+    return a.kv[(s.t_begin + q - s.pending) * width + c];
+  };
+  auto gate_at = [&](int64_t q, int64_t c) {
+    if (q < s.pending) return s.pending_gate[q * width + c];
+    const int64_t t = s.t_begin + q - s.pending;
+    return a.gate[t * width + c] + dev_load(a.ape, (a.positions[t] % m) * width + c);
+  };
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    const int64_t cur = a.overlap ? dim + c : c;
+    // The previous window's first halves: the prev buffer (e = 0), else window e - 1's rows.
+    auto prev_gate = [&](int64_t j) { return e == 0 ? s.prev_gate[j * dim + c] : gate_at((e - 1) * m + j, c); };
+    auto prev_kv = [&](int64_t j) { return e == 0 ? s.prev_kv[j * dim + c] : kv_at((e - 1) * m + j, c); };
+    float mx = -INFINITY;
+    if (has_prev)
+      for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, prev_gate(j));
+    for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, gate_at(e * m + j, cur));
+    float num = 0.0f, den = 0.0f;
+    if (has_prev) {
+      for (int64_t j = 0; j < m; ++j) {
+        const float x = expf(prev_gate(j) - mx);
+        den += x;
+        num += x * prev_kv(j);
+      }
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const float x = expf(gate_at(e * m + j, cur) - mx);
+      den += x;
+      num += x * kv_at(e * m + j, cur);
+    }
+    const float v = a.round_bf16 ? dev_bf16_round(num / den) : num / den;
+    entry[c] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);  // its barrier also orders the entry writes before the reads below
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + a.norm_eps);
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    const float y = entry[c] * inv * dev_load(a.norm_weight, c);
+    entry[c] = a.round_bf16 ? dev_bf16_round(y) : y;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rope_pairs; i += blockDim.x) {
+    float* rp = entry + dim - 2 * rope_pairs;
+    rope_rotate_pair(rp, i, static_cast<double>(count * m), a.rope, false);
+    if (a.round_bf16) {
+      rp[2 * i] = dev_bf16_round(rp[2 * i]);
+      rp[2 * i + 1] = dev_bf16_round(rp[2 * i + 1]);
+    }
+  }
+}
+
+// grid (nseq), after compressor_entries_kernel: the prev buffer (overlap) becomes the first halves
+// of the last window emitted (read before the pending rows move), then the rows past the last
+// window become the pending rows (with the positional bias in the gate), as after the walk.
+__global__ void compressor_state_kernel(CompressorArgs a) {
+  const CompressorSeqArgs s = a.seqs[blockIdx.x];
+  const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
+  const int64_t n = s.t_end - s.t_begin, emitted = (s.pending + n) / m;
+  if (a.overlap && emitted > 0) {
+    for (int64_t i = threadIdx.x; i < m * dim; i += blockDim.x) {
+      const int64_t j = i / dim, c = i % dim, q = (emitted - 1) * m + j;
+      if (q < s.pending) {
+        s.prev_kv[i] = s.pending_kv[q * width + c];
+        s.prev_gate[i] = s.pending_gate[q * width + c];
+      } else {
+        const int64_t t = s.t_begin + q - s.pending;
+        s.prev_kv[i] = a.kv[t * width + c];
+        s.prev_gate[i] = a.gate[t * width + c] + dev_load(a.ape, (a.positions[t] % m) * width + c);
+      }
+    }
+  }
+  __syncthreads();  // the old pending rows are read
+  for (int64_t i = threadIdx.x; i < (s.pending + n - emitted * m) * width; i += blockDim.x) {
+    const int64_t r = i / width, c = i % width, q = emitted * m + r;
+    if (q < s.pending) continue;  // nothing emitted: the old pending rows stay where they are
+    const int64_t t = s.t_begin + q - s.pending;
+    s.pending_kv[r * width + c] = a.kv[t * width + c];
+    s.pending_gate[r * width + c] = a.gate[t * width + c] + dev_load(a.ape, (a.positions[t] % m) * width + c);
   }
 }
 
@@ -365,6 +467,91 @@ __global__ void indexer_score_smem_kernel(IndexerArgs a) {
   }
 }
 
+// The same scores from register tiles (the batch-256, 128K cells spent 23 ms here with
+// indexer_score_smem_kernel: one lane's 2 heads x 128 sequential FMAs per entry, lane 0's 64 more,
+// and the token's q re-read for every 32 entries). grid (T, ceil(C / kTileEntries)), block
+// kTileThreads, dynamic shared memory: the token's q [kTileHeads, di + 4] and the block's keys
+// [kTileEntries, di + 4] (rows padded to keep float4 reads aligned and spread over the banks), then
+// the ReLU terms [kTileEntries, kTileHeads + 1] in the keys' place. Thread (head group hg, entry
+// group eg) computes the dot products of heads hg + 16 j (j < 4) with entries 8 eg .. 8 eg + 7: each
+// is the same FMA chain over i in the same order as indexer_score_kernel's, and thread e then sums
+// entry e's terms over the heads in head order with the same FMAs: the same bits. REQUIRES
+// Hi <= kTileHeads, di % 4 == 0, fp32 scores.
+constexpr int kTileEntries = 128, kTileHeads = 64, kTileThreads = 256;
+constexpr int kTileHeadsPerThread = 4, kTileEntriesPerThread = 8;
+static_assert((kTileHeads / kTileHeadsPerThread) * (kTileEntries / kTileEntriesPerThread) == kTileThreads,
+              "one thread per (head group, entry group)");
+
+size_t indexer_tile_smem(int64_t di) {
+  const size_t row = static_cast<size_t>(di + 4);
+  const size_t keys = kTileEntries * row, terms = static_cast<size_t>(kTileEntries) * (kTileHeads + 1);
+  return (kTileHeads * row + (keys > terms ? keys : terms)) * sizeof(float);
+}
+
+__global__ void __launch_bounds__(kTileThreads) indexer_score_tiled_kernel(IndexerArgs a) {
+  extern __shared__ __align__(16) float tile_smem[];
+  const int64_t t = blockIdx.x, di = a.di, Hi = a.Hi, row = di + 4;
+  const int64_t w0 = static_cast<int64_t>(blockIdx.y) * kTileEntries;
+  const int64_t visible = a.visible[t];
+  const int64_t end = visible < a.C ? visible : a.C;  // entries below `end` are scored
+  const int64_t n_ent = end <= w0 ? 0 : (end - w0 < kTileEntries ? end - w0 : kTileEntries);
+  float* q = tile_smem;                      // [kTileHeads, row]
+  float* keys = q + kTileHeads * row;        // [kTileEntries, row]
+  float* terms = keys;                       // [kTileEntries, kTileHeads + 1], after the dot products
+  const int tid = threadIdx.x;
+  // Entries past `visible` (and past C) score -inf.
+  for (int64_t e = tid; e < kTileEntries; e += kTileThreads) {
+    const int64_t w = w0 + e;
+    if (w < a.C && e >= n_ent) a.scores[t * a.C + w] = -INFINITY;
+  }
+  if (n_ent <= 0) return;
+  for (int64_t i = tid; i < kTileHeads * di; i += kTileThreads) {
+    const int64_t h = i / di;
+    q[h * row + i % di] = h < Hi ? a.q[(t * Hi + h) * di + i % di] : 0.0f;
+  }
+  const float* kbase = a.keys[t] + w0 * di;
+  for (int64_t i = tid; i < kTileEntries * di; i += kTileThreads) {
+    const int64_t e = i / di;
+    keys[e * row + i % di] = e < n_ent ? kbase[i] : 0.0f;
+  }
+  __syncthreads();
+  // Thread (hg, eg): heads hg, hg + 16, hg + 32, hg + 48 (strided, so that the 8 lanes of a float4
+  // read phase hit 8 different q rows 132 floats apart: distinct banks) and entries 8 eg .. 8 eg + 7.
+  constexpr int kHeadGroups = kTileHeads / kTileHeadsPerThread;
+  const int hg = tid % kHeadGroups, eg = tid / kHeadGroups;
+  float d[kTileHeadsPerThread][kTileEntriesPerThread] = {};
+  for (int64_t i = 0; i < di; i += 4) {
+    float4 qv[kTileHeadsPerThread], kv[kTileEntriesPerThread];
+#pragma unroll
+    for (int h = 0; h < kTileHeadsPerThread; ++h)
+      qv[h] = *reinterpret_cast<const float4*>(q + (hg + kHeadGroups * h) * row + i);
+#pragma unroll
+    for (int e = 0; e < kTileEntriesPerThread; ++e)
+      kv[e] = *reinterpret_cast<const float4*>(keys + (kTileEntriesPerThread * eg + e) * row + i);
+#pragma unroll
+    for (int h = 0; h < kTileHeadsPerThread; ++h)
+#pragma unroll
+      for (int e = 0; e < kTileEntriesPerThread; ++e) {
+        d[h][e] = __fmaf_rn(qv[h].x, kv[e].x, d[h][e]);
+        d[h][e] = __fmaf_rn(qv[h].y, kv[e].y, d[h][e]);
+        d[h][e] = __fmaf_rn(qv[h].z, kv[e].z, d[h][e]);
+        d[h][e] = __fmaf_rn(qv[h].w, kv[e].w, d[h][e]);
+      }
+  }
+  __syncthreads();  // every key read before the terms overwrite them
+#pragma unroll
+  for (int h = 0; h < kTileHeadsPerThread; ++h)
+#pragma unroll
+    for (int e = 0; e < kTileEntriesPerThread; ++e)
+      terms[(kTileEntriesPerThread * eg + e) * (kTileHeads + 1) + hg + kHeadGroups * h] = fmaxf(d[h][e], 0.0f);
+  __syncthreads();
+  for (int64_t e = tid; e < n_ent; e += kTileThreads) {
+    float score = 0.0f;
+    for (int64_t h = 0; h < Hi; ++h) score = __fmaf_rn(a.head_weights[t * Hi + h], terms[e * (kTileHeads + 1) + h], score);
+    a.scores[t * a.C + w0 + e] = score * a.scale;
+  }
+}
+
 // Candidate j of a token: window positions first (older ones from the ring, this batch's from
 // batch_kv), then compressed entries (HCA: all visible; CSA: the selection, null for -1).
 __device__ inline const float* candidate(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j) {
@@ -453,43 +640,87 @@ __global__ void attention_kernel(AttentionArgs a) {
   }
 }
 
-// grid (tokens of the pass * H, max_splits): split s of a (token, head), candidates
-// [s * kAttnSplitCandidates, ...) of its n: the logits (a warp per candidate, as attention_kernel),
-// their max m, e = exp(logit - m), and into part: sum_j e_j key_j [Dh], then m, then sum_j e_j.
-// Splits past the token's n leave. The sink is applied in the combine.
+// grid (tokens of the pass * H / kHeads, max_splits): split s of kHeads heads of a token, candidates
+// [s * kAttnSplitCandidates, ...) of its n: for each head, the logits (a warp per candidate, lanes
+// over Dh, as attention_kernel), their max m, e = exp(logit - m), and into part: sum_j e_j key_j
+// [Dh], then m, then sum_j e_j. Splits past the token's n leave. The sink is applied in the combine.
+// The heads of a token read the same candidates (K = V, one KV head): a block takes kHeads of them,
+// so each key is read once for all of them and each candidate's address is found once (in shared
+// memory) rather than once per (output dimension, candidate). Every head's sums are the ones a
+// block of one head makes (the same order, the same block_sum), so kHeads does not change a bit.
+static_assert(kAttnSplitCandidates <= kAttnThreads, "a thread holds at most one candidate's weight");
+
+template <int kHeads>
 __global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
-  extern __shared__ float split_smem[];  // q [Dh], then e [kAttnSplitCandidates]
+  extern __shared__ float split_smem[];  // q [kHeads, Dh], then e [kHeads, kAttnSplitCandidates]
+  __shared__ const float* keys[kAttnSplitCandidates];
   float* q_smem = split_smem;
-  float* e = split_smem + a.Dh;
-  const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H, s = blockIdx.y;
+  float* e = split_smem + kHeads * a.Dh;
+  const int64_t groups = a.H / kHeads;
+  const int64_t t = t_base + blockIdx.x / groups, h0 = (blockIdx.x % groups) * kHeads, s = blockIdx.y;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
   const int64_t j0 = s * kAttnSplitCandidates;
   if (j0 >= n) return;  // the whole block leaves
   const int64_t cnt = n - j0 < kAttnSplitCandidates ? n - j0 : kAttnSplitCandidates;
-  const float* q = a.q + (t * a.H + h) * a.Dh;
-  for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
+  for (int64_t i = threadIdx.x; i < kHeads * a.Dh; i += blockDim.x) q_smem[i] = a.q[(t * a.H + h0) * a.Dh + i];
+  for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) keys[j] = candidate(a, tk, t, j0 + j);
   __syncthreads();
-  const float mx = block_max(warp_logits(a, tk, t, j0, cnt, q_smem, e));  // its barrier publishes e[]
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
-    const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
-    e[j] = v;
-    sum += v;
-  }
-  sum = block_sum(sum);  // its barrier publishes e[]
-  float* out = a.split_scratch + (th * max_splits + s) * (a.Dh + 2);
-  for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < cnt; ++j) {
-      const float* key = candidate(a, tk, t, j0 + j);
-      if (key) acc += e[j] * key[d];
+  // Logits: warp w takes candidates w, w + warps, ...; lane 0 keeps each head's running max.
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float mx[kHeads];
+#pragma unroll
+  for (int hh = 0; hh < kHeads; ++hh) mx[hh] = -INFINITY;
+  for (int64_t j = threadIdx.x / 32; j < cnt; j += warps) {
+    const float* key = keys[j];
+    float d[kHeads];
+#pragma unroll
+    for (int hh = 0; hh < kHeads; ++hh) d[hh] = 0.0f;
+    if (key) {
+      for (int64_t i = lane; i < a.Dh; i += 32) {
+        const float k = key[i];
+#pragma unroll
+        for (int hh = 0; hh < kHeads; ++hh) d[hh] += q_smem[hh * a.Dh + i] * k;
+      }
     }
-    out[d] = acc;
+#pragma unroll
+    for (int hh = 0; hh < kHeads; ++hh) {
+      const float logit = key ? warp_sum(d[hh]) * a.scale : -INFINITY;
+      if (lane == 0) {
+        e[hh * kAttnSplitCandidates + j] = logit;
+        mx[hh] = fmaxf(mx[hh], logit);
+      }
+    }
   }
-  if (threadIdx.x == 0) {
-    out[a.Dh] = mx;
-    out[a.Dh + 1] = sum;
+  const int64_t th0 = (t - t_base) * a.H + h0;  // the pass-local (token, head) of head h0
+#pragma unroll
+  for (int hh = 0; hh < kHeads; ++hh) {
+    const float m = block_max(mx[hh]);  // its barrier publishes e[]
+    float v = 0.0f;
+    for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+      v = e[hh * kAttnSplitCandidates + j] == -INFINITY ? 0.0f : expf(e[hh * kAttnSplitCandidates + j] - m);
+      e[hh * kAttnSplitCandidates + j] = v;
+    }
+    const float sum = block_sum(v);  // its barrier publishes e[]
+    if (threadIdx.x == 0) {
+      float* out = a.split_scratch + ((th0 + hh) * max_splits + s) * (a.Dh + 2);
+      out[a.Dh] = m;
+      out[a.Dh + 1] = sum;
+    }
+  }
+  for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
+    float acc[kHeads];
+#pragma unroll
+    for (int hh = 0; hh < kHeads; ++hh) acc[hh] = 0.0f;
+    for (int64_t j = 0; j < cnt; ++j) {
+      const float* key = keys[j];
+      if (!key) continue;
+      const float k = key[d];
+#pragma unroll
+      for (int hh = 0; hh < kHeads; ++hh) acc[hh] += e[hh * kAttnSplitCandidates + j] * k;
+    }
+#pragma unroll
+    for (int hh = 0; hh < kHeads; ++hh) a.split_scratch[((th0 + hh) * max_splits + s) * (a.Dh + 2) + d] = acc[hh];
   }
 }
 
@@ -523,7 +754,13 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 }  // namespace
 
 void launch_compressor(const CompressorArgs& a) {
-  if (a.nseq > 0) compressor_kernel<<<static_cast<unsigned>(a.nseq), kThreads>>>(a);
+  if (a.nseq <= 0) return;
+  if (!a.parallel) {
+    compressor_kernel<<<static_cast<unsigned>(a.nseq), kThreads>>>(a);
+    return;
+  }
+  if (a.n_jobs > 0) compressor_entries_kernel<<<static_cast<unsigned>(a.n_jobs), kThreads>>>(a);
+  compressor_state_kernel<<<static_cast<unsigned>(a.nseq), kThreads>>>(a);
 }
 
 void launch_key_sim(const KeySimArgs& a) {
@@ -535,8 +772,18 @@ void launch_indexer_topk(const IndexerArgs& a) {
   if (a.T == 0 || a.C == 0) return;
   const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
   const size_t score_smem = static_cast<size_t>(a.Hi * (a.di + 1) + kScoreWarps * a.di + kScoreWarps * a.Hi) * sizeof(float);
-  static const bool fast = cuda_feature_on("indexer_fast");
-  if (fast && !a.bf16_scores && score_smem <= 48 * 1024) {
+  static const bool fast = cuda_feature_on("indexer_fast"), tiled = cuda_feature_on("indexer_tiled");
+  const size_t tile_smem = indexer_tile_smem(a.di);
+  if (fast && tiled && !a.bf16_scores && a.Hi <= kTileHeads && a.di % 4 == 0 && tile_smem <= 200 * 1024) {
+    static bool opted = false;  // the attribute is per kernel; 200 KB is the most this launch asks
+    if (!opted) {
+      SPARROW_CUDA_CHECK(
+          cudaFuncSetAttribute(indexer_score_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+      opted = true;
+    }
+    const dim3 tgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kTileEntries));
+    indexer_score_tiled_kernel<<<tgrid, kTileThreads, tile_smem>>>(a);
+  } else if (fast && !a.bf16_scores && score_smem <= 48 * 1024) {
     const dim3 sgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kScoreEntries));
     indexer_score_smem_kernel<<<sgrid, 32 * kScoreWarps, score_smem>>>(a);
   } else {
@@ -556,11 +803,14 @@ void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
   if (a.split_scratch) {
     const int64_t max_splits = attention_splits(a.max_candidates);
-    const size_t smem = static_cast<size_t>(a.Dh + kAttnSplitCandidates) * sizeof(float);
+    // Eight heads a block where they divide H and their queries fit in shared memory, else one.
+    const int heads = a.H % 8 == 0 && 8 * a.Dh * sizeof(float) <= 32 * 1024 ? 8 : 1;
+    const size_t smem = static_cast<size_t>(heads * (a.Dh + kAttnSplitCandidates)) * sizeof(float);
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
-      attention_split_kernel<<<dim3(static_cast<unsigned>(tp * a.H), static_cast<unsigned>(max_splits)), kAttnThreads,
-                               smem>>>(a, t_base, max_splits);
+      const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
+      if (heads == 8) attention_split_kernel<8><<<grid, kAttnThreads, smem>>>(a, t_base, max_splits);
+      else attention_split_kernel<1><<<grid, kAttnThreads, smem>>>(a, t_base, max_splits);
       attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
           a, t_base, max_splits);
     }

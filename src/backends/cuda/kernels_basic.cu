@@ -41,16 +41,33 @@ __device__ void hc_mix(const float* X, int64_t width, const DevView& fn, int64_t
 // thread accumulating the same elements in the same order and the block reducing with the same
 // block_sum, so the values are hc_mix's bit for bit. hc_mix runs the nmix dot products of a token
 // one after another in one block (one SM reading 24 x 64 KB for V4-Flash's 4 x 4096 streams: 0.67 ms
-// a call on the H200 at batch 1); here they run in nmix blocks side by side.
+// a call on the H200 at batch 1); here they run in nmix blocks side by side, and each thread loads
+// kMixUnroll of its elements before adding them in order (0.09 ms a call with one load at a time:
+// at batch 1 the 24 blocks wait on memory latency).
+constexpr int kMixUnroll = 8;
+
 __global__ void hc_mix_rows_kernel(const float* streams, int64_t width, DevView fn, int64_t nmix, float norm_eps,
                                    float* mix_out) {
   const int64_t t = blockIdx.x, m = blockIdx.y;
   const float* X = streams + t * width;
+  const int64_t step = blockDim.x;
   float ss = 0.0f, acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
-    const float x = X[i];
-    ss += x * x;
-    acc += dev_load(fn, m * width + i) * x;
+  for (int64_t i0 = threadIdx.x; i0 < width; i0 += kMixUnroll * step) {
+    float xs[kMixUnroll], ws[kMixUnroll];
+#pragma unroll
+    for (int u = 0; u < kMixUnroll; ++u) {
+      const int64_t i = i0 + u * step;
+      xs[u] = i < width ? X[i] : 0.0f;
+      ws[u] = i < width ? (fn.dtype == DType::kF32 ? static_cast<const float*>(fn.data)[m * width + i]
+                                                   : dev_load(fn, m * width + i))
+                        : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kMixUnroll; ++u) {
+      if (i0 + u * step >= width) break;
+      ss += xs[u] * xs[u];
+      acc += ws[u] * xs[u];
+    }
   }
   ss = block_sum(ss);
   acc = block_sum(acc);
@@ -68,7 +85,62 @@ __device__ void hc_mix_or_load(const float* X, int64_t width, const DevView& fn,
   __syncthreads();
 }
 
-// grid (T): pre/post/comb of one token, Sinkhorn with eps in every denominator, u = sum_j pre_j X[j].
+// pre, post and comb of token t from its mix values, Sinkhorn with eps in every denominator (one
+// thread). kS > 0: the stream count known at compile time (V4's 4), so the loops unroll and comb
+// lives in registers; 0: a.S at run time, comb in local memory (whose dependent accesses made this
+// 60 us a call on the H200). The same operations in the same order either way.
+template <int kS>
+__device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre, int64_t t) {
+  const int64_t S = kS > 0 ? kS : a.S;
+  const float eps = a.hc_eps;
+  const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
+  float comb[kS > 0 ? kS * kS : kMaxStreams * kMaxStreams];
+#pragma unroll
+  for (int64_t j = 0; j < S; ++j) {
+    pre[j] = sigmoidf(mix[j] * scale_pre + dev_load(a.base, j)) + eps;
+    a.out_post[t * S + j] = 2.0f * sigmoidf(mix[S + j] * scale_post + dev_load(a.base, S + j));
+  }
+#pragma unroll
+  for (int64_t j = 0; j < S; ++j) {
+    // Row j: softmax over k, then + eps.
+    float mx = -INFINITY;
+#pragma unroll
+    for (int64_t k = 0; k < S; ++k) {
+      comb[j * S + k] = mix[2 * S + j * S + k] * scale_comb + dev_load(a.base, 2 * S + j * S + k);
+      mx = fmaxf(mx, comb[j * S + k]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int64_t k = 0; k < S; ++k) sum += (comb[j * S + k] = expf(comb[j * S + k] - mx));
+#pragma unroll
+    for (int64_t k = 0; k < S; ++k) comb[j * S + k] = comb[j * S + k] / sum + eps;
+  }
+  // Columns once, then (rows, columns) sinkhorn_iters - 1 times, as the CPU reference does.
+  for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
+    if (it > 0) {
+#pragma unroll
+      for (int64_t j = 0; j < S; ++j) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int64_t k = 0; k < S; ++k) sum += comb[j * S + k];
+#pragma unroll
+        for (int64_t k = 0; k < S; ++k) comb[j * S + k] /= sum + eps;
+      }
+    }
+#pragma unroll
+    for (int64_t k = 0; k < S; ++k) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int64_t j = 0; j < S; ++j) sum += comb[j * S + k];
+#pragma unroll
+      for (int64_t j = 0; j < S; ++j) comb[j * S + k] /= sum + eps;
+    }
+  }
+#pragma unroll
+  for (int64_t i = 0; i < S * S; ++i) a.out_comb[t * S * S + i] = comb[i];
+}
+
+// grid (T): pre/post/comb of one token (hc_pre_weights), u = sum_j pre_j X[j].
 __global__ void hc_pre_kernel(HcPreArgs a) {
   __shared__ float mix[kMaxMix];
   __shared__ float pre[kMaxStreams];
@@ -76,40 +148,8 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
   const float* X = a.streams + t * S * D;
   hc_mix_or_load(X, S * D, a.fn, (2 + S) * S, a.norm_eps, a.mix, mix);
   if (threadIdx.x == 0) {
-    const float eps = a.hc_eps;
-    const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
-    float comb[kMaxStreams * kMaxStreams];
-    for (int64_t j = 0; j < S; ++j) {
-      pre[j] = sigmoidf(mix[j] * scale_pre + dev_load(a.base, j)) + eps;
-      a.out_post[t * S + j] = 2.0f * sigmoidf(mix[S + j] * scale_post + dev_load(a.base, S + j));
-    }
-    for (int64_t j = 0; j < S; ++j) {
-      // Row j: softmax over k, then + eps.
-      float mx = -INFINITY;
-      for (int64_t k = 0; k < S; ++k) {
-        comb[j * S + k] = mix[2 * S + j * S + k] * scale_comb + dev_load(a.base, 2 * S + j * S + k);
-        mx = fmaxf(mx, comb[j * S + k]);
-      }
-      float sum = 0.0f;
-      for (int64_t k = 0; k < S; ++k) sum += (comb[j * S + k] = expf(comb[j * S + k] - mx));
-      for (int64_t k = 0; k < S; ++k) comb[j * S + k] = comb[j * S + k] / sum + eps;
-    }
-    // Columns once, then (rows, columns) sinkhorn_iters - 1 times, as the CPU reference does.
-    for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
-      if (it > 0) {
-        for (int64_t j = 0; j < S; ++j) {
-          float sum = 0.0f;
-          for (int64_t k = 0; k < S; ++k) sum += comb[j * S + k];
-          for (int64_t k = 0; k < S; ++k) comb[j * S + k] /= sum + eps;
-        }
-      }
-      for (int64_t k = 0; k < S; ++k) {
-        float sum = 0.0f;
-        for (int64_t j = 0; j < S; ++j) sum += comb[j * S + k];
-        for (int64_t j = 0; j < S; ++j) comb[j * S + k] /= sum + eps;
-      }
-    }
-    for (int64_t i = 0; i < S * S; ++i) a.out_comb[t * S * S + i] = comb[i];
+    if (S == 4) hc_pre_weights<4>(a, mix, pre, t);
+    else hc_pre_weights<0>(a, mix, pre, t);
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -159,8 +199,18 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   const int64_t r = blockIdx.x;
   const float* x = a.in + r * a.group;
   float* y = a.out + r * a.group;
+  // Each thread's squares in order, kMixUnroll loads ahead (one at a time, a batch-1 row of 4096
+  // waited on 16 loads in turn).
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < a.group; i += blockDim.x) ss += x[i] * x[i];
+  const int64_t step = blockDim.x;
+  for (int64_t i0 = threadIdx.x; i0 < a.group; i0 += kMixUnroll * step) {
+    float xs[kMixUnroll];
+#pragma unroll
+    for (int u = 0; u < kMixUnroll; ++u) xs[u] = i0 + u * step < a.group ? x[i0 + u * step] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kMixUnroll; ++u)
+      if (i0 + u * step < a.group) ss += xs[u] * xs[u];
+  }
   ss = block_sum(ss);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
   for (int64_t i = threadIdx.x; i < a.group; i += blockDim.x) {

@@ -302,7 +302,7 @@ TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
   gemm_against_twin(*cpu, *gpu, true, true, 612);
 }
 
-// The fast profiles' FP8 linears on the tensor cores (cuda::set_fp8_gemm_in_linear, opt-in): linear
+// The fast profiles' FP8 linears on the tensor cores (cuda::set_fp8_gemm_in_linear, on by default): linear
 // with act_quant_fp8 on a 128x128 FP8 weight takes cuBLASLt's GEMM, stays within the tensor-core
 // bound of the CPU twin, and is batch invariant: a token's row is the same bits alone, in a batch of
 // 37 (M_pad 48) and in a batch of 300 (M_pad 304), because one algorithm serves every M.
@@ -341,7 +341,7 @@ TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
         ASSERT_EQ(alone[n], all[t * N + n]) << "N=" << N << " K=" << K << ": token " << t << " alone differs";
     }
   }
-  cuda::set_fp8_gemm_in_linear(*gpu, false);
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
 // The device weight caches are keyed by host address: new contents at the same address and of the

@@ -39,7 +39,8 @@ class CudaOps : public ::testing::Test {
   }
   // Defined with the attention tests below.
   void check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
-                                  std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed);
+                                  std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed,
+                                  int64_t H = 3);
 
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   std::unique_ptr<Backend> gpu;
@@ -195,11 +196,11 @@ TEST_F(CudaOps, LinearEveryWeightFormat) {
 // fp64 sums) at the op bar; and batch invariance: each token's row of a 19-token call is the same
 // bits as that token alone. K = 200 (not a multiple of 16) must take the element-wise kernel.
 // With SPARROW_CUDA_DISABLE=vec_linear every case takes the element-wise kernel; with
-// SPARROW_CUDA_ENABLE=fp8_gemm the FP8 cases run on cuBLASLt, whose sums round differently
+// fp8_gemm on (the default) the FP8 cases run on cuBLASLt, whose sums round differently
 // (CudaFp8Linear.* hold that path to the CPU twin and to batch invariance), so they are left out.
 TEST_F(CudaOps, LinearVectorizedMatchesCpuAndIsBatchInvariant) {
   const bool real = std::string(gpu->name()) == "cuda";
-  const bool vec_on = cuda::cuda_feature_on("vec_linear"), fp8_gemm = cuda::cuda_feature_opted_in("fp8_gemm");
+  const bool vec_on = cuda::cuda_feature_on("vec_linear"), fp8_gemm = cuda::cuda_feature_on("fp8_gemm");
   Rng rng(43);
   struct Case {
     std::string name;
@@ -237,6 +238,72 @@ TEST_F(CudaOps, LinearVectorizedMatchesCpuAndIsBatchInvariant) {
   }
 }
 
+// Each value rounded to bf16 (the fast profiles' activations).
+std::vector<float> host_bf16(std::vector<float> v) {
+  for (auto& x : v) x = bf16_round(x);
+  return v;
+}
+
+// The element-wise kernel (the fp32 profile's, and float weights' without bf16 inputs) over many
+// tokens: a token's row of a 70-token call (nine tiles of 8 tokens) is that token alone, bit for
+// bit, for BF16, F32 and FP8 weights, N = 37 and K = 300; and within the op bar of the CPU.
+TEST_F(CudaOps, LinearManyTokensGivesTheOneTokenBits) {
+  Rng rng(45);
+  const int64_t T = 70, N = 37, K = 300;
+  std::vector<std::pair<std::string, StoredMatrix>> ws;
+  ws.emplace_back("bf16", float_matrix(DType::kBF16, N, K, rng.normal(N * K, 0.1)));
+  ws.emplace_back("f32", float_matrix(DType::kF32, N, K, rng.normal(N * K, 0.1)));
+  ws.emplace_back("fp8", fp8_matrix(rng, N, K, 16, 16, DType::kF8E8M0));
+  for (auto& [name, m] : ws) {
+    const std::vector<float> x = rng.normal(T * K);
+    auto [xc, xg] = both_f32(x, {T, K});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, N});
+    cpu->linear({.out = oc, .in = xc, .weight = &m.w});
+    gpu->linear({.out = og, .in = xg, .weight = &m.w});
+    expect_close(*gpu, og, *cpu, oc, kOpTol, "linear 70 tokens " + name);
+    const std::vector<float> all = gpu->download_f32(og);
+    for (int64_t t : {int64_t{0}, int64_t{33}, T - 1}) {
+      const Tensor one = gpu->upload_f32(std::vector<float>(x.begin() + t * K, x.begin() + (t + 1) * K), {1, K});
+      const Tensor o1 = gpu->alloc(ElemType::kF32, {1, N});
+      gpu->linear({.out = o1, .in = one, .weight = &m.w});
+      const std::vector<float> alone = gpu->download_f32(o1);
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(f32_to_bits(alone[n]), f32_to_bits(all[t * N + n]))
+            << name << ": token " << t << " output " << n << " differs alone and among 70";
+    }
+  }
+}
+
+// A BF16 weight with bf16-valued inputs (LinearParams::input_bf16: the compressors, the gate, the
+// head under the fast profiles) runs as a bf16 GEMM on the tensor cores when N and K are multiples
+// of 8 (bf16_gemm), else on the element-wise kernel: within the op bar of the CPU's fp32 products
+// either way (the products are exact; only the order of the sums differs), and batch invariant.
+TEST_F(CudaOps, LinearWithBf16InputsUnderBf16Gemm) {
+  const bool real = std::string(gpu->name()) == "cuda";
+  Rng rng(46);
+  const int64_t T = 37, K = 264;
+  for (const auto& [N, tensor_cores] : {std::pair<int64_t, bool>{40, true}, std::pair<int64_t, bool>{37, false}}) {
+    const std::string tag = "N=" + std::to_string(N);
+    const StoredMatrix m = float_matrix(DType::kBF16, N, K, rng.normal(N * K, 0.1));
+    const std::vector<float> x = host_bf16(rng.normal(T * K));
+    auto [xc, xg] = both_f32(x, {T, K});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, N});
+    cpu->linear({.out = oc, .in = xc, .weight = &m.w, .input_bf16 = true});
+    gpu->linear({.out = og, .in = xg, .weight = &m.w, .input_bf16 = true});
+    if (real) EXPECT_EQ(cuda::last_linear_tensor_cores(*gpu), tensor_cores && cuda::cuda_feature_on("bf16_gemm")) << tag;
+    expect_close(*gpu, og, *cpu, oc, kOpTol, "linear bf16 inputs " + tag);
+    const std::vector<float> all = gpu->download_f32(og);
+    for (int64_t t : {int64_t{0}, int64_t{17}, T - 1}) {
+      const Tensor one = gpu->upload_f32(std::vector<float>(x.begin() + t * K, x.begin() + (t + 1) * K), {1, K});
+      const Tensor o1 = gpu->alloc(ElemType::kF32, {1, N});
+      gpu->linear({.out = o1, .in = one, .weight = &m.w, .input_bf16 = true});
+      const std::vector<float> alone = gpu->download_f32(o1);
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(f32_to_bits(alone[n]), f32_to_bits(all[t * N + n])) << tag << ": token " << t << " output " << n;
+    }
+  }
+}
+
 TEST_F(CudaOps, GroupedLinearMatchesCpu) {
   Rng rng(42);
   const int64_t T = 11, G = 3, R = 7, Kg = 19;
@@ -252,36 +319,49 @@ TEST_F(CudaOps, GroupedLinearMatchesCpu) {
   }
 }
 
-// Under the reduced-precision profiles (round_bf16) a grouped FP8 projection shaped like V4's wo_a
-// (128x128 blocks, groups of 256 inputs) takes the vectorized kernel: within a bf16 ulp of the CPU,
-// and batch invariant (a token alone gives its row of the batch bit for bit).
-TEST_F(CudaOps, GroupedLinearVectorizedUnderBf16Profiles) {
+// Under the reduced-precision profiles (round_bf16: bf16-valued inputs) a grouped FP8 projection
+// shaped like V4's wo_a (128x128 blocks) runs as a bf16 GEMM on the tensor cores when its group
+// rows R and inputs K are multiples of 8 (bf16_gemm), else on the vectorized kernel: within a bf16
+// ulp of the CPU either way, and batch invariant (a token alone gives its row of a batch of 37 bit
+// for bit). fp32 keeps the element-wise kernel.
+TEST_F(CudaOps, GroupedLinearUnderBf16Profiles) {
   const bool real = std::string(gpu->name()) == "cuda";
   Rng rng(44);
-  const int64_t T = 13, G = 2, R = 136, Kg = 256;
-  const StoredMatrix m = fp8_matrix(rng, G * R, Kg, 128, 128, DType::kF8E8M0);
-  const std::vector<float> x = rng.normal(T * G * Kg);
-  auto [xc, xg] = both_f32(x, {T, G * Kg});
-  auto [oc, og] = both_alloc(ElemType::kF32, {T, G * R});
-  cpu->grouped_linear({.out = oc, .in = xc, .weight = &m.w, .groups = G, .round_bf16 = true});
-  gpu->grouped_linear({.out = og, .in = xg, .weight = &m.w, .groups = G, .round_bf16 = true});
-  if (real) {
-    EXPECT_EQ(cuda::last_linear_vectorized(*gpu), cuda::cuda_feature_on("vec_linear"));
-  }
-  expect_close(*gpu, og, *cpu, oc, kBf16Tol, "grouped_linear fp8 bf16");
-  const std::vector<float> all = gpu->download_f32(og);
-  for (int64_t t : {int64_t{0}, int64_t{6}, T - 1}) {
-    const Tensor one = gpu->upload_f32(std::vector<float>(x.begin() + t * G * Kg, x.begin() + (t + 1) * G * Kg), {1, G * Kg});
-    const Tensor o1 = gpu->alloc(ElemType::kF32, {1, G * R});
-    gpu->grouped_linear({.out = o1, .in = one, .weight = &m.w, .groups = G, .round_bf16 = true});
-    const std::vector<float> alone = gpu->download_f32(o1);
-    for (int64_t n = 0; n < G * R; ++n)
-      ASSERT_EQ(alone[n], all[t * G * R + n]) << "token " << t << " output " << n << " differs alone and in a batch";
-  }
-  // fp32 keeps the element-wise kernel.
-  gpu->grouped_linear({.out = og, .in = xg, .weight = &m.w, .groups = G});
-  if (real) {
-    EXPECT_FALSE(cuda::last_linear_vectorized(*gpu));
+  const int64_t T = 37;
+  struct Case {
+    int64_t G, R, Kg;
+    bool tensor_cores;  // with bf16_gemm on
+  };
+  for (const Case c : {Case{2, 136, 256, true}, Case{8, 40, 384, true}, Case{2, 132, 256, false}}) {
+    const int64_t G = c.G, R = c.R, Kg = c.Kg;
+    const std::string tag = "G=" + std::to_string(G) + " R=" + std::to_string(R) + " K=" + std::to_string(Kg);
+    const StoredMatrix m = fp8_matrix(rng, G * R, Kg, 128, 128, DType::kF8E8M0);
+    const std::vector<float> x = host_bf16(rng.normal(T * G * Kg));
+    auto [xc, xg] = both_f32(x, {T, G * Kg});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, G * R});
+    cpu->grouped_linear({.out = oc, .in = xc, .weight = &m.w, .groups = G, .round_bf16 = true});
+    gpu->grouped_linear({.out = og, .in = xg, .weight = &m.w, .groups = G, .round_bf16 = true});
+    if (real) {
+      const bool tc = c.tensor_cores && cuda::cuda_feature_on("bf16_gemm");
+      EXPECT_EQ(cuda::last_linear_tensor_cores(*gpu), tc) << tag;
+      EXPECT_EQ(cuda::last_linear_vectorized(*gpu), !tc && cuda::cuda_feature_on("vec_linear")) << tag;
+    }
+    expect_close(*gpu, og, *cpu, oc, kBf16Tol, "grouped_linear fp8 bf16 " + tag);
+    const std::vector<float> all = gpu->download_f32(og);
+    for (int64_t t : {int64_t{0}, int64_t{6}, T - 1}) {
+      const Tensor one = gpu->upload_f32(std::vector<float>(x.begin() + t * G * Kg, x.begin() + (t + 1) * G * Kg), {1, G * Kg});
+      const Tensor o1 = gpu->alloc(ElemType::kF32, {1, G * R});
+      gpu->grouped_linear({.out = o1, .in = one, .weight = &m.w, .groups = G, .round_bf16 = true});
+      const std::vector<float> alone = gpu->download_f32(o1);
+      for (int64_t n = 0; n < G * R; ++n)
+        ASSERT_EQ(alone[n], all[t * G * R + n]) << tag << ": token " << t << " output " << n << " differs alone and in a batch";
+    }
+    // fp32 keeps the element-wise kernel.
+    gpu->grouped_linear({.out = og, .in = xg, .weight = &m.w, .groups = G});
+    if (real) {
+      EXPECT_FALSE(cuda::last_linear_vectorized(*gpu)) << tag;
+      EXPECT_FALSE(cuda::last_linear_tensor_cores(*gpu)) << tag;
+    }
   }
 }
 
@@ -723,13 +803,17 @@ TEST_F(CudaOps, IndexerTopkWithEveryKeyPrecisionMatchesCpu) {
 // Every attention kind against the CPU over a run of two-sequence batches: `window`, `k` CSA
 // selections per token (index 1 and every index from `masked_from` on are -1), queries of scale 0.5.
 void CudaOps::check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
-                                         std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed) {
+                                         std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed,
+                                         int64_t H) {
   for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
     Rng rng(seed);
     const ModelConfig cfg = attn_config(kind, window);
-    const int64_t H = 3, Dh = cfg.head_dim, m = cfg.compress_ratio[0];
+    const int64_t Dh = cfg.head_dim, m = cfg.compress_ratio[0];
     const bool csa = kind == AttentionKind::kCsa;
-    Stored sinks = stored_floats(DType::kF32, {H}, {0.3f, -1.0f, 4.0f});
+    std::vector<float> sink_values = {0.3f, -1.0f, 4.0f};
+    while (static_cast<int64_t>(sink_values.size()) < H) sink_values.push_back(static_cast<float>(rng.normal(1, 2.0)[0]));
+    sink_values.resize(H);
+    Stored sinks = stored_floats(DType::kF32, {H}, sink_values);
     const CompressorCase main_case(rng, Dh, std::max<int64_t>(m, 1), csa);
     TwoSequences seqs(*cpu, *gpu, cfg);
     for (auto [n0, n1] : batches) {
@@ -781,6 +865,12 @@ TEST_F(CudaOps, AttentionMatchesCpuForEveryKind) {
 TEST_F(CudaOps, AttentionAcrossManySplitsMatchesCpu) {
   check_attention_every_kind(70, 150, 40, {{64, 40}, {64, 64}, {64, 64}, {64, 63}, {1, 1}, {1, 64}, {1, 1}},
                              83);
+}
+
+// Sixteen heads: the split attention takes eight heads a block (each key read once for all eight);
+// each head's sums are those of a block of one head.
+TEST_F(CudaOps, AttentionEightHeadsABlockMatchesCpu) {
+  check_attention_every_kind(70, 150, 40, {{64, 40}, {1, 1}, {1, 64}}, 84, 16);
 }
 
 // No window and every selection -1: the sink is all a query has, and the output is 0.
@@ -952,6 +1042,31 @@ TEST_F(CudaOps, MoeMatchesCpuWithUnpickedExpertClampAndPlacements) {
   }
 }
 
+// Many choices for the device plan (4200 of them over 40 experts: several counting blocks, an expert
+// with one row, one with none, one with 8 rows exactly, the rest tens of rows in tiles of 8): the
+// grouping must put each expert's rows in (token, slot) order, or outputs land in the wrong slots.
+TEST_F(CudaOps, MoePlanOfManyChoicesMatchesCpu) {
+  Rng rng(102);
+  const MoeCase mc = make_moe(rng, 40, 24, 16, false);
+  const int64_t T = 700, K = 6, D = mc.D;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < K; ++i) experts[t * K + i] = static_cast<int32_t>(1 + (t * 7 + i * 5 + t / 3) % 36);
+  experts[5 * K + 2] = 37;  // expert 37: one row
+  for (int64_t t = 100; t < 108; ++t) experts[t * K + 4] = 38;  // expert 38: eight rows; 39 and 0: none
+  auto [ec, eg] = both_i32(experts, {T, K});
+  auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+  auto [xc, xg] = both_f32(rng.normal(T * D, 1.0), {T, D});
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+  auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+    return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+                     .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine};
+  };
+  cpu->moe(params(oc, xc, ec, wc));
+  gpu->moe(params(og, xg, eg, wg));
+  expect_close(*gpu, og, *cpu, oc, kOpTol, "moe 4200 choices over 40 experts");
+}
+
 // The routed scale is applied exactly once: router + experts on the GPU with the scale folded into
 // the router's weights give the CPU's output with the scale applied in the combine, and the other
 // way round, for hash and scored routing.
@@ -995,11 +1110,6 @@ TEST_F(CudaOps, RoutedScalePlacementsAgreeAcrossBackends) {
 // bf16 of the same device op's fp32 output, bit for bit; and every flagged op against the CPU's at
 // one bf16 ulp (the fp32 results it rounds differ in the last bits, so a value can round one ulp
 // apart), or, where an FP8/FP4 rounding follows, most elements identical and a small cosine.
-
-std::vector<float> host_bf16(std::vector<float> v) {
-  for (auto& x : v) x = bf16_round(x);
-  return v;
-}
 
 // Rows whose magnitudes span 10^-6 .. 10^6, plus edge rows (rounding midpoints at scale 1, zeros,
 // signed zeros, a NaN) where the row is wide enough.
@@ -1079,8 +1189,8 @@ TEST_F(CudaOps, LinearActQuantFp8AndBf16OutputAreTheCpuRoundings) {
     }
   }
   // A checkpoint-like FP8 weight: the quantised inputs are identical, the sums differ by rounding.
-  // (Under SPARROW_CUDA_ENABLE=fp8_gemm this weight runs on cuBLASLt: CudaFp8Linear.* test that.)
-  if (cuda::cuda_feature_opted_in("fp8_gemm")) return;
+  // (With fp8_gemm on, the default, this weight runs on cuBLASLt: CudaFp8Linear.* test that.)
+  if (cuda::cuda_feature_on("fp8_gemm")) return;
   const StoredMatrix w = fp8_matrix(rng, 131, 259, 128, 128, DType::kF8E8M0);
   const int64_t T = 5;
   auto [xc, xg] = both_f32(rng.normal(T * 259, 2.0), {T, 259});
@@ -1302,7 +1412,7 @@ TEST_F(CudaOps, MoeRefNumericsMatchesCpu) {
   }
 }
 
-// The W4A8 routed experts (tensor cores; opt-in) against the CPU's reference numerics and against
+// The W4A8 routed experts (tensor cores) against the CPU's reference numerics and against
 // the CUDA-core path: MXFP4 experts with D = 256, F = 96 (K multiples of 32, one past a 128-block),
 // 16 rows per expert (two tiles of 8), odd N; the output is bf16, so most values are the same bits
 // and the rest one rounding apart. The profile shows which path ran.
@@ -1330,14 +1440,58 @@ TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
   cuda::set_op_profiling(*gpu, true);
   gpu->moe(params(og, xg, eg, wg));
   cuda::set_op_profiling(*gpu, false);
-  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_opted_in("w4a8"));
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
   bool ran = false;
   for (const cuda::OpTime& op : cuda::take_op_profile(*gpu)) ran = ran || op.op == "moe/experts w1, w3 (w4a8)";
-  EXPECT_TRUE(ran) << "the W4A8 path did not run";
+  // The W4A8 kernel works over the grouped plan; SPARROW_CUDA_DISABLE=grouped_moe runs one expert at a time.
+  EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the W4A8 path ran: " << ran;
   const std::vector<float> g = gpu->download_f32(og);
   for (float v : g) ASSERT_EQ(v, bf16_round(v)) << "moe output is bf16";
   expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4, "moe w4a8 vs cpu");
   expect_mostly_identical(g, gpu->download_f32(cores), 0.8, 1e-4, "moe w4a8 vs cuda cores");
+}
+
+// Many rows an expert (an average of 32 or more) take the tiled W4A8 kernel (64 rows x 32 columns
+// a block, from shared memory); each of its outputs is the small kernel's arithmetic, so the MoE's
+// output must be the same bits with the tiled kernel on and off. Expert 0 gets 100 rows (a full
+// tile of 64 and a partial one), the others 50, expert 5 none; N = 96 and 256, K = 256 and 96 (a
+// partial group of 128 inputs).
+TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(208);
+  const MoeCase mc = make_moe(rng, 6, 256, 96, true);
+  const int64_t T = 150, K = 2, D = mc.D;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t t = 0; t < T; ++t) {
+    experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
+    experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
+  }
+  auto [ec, eg] = both_i32(experts, {T, K});
+  auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+  auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
+  auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+    return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+                     .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine,
+                     .ref_numerics = true};
+  };
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+  cpu->moe(params(oc, xc, ec, wc));
+  const Tensor small = gpu->alloc(ElemType::kF32, {T, D});
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_tiled(*gpu, false);
+  gpu->moe(params(small, xg, eg, wg));
+  cuda::set_w4a8_tiled(*gpu, true);
+  cuda::set_op_profiling(*gpu, true);
+  gpu->moe(params(og, xg, eg, wg));
+  cuda::set_op_profiling(*gpu, false);
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  cuda::set_w4a8_tiled(*gpu, cuda::cuda_feature_on("w4a8_tiled"));
+  bool ran = false;
+  for (const cuda::OpTime& op : cuda::take_op_profile(*gpu)) ran = ran || op.op == "moe/experts w1, w3 (w4a8 tiled)";
+  EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the tiled W4A8 kernel ran: " << ran;
+  const std::vector<float> g = gpu->download_f32(og);
+  expect_same_bits(g, gpu->download_f32(small), "moe w4a8 tiled vs small kernel");
+  expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4, "moe w4a8 tiled vs cpu");
 }
 
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {

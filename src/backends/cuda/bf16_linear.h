@@ -1,0 +1,65 @@
+// The fast profiles' bf16-valued products on the tensor cores: the grouped projection (V4's wo_a,
+// spec §3.3), and (one group) the BF16 float weights whose inputs are bf16 values (the compressors,
+// the indexer's head weights, the router's gate and the head: LinearParams::input_bf16). bf16
+// operands, fp32 accumulation and output, through cuBLASLt's strided-batched GEMM, one batch entry
+// per group.
+//
+//   out[t, g*R + r] = sum_k bf16(W[g*R + r, k]) * bf16(in[t, g*K + k])   (fp32 sums)
+//
+// This is the reference's own arithmetic for wo_a (dequantised to BF16, a BF16 grouped einsum; spec
+// §7 row 10): an FP8-block weight is exactly representable in bf16 and the fast profiles' inputs are
+// bf16 values, so only the order of the fp32 sums differs from the CPU twin. An FP8 weight is
+// decoded to bf16 on the device once and cached (twice the bytes of FP8: 64 MB for V4-Flash's wo_a);
+// a BF16 one is used as uploaded. (The reference runs the compressors, the gate and the head in
+// fp32 with the weights upcast: with bf16 inputs, the same products.)
+//
+// cuBLASLt's column-major view (group g of G):
+//   A = W_g, [K, R] column-major, lda = K, op T, batch stride R*K
+//   B = in_g, [K, T] column-major, ldb = G*K, op N, batch stride K
+//   D = out_g, [R, T] column-major fp32, ldd = G*R, batch stride R
+// Batch invariance: one algorithm per weight shape, chosen for kInvariantM rows without a split-K
+// reduction and used for every T, so a token's row never depends on the other rows. Whether the
+// GEMM can run depends only on the shapes and the library, never on T: a given weight always takes
+// the same path.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "backends/cuda/cuda_state.h"
+#include "backends/cuda/kernels.h"
+#include "ops/backend.h"
+
+namespace sparrow::cuda {
+
+class Bf16GroupedLinear {
+ public:
+  Bf16GroupedLinear();
+  ~Bf16GroupedLinear();
+  Bf16GroupedLinear(const Bf16GroupedLinear&) = delete;
+  Bf16GroupedLinear& operator=(const Bf16GroupedLinear&) = delete;
+
+  // out [T, N] from in [T, G*K] (fp32 storage, bf16 values) and w [N, K] (N = G*R): true when the
+  // tensor cores ran it; false (nothing run, last_detail() says why) when the weight or the shapes
+  // do not suit them: w neither FP8-block nor BF16, K or R not multiples of 8, no cuBLASLt or no
+  // algorithm. `device_weight` uploads w as stored (decoded to bf16 once).
+  bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
+           const std::function<DevWeight()>& device_weight);
+  static constexpr int64_t kInvariantM = 4096;
+  const std::string& last_detail() const { return last_detail_; }
+
+ private:
+  struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or why there is none
+  const Plan& plan(int64_t R, int64_t K, int64_t G);
+
+  std::string last_detail_;
+  void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
+  WeightCache<DeviceBuffer> weights_;  // bf16 [N, K]
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace sparrow::cuda
