@@ -277,7 +277,9 @@ __global__ void grouped_w4a8_kernel(GroupedW4A8Args g) {
   const int64_t groups = (g.K + kW4A8GroupK - 1) / kW4A8GroupK;
   for (int64_t kg = w4a8_quarter(warp, groups); kg < w4a8_quarter(warp + 1, groups); ++kg) {
     const int64_t b0 = kg * (kW4A8GroupK / 32);
-    // Issue every load of the group before the first mma.
+    // Issue every load of the group before the first mma. (Measured no faster on the H200: staging
+    // the weights through shared memory with 16-byte loads; issuing the next group's loads before
+    // this group's mma, 80 registers: 2.8 -> 3.1 ms for w1, w3 at batch 256.)
     uint32_t wbits[kW4A8Tiles][4];
     uint2 abits[4];
     float ws[kW4A8Tiles][2][4];

@@ -290,7 +290,9 @@ TEST_F(CudaOps, LinearWithBf16InputsUnderBf16Gemm) {
     auto [oc, og] = both_alloc(ElemType::kF32, {T, N});
     cpu->linear({.out = oc, .in = xc, .weight = &m.w, .input_bf16 = true});
     gpu->linear({.out = og, .in = xg, .weight = &m.w, .input_bf16 = true});
-    if (real) EXPECT_EQ(cuda::last_linear_tensor_cores(*gpu), tensor_cores && cuda::cuda_feature_on("bf16_gemm")) << tag;
+    if (real) {
+      EXPECT_EQ(cuda::last_linear_tensor_cores(*gpu), tensor_cores && cuda::cuda_feature_on("bf16_gemm")) << tag;
+    }
     expect_close(*gpu, og, *cpu, oc, kOpTol, "linear bf16 inputs " + tag);
     const std::vector<float> all = gpu->download_f32(og);
     for (int64_t t : {int64_t{0}, int64_t{17}, T - 1}) {
@@ -867,10 +869,11 @@ TEST_F(CudaOps, AttentionAcrossManySplitsMatchesCpu) {
                              83);
 }
 
-// Sixteen heads: the split attention takes eight heads a block (each key read once for all eight);
+// 16 and 24 heads: the split attention takes 8 heads a block (each key read once for all of them);
 // each head's sums are those of a block of one head.
-TEST_F(CudaOps, AttentionEightHeadsABlockMatchesCpu) {
+TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
   check_attention_every_kind(70, 150, 40, {{64, 40}, {1, 1}, {1, 64}}, 84, 16);
+  check_attention_every_kind(70, 150, 40, {{64, 40}, {1, 1}}, 85, 24);
 }
 
 // No window and every selection -1: the sink is all a query has, and the output is 0.
