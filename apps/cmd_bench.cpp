@@ -27,7 +27,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", opts->b.backend, "Compute backend (cuda only)")
       ->check(CLI::IsMember({"cuda"}))
       ->capture_default_str();
-  cmd->add_option("--precision", opts->b.precision, "Numerics profile of the timed model: fp32, deepseek-ref or fast (fast: FP8/FP4 weights through the vectorized linear kernel; no tensor-core GEMMs in the model yet)")
+  cmd->add_option("--precision", opts->b.precision, "Numerics profile of the timed model: fp32, deepseek-ref or fast (fast: bf16 activations, FP8 linears and W4A8 experts on the tensor cores; docs/cuda.md)")
       ->check(CLI::IsMember({"fp32", "deepseek-ref", "fast"}))
       ->capture_default_str();
   cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")

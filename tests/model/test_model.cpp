@@ -194,7 +194,11 @@ std::filesystem::path copy_checkpoint_with_fault(const std::filesystem::path& sr
   if (edit_config) edit_config(cfg);
   std::ofstream(dir / "config.json") << cfg.dump();
   if (tensor.empty()) {
-    std::filesystem::copy_file(src / "model.safetensors", dir / "model.safetensors");
+    // Only the config changes: every other file (one safetensors file, or the shards and their
+    // index of a larger checkpoint) is linked, not copied.
+    for (const auto& e : std::filesystem::directory_iterator(src))
+      if (e.path().filename() != "config.json")
+        std::filesystem::create_symlink(std::filesystem::absolute(e.path()), dir / e.path().filename());
     return dir;
   }
   auto file = SafetensorsFile::open(src / "model.safetensors").value();

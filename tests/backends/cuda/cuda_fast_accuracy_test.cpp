@@ -6,6 +6,7 @@
 // are the report's GPU numbers.
 #include "cuda_test_util.h"
 #include "model/fast_accuracy.h"
+#include "tools/synth.h"
 
 namespace sparrow {
 namespace {
@@ -60,6 +61,30 @@ TEST(CudaFastAccuracyFaults, DoubledRoutedScaleAndCorruptedKeysFailTheThresholds
     expect_corrupt_keys_caught(a, kFixtureThresholds, f);
     std::filesystem::remove_all(dir);
   }
+}
+
+// The synthetic V4-Flash at real size, written here (4 GB in the temp directory): fast vs fp32 on
+// the CUDA backend within kSynthThresholds, and the routed scale applied twice failing them. Skips
+// without the CUDA backend itself (on the CPU stand-in two 256-token forwards at real size would
+// take many minutes).
+TEST(CudaFastAccuracySynth, SyntheticV4FlashPassesThresholdsAndTheDoubledScaleFails) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  const auto dir = testing::make_temp_dir("synth_accuracy");
+  ASSERT_TRUE(checkpoint_synthesize(dir, v4_flash_config(4, 32).value(), 0).is_ok());
+  cuda_test::Rng rng(611);
+  std::vector<int32_t> ids(256);
+  for (auto& id : ids) id = static_cast<int32_t>(rng.integer(0, 129279));
+  const Accuracy a = measure(dir, dir, ids, {}, *gpu);
+  print("cuda synth-v4-flash", a);
+  expect_within(a, kSynthThresholds, "synth");
+  const auto fault = plant_double_routed_scale(dir);
+  const Accuracy b = measure(dir, fault, ids, {}, *gpu);
+  print("cuda synth-v4-flash 2x scale", b);
+  expect_doubled_scale_caught(b, kSynthThresholds, /*whole_model=*/true, "synth");
+  std::filesystem::remove_all(fault);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
