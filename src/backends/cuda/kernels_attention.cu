@@ -11,6 +11,59 @@ constexpr int kThreads = 256;
 constexpr int kAttnThreads = 128;
 constexpr int kKeySimThreads = 128;  // one block per key row; di = 128 in DeepSeek-V4
 
+// One channel of an entry: the softmax over slots of the gates, weighting the kv values: the
+// previous window's first halves (when `has_prev`), then this window's rows, each slot's exp added to
+// the denominator and its weighted value to the numerator in that order. The accessors give slot j's
+// gate (with the positional bias) and kv. round_bf16 (fast/deepseek-ref): stored and normalised as bf16.
+template <class PrevGate, class PrevKv, class CurGate, class CurKv>
+__device__ inline float pool_channel(const CompressorArgs& a, bool has_prev, PrevGate prev_gate, PrevKv prev_kv,
+                                     CurGate cur_gate, CurKv cur_kv) {
+  const int64_t m = a.ratio;
+  float mx = -INFINITY;
+  if (has_prev)
+    for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, prev_gate(j));
+  for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, cur_gate(j));
+  float num = 0.0f, den = 0.0f;
+  if (has_prev) {
+    for (int64_t j = 0; j < m; ++j) {
+      const float e = expf(prev_gate(j) - mx);
+      den += e;
+      num += e * prev_kv(j);
+    }
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    const float e = expf(cur_gate(j) - mx);
+    den += e;
+    num += e * cur_kv(j);
+  }
+  return a.round_bf16 ? dev_bf16_round(num / den) : num / den;
+}
+
+// The rest of an entry once its channels are pooled into `entry` (every thread passing the sum of
+// its channels' squares): RMS norm with the weight, then the rotation at position `count * ratio`,
+// each rounded to bf16 under round_bf16. Every thread of the block calls it.
+__device__ inline void finish_entry(const CompressorArgs& a, float* entry, int64_t count, float ss) {
+  const int64_t dim = a.dim;
+  const int rope_pairs = a.rope.pairs;
+  ss = block_sum(ss);  // its barrier also orders the entry writes before the reads below
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + a.norm_eps);
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    const float y = entry[c] * inv * dev_load(a.norm_weight, c);
+    entry[c] = a.round_bf16 ? dev_bf16_round(y) : y;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rope_pairs; i += blockDim.x) {
+    float* rp = entry + dim - 2 * rope_pairs;
+    rope_rotate_pair(rp, i, static_cast<double>(count * a.ratio), a.rope, false);
+    // The CPU rounds the whole entry after the rotation; the nope dims are bf16 already (above),
+    // so rounding the pair this thread just wrote is the same.
+    if (a.round_bf16) {
+      rp[2 * i] = dev_bf16_round(rp[2 * i]);
+      rp[2 * i + 1] = dev_bf16_round(rp[2 * i + 1]);
+    }
+  }
+}
+
 // grid (nseq): one block walks its sequence's tokens in order, exactly as the CPU reference does:
 // buffer each row (gate + positional bias), and whenever `ratio` rows are pending, pool the window
 // per channel, RMS-normalise, rotate at w*ratio, append, and (CSA) keep the window's first halves
@@ -18,7 +71,6 @@ constexpr int kKeySimThreads = 128;  // one block per key row; di = 128 in DeepS
 __global__ void compressor_kernel(CompressorArgs a) {
   const CompressorSeqArgs s = a.seqs[blockIdx.x];
   const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
-  const int rope_pairs = a.rope.pairs;
   int64_t pending = s.pending, count = s.count;
   bool has_prev = s.has_prev != 0;
   for (int64_t t = s.t_begin; t < s.t_end; ++t) {
@@ -35,45 +87,14 @@ __global__ void compressor_kernel(CompressorArgs a) {
     float ss = 0.0f;
     for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
       const int64_t cur = a.overlap ? dim + c : c;
-      float mx = -INFINITY;
-      if (a.overlap && has_prev)
-        for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, s.prev_gate[j * dim + c]);
-      for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, s.pending_gate[j * width + cur]);
-      float num = 0.0f, den = 0.0f;
-      if (a.overlap && has_prev) {
-        for (int64_t j = 0; j < m; ++j) {
-          const float e = expf(s.prev_gate[j * dim + c] - mx);
-          den += e;
-          num += e * s.prev_kv[j * dim + c];
-        }
-      }
-      for (int64_t j = 0; j < m; ++j) {
-        const float e = expf(s.pending_gate[j * width + cur] - mx);
-        den += e;
-        num += e * s.pending_kv[j * width + cur];
-      }
-      // round_bf16 (fast/deepseek-ref): the pooled value is stored and normalised as bf16.
-      const float v = a.round_bf16 ? dev_bf16_round(num / den) : num / den;
+      const float v = pool_channel(
+          a, a.overlap && has_prev, [&](int64_t j) { return s.prev_gate[j * dim + c]; },
+          [&](int64_t j) { return s.prev_kv[j * dim + c]; }, [&](int64_t j) { return s.pending_gate[j * width + cur]; },
+          [&](int64_t j) { return s.pending_kv[j * width + cur]; });
       entry[c] = v;
       ss += v * v;
     }
-    ss = block_sum(ss);  // its barrier also orders the entry writes before the reads below
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + a.norm_eps);
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-      const float y = entry[c] * inv * dev_load(a.norm_weight, c);
-      entry[c] = a.round_bf16 ? dev_bf16_round(y) : y;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < rope_pairs; i += blockDim.x) {
-      float* rp = entry + dim - 2 * rope_pairs;
-      rope_rotate_pair(rp, i, static_cast<double>(count * m), a.rope, false);
-      // The CPU rounds the whole entry after the rotation; the nope dims are bf16 already (above),
-      // so rounding the pair this thread just wrote is the same.
-      if (a.round_bf16) {
-        rp[2 * i] = dev_bf16_round(rp[2 * i]);
-        rp[2 * i + 1] = dev_bf16_round(rp[2 * i + 1]);
-      }
-    }
+    finish_entry(a, entry, count, ss);
     if (a.overlap) {
       for (int64_t i = threadIdx.x; i < m * dim; i += blockDim.x) {
         const int64_t j = i / dim, c = i % dim;
@@ -100,7 +121,6 @@ __global__ void compressor_entries_kernel(CompressorArgs a) {
   const CompressorSeqArgs s = a.seqs[a.jobs[2 * blockIdx.x]];
   const int64_t e = a.jobs[2 * blockIdx.x + 1];
   const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
-  const int rope_pairs = a.rope.pairs;
   const int64_t count = s.count + e;
   float* entry = s.entries + count * dim;
   const bool has_prev = a.overlap && (e > 0 || s.has_prev != 0);
@@ -119,44 +139,14 @@ __global__ void compressor_entries_kernel(CompressorArgs a) {
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
     const int64_t cur = a.overlap ? dim + c : c;
     // The previous window's first halves: the prev buffer (e = 0), else window e - 1's rows.
-    auto prev_gate = [&](int64_t j) { return e == 0 ? s.prev_gate[j * dim + c] : gate_at((e - 1) * m + j, c); };
-    auto prev_kv = [&](int64_t j) { return e == 0 ? s.prev_kv[j * dim + c] : kv_at((e - 1) * m + j, c); };
-    float mx = -INFINITY;
-    if (has_prev)
-      for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, prev_gate(j));
-    for (int64_t j = 0; j < m; ++j) mx = fmaxf(mx, gate_at(e * m + j, cur));
-    float num = 0.0f, den = 0.0f;
-    if (has_prev) {
-      for (int64_t j = 0; j < m; ++j) {
-        const float x = expf(prev_gate(j) - mx);
-        den += x;
-        num += x * prev_kv(j);
-      }
-    }
-    for (int64_t j = 0; j < m; ++j) {
-      const float x = expf(gate_at(e * m + j, cur) - mx);
-      den += x;
-      num += x * kv_at(e * m + j, cur);
-    }
-    const float v = a.round_bf16 ? dev_bf16_round(num / den) : num / den;
+    const float v = pool_channel(
+        a, has_prev, [&](int64_t j) { return e == 0 ? s.prev_gate[j * dim + c] : gate_at((e - 1) * m + j, c); },
+        [&](int64_t j) { return e == 0 ? s.prev_kv[j * dim + c] : kv_at((e - 1) * m + j, c); },
+        [&](int64_t j) { return gate_at(e * m + j, cur); }, [&](int64_t j) { return kv_at(e * m + j, cur); });
     entry[c] = v;
     ss += v * v;
   }
-  ss = block_sum(ss);  // its barrier also orders the entry writes before the reads below
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + a.norm_eps);
-  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-    const float y = entry[c] * inv * dev_load(a.norm_weight, c);
-    entry[c] = a.round_bf16 ? dev_bf16_round(y) : y;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < rope_pairs; i += blockDim.x) {
-    float* rp = entry + dim - 2 * rope_pairs;
-    rope_rotate_pair(rp, i, static_cast<double>(count * m), a.rope, false);
-    if (a.round_bf16) {
-      rp[2 * i] = dev_bf16_round(rp[2 * i]);
-      rp[2 * i + 1] = dev_bf16_round(rp[2 * i + 1]);
-    }
-  }
+  finish_entry(a, entry, count, ss);
 }
 
 // grid (nseq), after compressor_entries_kernel: the prev buffer (overlap) becomes the first halves

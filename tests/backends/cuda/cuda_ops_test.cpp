@@ -1415,6 +1415,14 @@ TEST_F(CudaOps, MoeRefNumericsMatchesCpu) {
   }
 }
 
+// The MoE call of the W4A8 tests: reference numerics (the path W4A8 serves), the routed scale
+// applied in the combine, the clamp active on some values.
+MoeParams w4a8_moe_params(const MoeCase& mc, const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+  return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+                   .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine,
+                   .ref_numerics = true};
+}
+
 // The W4A8 routed experts (tensor cores) against the CPU's reference numerics and against
 // the CUDA-core path: MXFP4 experts with D = 256, F = 96 (K multiples of 32, one past a 128-block),
 // 16 rows per expert (two tiles of 8), odd N; the output is bf16, so most values are the same bits
@@ -1430,9 +1438,7 @@ TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
   auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
   auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
   auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
-    return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
-                     .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine,
-                     .ref_numerics = true};
+    return w4a8_moe_params(mc, o, x, e, w);
   };
   auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
   cpu->moe(params(oc, xc, ec, wc));
@@ -1473,9 +1479,7 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
   auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
   auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
   auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
-    return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
-                     .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine,
-                     .ref_numerics = true};
+    return w4a8_moe_params(mc, o, x, e, w);
   };
   auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
   cpu->moe(params(oc, xc, ec, wc));
