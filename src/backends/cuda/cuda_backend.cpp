@@ -969,7 +969,9 @@ class CudaBackend final : public Backend {
 
   // The MoE's grouping: rows grouped by expert in (token, slot) order, and the grouped
   // projections' work items, one per (expert with rows, tile of 8 rows) (kernels.h MoePlanArgs).
-  static constexpr int64_t kMaxMoeItems = 65535;  // grid y of the grouped projections
+  // The grouped projections' items run on grid x (2^31 - 1 blocks); the plan's int32 rows bound
+  // the rows far below that.
+  static constexpr int64_t kMaxMoeItems = int64_t{1} << 30;
   struct MoePlan {
     DeviceBuffer offsets, rows, slots, items, n_items;
     int64_t max_items = 0;  // a bound on *n_items (the grid's height)

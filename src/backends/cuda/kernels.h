@@ -175,7 +175,7 @@ struct MoePlanArgs {
 void launch_moe_plan(const MoePlanArgs& a);
 
 // The routed experts of one MoE call in one launch, over a plan (launch_moe_plan, or the same
-// built on the host): grid y = max_items work items (blocks past *n_items leave); item (e, t0)
+// built on the host): grid x = max_items work items (blocks past *n_items leave); item (e, t0)
 // computes rows t0 .. t0+7 of expert e's rows offsets[e] .. offsets[e+1]-1 of out ([T*K, N]) from
 // the input rows in_rows[r] (gathered) or, when in_rows is null, rows r of in. Each tile exactly as
 // launch_linear would compute it for that expert alone (the same bits). w: device array of all E
@@ -199,9 +199,9 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 // bit for bit the CPU's) and W = packed MXFP4 (e2m1 x e8m0 per 32 inputs). Each 32-input block is
 // one mma.sync.m16n8k32 e4m3 (e2m1 widened to e4m3 exactly), its fp32 sum scaled by the weight and
 // activation scales and added to the accumulator: the products are exact, the sums are fp32 in
-// another order than the CUDA-core kernel's (fixed by K alone). Grid (ceil(N / 8), max_items): a block
+// another order than the CUDA-core kernel's (fixed by K alone). Grid (max_items, ceil(N / 8)): a block
 // computes 8 output columns of one tile of 8 rows, its 4 warps each a quarter of K (groups of 128
-// inputs), summed in warp order. `tiled` (for many rows an expert, e.g. prefill): 64 rows x 32
+// inputs), summed in warp order. `tiled` (for many rows an expert, e.g. prefill): 64 rows x 64
 // columns a block from shared-memory tiles, each output the same arithmetic, so the same bits.
 // REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0.
 struct GroupedW4A8Args {

@@ -176,15 +176,16 @@ __global__ void linear_kernel(LinearArgs a) {
   tile<kPath>(a, n, static_cast<int64_t>(blockIdx.y) * kTokenTile);
 }
 
-// grid (ceil(N / kWarpsPerBlock), max_items), the same block: work item y = (expert, first row of
-// its tile) from the plan; blocks past *n_items leave.
+// grid (max_items, ceil(N / kWarpsPerBlock)), the same block: work item x = (expert, first row of
+// its tile) from the plan (on grid x, which allows 2^31 - 1 blocks: a long prefill has more than
+// grid y's 65,535 items); blocks past *n_items leave.
 template <int kPath>
 __global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
-  const int64_t item = blockIdx.y;
+  const int64_t item = blockIdx.x;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
   const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= g.N) return;
   LinearArgs a{.out = g.out + r0 * g.N, .in = g.in_rows ? g.in : g.in + r0 * g.in_stride,
                .in_rows = g.in_rows ? g.in_rows + r0 : nullptr, .w = g.w[e], .T = R, .in_stride = g.in_stride,
@@ -247,12 +248,12 @@ __device__ inline int64_t w4a8_quarter(int64_t p, int64_t groups) { return p * g
 // packed row (8 nibbles, low first: b0 = the first 4, b1 = the last 4, widened to e4m3) and its
 // activations one 8-byte word of the codes (a0, a2). Rows 8..15 of the m16 shape are unused.
 __global__ void grouped_w4a8_kernel(GroupedW4A8Args g) {
-  const int64_t item = blockIdx.y;
+  const int64_t item = blockIdx.x;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
   const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kW4A8Cols;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kW4A8Cols;
   const DevWeight W = g.w[e];
   const DevView wscale{W.scale, W.scale_dtype};
   const bool packed_scales = W.scale_dtype == DType::kF8E8M0 && W.scale_cols % 4 == 0;
@@ -367,12 +368,12 @@ struct TiledStage {
 };
 
 __global__ void __launch_bounds__(kTiledThreads) grouped_w4a8_tiled_kernel(GroupedW4A8Args g) {
-  const int64_t item = blockIdx.y;
+  const int64_t item = blockIdx.x;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
   if (t0 % kTiledRows != 0) return;  // the item that starts this 64-row tile does its rows
   const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTiledCols;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTiledCols;
   const DevWeight W = g.w[e];
   const DevView wscale{W.scale, W.scale_dtype};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
@@ -538,14 +539,14 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0) return;
   if (g.tiled)
-    grouped_w4a8_tiled_kernel<<<dim3(blocks_for(g.N, kTiledCols), static_cast<unsigned>(g.max_items)), kTiledThreads>>>(g);
+    grouped_w4a8_tiled_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kTiledCols)), kTiledThreads>>>(g);
   else
-    grouped_w4a8_kernel<<<dim3(blocks_for(g.N, kW4A8Cols), static_cast<unsigned>(g.max_items)), 32 * kW4A8Warps>>>(g);
+    grouped_w4a8_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kW4A8Cols)), 32 * kW4A8Warps>>>(g);
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
   if (g.max_items == 0 || g.N == 0) return;
-  const dim3 grid(blocks_for(g.N, kWarpsPerBlock), static_cast<unsigned>(g.max_items));
+  const dim3 grid(static_cast<unsigned>(g.max_items), blocks_for(g.N, kWarpsPerBlock));
   const int path = kernel_path(g.vectorized, g.format);
   if (path == 2) grouped_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
   else if (path == 1) grouped_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);

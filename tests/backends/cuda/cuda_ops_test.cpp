@@ -1460,7 +1460,7 @@ TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
   expect_mostly_identical(g, gpu->download_f32(cores), 0.8, 1e-4, "moe w4a8 vs cuda cores");
 }
 
-// Many rows an expert (an average of 32 or more) take the tiled W4A8 kernel (64 rows x 32 columns
+// Many rows an expert (an average of 32 or more) take the tiled W4A8 kernel (64 rows x 64 columns
 // a block, from shared memory); each of its outputs is the small kernel's arithmetic, so the MoE's
 // output must be the same bits with the tiled kernel on and off. Expert 0 gets 100 rows (a full
 // tile of 64 and a partial one), the others 50, expert 5 none; N = 96 and 256, K = 256 and 96 (a
@@ -1499,6 +1499,38 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
   const std::vector<float> g = gpu->download_f32(og);
   expect_same_bits(g, gpu->download_f32(small), "moe w4a8 tiled vs small kernel");
   expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4, "moe w4a8 tiled vs cpu");
+}
+
+// A prefill long enough for more work items than grid y's 65,535 (90,000 tokens, 6 experts each,
+// 8 experts: 67,508 items): the grouped W4A8 path still runs (the items are on grid x) rather than
+// the one-expert-at-a-time fallback, whose sums differ; a token's output is the same bits as in a
+// call of 100 tokens.
+TEST_F(CudaOps, MoeGroupedBeyondGridYItemsIsBatchInvariant) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(209);
+  const MoeCase mc = make_moe(rng, 8, 64, 32, true);
+  const int64_t T = 90000, K = 6, D = mc.D, T_small = 100;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < K; ++i) experts[t * K + i] = static_cast<int32_t>((t + i * 3) % 8);
+  const std::vector<float> w = rng.uniform(T * K, 0.1, 1.0), x = rng.normal(T * D, 1.0);
+  auto run = [&](int64_t n, bool profile) {
+    const Tensor e = gpu->upload_i32(std::vector<int32_t>(experts.begin(), experts.begin() + n * K), {n, K});
+    const Tensor wt = gpu->upload_f32(std::vector<float>(w.begin(), w.begin() + n * K), {n, K});
+    const Tensor xt = gpu->upload_f32(std::vector<float>(x.begin(), x.begin() + n * D), {n, D});
+    const Tensor o = gpu->alloc(ElemType::kF32, {n, D});
+    cuda::set_op_profiling(*gpu, profile);
+    gpu->moe(w4a8_moe_params(mc, o, xt, e, wt));
+    cuda::set_op_profiling(*gpu, false);
+    return gpu->download_f32(o);
+  };
+  const std::vector<float> all = run(T, true);
+  bool grouped = false;
+  for (const cuda::OpTime& op : cuda::take_op_profile(*gpu)) grouped = grouped || op.op.starts_with("moe/experts w1, w3 (w4a8");
+  EXPECT_EQ(grouped, cuda::cuda_feature_on("grouped_moe") && cuda::cuda_feature_on("w4a8")) << "the grouped W4A8 path ran";
+  const std::vector<float> small = run(T_small, false);
+  for (int64_t i = 0; i < T_small * D; ++i)
+    ASSERT_EQ(f32_to_bits(small[i]), f32_to_bits(all[i])) << "token " << i / D << " differs among 90,000 and among 100";
 }
 
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
