@@ -137,9 +137,10 @@ struct LinearParams {
   // before the reference's FP8/FP4 GEMMs, spec §3.0.5) and the output is rounded to bf16.
   bool act_quant_fp8 = false;
   bool round_bf16 = false;
-  // The input holds bf16 values (the fast and deepseek-ref profiles' activations): with a BF16 float
-  // weight, x W^T is then exactly a bf16 GEMM with fp32 sums, which a backend may run as one (the
-  // CUDA backend's tensor cores); only the order of the sums differs from fp32 arithmetic.
+  // The input holds bf16 values (the fast and deepseek-ref profiles' activations): with a weight
+  // whose values are bf16 too (BF16, or FP8-block), x W^T is then exactly a bf16 GEMM with fp32
+  // sums, which a backend may run as one (the CUDA backend's tensor cores); only the order of the
+  // sums differs from fp32 arithmetic.
   bool input_bf16 = false;
 };
 

@@ -14,8 +14,7 @@
 namespace sparrow::cuda {
 
 struct Bf16GroupedLinear::Plan {
-  bool ok = false;
-  std::string why;  // when !ok
+  bool ok = false;  // false: no cuBLASLt, or no algorithm for the shape (the caller's kernels run)
   cublasLtMatmulAlgo_t algo{};
 };
 
@@ -57,17 +56,10 @@ const Bf16GroupedLinear::Plan& Bf16GroupedLinear::plan(int64_t R, int64_t K, int
   if (p) return *p;
   p = std::make_unique<Plan>();
   const CublasLtApi& lt = cublaslt_api();
-  cublasStatus_t s;
-  if (!lt.error.empty()) {
-    p->why = lt.error;
-    return *p;
-  }
+  if (!lt.error.empty()) return *p;
   if (!handle_) {
     cublasLtHandle_t h = nullptr;
-    if ((s = lt.create(&h)) != CUBLAS_STATUS_SUCCESS) {
-      p->why = "cublasLtCreate failed: " + cublaslt_status_text(s);
-      return *p;
-    }
+    if (lt.create(&h) != CUBLAS_STATUS_SUCCESS) return *p;
     handle_ = h;
   }
   LtObjects o;
@@ -75,23 +67,16 @@ const Bf16GroupedLinear::Plan& Bf16GroupedLinear::plan(int64_t R, int64_t K, int
   const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  if ((s = describe(o, R, K, G, kInvariantM)) != CUBLAS_STATUS_SUCCESS) {
-    p->why = "cuBLASLt descriptors failed: " + cublaslt_status_text(s);
-  } else if ((s = lt.pref_create(&o.pref)) != CUBLAS_STATUS_SUCCESS ||
-             (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace))) !=
-                 CUBLAS_STATUS_SUCCESS ||
-             (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof(no_reduction))) !=
-                 CUBLAS_STATUS_SUCCESS) {
-    p->why = "cublasLtMatmulPreference failed: " + cublaslt_status_text(s);
-  } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, o.b, o.d, o.d, o.pref, 1, &result,
-                               &returned)) != CUBLAS_STATUS_SUCCESS) {
-    p->why = "cublasLtMatmulAlgoGetHeuristic failed: " + cublaslt_status_text(s);
-  } else if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
-    p->why = "cublasLtMatmulAlgoGetHeuristic returned no algorithm";
-  } else {
-    p->ok = true;
-    p->algo = result.algo;
-  }
+  p->ok = describe(o, R, K, G, kInvariantM) == CUBLAS_STATUS_SUCCESS &&
+          lt.pref_create(&o.pref) == CUBLAS_STATUS_SUCCESS &&
+          lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace)) ==
+              CUBLAS_STATUS_SUCCESS &&
+          lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof(no_reduction)) ==
+              CUBLAS_STATUS_SUCCESS &&
+          lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, o.b, o.d, o.d, o.pref, 1, &result,
+                       &returned) == CUBLAS_STATUS_SUCCESS &&
+          returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (p->ok) p->algo = result.algo;
   return *p;
 }
 
@@ -101,20 +86,10 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
   const int64_t N = w.out, K = w.in, R = N / G;
   const bool bf16_exact = (w.format == WeightFormat::kFp8Block && dtype_size(w.data.dtype) == 1) ||
                           (w.format == WeightFormat::kFloat && w.data.dtype == DType::kBF16);
-  if (!bf16_exact) {
-    last_detail_ = "the weight is neither FP8-block nor BF16";
-    return false;
-  }
   // 16-byte aligned leading dimensions and batch strides for every operand.
-  if (K % 8 != 0 || R % 8 != 0) {
-    last_detail_ = "K = " + std::to_string(K) + " and R = " + std::to_string(R) + " must be multiples of 8";
-    return false;
-  }
+  if (!bf16_exact || K % 8 != 0 || R % 8 != 0) return false;
   const Plan& pl = plan(R, K, G);
-  if (!pl.ok) {
-    last_detail_ = pl.why;
-    return false;
-  }
+  if (!pl.ok) return false;
   if (T == 0 || N == 0) return true;
   // A BF16 weight is used as uploaded; an FP8 one is decoded to bf16 once.
   const void* a_bf16 = nullptr;
@@ -143,8 +118,6 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
                   out, o.d, &pl.algo, nullptr, 0, cudaStream_t{nullptr});
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");
-  last_detail_ = "tensor cores: cuBLASLt bf16, R=" + std::to_string(R) + " K=" + std::to_string(K) +
-                 " G=" + std::to_string(G);
   return true;
 }
 

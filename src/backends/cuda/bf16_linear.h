@@ -27,7 +27,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <string>
 #include <tuple>
 
 #include "backends/cuda/cuda_state.h"
@@ -44,19 +43,16 @@ class Bf16GroupedLinear {
   Bf16GroupedLinear& operator=(const Bf16GroupedLinear&) = delete;
 
   // out [T, N] from in [T, G*K] (fp32 storage, bf16 values) and w [N, K] (N = G*R): true when the
-  // tensor cores ran it; false (nothing run, last_detail() says why) when the weight or the shapes
-  // do not suit them: w neither FP8-block nor BF16, K or R not multiples of 8, no cuBLASLt or no
-  // algorithm. `device_weight` uploads w as stored (decoded to bf16 once).
+  // tensor cores ran it; false (nothing run) when the weight or the shapes do not suit them: w
+  // neither FP8-block nor BF16, K or R not multiples of 8, no cuBLASLt or no algorithm. `device_weight` uploads w as stored (decoded to bf16 once).
   bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
            const std::function<DevWeight()>& device_weight);
   static constexpr int64_t kInvariantM = 4096;
-  const std::string& last_detail() const { return last_detail_; }
 
  private:
-  struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or why there is none
+  struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
   const Plan& plan(int64_t R, int64_t K, int64_t G);
 
-  std::string last_detail_;
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
   WeightCache<DeviceBuffer> weights_;  // bf16 [N, K]
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;

@@ -64,20 +64,11 @@ std::vector<std::string> env_names(const char* var) {
   return out;
 }
 
-bool listed(const std::vector<std::string>& names, const char* name) {
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
-
 }  // namespace
 
 bool cuda_feature_on(const char* name) {
   static const std::vector<std::string> disabled = env_names("SPARROW_CUDA_DISABLE");
-  return !listed(disabled, name);
-}
-
-bool cuda_feature_opted_in(const char* name) {
-  static const std::vector<std::string> enabled = env_names("SPARROW_CUDA_ENABLE");
-  return listed(enabled, name);
+  return std::find(disabled.begin(), disabled.end(), name) == disabled.end();
 }
 
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
@@ -467,14 +458,12 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
     if (p.act_quant_fp8 && fp8_gemm_rows(p.out.f32(), p.in.f32(), T, w)) {
       // The tensor-core GEMM (SPARROW_CUDA_DISABLE=fp8_gemm: the CUDA-core kernel below).
-      last_linear_vectorized_ = false;
-      last_linear_tensor_cores_ = true;
+      last_linear_ = fp8_.last_path() == Fp8GemmPath::kTensorCores ? LinearPath::kTensorCores : LinearPath::kElementWise;
       round_bf16_if(p.round_bf16, p.out, "linear bf16");
       return;
     }
-    if (p.input_bf16 && bf16_gemm_rows(p.out.f32(), p.in.f32(), T, w)) {
-      last_linear_vectorized_ = false;
-      last_linear_tensor_cores_ = true;
+    if (p.input_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, 1, w)) {
+      last_linear_ = LinearPath::kTensorCores;
       round_bf16_if(p.round_bf16, p.out, "linear bf16");
       return;
     }
@@ -487,10 +476,11 @@ class CudaBackend final : public Backend {
       fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
       in = quantised.f32();
     }
-    last_linear_tensor_cores_ = false;
-    last_linear_vectorized_ =
-        launch_linear({.out = p.out.f32(), .in = in, .in_rows = nullptr, .w = dev_weight(w), .T = T,
-                       .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1), .vectorized = p.act_quant_fp8});
+    last_linear_ = launch_linear({.out = p.out.f32(), .in = in, .in_rows = nullptr, .w = dev_weight(w), .T = T,
+                                  .in_stride = w.in, .rows_per_group = std::max<int64_t>(w.out, 1),
+                                  .vectorized = p.act_quant_fp8})
+                       ? LinearPath::kVectorized
+                       : LinearPath::kElementWise;
     launch_check("linear");
     round_bf16_if(p.round_bf16, p.out, "linear bf16");
   }
@@ -506,17 +496,15 @@ class CudaBackend final : public Backend {
     // does, a bf16 GEMM with fp32 sums, on the tensor cores (bf16_linear.h; SPARROW_CUDA_DISABLE=bf16_gemm
     // or a weight it cannot take: the vectorized kernel where the weight allows it, as `linear` does
     // under act_quant_fp8); fp32 keeps the element-wise one.
-    if (p.round_bf16 && bf16_gemm_on() && bf16_.run(p.out.f32(), p.in.f32(), T, G, w, [&] { return dev_weight(w); })) {
-      last_linear_vectorized_ = false;
-      last_linear_tensor_cores_ = true;
-      launch_check("grouped_linear bf16 GEMM");
+    if (p.round_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, G, w)) {
+      last_linear_ = LinearPath::kTensorCores;
       round_bf16_if(true, p.out, "grouped_linear bf16");
       return;
     }
-    last_linear_tensor_cores_ = false;
-    last_linear_vectorized_ =
-        launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
-                       .in_stride = G * w.in, .rows_per_group = w.out / G, .vectorized = p.round_bf16});
+    last_linear_ = launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
+                                  .in_stride = G * w.in, .rows_per_group = w.out / G, .vectorized = p.round_bf16})
+                       ? LinearPath::kVectorized
+                       : LinearPath::kElementWise;
     launch_check("grouped_linear");
     round_bf16_if(p.round_bf16, p.out, "grouped_linear bf16");
   }
@@ -752,7 +740,7 @@ class CudaBackend final : public Backend {
     if (!forced && p.kind == MoeKind::kScored) SPARROW_CHECK_EQ(p.bias.numel(), E);
     if (T == 0) return;
     DeviceBuffer logits(T * E * sizeof(float));
-    if (!(p.input_bf16 && bf16_gemm_rows(logits.f32(), p.x.f32(), T, gate)))
+    if (!(p.input_bf16 && bf16_gemm(logits.f32(), p.x.f32(), T, 1, gate)))
       launch_linear({.out = logits.f32(), .in = p.x.f32(), .in_rows = nullptr, .w = dev_weight(gate), .T = T,
                      .in_stride = gate.in, .rows_per_group = E});
     launch_check("router logits");
@@ -791,16 +779,18 @@ class CudaBackend final : public Backend {
     static const bool grouped = cuda_feature_on("grouped_moe"), device_plan = cuda_feature_on("moe_device_plan");
     std::optional<OpProfiler::Scope> routed_part(std::in_place, profiler_, "moe/routed experts");
     const ExpertTables* tab = grouped ? expert_tables(routed) : nullptr;  // null: the experts differ in shape
-    if (tab && device_plan && device_plan_items(T * K, E) <= kMaxMoeItems) {
-      std::optional<OpProfiler::Scope> plan_part(std::in_place, profiler_, "moe/plan (device)");
-      MoePlan plan = plan_on_device(p.experts, T, K, E);
-      plan_part.reset();
+    if (tab) {
+      MoePlan plan;
+      if (device_plan) {
+        OpProfiler::Scope plan_part(profiler_, "moe/plan (device)");
+        plan = plan_on_device(p.experts, T, K, E);
+      } else {
+        plan = upload_plan(plan_on_host(p.experts, T, K, E));
+      }
       run_planned_experts(*tab, routed[0], plan, x, D, T * K, contrib.f32(), p, combine_scale);
     } else {
       const HostMoePlan hp = plan_on_host(p.experts, T, K, E);
-      if (tab && hp.n_items <= kMaxMoeItems) {
-        run_planned_experts(*tab, routed[0], upload_plan(hp), x, D, T * K, contrib.f32(), p, combine_scale);
-      } else if (hp.max_rows > 0) {
+      if (hp.max_rows > 0) {
         // One expert at a time (experts of different shapes, or SPARROW_CUDA_DISABLE=grouped_moe).
         const DeviceBuffer d_rows = upload_vector(hp.rows), d_slots = upload_vector(hp.slots);
         const auto* rows_ptr = static_cast<const int32_t*>(d_rows.get());
@@ -969,9 +959,8 @@ class CudaBackend final : public Backend {
 
   // The MoE's grouping: rows grouped by expert in (token, slot) order, and the grouped
   // projections' work items, one per (expert with rows, tile of 8 rows) (kernels.h MoePlanArgs).
-  // The grouped projections' items run on grid x (2^31 - 1 blocks); the plan's int32 rows bound
-  // the rows far below that.
-  static constexpr int64_t kMaxMoeItems = int64_t{1} << 30;
+  // The grouped projections' items run on grid x, which allows 2^31 - 1 blocks.
+  static constexpr int64_t kMaxMoeItems = (int64_t{1} << 31) - 1;
   struct MoePlan {
     DeviceBuffer offsets, rows, slots, items, n_items;
     int64_t max_items = 0;  // a bound on *n_items (the grid's height)
@@ -988,7 +977,7 @@ class CudaBackend final : public Backend {
     return total / kMoeTileRows + std::min(E, total) + 1;
   }
 
-  // On the device: nothing waits for the router. REQUIRES device_plan_items(T*K, E) <= kMaxMoeItems.
+  // On the device: nothing waits for the router.
   MoePlan plan_on_device(const Tensor& experts, int64_t T, int64_t K, int64_t E) {
     MoePlan plan;
     const int64_t total = T * K;
@@ -1064,7 +1053,7 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(f.w2.in, F);
     SPARROW_CHECK_EQ(f.w1.in, D);
     SPARROW_CHECK_EQ(f.w2.out, D);
-    SPARROW_CHECK_LE(plan.max_items, kMaxMoeItems);
+    SPARROW_CHECK_LE(plan.max_items, kMaxMoeItems);  // more work items than the grid's x: a batch of > 2^33 rows
     const auto mxfp4 = [](const WeightMatrix& w) { return w.format == WeightFormat::kFp4Packed && w.block_in == 32; };
     const bool w4a8 =
         w4a8_experts_ && p.ref_numerics && mxfp4(f.w1) && mxfp4(f.w3) && mxfp4(f.w2) && D % 32 == 0 && F % 32 == 0;
@@ -1179,17 +1168,14 @@ class CudaBackend final : public Backend {
     launch_check("expert ffn");
   }
 
-  static bool bf16_gemm_on() {
+  // out [T, N] = in [T, G*K] (bf16 values) x w^T in G groups as a bf16 GEMM on the tensor cores
+  // (Bf16GroupedLinear) when bf16_gemm is on and w is a weight it takes (FP8-block or BF16, R and K
+  // multiples of 8); false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
+  bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w) {
     static const bool on = cuda_feature_on("bf16_gemm");
-    return on;
-  }
-
-  // out [T, N] = in [T, K] (contiguous, bf16 values) x w^T as a bf16 GEMM on the tensor cores
-  // (Bf16GroupedLinear, one group) when bf16_gemm is on and w is a BF16 float weight it can take;
-  // false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
-  bool bf16_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w) {
-    if (!bf16_gemm_on() || w.format != WeightFormat::kFloat || w.data.dtype != DType::kBF16) return false;
-    return bf16_.run(out, in, T, 1, w, [&] { return dev_weight(w); });
+    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); })) return false;
+    launch_check("bf16 GEMM");
+    return true;
   }
 
   // out [T, N] = act_quant_fp8(in [T, K], contiguous) x w^T on the tensor cores (Fp8Linear, the
@@ -1210,8 +1196,8 @@ class CudaBackend final : public Backend {
   Fp8Linear fp8_;
   Bf16GroupedLinear bf16_;
   OpProfiler profiler_;
-  bool last_linear_vectorized_ = false;
-  bool last_linear_tensor_cores_ = false;
+  enum class LinearPath : uint8_t { kElementWise, kVectorized, kTensorCores };
+  LinearPath last_linear_ = LinearPath::kElementWise;  // test support
   bool fp8_gemm_in_linear_ = false;
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
@@ -1225,8 +1211,8 @@ class CudaBackend final : public Backend {
     fp8_.set_batch_invariant(on);
   }
   OpProfiler& profiler() { return profiler_; }
-  bool last_linear_vectorized() const { return last_linear_vectorized_; }
-  bool last_linear_tensor_cores() const { return last_linear_tensor_cores_; }
+  bool last_linear_vectorized() const { return last_linear_ == LinearPath::kVectorized; }
+  bool last_linear_tensor_cores() const { return last_linear_ == LinearPath::kTensorCores; }
 };
 
 CudaBackend& cuda_backend(Backend& b) {

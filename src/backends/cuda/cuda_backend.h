@@ -68,8 +68,6 @@ void set_w4a8_experts(Backend& backend, bool on);
 // Whether those take the tiled W4A8 kernel when an expert averages 32 rows or more (on unless
 // SPARROW_CUDA_DISABLE=w4a8_tiled); the same bits as the small kernel, which runs otherwise.
 void set_w4a8_tiled(Backend& backend, bool on);
-// Whether SPARROW_CUDA_ENABLE (comma-separated) names `name`.
-bool cuda_feature_opted_in(const char* name);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
 bool cuda_feature_on(const char* name);
 

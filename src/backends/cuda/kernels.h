@@ -41,9 +41,8 @@ struct DevView {
 // split over blocks), "w4a8" (the routed MXFP4 experts on the tensor cores), "w4a8_tiled" (their
 // shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
 // register tiles of 4 heads x 8 entries a thread), "fp8_gemm" (the
-// fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a as a bf16 cuBLASLt
-// GEMM). Read once per process. (SPARROW_CUDA_ENABLE opts in to
-// paths not yet run on a GPU: cuda_backend.h, cuda_feature_opted_in.)
+// fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a and the BF16 weights
+// fed bf16 values as bf16 cuBLASLt GEMMs). Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
