@@ -445,9 +445,8 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.out.numel(), n);
     if (p.weight.data) SPARROW_CHECK_EQ(p.weight.numel(), p.group);
     launch_rms_norm({.out = p.out.f32(), .in = p.in.f32(), .weight = dev_view(p.weight), .rows = n / p.group,
-                     .group = p.group, .eps = static_cast<float>(p.eps)});
+                     .group = p.group, .eps = static_cast<float>(p.eps), .round_bf16 = p.round_bf16});
     launch_check("rms_norm");
-    round_bf16_if(p.round_bf16, p.out, "rms_norm bf16");
   }
 
   void linear(const LinearParams& p) override {
@@ -1057,10 +1056,15 @@ class CudaBackend final : public Backend {
     const auto mxfp4 = [](const WeightMatrix& w) { return w.format == WeightFormat::kFp4Packed && w.block_in == 32; };
     const bool w4a8 =
         w4a8_experts_ && p.ref_numerics && mxfp4(f.w1) && mxfp4(f.w3) && mxfp4(f.w2) && D % 32 == 0 && F % 32 == 0;
+    if (w4a8) SPARROW_CHECK(D < (int64_t{1} << 30) && F < (int64_t{1} << 30));  // the W4A8 kernels index in int
     // Many rows an expert (an average of kTiledRowsPerExpert or more, as in prefill): the W4A8 kernel
     // that stages tiles in shared memory; the same bits as the small one (kernels.h GroupedW4A8Args).
     constexpr int64_t kTiledRowsPerExpert = 32;
     const bool tiled = w4a8 && w4a8_tiled_ && total >= kTiledRowsPerExpert * static_cast<int64_t>(p.routed->size());
+    // The tiled kernel's grid: sum over experts of ceil(R_e / 64) <= total / 64 + min(E, total) + 1.
+    const int64_t E = static_cast<int64_t>(p.routed->size());
+    const int64_t max_tiles = total / kW4A8TileRows + std::min(E, total) + 1;
+    SPARROW_CHECK_LE(max_tiles, kMaxMoeItems);
     DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
@@ -1092,7 +1096,8 @@ class CudaBackend final : public Backend {
         launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
                              .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
                              .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
-                             .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled});
+                             .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled,
+                             .experts = E, .max_tiles = max_tiles});
       } else {
         launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                       .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,

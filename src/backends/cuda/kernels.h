@@ -112,7 +112,10 @@ struct RmsNormArgs {
   int64_t rows;           // T * N / group
   int64_t group;
   float eps;
+  bool round_bf16 = false;  // outputs rounded to bf16 (launch_bf16_round's rounding, fused)
 };
+// A block a row; groups of at most 2048 a warp a row (each row's sums in a fixed order either way,
+// whatever the number of rows).
 void launch_rms_norm(const RmsNormArgs& a);
 
 struct RopeArgs {
@@ -203,6 +206,7 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 // inputs), summed in warp order. `tiled` (for many rows an expert, e.g. prefill): 64 rows x 64
 // columns a block from shared-memory tiles, each output the same arithmetic, so the same bits.
 // REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0.
+inline constexpr int64_t kW4A8TileRows = 64;  // rows of the tiled kernel's tile
 struct GroupedW4A8Args {
   float* out;                // [offsets[E], N]
   const uint8_t* codes;      // [rows_pad, k_pad] e4m3 (launch_act_quant_fp8's layout)
@@ -215,6 +219,8 @@ struct GroupedW4A8Args {
   const int32_t* n_items;
   int64_t max_items, N, K;
   bool tiled = false;
+  int64_t experts = 0;    // E (tiled)
+  int64_t max_tiles = 0;  // (tiled) a bound on the tiles, sum over experts of ceil(R_e / kW4A8TileRows)
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
 

@@ -50,10 +50,13 @@ constexpr int kMixUnroll = 8;
 // the same order and through the same block_sum.
 constexpr int kMixTokens = 4;
 
-// grid (ceil(T / kMixTokens), nmix).
+// grid (ceil(T / kMixTokens) * nmix): block b is mix b % nmix of token group b / nmix, so the nmix
+// blocks reading one group's streams run side by side and all but the first find them in L2 (with
+// the mix on grid y, the 24 readers of a group were a whole grid row apart and each read its 256 KB
+// from HBM again: 3.6 GB a call, 4 ms, in an 8K prefill).
 __global__ void hc_mix_rows_kernel(const float* streams, int64_t T, int64_t width, DevView fn, int64_t nmix,
                                    float norm_eps, float* mix_out) {
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kMixTokens, m = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) / nmix * kMixTokens, m = blockIdx.x % nmix;
   const int nt = T - t0 < kMixTokens ? static_cast<int>(T - t0) : kMixTokens;
   const int64_t step = blockDim.x;
   float ss[kMixTokens] = {}, acc[kMixTokens] = {};
@@ -98,15 +101,12 @@ __device__ void hc_mix_or_load(const float* X, int64_t width, const DevView& fn,
 }
 
 // pre, post and comb of token t from its mix values, Sinkhorn with eps in every denominator (one
-// thread). kS > 0: the stream count known at compile time (V4's 4), so the loops unroll and comb
-// lives in registers; 0: a.S at run time, comb in local memory (whose dependent accesses made this
-// 60 us a call on the H200). The same operations in the same order either way.
-template <int kS>
+// thread; comb in local memory). S = 4 (V4's) takes hc_pre_weights_s4, a warp with the same bits.
 __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre, int64_t t) {
-  const int64_t S = kS > 0 ? kS : a.S;
+  const int64_t S = a.S;
   const float eps = a.hc_eps;
   const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
-  float comb[kS > 0 ? kS * kS : kMaxStreams * kMaxStreams];
+  float comb[kMaxStreams * kMaxStreams];
 #pragma unroll
   for (int64_t j = 0; j < S; ++j) {
     pre[j] = sigmoidf(mix[j] * scale_pre + dev_load(a.base, j)) + eps;
@@ -152,6 +152,68 @@ __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre,
   for (int64_t i = 0; i < S * S; ++i) a.out_comb[t * S * S + i] = comb[i];
 }
 
+// hc_pre_weights for S = 4 by the 32 lanes of a warp (all of them must call it): lane 4j + k (< 16)
+// holds comb[j][k]; a row's or column's sum is gathered by shuffles and added in hc_pre_weights'
+// order (0 + v0 + v1 + v2 + v3), every division and exponential the same, so the results are its
+// bits. One thread walking the 16 entries through 20 Sinkhorn iterations took 45 us a token (ncu on
+// the H200, batch 1); here the 16 entries go side by side.
+__device__ void hc_pre_weights_s4(const HcPreArgs& a, const float* mix, float* pre, int64_t t) {
+  constexpr int S = 4;
+  const int lane = threadIdx.x % 32, j = (lane / S) % S, k = lane % S, row0 = lane & ~(S - 1);
+  const float eps = a.hc_eps;
+  const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
+  if (lane < S) {
+    pre[lane] = sigmoidf(mix[lane] * scale_pre + dev_load(a.base, lane)) + eps;
+    a.out_post[t * S + lane] = 2.0f * sigmoidf(mix[S + lane] * scale_post + dev_load(a.base, S + lane));
+  }
+  const auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, (row0 + kk) & 31); };
+  const auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, jj * S + k); };
+  // Row j: softmax over k, then + eps.
+  float c = mix[2 * S + j * S + k] * scale_comb + dev_load(a.base, 2 * S + j * S + k);
+  float mx = -INFINITY;
+#pragma unroll
+  for (int kk = 0; kk < S; ++kk) mx = fmaxf(mx, row_at(c, kk));
+  c = expf(c - mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < S; ++kk) sum += row_at(c, kk);
+  c = c / sum + eps;
+  // Columns once, then (rows, columns) sinkhorn_iters - 1 times, as the CPU reference does.
+  for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
+    if (it > 0) {
+      sum = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < S; ++kk) sum += row_at(c, kk);
+      c /= sum + eps;
+    }
+    sum = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < S; ++jj) sum += col_at(c, jj);
+    c /= sum + eps;
+  }
+  if (lane < S * S) a.out_comb[t * S * S + lane] = c;
+}
+
+// out[t, d] = sum_j pre_j X[j * D + d] for this block's token, kRowUnroll columns a thread loaded
+// before any is written (one column at a time, each store kept the next loads waiting: 11 us a
+// token at batch 1).
+constexpr int kRowUnroll = 8;
+__device__ inline void hc_collapse(const float* X, const float* pre, int64_t S, int64_t D, float* out) {
+  for (int64_t d0 = threadIdx.x; d0 < D; d0 += kRowUnroll * blockDim.x) {
+    float acc[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t d = d0 + u * blockDim.x;
+      acc[u] = 0.0f;
+      if (d < D)
+        for (int64_t j = 0; j < S; ++j) acc[u] += pre[j] * X[j * D + d];
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u)
+      if (d0 + u * blockDim.x < D) out[d0 + u * blockDim.x] = acc[u];
+  }
+}
+
 // grid (T): pre/post/comb of one token (hc_pre_weights), u = sum_j pre_j X[j].
 __global__ void hc_pre_kernel(HcPreArgs a) {
   __shared__ float mix[kMaxMix];
@@ -159,16 +221,13 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
   const int64_t t = blockIdx.x, S = a.S, D = a.D;
   const float* X = a.streams + t * S * D;
   hc_mix_or_load(X, S * D, a.fn, (2 + S) * S, a.norm_eps, a.mix, mix);
-  if (threadIdx.x == 0) {
-    if (S == 4) hc_pre_weights<4>(a, mix, pre, t);
-    else hc_pre_weights<0>(a, mix, pre, t);
+  if (S == 4) {
+    if (threadIdx.x < 32) hc_pre_weights_s4(a, mix, pre, t);
+  } else if (threadIdx.x == 0) {
+    hc_pre_weights(a, mix, pre, t);
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
-    a.out_input[t * D + d] = acc;
-  }
+  hc_collapse(X, pre, S, D, a.out_input + t * D);
 }
 
 // One thread per (t, d): X'[k] = post_k y + sum_j comb[j][k] X[j] (comb applied transposed). The
@@ -189,6 +248,37 @@ __global__ void hc_post_kernel(HcPostArgs a) {
   }
 }
 
+// The same for 4 columns a thread (D % 4 == 0, 16-byte aligned rows), S = kS: 16-byte loads and
+// stores, each token's comb and post read once for 4 columns. Each value's operations and their
+// order are hc_post_kernel's.
+template <int kS>
+__global__ void hc_post4_kernel(HcPostArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t D4 = a.D / 4;
+  if (i >= a.T * D4) return;
+  const int64_t t = i / D4, d = 4 * (i % D4);
+  float* X = a.streams + t * kS * a.D;
+  const float* comb = a.comb + t * kS * kS;
+  float4 x[kS];
+#pragma unroll
+  for (int j = 0; j < kS; ++j) x[j] = *reinterpret_cast<const float4*>(X + j * a.D + d);
+  const float4 y = *reinterpret_cast<const float4*>(a.sublayer + t * a.D + d);
+#pragma unroll
+  for (int k = 0; k < kS; ++k) {
+    const float p = a.post[t * kS + k];
+    float4 acc = make_float4(p * y.x, p * y.y, p * y.z, p * y.w);
+#pragma unroll
+    for (int j = 0; j < kS; ++j) {
+      const float c = comb[j * kS + k];
+      acc.x += c * x[j].x;
+      acc.y += c * x[j].y;
+      acc.z += c * x[j].z;
+      acc.w += c * x[j].w;
+    }
+    *reinterpret_cast<float4*>(X + k * a.D + d) = acc;
+  }
+}
+
 // grid (T): the final stream collapse (spec §3.6): no post, no comb, no Sinkhorn.
 __global__ void hc_head_kernel(HcHeadArgs a) {
   __shared__ float mix[kMaxStreams];
@@ -198,15 +288,33 @@ __global__ void hc_head_kernel(HcHeadArgs a) {
   hc_mix_or_load(X, S * D, a.fn, S, a.norm_eps, a.mix, mix);
   if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(mix[threadIdx.x] * dev_load(a.scale, 0) + dev_load(a.base, threadIdx.x)) + a.hc_eps;
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < S; ++j) acc += pre[j] * X[j * D + d];
-    a.out[t * D + d] = acc;
+  hc_collapse(X, pre, S, D, a.out + t * D);
+}
+
+// y[i] = x[i] * inv [* w[i]] (bf16-rounded when asked) for i = first, first + step, ... < n: kRowUnroll
+// elements' loads before their stores (y may alias x, so one at a time each store held back the next
+// loads: 12 us for a batch-1 row of 4096).
+__device__ inline void rms_norm_write(const RmsNormArgs& a, const float* x, float* y, float inv, int64_t first,
+                                      int64_t step, int64_t n) {
+  for (int64_t i0 = first; i0 < n; i0 += kRowUnroll * step) {
+    float v[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t i = i0 + u * step;
+      v[u] = 0.0f;
+      if (i < n) {
+        v[u] = x[i] * inv;
+        if (a.weight.data) v[u] *= dev_load(a.weight, i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u)
+      if (i0 + u * step < n) y[i0 + u * step] = a.round_bf16 ? dev_bf16_round(v[u]) : v[u];
   }
 }
 
-// grid (rows): y = x * rsqrt(mean(x^2) + eps) [* w] over one group. Every value is read before
-// block_sum's barrier and written after it, so out may alias in.
+// grid (rows): y = x * rsqrt(mean(x^2) + eps) [* w] over one group, rounded to bf16 when asked.
+// Every value is read before block_sum's barrier and written after it, so out may alias in.
 __global__ void rms_norm_kernel(RmsNormArgs a) {
   const int64_t r = blockIdx.x;
   const float* x = a.in + r * a.group;
@@ -225,23 +333,65 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   }
   ss = block_sum(ss);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
-  for (int64_t i = threadIdx.x; i < a.group; i += blockDim.x) {
-    float v = x[i] * inv;
-    if (a.weight.data) v *= dev_load(a.weight, i);
-    y[i] = v;
-  }
+  rms_norm_write(a, x, y, inv, threadIdx.x, blockDim.x, a.group);
 }
 
-// One thread per (t, head, pair).
+// Groups of at most kNormWarpGroup (the q heads' 512, the q_lora rank's 1024): a warp a row,
+// kThreads / 32 rows a block (a 256-thread block a row left most threads idle on 2 values each:
+// 0.5 ms for the 8K prefill's 524,288 q-head rows). Lane l sums the squares of elements l, l + 32, ...
+// in order, then warp_sum; the row's arithmetic does not depend on how many rows there are.
+constexpr int64_t kNormWarpGroup = 2048;
+__global__ void rms_norm_warp_kernel(RmsNormArgs a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (r >= a.rows) return;  // the whole warp leaves together
+  const int lane = threadIdx.x % 32;
+  const float* x = a.in + r * a.group;
+  float* y = a.out + r * a.group;
+  const int group = static_cast<int>(a.group);
+  float ss = 0.0f;
+  for (int i0 = lane; i0 < group; i0 += kMixUnroll * 32) {
+    float xs[kMixUnroll];
+#pragma unroll
+    for (int u = 0; u < kMixUnroll; ++u) xs[u] = i0 + 32 * u < group ? x[i0 + 32 * u] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kMixUnroll; ++u)
+      if (i0 + 32 * u < group) ss += xs[u] * xs[u];
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
+  rms_norm_write(a, x, y, inv, lane, 32, a.group);
+}
+
+// A block a token: the token's angles once (each pair's sincos in double, as rope_rotate_pair), then
+// every (head, pair) of the token rotated with them: the same operations as one thread per (t, head,
+// pair) computing its own sincos (which the 64 q heads repeated 64 times: 0.6 ms a call in an 8K
+// prefill).
 __global__ void rope_kernel(RopeArgs a) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t pairs = a.table.pairs;
-  if (i >= a.T * a.n * pairs) return;
-  const int64_t th = i / pairs;  // t * n + head
-  const int pair = static_cast<int>(i % pairs);
-  const int64_t t = th / a.n;
-  float* rope_part = a.x + th * a.width + (a.width - 2 * pairs);
-  rope_rotate_pair(rope_part, pair, static_cast<double>(a.positions[t]), a.table, a.inverse);
+  __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
+  const int64_t t = blockIdx.x;
+  const int pairs = a.table.pairs;
+  const double pos = static_cast<double>(a.positions[t]);
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+  __syncthreads();
+  // kRowUnroll pairs a thread read before any is written (each write held back the next reads).
+  const int64_t total = a.n * pairs;
+  for (int64_t j0 = threadIdx.x; j0 < total; j0 += kRowUnroll * blockDim.x) {
+    float2 v[kRowUnroll];
+    float* at[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t j = j0 + u * blockDim.x;
+      at[u] = j < total ? a.x + (t * a.n + j / pairs) * a.width + (a.width - 2 * pairs) + 2 * (j % pairs) : nullptr;
+      if (at[u]) v[u] = make_float2(at[u][0], at[u][1]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      if (!at[u]) continue;
+      const int i = static_cast<int>((j0 + u * blockDim.x) % pairs);
+      const float2 r = rope_rotated(v[u].x, v[u].y, cs[i], sn[i]);
+      at[u][0] = r.x, at[u][1] = r.y;
+    }
+  }
 }
 
 __global__ void window_append_kernel(WindowAppendArgs a) {
@@ -260,30 +410,36 @@ void launch_embed(const EmbedArgs& a) {
 void launch_hc_pre(const HcPreArgs& a) {
   if (a.T <= 0) return;
   if (a.mix)
-    hc_mix_rows_kernel<<<dim3(blocks_for(a.T, kMixTokens), static_cast<unsigned>((2 + a.S) * a.S)), kThreads>>>(
+    hc_mix_rows_kernel<<<blocks_for(a.T, kMixTokens) * static_cast<unsigned>((2 + a.S) * a.S), kThreads>>>(
         a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
   hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
 void launch_hc_post(const HcPostArgs& a) {
-  if (a.T * a.D > 0) hc_post_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);
+  if (a.T * a.D <= 0) return;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (a.S == 4 && a.D % 4 == 0 && aligned(a.streams) && aligned(a.sublayer))
+    hc_post4_kernel<4><<<blocks_for(a.T * a.D / 4, kThreads), kThreads>>>(a);
+  else
+    hc_post_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);
 }
 
 void launch_hc_head(const HcHeadArgs& a) {
   if (a.T <= 0) return;
   if (a.mix)
-    hc_mix_rows_kernel<<<dim3(blocks_for(a.T, kMixTokens), static_cast<unsigned>(a.S)), kThreads>>>(
+    hc_mix_rows_kernel<<<blocks_for(a.T, kMixTokens) * static_cast<unsigned>(a.S), kThreads>>>(
         a.streams, a.T, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
   hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
 void launch_rms_norm(const RmsNormArgs& a) {
-  if (a.rows > 0) rms_norm_kernel<<<static_cast<unsigned>(a.rows), kThreads>>>(a);
+  if (a.rows <= 0) return;
+  if (a.group <= kNormWarpGroup) rms_norm_warp_kernel<<<blocks_for(a.rows, kThreads / 32), kThreads>>>(a);
+  else rms_norm_kernel<<<static_cast<unsigned>(a.rows), kThreads>>>(a);
 }
 
 void launch_rope(const RopeArgs& a) {
-  const int64_t n = a.T * a.n * a.table.pairs;
-  if (n > 0) rope_kernel<<<blocks_for(n, kThreads), kThreads>>>(a);
+  if (a.T > 0 && a.n * a.table.pairs > 0) rope_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
 void launch_window_append(const WindowAppendArgs& a) {

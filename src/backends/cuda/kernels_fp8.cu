@@ -4,8 +4,8 @@
 // dequantisation, the input of the fallback GEMM.
 //
 // Bit-exactness: amax is a max (order-free), the scale exponent is one IEEE division and frexpf
-// (dev_pow2_scale_exponent), x / s is one IEEE division (no fast math: -prec-div, no flush to
-// zero), and the e4m3 encoder is the integer twin of core/quant.cpp (device_common.cuh).
+// (dev_pow2_scale_exponent), x / s is one IEEE division or the product with the exact 1 / s (no
+// fast math: no flush to zero), and the e4m3 encoder is the integer twin of core/quant.cpp (device_common.cuh).
 #include "backends/cuda/device_common.cuh"
 
 namespace sparrow::cuda {
@@ -35,8 +35,7 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
   const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane;  // < k_pad
   uint8_t* dst = a.codes + m * a.k_pad + k0;
   if (m >= a.rows) {  // padding row: zero codes, scale 1
-#pragma unroll
-    for (int i = 0; i < kValuesPerLane; ++i) dst[i] = 0;
+    *reinterpret_cast<uint32_t*>(dst) = 0u;
     if (lane == 0) a.scales[b * a.rows_pad + m] = 1.0f;
     return;
   }
@@ -44,25 +43,36 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
   // The reference's floor: an all-zero block still gets a finite scale. fmaxf skips NaN exactly as
   // the host's std::max(amax, |x|) with amax first does; columns past K hold 0 and change nothing.
   float amax = 1e-4f;
+  const int64_t at = m * a.in_stride + k0;
+  if (a.in_dtype == DType::kF32 && k0 + kValuesPerLane <= a.K && a.in_stride % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(a.in) % 16 == 0) {
+    const float4 q = *reinterpret_cast<const float4*>(static_cast<const float*>(a.in) + at);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
 #pragma unroll
-  for (int i = 0; i < kValuesPerLane; ++i) {
-    const int64_t k = k0 + i;
-    v[i] = k < a.K ? load_input(a, m * a.in_stride + k) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[i]));
+    for (int i = 0; i < kValuesPerLane; ++i) v[i] = k0 + i < a.K ? load_input(a, at + i) : 0.0f;
   }
+#pragma unroll
+  for (int i = 0; i < kValuesPerLane; ++i) amax = fmaxf(amax, fabsf(v[i]));
   amax = warp_max(amax);
-  // s = 2^k as the e8m0 byte k + 127 decodes it; amax >= 1e-4 keeps k >= -22 (a normal float).
-  const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 448.0f) + 127));
+  // s = 2^k as the e8m0 byte k + 127 decodes it; amax >= 1e-4 keeps k >= -22 (a normal float), so
+  // 1 / s = 2^-k is exact (byte 127 - k; 2^-127 is the subnormal byte 0) and x * (1 / s) is the
+  // correctly rounded x / s, the division's bits.
+  const int k = dev_pow2_scale_exponent(amax, 448.0f);
+  const float s = dev_e8m0(static_cast<uint8_t>(k + 127));
+  const float inv = dev_e8m0(static_cast<uint8_t>(127 - k));
+  uint32_t packed = 0;
 #pragma unroll
   for (int i = 0; i < kValuesPerLane; ++i) {
+    uint32_t code = 0;
     if (k0 + i < a.K) {
-      float q = v[i] / s;
+      float q = v[i] * inv;
       q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);  // std::clamp's order: NaN passes through
-      dst[i] = dev_f32_to_e4m3(q);
-    } else {
-      dst[i] = 0;
+      code = dev_f32_to_e4m3(q);
     }
+    packed |= code << (8 * i);
   }
+  *reinterpret_cast<uint32_t*>(dst) = packed;
   if (lane == 0) a.scales[b * a.rows_pad + m] = s;
 }
 

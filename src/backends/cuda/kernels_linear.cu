@@ -3,6 +3,7 @@
 // kTokenTile tokens: the lanes stride over K, so each weight element is decoded once per tile and
 // the reduction order is fixed (a token's result does not depend on the other tokens).
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -193,301 +194,465 @@ __global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
   tile<kPath>(a, n, t0);
 }
 
-// Four e2m1 nibbles (the low nibble first) as four e4m3 bytes of the same values: magnitude index
-// i = nibble & 7 is 0, 0.5, 1, 1.5, 2, 3, 4, 6, in e4m3 0x00, 0x30, 0x38, 0x3c, 0x40, 0x44, 0x48,
-// 0x4c (0.5 = 2^-1 is exponent field 6; (1 + m/2) 2^(e-1) for e = i >> 1 >= 1, m = i & 1 is exponent
-// field e + 6, mantissa m << 2). One byte permute looks the four magnitudes up in that 8-byte table
-// (its selector nibbles are the indices: bit 3, the sign, masked off), and the four sign bits move
-// from bit 3 of each nibble to bit 7 of each byte.
-__device__ inline uint32_t e2m1x4_to_e4m3x4(uint32_t nibbles) {
-  constexpr uint32_t kTableLo = 0x3c383000u, kTableHi = 0x4c484440u;
-  const uint32_t mag = __byte_perm(kTableLo, kTableHi, nibbles & 0x7777u);
-  uint32_t t = (nibbles | (nibbles << 8)) & 0x00ff00ffu;  // nibbles 0, 1 -> bytes 0, 2 (low, high nibble)
-  t = (t | (t << 4)) & 0x0f0f0f0fu;                       // each nibble in its own byte
-  return mag | ((t & 0x08080808u) << 4);
+// ---- W4A8 routed experts on the tensor cores -------------------------------------------------
+//
+// sm_90 has no FP8 mma.sync (only wgmma): ptxas lowers mma.sync.m16n8k32.e4m3 to an e4m3 -> f16
+// conversion of both operands and two f16 HMMA.16816 (seen in the SASS on the H200, 2026-12-01), so
+// these kernels do that themselves, once per operand value: the e4m3 activation codes become f16
+// (exact), the MXFP4 weights f16 straight from e2m1 (exact, times 2^-14), and each 32-input block is
+// two mma.sync.m16n8k16 f16 -> fp32 steps, the second accumulating on the first.
+//
+// The arithmetic of one output (row r, column n), shared by both kernels (so their bits agree):
+// K's 128-input groups are cut in kW4A8Warps contiguous quarters (w4a8_quarter); in each quarter,
+// group by group: gs = 0; for each 32-input block j of the group, d = the block's two-step mma
+// result, gs = fma(d, ws_j, gs) (ws_j: the weight's block scale times 2^14, exact); then
+// acc_q = fma(gs, sa, acc_q) (sa: the row's activation scale of the group). The output is
+// ((acc_0 + acc_1) + acc_2) + acc_3. Every order depends on K alone, never on the rows or the batch.
+//
+// Operand layout. The mma's M (16) is 16 output columns, its N (8) is 8 rows, so a decode tile of
+// up to 8 rows fills it. Lane l (gid = l / 4, tig = l % 4) holds, of each 32-input block, inputs
+// 8 tig .. 8 tig + 7 (k0..k7 below) of its columns gid and gid + 8 and of its row gid: one 4-byte
+// word of each packed weight row, 8 bytes of the code row. Both become four f16x2 words pairing
+// (k0, k4), (k1, k5), (k2, k6), (k3, k7); step 0 takes the first two as its k-slots (2 tig, 2 tig + 1)
+// and (2 tig + 8, 2 tig + 9), step 1 the last two. Which input a slot stands for only has to agree
+// between the two operands: the mma sums all 16 slots of a step.
+
+constexpr int kW4A8Warps = 4;     // K quarters (split-K, fixed)
+constexpr int kW4A8GroupK = 128;  // inputs of a group: 4 MXFP4 blocks, one activation scale
+constexpr int kW4A8Cols = 16;     // output columns of a small-kernel block (the mma's M)
+static_assert(kW4A8GroupK == kFp8ActBlock && kW4A8GroupK / 32 == 4, "a group is one activation block of 4 MXFP4 blocks");
+static_assert(kMoeTileRows == 8, "a work item's tile of 8 rows is the mma's N");
+
+// Quarter p of G groups is [w4a8_quarter(p, G), w4a8_quarter(p + 1, G)) (some empty when G < 4).
+__device__ inline int w4a8_quarter(int p, int groups) { return p * groups / kW4A8Warps; }
+
+// e2m1 -> f16 times 2^-14: the nibble's sign to bit 15, its exponent and mantissa bits to 11..9 (an
+// f16 exponent field of e, mantissa m: (1 + m / 2) 2^(e - 15) = v 2^-14; e = 0, m = 1 is the f16
+// subnormal 2^-15 = 0.5 2^-14). Word i pairs nibble i (low half) with nibble i + 4 (high half).
+__device__ inline void e2m1x8_to_f16x8(uint32_t w, uint32_t (&r)[4]) {
+  r[0] = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
+  r[1] = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
+  r[2] = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
+  r[3] = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
+}
+constexpr float kE2m1F16Scale = 16384.0f;  // 2^14: what the weight scales carry for the e2m1 -> f16 shift
+
+// Eight e4m3 codes (x: k0..k3, y: k4..k7) as f16 (exact), paired as the weights are.
+__device__ inline uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+__device__ inline void e4m3x8_to_f16x8(uint2 c, uint32_t (&r)[4]) {
+  const uint32_t lo = __byte_perm(c.x, c.y, 0x5140);  // k0, k4, k1, k5
+  const uint32_t hi = __byte_perm(c.x, c.y, 0x7362);  // k2, k6, k3, k7
+  r[0] = e4m3x2_to_f16x2(lo & 0xffffu);
+  r[1] = e4m3x2_to_f16x2(lo >> 16);
+  r[2] = e4m3x2_to_f16x2(hi & 0xffffu);
+  r[3] = e4m3x2_to_f16x2(hi >> 16);
 }
 
-// d = A (16 x 32, e4m3, row) x B (32 x 8, e4m3, col), fp32, from zero. A's a0/a2 (rows 0..7; a1/a3
-// rows 8..15, d[2], d[3] their results) and B's b0/b1 hold the same k's in the same byte order, so
-// which k a register slot means in hardware does not matter.
-__device__ inline void mma_e4m3_16x8x32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+// d = A (16 x 16, f16, row) x B (16 x 8, f16, col) + c, fp32.
+__device__ inline void mma_f16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1, const float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %11, %12, %13};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
-#else
-  __trap();
-#endif
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 
-static_assert(kMoeTileRows == 8, "the W4A8 kernel maps a lane group (lane / 4) to one of 8 tile rows");
+// One 32-input block for a 16 x 8 tile: wa / wb the f16 words of the lane's columns gid / gid + 8,
+// x its row's. d's slots: (column gid, rows 2 tig, 2 tig + 1), (column gid + 8, the same rows).
+__device__ inline void w4a8_block(float (&d)[4], const uint32_t (&wa)[4], const uint32_t (&wb)[4], const uint32_t (&x)[4]) {
+  const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_f16_16x8x16(d, wa[0], wb[0], wa[1], wb[1], x[0], x[1], zero);
+  mma_f16_16x8x16(d, wa[2], wb[2], wa[3], wb[3], x[2], x[3], d);
+}
 
-constexpr int kW4A8Warps = 4;      // warps of a block, each a quarter of K (split-K, fixed)
-constexpr int kW4A8Tiles = 1;      // n8 tiles of a block (2 measured no faster at batch 256 and slower at 1: fewer blocks)
-constexpr int kW4A8Cols = 8 * kW4A8Tiles;  // output columns of a block
-constexpr int kW4A8GroupK = 128;   // inputs of a warp's step: 4 MXFP4 blocks, one activation scale
-static_assert(kW4A8GroupK == kFp8ActBlock && kW4A8GroupK / 32 == 4, "a step is one activation block of 4 MXFP4 blocks");
+// The weight block scale the f16 weights need (x 2^14), for the packed e8m0 layout or any other.
+__device__ inline float w4a8_weight_scale(const DevWeight& W, int64_t n, int64_t b) {
+  return dev_load(DevView{W.scale, W.scale_dtype}, n * W.scale_cols + b) * kE2m1F16Scale;
+}
+__device__ inline float w4a8_e8m0_scale(uint32_t four, int j) {
+  return dev_e8m0(static_cast<uint8_t>(four >> (8 * j))) * kE2m1F16Scale;
+}
+// Packed e8m0 scales (a column's 4 block scales of a group in one aligned word): every group whole.
+__device__ inline bool w4a8_packed_scales(const DevWeight& W) {
+  return W.scale_dtype == DType::kF8E8M0 && W.scale_cols % 4 == 0;
+}
 
-// The 128-input groups of K, G = ceil(K / 128) of them, cut in kW4A8Warps contiguous quarters:
-// quarter p is groups [w4a8_quarter(p, G), w4a8_quarter(p + 1, G)) (some empty when G < 4).
-__device__ inline int64_t w4a8_quarter(int64_t p, int64_t groups) { return p * groups / kW4A8Warps; }
+// cp.async of `bytes` (4, 8 or 16) from global to shared memory, zero-filled when !ok (the source is
+// then not read); commit and wait on the thread's groups of copies.
+__device__ inline void cp_async(void* dst, const void* src, bool ok, int bytes) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const int n = ok ? bytes : 0;
+  if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+  else if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
-// One block: output columns n0 .. n0 + kW4A8Cols - 1 (kW4A8Tiles n8 tiles) of one tile of 8 rows.
-// Warp w takes quarter w of K's groups; for each group, one mma.sync.m16n8k32 per MXFP4 block of 32
-// inputs, its fp32 result times the activation scale times the column's block scale added to the
-// warp's sum (groups and blocks in increasing order); the four warps' sums are then added in warp
-// order (v = s0, v += s1, v += s2, v += s3). The order of every sum depends only on K, never on the
-// rows or the batch.
-//
-// Lane l: g = l / 4 is its A row (tile row), its B column and its C row; t = l % 4. The k's a
-// register slot stands for only have to agree between A and B (the mma sums over all 32): in block
-// b, lane t holds inputs 32b + 8t .. 32b + 8t + 7, so its weight is one aligned 4-byte word of the
-// packed row (8 nibbles, low first: b0 = the first 4, b1 = the last 4, widened to e4m3) and its
-// activations one 8-byte word of the codes (a0, a2). Rows 8..15 of the m16 shape are unused.
-__global__ void grouped_w4a8_kernel(GroupedW4A8Args g) {
+// Small kernel: a block is 16 output columns x one 8-row tile; warp w takes quarter w of the groups
+// and streams them through its own kSmallStages-deep ring in shared memory (cp.async: the loads of
+// the next two groups are in flight while one is computed, without holding registers); the
+// quarters' sums are added in warp order through shared memory.
+constexpr int kSmallStages = 3;
+constexpr int kSmallWStride = 80;   // bytes of a staged column (64 + 16: the 8 x 4 lanes' words hit distinct banks)
+constexpr int kSmallXStride = 160;  // bytes of a staged row (128 + 32: the lanes' 8-byte loads hit distinct banks)
+struct SmallStage {
+  uint8_t w[kW4A8Cols * kSmallWStride];  // the 16 columns' 64 bytes of the group
+  uint8_t x[kMoeTileRows * kSmallXStride];  // the 8 rows' 128 codes
+  uint32_t ws[kW4A8Cols];                // packed e8m0 scales: a column's 4 blocks
+  float sa[kMoeTileRows];                // activation scales of the group
+};
+
+__global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4A8Args g) {
   const int64_t item = blockIdx.x;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
   const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kW4A8Cols;
+  const int N = static_cast<int>(g.N), K = static_cast<int>(g.K);
+  const int n0 = static_cast<int>(blockIdx.y) * kW4A8Cols;
   const DevWeight W = g.w[e];
-  const DevView wscale{W.scale, W.scale_dtype};
-  const bool packed_scales = W.scale_dtype == DType::kF8E8M0 && W.scale_cols % 4 == 0;
-  const int64_t tr = t0 + gid;
-  const bool row_ok = tr < R;
-  const int64_t src = row_ok ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : 0;
-  const uint8_t* arow = g.codes + src * g.k_pad;
-  // n8 tile q: this lane's B column n0 + 8q + gid and C columns (row gid) n0 + 8q + 2 tig (+1).
-  const uint8_t* wrow[kW4A8Tiles];
-  bool col_ok[kW4A8Tiles];
-  int64_t nc[kW4A8Tiles][2];
-#pragma unroll
-  for (int q = 0; q < kW4A8Tiles; ++q) {
-    const int64_t nb = n0 + 8 * q + gid;
-    col_ok[q] = nb < g.N;
-    wrow[q] = static_cast<const uint8_t*>(W.data) + (col_ok[q] ? nb : 0) * (g.K / 2);
-    nc[q][0] = n0 + 8 * q + 2 * tig;
-    nc[q][1] = nc[q][0] + 1;
+  const bool packed = w4a8_packed_scales(W);
+  const int blocks = K / 32, groups = (K + kW4A8GroupK - 1) / kW4A8GroupK;
+  const int first = w4a8_quarter(warp, groups), last = w4a8_quarter(warp + 1, groups);
+  __shared__ __align__(16) SmallStage ring[kW4A8Warps][kSmallStages];
+  __shared__ float part[kW4A8Warps][32][4];
+
+  // What this lane copies per group: weight pieces p = lane, lane + 32 (column p / 4, block p % 4),
+  // code pieces p = lane, lane + 32 (row p / 8, 16 bytes p % 8), lanes 0..15 a column's scales,
+  // lanes 16..23 a row's activation scale.
+  const auto* wdata = static_cast<const uint8_t*>(W.data);
+  const auto src_of = [&](int64_t tr) { return tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : int64_t{-1}; };
+  const uint8_t* wsrc[2];
+  bool wcol_ok[2];
+  int wblk[2];
+  const uint8_t* xsrc[2];
+  for (int i = 0; i < 2; ++i) {
+    const int p = lane + 32 * i, col = n0 + p / 4;
+    wcol_ok[i] = col < N;
+    wblk[i] = p % 4;
+    wsrc[i] = wdata + static_cast<int64_t>(wcol_ok[i] ? col : 0) * (K / 2) + 16 * wblk[i];
+    const int64_t src = src_of(t0 + p / 8);
+    xsrc[i] = src >= 0 ? g.codes + src * g.k_pad + 16 * (p % 8) : nullptr;
   }
-  const int64_t blocks = g.K / 32;
-  float acc[kW4A8Tiles][2] = {};
-  const int64_t groups = (g.K + kW4A8GroupK - 1) / kW4A8GroupK;
-  for (int64_t kg = w4a8_quarter(warp, groups); kg < w4a8_quarter(warp + 1, groups); ++kg) {
-    const int64_t b0 = kg * (kW4A8GroupK / 32);
-    // Issue every load of the group before the first mma. (Measured no faster on the H200: staging
-    // the weights through shared memory with 16-byte loads; issuing the next group's loads before
-    // this group's mma, 80 registers: 2.8 -> 3.1 ms for w1, w3 at batch 256.)
-    uint32_t wbits[kW4A8Tiles][4];
-    uint2 abits[4];
-    float ws[kW4A8Tiles][2][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const bool ok = b0 + j < blocks;
-      const int64_t k = (b0 + j) * 32 + 8 * tig;
-      abits[j] = ok && row_ok ? *reinterpret_cast<const uint2*>(arow + k) : make_uint2(0u, 0u);
-#pragma unroll
-      for (int q = 0; q < kW4A8Tiles; ++q)
-        wbits[q][j] = ok && col_ok[q] ? __ldg(reinterpret_cast<const uint32_t*>(wrow[q] + k / 2)) : 0u;
-    }
-#pragma unroll
-    for (int q = 0; q < kW4A8Tiles; ++q)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t n = nc[q][c] < g.N ? nc[q][c] : 0;
-        if (packed_scales) {
-          const uint32_t four = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(W.scale) +
-                                                                         n * W.scale_cols + b0));
-#pragma unroll
-          for (int j = 0; j < 4; ++j) ws[q][c][j] = dev_e8m0(static_cast<uint8_t>(four >> (8 * j)));
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) ws[q][c][j] = b0 + j < blocks ? dev_load(wscale, n * W.scale_cols + b0 + j) : 0.0f;
-        }
+  const int scol = n0 + lane;
+  const bool scol_ok = lane < kW4A8Cols && scol < N && packed;
+  const uint8_t* ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? scol : 0) * W.scale_cols;
+  const int64_t arow_src = lane >= 16 && lane < 16 + kMoeTileRows ? src_of(t0 + lane - 16) : -1;
+  auto issue = [&](int kg) {
+    if (kg < last) {
+      SmallStage& st = ring[warp][kg % kSmallStages];
+      for (int i = 0; i < 2; ++i) {
+        const int p = lane + 32 * i;
+        cp_async(st.w + (p / 4) * kSmallWStride + 16 * wblk[i], wsrc[i] + 64 * kg, wcol_ok[i] && 4 * kg + wblk[i] < blocks, 16);
+        cp_async(st.x + (p / 8) * kSmallXStride + 16 * (p % 8), xsrc[i] ? xsrc[i] + kW4A8GroupK * kg : g.codes,
+                 xsrc[i] != nullptr, 16);
       }
-    const float sa = row_ok ? g.scales[kg * g.rows_pad + src] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (b0 + j >= blocks) break;  // the same for the whole warp
-#pragma unroll
-      for (int q = 0; q < kW4A8Tiles; ++q) {
-        float d[4];
-        mma_e4m3_16x8x32(d, abits[j].x, 0u, abits[j].y, 0u, e2m1x4_to_e4m3x4(wbits[q][j] & 0xffffu),
-                         e2m1x4_to_e4m3x4(wbits[q][j] >> 16));
-        acc[q][0] += d[0] * (sa * ws[q][0][j]);
-        acc[q][1] += d[1] * (sa * ws[q][1][j]);
-      }
+      if (lane < kW4A8Cols) cp_async(&st.ws[lane], ssrc + 4 * kg, scol_ok, 4);
+      else if (lane >= 16 && lane < 16 + kMoeTileRows)
+        cp_async(&st.sa[lane - 16], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (arow_src >= 0 ? arow_src : 0),
+                 arow_src >= 0, 4);
     }
-  }
-  __shared__ float part[kW4A8Warps][32][kW4A8Tiles][2];
-#pragma unroll
-  for (int q = 0; q < kW4A8Tiles; ++q) {
-    part[warp][lane][q][0] = acc[q][0];
-    part[warp][lane][q][1] = acc[q][1];
-  }
-  __syncthreads();
-  if (warp != 0 || !row_ok) return;
-  float* out = g.out + (r0 + tr) * g.N;
-#pragma unroll
-  for (int q = 0; q < kW4A8Tiles; ++q)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      float v = part[0][lane][q][c];
-#pragma unroll
-      for (int w = 1; w < kW4A8Warps; ++w) v += part[w][lane][q][c];
-      if (nc[q][c] < g.N) out[nc[q][c]] = v;
-    }
-}
+    cp_async_commit();  // (an empty group past the quarter's end keeps the wait count uniform)
+  };
 
-// The same products and sums for many rows an expert (prefill): a block computes rows t0 .. t0+63 of
-// one expert (the items whose t0 is a multiple of 64; the others leave) times 64 output columns,
-// with the codes of 64 rows x 128 inputs and the weights of 64 columns x 128 inputs staged in shared
-// memory per group of 128 inputs (each code read once for 64 columns, each weight once for 64
-// rows), the next group's loaded into registers while this one computes. Warp w owns rows
-// 16w .. 16w+15 (the whole m16 shape) and the 8 n8 tiles of the 64 columns. Every output is the
-// small kernel's arithmetic: the same k's in the same register slots of the same mma, the same
-// scaling expression, groups in order, and at each quarter's end (w4a8_quarter) the quarter's sum
-// added to the total as the small kernel adds its warps' sums: so each row is the same bits
-// whichever kernel ran it.
-constexpr int kTiledRows = 64, kTiledCols = 64, kTiledThreads = 128, kTiledNTiles = kTiledCols / 8;
-constexpr int kCodeStride = 160;   // bytes per staged code row (128 + padding: no bank conflicts)
-constexpr int kWeightStride = 80;  // bytes per staged weight column (64 + padding)
-static_assert(kTiledRows % kMoeTileRows == 0 && kTiledThreads == 32 * kW4A8Warps && kTiledRows == 16 * kW4A8Warps,
-              "warp w owns rows 16w .. 16w+15");
-
-constexpr int kCodePieces = kTiledRows * kW4A8GroupK / 16 / kTiledThreads;    // 16-byte pieces a thread stages
-constexpr int kWeightPieces = kTiledCols * kW4A8GroupK / 32 / kTiledThreads;  // (FP4: 16 bytes = 32 inputs)
-struct TiledStage {
-  uint4 codes[kCodePieces];
-  uint4 weights[kWeightPieces];
-  float row_scale;      // (threads < kTiledRows) its row's activation scale
-  float col_scales[4];  // (threads < kTiledCols) its column's 4 block scales
-};
-
-__global__ void __launch_bounds__(kTiledThreads) grouped_w4a8_tiled_kernel(GroupedW4A8Args g) {
-  const int64_t item = blockIdx.x;
-  if (item >= *g.n_items) return;
-  const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
-  if (t0 % kTiledRows != 0) return;  // the item that starts this 64-row tile does its rows
-  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTiledCols;
-  const DevWeight W = g.w[e];
-  const DevView wscale{W.scale, W.scale_dtype};
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
-  const int64_t blocks = g.K / 32, groups = (g.K + kW4A8GroupK - 1) / kW4A8GroupK;
-  __shared__ __align__(16) uint8_t s_codes[kTiledRows * kCodeStride];
-  __shared__ __align__(16) uint8_t s_weights[kTiledCols * kWeightStride];
-  __shared__ float s_row_scale[kTiledRows];
-  __shared__ float s_col_scale[kTiledCols][4];
-  __shared__ int64_t s_src[kTiledRows];
-  if (tid < kTiledRows) {
-    const int64_t tr = t0 + tid;
-    s_src[tid] = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
-  }
-  __syncthreads();
-
-  // Global -> registers for group kg: code piece i of this thread is row p / 8, bytes 16 (p % 8);
-  // weight piece i is column p / 4, bytes 16 (p % 4) (p = tid + 128 i).
-  auto load = [&](int64_t kg, TiledStage& st) {
-    const int64_t k0 = kg * kW4A8GroupK;
+  const int ca = n0 + gid, cb = ca + 8;  // this lane's columns (A rows gid, gid + 8)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < kSmallStages - 1; ++i) issue(first + i);
+  for (int kg = first; kg < last; ++kg) {
+    issue(kg + kSmallStages - 1);
+    cp_async_wait<kSmallStages - 1>();
+    __syncwarp();
+    const SmallStage& st = ring[warp][kg % kSmallStages];
+    float ws[2][4];
+    if (packed) {
 #pragma unroll
-    for (int i = 0; i < kCodePieces; ++i) {
-      const int p = tid + kTiledThreads * i, row = p / 8, off = 16 * (p % 8);
-      const int64_t src = s_src[row];
-      st.codes[i] = src >= 0 ? *reinterpret_cast<const uint4*>(g.codes + src * g.k_pad + k0 + off) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < kWeightPieces; ++i) {
-      const int p = tid + kTiledThreads * i, col = p / 4, off = 16 * (p % 4);
-      const int64_t n = n0 + col;
-      const bool ok = n < g.N && (k0 + 2 * off) < g.K;  // 16 bytes = 32 inputs: one MXFP4 block
-      st.weights[i] = ok ? __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(W.data) + n * (g.K / 2) + k0 / 2 + off))
-                         : make_uint4(0, 0, 0, 0);
-    }
-    if (tid < kTiledRows) {
-      const int64_t src = s_src[tid];
-      st.row_scale = src >= 0 ? g.scales[kg * g.rows_pad + src] : 0.0f;
-    }
-    if (tid < kTiledCols) {
-      const int64_t n = n0 + tid < g.N ? n0 + tid : 0;
+      for (int j = 0; j < 4; ++j) ws[0][j] = w4a8_e8m0_scale(st.ws[gid], j), ws[1][j] = w4a8_e8m0_scale(st.ws[gid + 8], j);
+    } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int64_t b = kg * 4 + j;
-        st.col_scales[j] = b < blocks ? dev_load(wscale, n * W.scale_cols + b) : 0.0f;
+        const bool ok = 4 * kg + j < blocks;
+        ws[0][j] = ok && ca < N ? w4a8_weight_scale(W, ca, 4 * kg + j) : 0.0f;
+        ws[1][j] = ok && cb < N ? w4a8_weight_scale(W, cb, 4 * kg + j) : 0.0f;
       }
     }
+    const float sa[2] = {st.sa[2 * tig], st.sa[2 * tig + 1]};
+    float gs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (4 * kg + j >= blocks) break;  // the same for the whole block
+      uint32_t fa[4], fb[4], fx[4];
+      e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + gid * kSmallWStride + 16 * j + 4 * tig), fa);
+      e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
+      e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(st.x + gid * kSmallXStride + 32 * j + 8 * tig), fx);
+      float d[4];
+      w4a8_block(d, fa, fb, fx);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) gs[c] = __fmaf_rn(d[c], ws[c / 2][j], gs[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(gs[c], sa[c & 1], acc[c]);
+    __syncwarp();  // every lane is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int c = 0; c < 4; ++c) part[warp][lane][c] = acc[c];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int64_t tr = t0 + 2 * tig + (c & 1);
+    const int n = c < 2 ? ca : cb;
+    float v = part[0][lane][c];
+#pragma unroll
+    for (int w = 1; w < kW4A8Warps; ++w) v += part[w][lane][c];
+    if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = v;
+  }
+}
+
+// Tiled kernel (many rows an expert, as in prefill): a block computes rows t0 .. t0 + 63 of one
+// expert (its tile: w4a8_find_tile) times 64 output columns. The
+// raw bytes of each group of 128 inputs (the 64 columns' weights, the 64 rows' codes, their scales)
+// stream through a kTiledStages-deep ring in shared memory (cp.async, two groups ahead); each group
+// is then converted to f16 once, into shared memory in the lane order above (a lane's 4 words of a
+// block are one 16-byte load), and multiplied. Each thread copies and converts the same pieces, so
+// the ring needs no barrier of its own. Warp w owns columns 32 (w % 2) .. + 31 (two m16 tiles) and
+// rows 16 (w / 2) .. + 15 (two n8 tiles). Each output goes through the small kernel's arithmetic
+// (same slots, same mma steps, same fma order; the quarters' sums folded in at each quarter's end),
+// so every row is the same bits either way.
+constexpr int kTiledRows = static_cast<int>(kW4A8TileRows), kTiledCols = 64, kTiledWarps = 8, kTiledThreads = 32 * kTiledWarps;
+constexpr int kTiledStages = 3;
+constexpr int kTiledStride = 4 * 64 + 64;  // bytes of a converted column / row per group (4 blocks x 4 lanes x 16 B, +64:
+                                           // the 16-byte loads of 8 lanes hit distinct banks)
+constexpr int kRawXStride = 128 + 16;      // bytes of a raw code row (+16: a thread's 16-byte reads hit distinct banks)
+static_assert(kTiledRows % kMoeTileRows == 0, "a tile is whole items");
+static_assert(kTiledCols * 4 == kTiledThreads && kTiledRows * 8 == 2 * kTiledThreads, "one weight piece, two code pieces a thread");
+struct TiledRaw {
+  uint8_t w[kTiledCols * 64];        // column c's 64 bytes of the group at 64 c
+  uint8_t x[kTiledRows * kRawXStride];
+  uint32_t ws[kTiledCols];           // packed e8m0 scales
+  float sa[kTiledRows];
+};
+struct TiledSmem {
+  uint8_t w[kTiledCols * kTiledStride];  // f16, lane order
+  uint8_t x[kTiledRows * kTiledStride];
+  TiledRaw raw[kTiledStages];
+  float ws[kTiledCols][4];  // x 2^14
+  float sa[kTiledRows];
+  int64_t src[kTiledRows];
+};
+constexpr size_t kTiledSmemBytes = sizeof(TiledSmem);
+
+__device__ inline uint32_t pick4(const uint32_t (&v)[4], int i) {
+  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+}
+
+// Block b's 64-row tile: expert e with c(e) <= b < c(e + 1), c(e) = sum over f < e of
+// ceil(R_f / 64), and its first row 64 (b - c(e)); e = -1 past the last tile. Warp 0 finds it: each
+// lane counts the tiles of E / 32 consecutive experts, a scan over the lanes, the lane whose range
+// holds b walks its experts. (A grid over the plan's 8-row items had 7 of every 8 blocks leave at
+// once: 180,000 empty blocks a projection in an 8K prefill.)
+__device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& e_out, int64_t& t0_out) {
+  const int lane = threadIdx.x % 32, per = static_cast<int>((g.experts + 31) / 32);
+  const auto tiles = [&](int64_t e) { return (g.offsets[e + 1] - g.offsets[e] + kTiledRows - 1) / kTiledRows; };
+  int64_t count = 0;
+  for (int i = 0; i < per; ++i) {
+    const int64_t e = static_cast<int64_t>(lane) * per + i;
+    if (e < g.experts) count += tiles(e);
+  }
+  int64_t inclusive = count;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += v;
+  }
+  int found_e = -1;
+  int64_t found_t0 = 0;
+  if (b >= inclusive - count && b < inclusive) {
+    int64_t c = inclusive - count;
+    for (int i = 0; i < per; ++i) {
+      const int64_t e = static_cast<int64_t>(lane) * per + i, n = tiles(e);
+      if (b < c + n) {
+        found_e = static_cast<int>(e), found_t0 = (b - c) * kTiledRows;
+        break;
+      }
+      c += n;
+    }
+  }
+  const unsigned who = __ballot_sync(0xffffffffu, found_e >= 0);
+  const int src = who ? __ffs(static_cast<int>(who)) - 1 : 0;
+  e_out = who ? __shfl_sync(0xffffffffu, found_e, src) : -1;
+  t0_out = __shfl_sync(0xffffffffu, found_t0, src);
+}
+
+__global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(GroupedW4A8Args g) {
+  __shared__ int s_e;
+  __shared__ int64_t s_t0;
+  if (threadIdx.x < 32) {
+    int e;
+    int64_t t0;
+    w4a8_find_tile(g, blockIdx.x, e, t0);
+    if (threadIdx.x == 0) s_e = e, s_t0 = t0;
+  }
+  __syncthreads();
+  if (s_e < 0) return;  // past the last tile (the grid is a bound)
+  const int64_t e = s_e, t0 = s_t0;
+  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
+  const int N = static_cast<int>(g.N), K = static_cast<int>(g.K);
+  const int n0 = static_cast<int>(blockIdx.y) * kTiledCols;
+  const DevWeight W = g.w[e];
+  const bool packed = w4a8_packed_scales(W);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int blocks = K / 32, groups = (K + kW4A8GroupK - 1) / kW4A8GroupK;
+  extern __shared__ __align__(16) uint8_t smem_bytes[];
+  TiledSmem& sm = *reinterpret_cast<TiledSmem*>(smem_bytes);
+  if (tid < kTiledRows) {
+    const int64_t tr = t0 + tid;
+    sm.src[tid] = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
+  }
+  __syncthreads();
+
+  // This thread's pieces: weight column wcol, block wj (16 bytes: the 4 lanes' words); code row
+  // xrow, bytes 32 xb .. + 31 (block xb: its 4 lanes' 8 bytes). The scales: threads < 64 a column's
+  // 4 block scales, threads 64 .. 127 a row's activation scale.
+  const int wcol = tid / 4, wj = tid % 4, xrow = tid / 4, xb = tid % 4;
+  const bool wcol_ok = n0 + wcol < N;
+  const uint8_t* wsrc = static_cast<const uint8_t*>(W.data) + static_cast<int64_t>(wcol_ok ? n0 + wcol : 0) * (K / 2) + 16 * wj;
+  const int64_t xsrc = sm.src[xrow];
+  const uint8_t* xsrc_row = g.codes + (xsrc >= 0 ? xsrc : 0) * g.k_pad + 32 * xb;
+  const int scol = n0 + tid;
+  const bool scol_ok = tid < kTiledCols && scol < N;
+  const uint8_t* ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? scol : 0) * W.scale_cols;
+  const int64_t arow = tid >= kTiledCols && tid < kTiledCols + kTiledRows ? sm.src[tid - kTiledCols] : -1;
+  auto issue = [&](int kg) {
+    if (kg < groups) {
+      TiledRaw& raw = sm.raw[kg % kTiledStages];
+      cp_async(raw.w + 16 * tid, wsrc + 64 * kg, wcol_ok && 4 * kg + wj < blocks, 16);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        cp_async(raw.x + xrow * kRawXStride + 32 * xb + 16 * i, xsrc_row + kW4A8GroupK * kg + 16 * i, xsrc >= 0, 16);
+      if (tid < kTiledCols) cp_async(&raw.ws[tid], ssrc + 4 * kg, scol_ok && packed, 4);
+      else if (tid < kTiledCols + kTiledRows)
+        cp_async(&raw.sa[tid - kTiledCols], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (arow >= 0 ? arow : 0),
+                 arow >= 0, 4);
+    }
+    cp_async_commit();
   };
-  auto store = [&](const TiledStage& st) {
+  // The group's raw pieces of this thread, converted and stored; the four 16-byte stores of a
+  // thread go out in a rotated lane order so that 8 neighbouring threads hit distinct banks.
+  auto convert = [&](int kg) {
+    const TiledRaw& raw = sm.raw[kg % kTiledStages];
+    const uint4 wv = *reinterpret_cast<const uint4*>(raw.w + 16 * tid);
+    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+    const uint4 x0 = *reinterpret_cast<const uint4*>(raw.x + xrow * kRawXStride + 32 * xb);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(raw.x + xrow * kRawXStride + 32 * xb + 16);
+    const uint2 lanes[4] = {make_uint2(x0.x, x0.y), make_uint2(x0.z, x0.w), make_uint2(x1.x, x1.y), make_uint2(x1.z, x1.w)};
 #pragma unroll
-    for (int i = 0; i < kCodePieces; ++i) {
-      const int p = tid + kTiledThreads * i, row = p / 8, off = 16 * (p % 8);
-      *reinterpret_cast<uint4*>(s_codes + row * kCodeStride + off) = st.codes[i];
+    for (int s = 0; s < 4; ++s) {
+      const int l = (s + tid) & 3;
+      uint32_t f[4];
+      e2m1x8_to_f16x8(pick4(words, l), f);
+      *reinterpret_cast<uint4*>(sm.w + wcol * kTiledStride + 64 * wj + 16 * l) = make_uint4(f[0], f[1], f[2], f[3]);
+      const uint2 c = l == 0 ? lanes[0] : l == 1 ? lanes[1] : l == 2 ? lanes[2] : lanes[3];
+      e4m3x8_to_f16x8(c, f);
+      *reinterpret_cast<uint4*>(sm.x + xrow * kTiledStride + 64 * xb + 16 * l) = make_uint4(f[0], f[1], f[2], f[3]);
     }
+    if (tid < kTiledCols) {
+      if (packed) {
 #pragma unroll
-    for (int i = 0; i < kWeightPieces; ++i) {
-      const int p = tid + kTiledThreads * i;
-      *reinterpret_cast<uint4*>(s_weights + (p / 4) * kWeightStride + 16 * (p % 4)) = st.weights[i];
+        for (int j = 0; j < 4; ++j) sm.ws[tid][j] = w4a8_e8m0_scale(raw.ws[tid], j);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sm.ws[tid][j] = scol_ok && 4 * kg + j < blocks ? w4a8_weight_scale(W, scol, 4 * kg + j) : 0.0f;
+      }
+    } else if (tid < kTiledCols + kTiledRows) {
+      sm.sa[tid - kTiledCols] = raw.sa[tid - kTiledCols];
     }
-    if (tid < kTiledRows) s_row_scale[tid] = st.row_scale;
-    if (tid < kTiledCols)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s_col_scale[tid][j] = st.col_scales[j];
   };
 
-  // acc: the current quarter's sums, total: the finished quarters' (slots: n8 tile nt, C slot c =
-  // rows gid, gid + 8 x columns 2 tig, 2 tig + 1).
-  float acc[kTiledNTiles][4] = {}, total[kTiledNTiles][4] = {};
+  // Slots [m16 tile mt][n8 tile nt][c]: acc the current quarter's sums, total the finished quarters'.
+  const int wc = 32 * (warp % 2), wr = 16 * (warp / 2);
+  float acc[2][2][4] = {}, total[2][2][4] = {};
   int quarter = 0;
   auto finish_quarter = [&] {
 #pragma unroll
-    for (int nt = 0; nt < kTiledNTiles; ++nt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        total[nt][c] = quarter == 0 ? acc[nt][c] : total[nt][c] + acc[nt][c];
-        acc[nt][c] = 0.0f;
-      }
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          total[mt][nt][c] = quarter == 0 ? acc[mt][nt][c] : total[mt][nt][c] + acc[mt][nt][c];
+          acc[mt][nt][c] = 0.0f;
+        }
     ++quarter;
   };
-  const int ra = 16 * warp + gid, rb = ra + 8;  // this lane's two A rows (tile-local)
-  TiledStage st;
-  load(0, st);
-  for (int64_t kg = 0; kg < groups; ++kg) {
+  for (int i = 0; i < kTiledStages - 1; ++i) issue(i);
+  for (int kg = 0; kg < groups; ++kg) {
+    issue(kg + kTiledStages - 1);  // into the stage this thread converted a group ago
+    cp_async_wait<kTiledStages - 1>();
     while (kg >= w4a8_quarter(quarter + 1, groups)) finish_quarter();
     __syncthreads();  // the previous group's readers are done
-    store(st);
+    convert(kg);
     __syncthreads();
-    if (kg + 1 < groups) load(kg + 1, st);
-    const float sa_a = s_row_scale[ra], sa_b = s_row_scale[rb];
+    float gs[2][2][4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (kg * 4 + j >= blocks) break;  // the same for the whole block
-      const uint2 a_lo = *reinterpret_cast<const uint2*>(s_codes + ra * kCodeStride + 32 * j + 8 * tig);
-      const uint2 a_hi = *reinterpret_cast<const uint2*>(s_codes + rb * kCodeStride + 32 * j + 8 * tig);
+      if (4 * kg + j >= blocks) break;  // the same for the whole block
+      uint32_t fa[2][4], fb[2][4], fx[2][4];
 #pragma unroll
-      for (int nt = 0; nt < kTiledNTiles; ++nt) {
-        const uint32_t wbits = *reinterpret_cast<const uint32_t*>(s_weights + (8 * nt + gid) * kWeightStride + 16 * j + 4 * tig);
-        float d[4];
-        mma_e4m3_16x8x32(d, a_lo.x, a_hi.x, a_lo.y, a_hi.y, e2m1x4_to_e4m3x4(wbits & 0xffffu),
-                         e2m1x4_to_e4m3x4(wbits >> 16));
-        const float ws0 = s_col_scale[8 * nt + 2 * tig][j], ws1 = s_col_scale[8 * nt + 2 * tig + 1][j];
-        acc[nt][0] += d[0] * (sa_a * ws0);
-        acc[nt][1] += d[1] * (sa_a * ws1);
-        acc[nt][2] += d[2] * (sa_b * ws0);
-        acc[nt][3] += d[3] * (sa_b * ws1);
+      for (int mt = 0; mt < 2; ++mt) {
+        const uint4 a = *reinterpret_cast<const uint4*>(sm.w + (wc + 16 * mt + gid) * kTiledStride + 64 * j + 16 * tig);
+        const uint4 b = *reinterpret_cast<const uint4*>(sm.w + (wc + 16 * mt + gid + 8) * kTiledStride + 64 * j + 16 * tig);
+        fa[mt][0] = a.x, fa[mt][1] = a.y, fa[mt][2] = a.z, fa[mt][3] = a.w;
+        fb[mt][0] = b.x, fb[mt][1] = b.y, fb[mt][2] = b.z, fb[mt][3] = b.w;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint4 x = *reinterpret_cast<const uint4*>(sm.x + (wr + 8 * nt + gid) * kTiledStride + 64 * j + 16 * tig);
+        fx[nt][0] = x.x, fx[nt][1] = x.y, fx[nt][2] = x.z, fx[nt][3] = x.w;
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const float ws_a = sm.ws[wc + 16 * mt + gid][j], ws_b = sm.ws[wc + 16 * mt + gid + 8][j];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          float d[4];
+          w4a8_block(d, fa[mt], fb[mt], fx[nt]);
+          gs[mt][nt][0] = __fmaf_rn(d[0], ws_a, gs[mt][nt][0]);
+          gs[mt][nt][1] = __fmaf_rn(d[1], ws_a, gs[mt][nt][1]);
+          gs[mt][nt][2] = __fmaf_rn(d[2], ws_b, gs[mt][nt][2]);
+          gs[mt][nt][3] = __fmaf_rn(d[3], ws_b, gs[mt][nt][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float sa0 = sm.sa[wr + 8 * nt + 2 * tig], sa1 = sm.sa[wr + 8 * nt + 2 * tig + 1];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        acc[mt][nt][0] = __fmaf_rn(gs[mt][nt][0], sa0, acc[mt][nt][0]);
+        acc[mt][nt][1] = __fmaf_rn(gs[mt][nt][1], sa1, acc[mt][nt][1]);
+        acc[mt][nt][2] = __fmaf_rn(gs[mt][nt][2], sa0, acc[mt][nt][2]);
+        acc[mt][nt][3] = __fmaf_rn(gs[mt][nt][3], sa1, acc[mt][nt][3]);
       }
     }
   }
+  cp_async_wait<0>();
   while (quarter < kW4A8Warps) finish_quarter();
 #pragma unroll
-  for (int nt = 0; nt < kTiledNTiles; ++nt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tr = t0 + (c < 2 ? ra : rb), n = n0 + 8 * nt + 2 * tig + (c & 1);
-      if (tr < R && n < g.N) g.out[(r0 + tr) * g.N + n] = total[nt][c];
-    }
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t tr = t0 + wr + 8 * nt + 2 * tig + (c & 1);
+        const int n = n0 + wc + 16 * mt + gid + (c < 2 ? 0 : 8);
+        if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = total[mt][nt][c];
+      }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -537,11 +702,18 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 }
 
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
-  if (g.max_items == 0 || g.N == 0) return;
-  if (g.tiled)
-    grouped_w4a8_tiled_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kTiledCols)), kTiledThreads>>>(g);
-  else
+  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
+  if (g.tiled) {
+    static const bool smem_set = [] {
+      return cudaFuncSetAttribute(grouped_w4a8_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kTiledSmemBytes)) == cudaSuccess;
+    }();
+    (void)smem_set;  // a failure shows as the launch's error (launch_check)
+    grouped_w4a8_tiled_kernel<<<dim3(static_cast<unsigned>(g.max_tiles), blocks_for(g.N, kTiledCols)), kTiledThreads,
+                                kTiledSmemBytes>>>(g);
+  } else {
     grouped_w4a8_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kW4A8Cols)), 32 * kW4A8Warps>>>(g);
+  }
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Quick measurements on a lent GPU machine between full runs (docs/device-sessions.md): a filtered
+# test run, a one-layer benchmark with the per-op breakdown, ncu on chosen kernels, the W4A8 SASS.
+# Each part runs when its variable is set; everything it keeps goes to $OUT (at most 8 files back).
+#
+#   TESTS='CudaOps.Moe*:*W4A8*'           sparrow_cuda_tests --gtest_filter (failures printed)
+#   BENCH='--batches 1,256 --prefill 8k'  sparrow bench on layer 0 of a 1-layer synthetic V4-Flash
+#   NCU_CELLS='--batches 256 --prefill 0' ncu on the kernels matching KREGEX (default w4a8) in those
+#                                         bench cells (';' separates cells; SKIP launches skipped first)
+#   SASS=1                                the W4A8 kernels' SASS into $OUT/w4a8.sass
+#
+# Binaries: .gpu-carry (scripts/prepare-gpu-carry.sh), carried with the device tool's `carry`.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib
+out=${OUT:-/tmp/gpu-probe-out}
+mkdir -p "$out"
+t0=$(date +%s)
+model=${MODEL:-/tmp/sparrow-v4f1-256}
+ensure_model() {
+  [ -f "$model/config.json" ] || .gpu-carry/sparrow synth --preset v4-flash --layers 1 --experts 256 --out "$model" 2>&1 | tail -1
+}
+if [ -n "${TESTS:-}" ]; then
+  .gpu-carry/sparrow_cuda_tests --gtest_filter="$TESTS" > /tmp/gpu-probe-tests.txt 2>&1
+  echo "tests rc=$?"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" /tmp/gpu-probe-tests.txt | head -40
+fi
+if [ -n "${BENCH:-}" ]; then
+  ensure_model
+  # shellcheck disable=SC2086  # BENCH is a list of arguments
+  .gpu-carry/sparrow bench --model "$model" --layers 0 $BENCH --contexts 4k --gemm-tokens 0 --precision fast \
+    --breakdown --peak-reps 3 --copy-gib 0.5 --out "$out/probe-bench.json" > /tmp/gpu-probe-bench.txt 2>&1
+  echo "bench rc=$?"
+  grep -vE "^\s*$" /tmp/gpu-probe-bench.txt | head -100
+fi
+if [ -n "${NCU_CELLS:-}" ]; then
+  ensure_model
+  IFS=';' read -ra cells <<< "$NCU_CELLS"
+  for cell in "${cells[@]}"; do
+    echo "== ncu $cell"
+    # shellcheck disable=SC2086
+    timeout 200 /usr/local/cuda/bin/ncu --kernel-name "regex:${KREGEX:-w4a8}" --launch-skip "${SKIP:-0}" --launch-count 2 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats \
+      .gpu-carry/sparrow bench --model "$model" --layers 0 $cell --contexts 4k --gemm-tokens 0 --precision fast \
+      --warmup 1 --min-reps 1 --max-reps 1 --peak-reps 1 --copy-gib 0.1 --out /tmp/gpu-probe-ncu.json > /tmp/gpu-probe-ncu.txt 2>&1
+    grep -E "\(.*\)x\(|Duration|DRAM Throughput|Compute \(SM\)|Issued Instructions  |Registers|Achieved Occupancy|Warp Cycles Per Issued" \
+      /tmp/gpu-probe-ncu.txt | head -40
+  done
+fi
+if [ -n "${SASS:-}" ]; then
+  /usr/local/cuda/bin/cuobjdump -sass .gpu-carry/sparrow > /tmp/gpu-probe-all.sass 2>&1
+  awk '/Function : .*w4a8/{p=1} /Function : /&&!/w4a8/{p=0} p' /tmp/gpu-probe-all.sass > "$out/w4a8.sass"
+fi
+echo "gpu-probe done in $(( $(date +%s) - t0 )) s"
