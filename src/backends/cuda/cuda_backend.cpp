@@ -1042,9 +1042,9 @@ class CudaBackend final : public Backend {
   // one-expert-at-a-time path (swiglu_ffn), so the results are the same bits. Under the reference
   // numerics with MXFP4 experts (unless SPARROW_CUDA_DISABLE=w4a8, or set_w4a8_experts(false)), on the
   // tensor cores instead (launch_grouped_w4a8): the projections' inputs become e4m3 codes and 1x128
-  // scales (launch_act_quant_fp8: the values fp8_rows gives, bit for bit) and MXFP4 is widened to
-  // e4m3 in the kernel; the products are exact, the sums fp32 in the mma's order, so the rows differ
-  // from the CUDA-core path in the last bits.
+  // scales (launch_act_quant_fp8: the values fp8_rows gives, bit for bit), both operands are widened
+  // to f16 in the kernel; the products are exact, the sums fp32 in the mma's order, so the rows
+  // differ from the CUDA-core path in the last bits.
   void run_planned_experts(const ExpertTables& tab, const ExpertWeights& f, const MoePlan& plan, const float* x,
                            int64_t D, int64_t total, float* contrib, const MoeParams& p, double combine_scale) {
     const int64_t F = f.w1.out;

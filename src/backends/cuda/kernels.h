@@ -198,14 +198,15 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 
 // W4A8 on the tensor cores, over the same plan: out[r, n] = sum_k x_q[row(r), k] W[e][n, k] for the
 // rows r of each item's tile, where x_q = e4m3 codes x per-(row, 128-block) scales (act_quant_fp8,
-// bit for bit the CPU's) and W = packed MXFP4 (e2m1 x e8m0 per 32 inputs). Each 32-input block is
-// one mma.sync.m16n8k32 e4m3 (e2m1 widened to e4m3 exactly), its fp32 sum scaled by the weight and
-// activation scales and added to the accumulator: the products are exact, the sums are fp32 in
-// another order than the CUDA-core kernel's (fixed by K alone). Grid (max_items, ceil(N / 8)): a block
-// computes 8 output columns of one tile of 8 rows, its 4 warps each a quarter of K (groups of 128
-// inputs), summed in warp order. `tiled` (for many rows an expert, e.g. prefill): 64 rows x 64
-// columns a block from shared-memory tiles, each output the same arithmetic, so the same bits.
-// REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0.
+// bit for bit the CPU's) and W = packed MXFP4 (e2m1 x e8m0 per 32 inputs). Both operands become f16
+// exactly (e2m1 times 2^-14, which the weight scale takes back) and each 32-input block is two
+// mma.sync.m16n8k16 steps; the block sums are scaled by the weight scales and the 128-input group's
+// sum by the activation scale, in an order fixed by K alone (kernels_linear.cu). Grid (max_items,
+// ceil(N / 16)): a block computes 16 output columns of one tile of 8 rows, its 4 warps each a quarter
+// of K, summed in warp order. `tiled` (for many rows an expert, e.g. prefill): grid (max_tiles,
+// ceil(N / 64)), a block per 64-row tile of an expert x 64 columns, each output the same arithmetic,
+// so the same bits.
+// REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0, N and K < 2^30.
 inline constexpr int64_t kW4A8TileRows = 64;  // rows of the tiled kernel's tile
 struct GroupedW4A8Args {
   float* out;                // [offsets[E], N]
