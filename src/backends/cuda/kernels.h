@@ -202,7 +202,7 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 // exactly (e2m1 times 2^-14, which the weight scale takes back) and each 32-input block is two
 // mma.sync.m16n8k16 steps; the block sums are scaled by the weight scales and the 128-input group's
 // sum by the activation scale, in an order fixed by K alone (kernels_linear.cu). Grid (max_items,
-// ceil(N / 16)): a block computes 16 output columns of one tile of 8 rows, its 4 warps each a quarter
+// ceil(N / 32)): a block computes 32 output columns of one tile of 8 rows, its 4 warps each a quarter
 // of K, summed in warp order. `tiled` (for many rows an expert, e.g. prefill): grid (max_tiles,
 // ceil(N / 64)), a block per 64-row tile of an expert x 64 columns, each output the same arithmetic,
 // so the same bits.

@@ -219,7 +219,6 @@ __global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
 
 constexpr int kW4A8Warps = 4;     // K quarters (split-K, fixed)
 constexpr int kW4A8GroupK = 128;  // inputs of a group: 4 MXFP4 blocks, one activation scale
-constexpr int kW4A8Cols = 16;     // output columns of a small-kernel block (the mma's M)
 static_assert(kW4A8GroupK == kFp8ActBlock && kW4A8GroupK / 32 == 4, "a group is one activation block of 4 MXFP4 blocks");
 static_assert(kMoeTileRows == 8, "a work item's tile of 8 rows is the mma's N");
 
@@ -311,19 +310,24 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 template <int kPending>
 __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
-// Small kernel: a block is 16 output columns x one 8-row tile; warp w takes quarter w of the groups
-// and streams them through its own kSmallStages-deep ring in shared memory (cp.async: the loads of
-// the next two groups are in flight while one is computed, without holding registers); the
-// quarters' sums are added in warp order through shared memory.
+// Small kernel: a block is kW4A8Cols = 32 output columns (two m16 tiles: each code converted once
+// for both) x one 8-row tile; warp w takes quarter w of the groups and streams them through its own
+// kSmallStages-deep ring in shared memory (cp.async: the loads of the next two groups are in flight
+// while one is computed, without holding registers); the quarters' sums are added in warp order
+// through shared memory.
+constexpr int kSmallTiles = 2;                 // m16 tiles of a block
+constexpr int kW4A8Cols = 16 * kSmallTiles;    // output columns of a block
 constexpr int kSmallStages = 3;
 constexpr int kSmallWStride = 80;   // bytes of a staged column (64 + 16: the 8 x 4 lanes' words hit distinct banks)
 constexpr int kSmallXStride = 160;  // bytes of a staged row (128 + 32: the lanes' 8-byte loads hit distinct banks)
 struct SmallStage {
-  uint8_t w[kW4A8Cols * kSmallWStride];  // the 16 columns' 64 bytes of the group
+  uint8_t w[kW4A8Cols * kSmallWStride];     // the columns' 64 bytes of the group
   uint8_t x[kMoeTileRows * kSmallXStride];  // the 8 rows' 128 codes
-  uint32_t ws[kW4A8Cols];                // packed e8m0 scales: a column's 4 blocks
-  float sa[kMoeTileRows];                // activation scales of the group
+  uint32_t ws[kW4A8Cols];                   // packed e8m0 scales: a column's 4 blocks
+  float sa[kMoeTileRows];                   // activation scales of the group
 };
+static_assert(kW4A8Cols == 32 && sizeof(SmallStage) % 16 == 0, "a lane copies one column's scales; stages stay 16-byte aligned");
+constexpr size_t kSmallSmemBytes = sizeof(SmallStage) * kSmallStages * kW4A8Warps;
 
 __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4A8Args g) {
   const int64_t item = blockIdx.x;
@@ -337,99 +341,121 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
   const bool packed = w4a8_packed_scales(W);
   const int blocks = K / 32, groups = (K + kW4A8GroupK - 1) / kW4A8GroupK;
   const int first = w4a8_quarter(warp, groups), last = w4a8_quarter(warp + 1, groups);
-  __shared__ __align__(16) SmallStage ring[kW4A8Warps][kSmallStages];
-  __shared__ float part[kW4A8Warps][32][4];
+  extern __shared__ __align__(16) uint8_t small_smem[];
+  SmallStage* ring = reinterpret_cast<SmallStage*>(small_smem) + warp * kSmallStages;
+  __shared__ float part[kW4A8Warps][32][4 * kSmallTiles];
 
-  // What this lane copies per group: weight pieces p = lane, lane + 32 (column p / 4, block p % 4),
-  // code pieces p = lane, lane + 32 (row p / 8, 16 bytes p % 8), lanes 0..15 a column's scales,
-  // lanes 16..23 a row's activation scale.
+  // What this lane copies per group: weight pieces p = lane + 32 i (column p / 4, block p % 4 =
+  // lane % 4), code pieces p = lane, lane + 32 (row p / 8, 16 bytes p % 8), column lane's scales,
+  // lanes 0..7 also a row's activation scale.
   const auto* wdata = static_cast<const uint8_t*>(W.data);
   const auto src_of = [&](int64_t tr) { return tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : int64_t{-1}; };
-  const uint8_t* wsrc[2];
-  bool wcol_ok[2];
-  int wblk[2];
-  const uint8_t* xsrc[2];
-  for (int i = 0; i < 2; ++i) {
-    const int p = lane + 32 * i, col = n0 + p / 4;
+  constexpr int kWPieces = kW4A8Cols * 4 / 32;
+  const int wblk = lane % 4;
+  const uint8_t* wsrc[kWPieces];
+  bool wcol_ok[kWPieces];
+#pragma unroll
+  for (int i = 0; i < kWPieces; ++i) {
+    const int col = n0 + (lane + 32 * i) / 4;
     wcol_ok[i] = col < N;
-    wblk[i] = p % 4;
-    wsrc[i] = wdata + static_cast<int64_t>(wcol_ok[i] ? col : 0) * (K / 2) + 16 * wblk[i];
+    wsrc[i] = wdata + static_cast<int64_t>(wcol_ok[i] ? col : 0) * (K / 2) + 16 * wblk;
+  }
+  const uint8_t* xsrc[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int p = lane + 32 * i;
     const int64_t src = src_of(t0 + p / 8);
     xsrc[i] = src >= 0 ? g.codes + src * g.k_pad + 16 * (p % 8) : nullptr;
   }
   const int scol = n0 + lane;
-  const bool scol_ok = lane < kW4A8Cols && scol < N && packed;
+  const bool scol_ok = scol < N && packed;
   const uint8_t* ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? scol : 0) * W.scale_cols;
-  const int64_t arow_src = lane >= 16 && lane < 16 + kMoeTileRows ? src_of(t0 + lane - 16) : -1;
+  const int64_t arow_src = lane < kMoeTileRows ? src_of(t0 + lane) : -1;
   auto issue = [&](int kg) {
     if (kg < last) {
-      SmallStage& st = ring[warp][kg % kSmallStages];
+      SmallStage& st = ring[kg % kSmallStages];
+#pragma unroll
+      for (int i = 0; i < kWPieces; ++i)
+        cp_async(st.w + ((lane + 32 * i) / 4) * kSmallWStride + 16 * wblk, wsrc[i] + 64 * kg,
+                 wcol_ok[i] && 4 * kg + wblk < blocks, 16);
+#pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int p = lane + 32 * i;
-        cp_async(st.w + (p / 4) * kSmallWStride + 16 * wblk[i], wsrc[i] + 64 * kg, wcol_ok[i] && 4 * kg + wblk[i] < blocks, 16);
         cp_async(st.x + (p / 8) * kSmallXStride + 16 * (p % 8), xsrc[i] ? xsrc[i] + kW4A8GroupK * kg : g.codes,
                  xsrc[i] != nullptr, 16);
       }
-      if (lane < kW4A8Cols) cp_async(&st.ws[lane], ssrc + 4 * kg, scol_ok, 4);
-      else if (lane >= 16 && lane < 16 + kMoeTileRows)
-        cp_async(&st.sa[lane - 16], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (arow_src >= 0 ? arow_src : 0),
+      cp_async(&st.ws[lane], ssrc + 4 * kg, scol_ok, 4);
+      if (lane < kMoeTileRows)
+        cp_async(&st.sa[lane], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (arow_src >= 0 ? arow_src : 0),
                  arow_src >= 0, 4);
     }
     cp_async_commit();  // (an empty group past the quarter's end keeps the wait count uniform)
   };
 
-  const int ca = n0 + gid, cb = ca + 8;  // this lane's columns (A rows gid, gid + 8)
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // This lane's columns: tile mt's A rows gid, gid + 8, i.e. n0 + 16 mt + gid (+ 8).
+  float acc[kSmallTiles][4] = {};
   for (int i = 0; i < kSmallStages - 1; ++i) issue(first + i);
   for (int kg = first; kg < last; ++kg) {
     issue(kg + kSmallStages - 1);
     cp_async_wait<kSmallStages - 1>();
     __syncwarp();
-    const SmallStage& st = ring[warp][kg % kSmallStages];
-    float ws[2][4];
-    if (packed) {
+    const SmallStage& st = ring[kg % kSmallStages];
+    float ws[kSmallTiles][2][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) w4a8_e8m0_scales(st.ws[gid + 8 * h], ws[h]);
-    } else {
+    for (int mt = 0; mt < kSmallTiles; ++mt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool ok = 4 * kg + j < blocks;
-        ws[0][j] = ok && ca < N ? w4a8_weight_scale(W, ca, 4 * kg + j) : 0.0f;
-        ws[1][j] = ok && cb < N ? w4a8_weight_scale(W, cb, 4 * kg + j) : 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        const int col = 16 * mt + gid + 8 * h;
+        if (packed) {
+          w4a8_e8m0_scales(st.ws[col], ws[mt][h]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            ws[mt][h][j] = 4 * kg + j < blocks && n0 + col < N ? w4a8_weight_scale(W, n0 + col, 4 * kg + j) : 0.0f;
+        }
       }
-    }
     const float sa[2] = {st.sa[2 * tig], st.sa[2 * tig + 1]};
-    float gs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float gs[kSmallTiles][4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (4 * kg + j >= blocks) break;  // the same for the whole block
-      uint32_t fa[4], fb[4], fx[4];
-      e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + gid * kSmallWStride + 16 * j + 4 * tig), fa);
-      e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
+      uint32_t fx[4];
       e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(st.x + gid * kSmallXStride + 32 * j + 8 * tig), fx);
-      float d[4];
-      w4a8_block(d, fa, fb, fx);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) gs[c] = __fmaf_rn(d[c], ws[c / 2][j], gs[c]);
+      for (int mt = 0; mt < kSmallTiles; ++mt) {
+        uint32_t fa[4], fb[4];
+        e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid) * kSmallWStride + 16 * j + 4 * tig), fa);
+        e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
+        float d[4];
+        w4a8_block(d, fa, fb, fx);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) gs[mt][c] = __fmaf_rn(d[c], ws[mt][c / 2][j], gs[mt][c]);
+      }
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[c] = __fmaf_rn(gs[c], sa[c & 1], acc[c]);
+    for (int mt = 0; mt < kSmallTiles; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mt][c] = __fmaf_rn(gs[mt][c], sa[c & 1], acc[mt][c]);
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int c = 0; c < 4; ++c) part[warp][lane][c] = acc[c];
+  for (int mt = 0; mt < kSmallTiles; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) part[warp][lane][4 * mt + c] = acc[mt][c];
   __syncthreads();
   if (warp != 0) return;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int64_t tr = t0 + 2 * tig + (c & 1);
-    const int n = c < 2 ? ca : cb;
-    float v = part[0][lane][c];
+  for (int mt = 0; mt < kSmallTiles; ++mt)
 #pragma unroll
-    for (int w = 1; w < kW4A8Warps; ++w) v += part[w][lane][c];
-    if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = v;
-  }
+    for (int c = 0; c < 4; ++c) {
+      const int64_t tr = t0 + 2 * tig + (c & 1);
+      const int n = n0 + 16 * mt + gid + (c < 2 ? 0 : 8);
+      float v = part[0][lane][4 * mt + c];
+#pragma unroll
+      for (int w = 1; w < kW4A8Warps; ++w) v += part[w][lane][4 * mt + c];
+      if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = v;
+    }
 }
 
 // Tiled kernel (many rows an expert, as in prefill): a block computes rows t0 .. t0 + 63 of one
@@ -730,7 +756,13 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     grouped_w4a8_tiled_kernel<<<dim3(static_cast<unsigned>(g.max_tiles), blocks_for(g.N, kTiledCols)), kTiledThreads,
                                 kTiledSmemBytes>>>(g);
   } else {
-    grouped_w4a8_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kW4A8Cols)), 32 * kW4A8Warps>>>(g);
+    static const bool smem_set = [] {
+      return cudaFuncSetAttribute(grouped_w4a8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kSmallSmemBytes)) == cudaSuccess;
+    }();
+    (void)smem_set;  // a failure shows as the launch's error (launch_check)
+    grouped_w4a8_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kW4A8Cols)), 32 * kW4A8Warps,
+                          kSmallSmemBytes>>>(g);
   }
 }
 
