@@ -229,8 +229,8 @@ __device__ inline int w4a8_quarter(int p, int groups) { return p * groups / kW4A
 // f16 exponent field of e, mantissa m: (1 + m / 2) 2^(e - 15) = v 2^-14; e = 0, m = 1 is the f16
 // subnormal 2^-15 = 0.5 2^-14), all in the f16's high byte: s000eem0. The even nibbles' high bytes
 // come out of one shift-and-mask pass over the word, the odd ones' out of another, and a byte
-// permute each sets two of them over zero low bytes: 11 instructions for 8 values (15 nibble by
-// nibble). Words: (k0, k2), (k4, k6), (k1, k3), (k5, k7), the first of each pair in the low half.
+// permute each sets two of them over zero low bytes: 11 operations for 8 values by count (nibble by
+// nibble took 15 instructions in the SASS). Words: (k0, k2), (k4, k6), (k1, k3), (k5, k7), the first of each pair in the low half.
 __device__ inline void e2m1x8_to_f16x8(uint32_t w, uint32_t (&r)[4]) {
   const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);  // bytes: nibbles 0, 2, 4, 6
   const uint32_t odd = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);          // bytes: nibbles 1, 3, 5, 7
