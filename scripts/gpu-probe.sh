@@ -5,6 +5,8 @@
 #
 #   TESTS='CudaOps.Moe*:*W4A8*'           sparrow_cuda_tests --gtest_filter (failures printed)
 #   BENCH='--batches 1,256 --prefill 8k'  sparrow bench on layer 0 of a 1-layer synthetic V4-Flash
+#   BENCH_BINS='sparrow.base sparrow'     the binaries of .gpu-carry the bench runs, in turn (default
+#                                         sparrow; an A/B within one call: machine starts differ)
 #   NCU_CELLS='--batches 256 --prefill 0' ncu on the kernels matching KREGEX (default w4a8) in those
 #                                         bench cells (';' separates cells; SKIP launches skipped first)
 #   SASS=1                                the W4A8 kernels' SASS into $OUT/w4a8.sass
@@ -27,11 +29,14 @@ if [ -n "${TESTS:-}" ]; then
 fi
 if [ -n "${BENCH:-}" ]; then
   ensure_model
-  # shellcheck disable=SC2086  # BENCH is a list of arguments
-  .gpu-carry/sparrow bench --model "$model" --layers 0 $BENCH --contexts 4k --gemm-tokens 0 --precision fast \
-    --breakdown --peak-reps 3 --copy-gib 0.5 --out "$out/probe-bench.json" > /tmp/gpu-probe-bench.txt 2>&1
-  echo "bench rc=$?"
-  grep -vE "^\s*$" /tmp/gpu-probe-bench.txt | head -100
+  for bin in ${BENCH_BINS:-sparrow}; do
+    echo "== bench with .gpu-carry/$bin"
+    # shellcheck disable=SC2086  # BENCH is a list of arguments
+    .gpu-carry/$bin bench --model "$model" --layers 0 $BENCH --contexts 4k --gemm-tokens 0 --precision fast \
+      --breakdown --peak-reps 3 --copy-gib 0.5 --out "$out/probe-bench-$bin.json" > /tmp/gpu-probe-bench.txt 2>&1
+    echo "bench rc=$?"
+    grep -vE "^\s*$" /tmp/gpu-probe-bench.txt | head -${BENCH_LINES:-100}
+  done
 fi
 if [ -n "${NCU_CELLS:-}" ]; then
   ensure_model

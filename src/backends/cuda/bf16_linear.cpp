@@ -106,16 +106,23 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
     }
     a_bf16 = wb->get();
   }
-  DeviceBuffer xb(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
-  launch_f32_to_bf16(in, static_cast<uint16_t*>(xb.get()), T * G * K);
+  xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
+  launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
   SPARROW_CUDA_CHECK(cudaGetLastError());
-  LtObjects o;
+  // The layouts of this T, described once (a serving run sees a bounded set of batch sizes; the
+  // cache is emptied should it ever hold more than kMaxDescribed).
+  if (described_.size() > kMaxDescribed) described_.clear();
+  std::unique_ptr<LtObjects>& o = described_[{R, K, G, T}];
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (!o) {
+    o = std::make_unique<LtObjects>();
+    if ((s = describe(*o, R, K, G, T)) != CUBLAS_STATUS_SUCCESS) o.reset();
+  }
   const CublasLtApi& lt = cublaslt_api();
-  cublasStatus_t s = describe(o, R, K, G, T);
   const float alpha = 1.0f, beta = 0.0f;
-  if (s == CUBLAS_STATUS_SUCCESS)
-    s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o.desc, &alpha, a_bf16, o.a, xb.get(), o.b, &beta, out, o.d,
-                  out, o.d, &pl.algo, nullptr, 0, cudaStream_t{nullptr});
+  if (o)
+    s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o->desc, &alpha, a_bf16, o->a, xb_.get(), o->b, &beta, out,
+                  o->d, out, o->d, &pl.algo, nullptr, 0, cudaStream_t{nullptr});
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");
   return true;

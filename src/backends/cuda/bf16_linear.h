@@ -35,6 +35,8 @@
 
 namespace sparrow::cuda {
 
+struct LtObjects;
+
 class Bf16GroupedLinear {
  public:
   Bf16GroupedLinear();
@@ -56,6 +58,9 @@ class Bf16GroupedLinear {
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
   WeightCache<DeviceBuffer> weights_;  // bf16 [N, K]
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+  static constexpr size_t kMaxDescribed = 1024;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<LtObjects>> described_;  // (R, K, G, T)
+  DeviceBuffer xb_;  // the bf16 input, kept between calls
 };
 
 }  // namespace sparrow::cuda

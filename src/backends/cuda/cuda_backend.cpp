@@ -1097,7 +1097,7 @@ class CudaBackend final : public Backend {
                              .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
                              .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
                              .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled,
-                             .experts = E, .max_tiles = max_tiles});
+                             .experts = E, .max_tiles = max_tiles, .small_tiles = w4a8_small_tiles_});
       } else {
         launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                       .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
@@ -1206,10 +1206,12 @@ class CudaBackend final : public Backend {
   bool fp8_gemm_in_linear_ = false;
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
+  int w4a8_small_tiles_ = 0;
 
  public:
   void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
   void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
+  void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
   void set_fp8_gemm_in_linear(bool on) {
     fp8_gemm_in_linear_ = on;
@@ -1274,6 +1276,10 @@ bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).l
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
+void set_w4a8_small_tiles(Backend& backend, int tiles) {
+  SPARROW_CHECK(tiles >= 0 && tiles <= 2);
+  cuda_backend(backend).set_w4a8_small_tiles(tiles);
+}
 
 ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);

@@ -68,6 +68,9 @@ void set_w4a8_experts(Backend& backend, bool on);
 // Whether those take the tiled W4A8 kernel when an expert averages 32 rows or more (on unless
 // SPARROW_CUDA_DISABLE=w4a8_tiled); the same bits as the small kernel, which runs otherwise.
 void set_w4a8_tiled(Backend& backend, bool on);
+// The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
+// the batch (kernels.h w4a8_small_tiles). The same bits either way.
+void set_w4a8_small_tiles(Backend& backend, int tiles);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
 bool cuda_feature_on(const char* name);
 

@@ -101,6 +101,11 @@ class DeviceBuffer {
   void* get() const { return ptr_; }
   float* f32() const { return static_cast<float*>(ptr_); }
   size_t bytes() const { return bytes_; }
+  // Scratch reused across calls: at least `bytes` (grown, never shrunk; the contents are then not
+  // kept). Work is in stream order on one stream, so the previous user's kernels have read it first.
+  void ensure(size_t bytes) {
+    if (bytes_ < bytes) *this = DeviceBuffer(bytes);
+  }
 
  private:
   void* ptr_ = nullptr;

@@ -112,46 +112,80 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   return weights_.put(w.data, fp, std::move(pw));
 }
 
-bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad) {
+bool Fp8Linear::ensure_handle() {
+  if (desc_) return true;
   const CublasLtApi& lt = cublaslt_api();
-  const int64_t n_pad = pw.n_pad, k_pad = pw.k_pad;
-  // cuBLASLt's m, n, k: rows of D (weight rows), columns of D (tokens), the reduction.
-  const std::string shape = dims(n_pad, m_pad, k_pad);
-  auto fail = [&](const std::string& what, cublasStatus_t s) {
-    last_detail_ = what + " failed for " + shape + ": " + cublaslt_status_text(s);
-    return false;
-  };
   cublasStatus_t s;
   if (!handle_) {
     cublasLtHandle_t h = nullptr;
-    if ((s = lt.create(&h)) != CUBLAS_STATUS_SUCCESS) return fail("cublasLtCreate", s);
+    if ((s = lt.create(&h)) != CUBLAS_STATUS_SUCCESS) {
+      last_detail_ = "cublasLtCreate failed: " + cublaslt_status_text(s);
+      return false;
+    }
     handle_ = h;
     workspace_ = DeviceBuffer(kWorkspaceBytes);
   }
-  LtObjects o;
-  if ((s = lt.desc_create(&o.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS)
-    return fail("cublasLtMatmulDescCreate", s);
+  auto o = std::make_unique<LtObjects>();
+  if ((s = lt.desc_create(&o->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) {
+    last_detail_ = "cublasLtMatmulDescCreate failed: " + cublaslt_status_text(s);
+    return false;
+  }
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  const void* a_scale = pw.scales.get();
-  const void* b_scale = scales;
   const int8_t fast_accum = 0;  // keep the periodic promotion to fp32 (the default, stated)
   const std::pair<cublasLtMatmulDescAttributes_t, std::pair<const void*, size_t>> attrs[] = {
       {CUBLASLT_MATMUL_DESC_TRANSA, {&op_t, sizeof(op_t)}},
       {CUBLASLT_MATMUL_DESC_TRANSB, {&op_n, sizeof(op_n)}},
       {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, {&a_mode, sizeof(a_mode)}},
       {CUBLASLT_MATMUL_DESC_B_SCALE_MODE, {&b_mode, sizeof(b_mode)}},
-      {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, {&a_scale, sizeof(a_scale)}},
-      {CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, {&b_scale, sizeof(b_scale)}},
       {CUBLASLT_MATMUL_DESC_FAST_ACCUM, {&fast_accum, sizeof(fast_accum)}},
   };
   for (const auto& [attr, value] : attrs)
-    if ((s = lt.desc_set(o.desc, attr, value.first, value.second)) != CUBLAS_STATUS_SUCCESS)
-      return fail("cublasLtMatmulDescSetAttribute(" + std::to_string(static_cast<int>(attr)) + ")", s);
-  if ((s = lt.layout_create(&o.a, CUDA_R_8F_E4M3, k_pad, n_pad, k_pad)) != CUBLAS_STATUS_SUCCESS ||
-      (s = lt.layout_create(&o.b, CUDA_R_8F_E4M3, k_pad, m_pad, k_pad)) != CUBLAS_STATUS_SUCCESS ||
-      (s = lt.layout_create(&o.d, CUDA_R_32F, n_pad, m_pad, n_pad)) != CUBLAS_STATUS_SUCCESS)
-    return fail("cublasLtMatrixLayoutCreate", s);
+    if ((s = lt.desc_set(o->desc, attr, value.first, value.second)) != CUBLAS_STATUS_SUCCESS) {
+      last_detail_ = "cublasLtMatmulDescSetAttribute(" + std::to_string(static_cast<int>(attr)) +
+                     ") failed: " + cublaslt_status_text(s);
+      return false;
+    }
+  desc_ = std::move(o);
+  return true;
+}
+
+const LtObjects* Fp8Linear::layouts(int64_t m_pad, int64_t n_pad, int64_t k_pad) {
+  std::unique_ptr<LtObjects>& l = layouts_[{m_pad, n_pad, k_pad}];
+  if (l) {
+    if (!l->a) last_detail_ = "cublasLtMatrixLayoutCreate failed for " + dims(n_pad, m_pad, k_pad);
+    return l->a ? l.get() : nullptr;
+  }
+  l = std::make_unique<LtObjects>();
+  const CublasLtApi& lt = cublaslt_api();
+  cublasStatus_t s;
+  if ((s = lt.layout_create(&l->a, CUDA_R_8F_E4M3, k_pad, n_pad, k_pad)) != CUBLAS_STATUS_SUCCESS ||
+      (s = lt.layout_create(&l->b, CUDA_R_8F_E4M3, k_pad, m_pad, k_pad)) != CUBLAS_STATUS_SUCCESS ||
+      (s = lt.layout_create(&l->d, CUDA_R_32F, n_pad, m_pad, n_pad)) != CUBLAS_STATUS_SUCCESS) {
+    last_detail_ = "cublasLtMatrixLayoutCreate failed for " + dims(n_pad, m_pad, k_pad) + ": " + cublaslt_status_text(s);
+    l = std::make_unique<LtObjects>();  // remembered as refused (a stays null)
+    return nullptr;
+  }
+  return l.get();
+}
+
+bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad) {
+  const CublasLtApi& lt = cublaslt_api();
+  const int64_t n_pad = pw.n_pad, k_pad = pw.k_pad;
+  // cuBLASLt's m, n, k: rows of D (weight rows), columns of D (tokens), the reduction.
+  if (!ensure_handle()) return false;
+  const LtObjects* o = layouts(m_pad, n_pad, k_pad);
+  if (!o) return false;
+  cublasStatus_t s;
+  const void* a_scale = pw.scales.get();
+  const void* b_scale = scales;
+  if ((s = lt.desc_set(desc_->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale))) !=
+          CUBLAS_STATUS_SUCCESS ||
+      (s = lt.desc_set(desc_->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale))) !=
+          CUBLAS_STATUS_SUCCESS) {
+    last_detail_ = "cublasLtMatmulDescSetAttribute(scale pointers) failed: " + cublaslt_status_text(s);
+    return false;
+  }
 
   // Batch-invariant mode: one algorithm per weight shape, chosen for kInvariantM tokens and used
   // for every M, with no split-K reduction, so that a token's row never depends on how many rows
@@ -163,21 +197,17 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
     const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    LtObjects ref;  // the layouts the batch-invariant algorithm is chosen for
-    const bool layouts_ok =
-        !batch_invariant_ ||
-        ((s = lt.layout_create(&ref.b, CUDA_R_8F_E4M3, k_pad, kInvariantM, k_pad)) == CUBLAS_STATUS_SUCCESS &&
-         (s = lt.layout_create(&ref.d, CUDA_R_32F, n_pad, kInvariantM, n_pad)) == CUBLAS_STATUS_SUCCESS);
-    cublasLtMatrixLayout_t hb = batch_invariant_ ? ref.b : o.b, hd = batch_invariant_ ? ref.d : o.d;
-    if (!layouts_ok) {
-      plan->why = "cublasLtMatrixLayoutCreate failed: " + cublaslt_status_text(s);
-    } else if ((s = lt.pref_create(&o.pref)) != CUBLAS_STATUS_SUCCESS ||
-        (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))) != CUBLAS_STATUS_SUCCESS ||
-        (batch_invariant_ && (s = lt.pref_set(o.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction,
+    LtObjects pref;
+    const LtObjects* ref = batch_invariant_ ? layouts(kInvariantM, n_pad, k_pad) : o;  // the layouts it is chosen for
+    if (!ref) {
+      plan->why = last_detail_;
+    } else if ((s = lt.pref_create(&pref.pref)) != CUBLAS_STATUS_SUCCESS ||
+        (s = lt.pref_set(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))) != CUBLAS_STATUS_SUCCESS ||
+        (batch_invariant_ && (s = lt.pref_set(pref.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction,
                                               sizeof(no_reduction))) != CUBLAS_STATUS_SUCCESS)) {
       plan->why = "cublasLtMatmulPreference failed: " + cublaslt_status_text(s);
-    } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), o.desc, o.a, hb, hd, hd, o.pref, 1, &result,
-                                 &returned)) != CUBLAS_STATUS_SUCCESS) {
+    } else if ((s = lt.heuristic(static_cast<cublasLtHandle_t>(handle_), desc_->desc, ref->a, ref->b, ref->d, ref->d,
+                                 pref.pref, 1, &result, &returned)) != CUBLAS_STATUS_SUCCESS) {
       plan->why = "cublasLtMatmulAlgoGetHeuristic failed: " + cublaslt_status_text(s);
     } else if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
       plan->why = "cublasLtMatmulAlgoGetHeuristic returned no algorithm";
@@ -188,16 +218,26 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
     }
   }
   if (!plan->ok) {
-    last_detail_ = plan->why + " for " + shape;
+    last_detail_ = plan->why + " for " + dims(n_pad, m_pad, k_pad);
     return false;
   }
   const float alpha = 1.0f, beta = 0.0f;
-  s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o.desc, &alpha, pw.codes.get(), o.a, codes, o.b, &beta, d, o.d,
-                d, o.d, &plan->algo, workspace_.get(), kWorkspaceBytes, cudaStream_t{nullptr});
-  if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmul", s);
-  last_detail_ = "cuBLASLt " + std::to_string(lt.version) + " (" + lt.library + "), " + shape + ", workspace " +
-                 std::to_string(plan->workspace) + " B";
+  s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), desc_->desc, &alpha, pw.codes.get(), o->a, codes, o->b, &beta, d,
+                o->d, d, o->d, &plan->algo, workspace_.get(), kWorkspaceBytes, cudaStream_t{nullptr});
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    last_detail_ = "cublasLtMatmul failed for " + dims(n_pad, m_pad, k_pad) + ": " + cublaslt_status_text(s);
+    return false;
+  }
+  last_m_ = m_pad, last_n_ = n_pad, last_k_ = k_pad;
+  last_workspace_ = plan->workspace;
   return true;
+}
+
+std::string Fp8Linear::last_detail() const {
+  if (last_path_ != Fp8GemmPath::kTensorCores) return last_detail_;
+  const CublasLtApi& lt = cublaslt_api();
+  return "cuBLASLt " + std::to_string(lt.version) + " (" + lt.library + "), " + dims(last_n_, last_m_, last_k_) +
+         ", workspace " + std::to_string(last_workspace_) + " B";
 }
 
 void Fp8Linear::set_batch_invariant(bool on) {
@@ -218,9 +258,12 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   }
   // in is [T, K]; codes [m_pad, k_pad], scales [k_pad / 128, m_pad] (kernels.h ActQuantFp8Args).
   const int64_t m_pad = round_up(T, 16), k_pad = round_up(K, kFp8ActBlock);
-  DeviceBuffer codes(static_cast<size_t>(m_pad * k_pad));
-  DeviceBuffer scales(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
-  launch_act_quant_fp8({.codes = static_cast<uint8_t*>(codes.get()), .scales = scales.f32(), .in = p.in.f32(),
+  // act_quant writes every padded code and scale, so the kept buffers need no clearing.
+  act_codes_.ensure(static_cast<size_t>(m_pad * k_pad));
+  act_scales_.ensure(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
+  const auto* codes = static_cast<const uint8_t*>(act_codes_.get());
+  const float* scales = act_scales_.f32();
+  launch_act_quant_fp8({.codes = static_cast<uint8_t*>(act_codes_.get()), .scales = act_scales_.f32(), .in = p.in.f32(),
                         .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad});
   launch_check("linear_fp8_block activation quantisation");
 
@@ -229,16 +272,15 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
     const PaddedWeight& pw = padded_weight(w);
     // D is [m_pad, n_pad] row-major: the output itself when nothing is padded.
     const bool direct = pw.n_pad == N && m_pad == T;
-    DeviceBuffer scratch;
     float* d = p.out.f32();
-    if (!direct) {
-      scratch = DeviceBuffer(static_cast<size_t>(m_pad * pw.n_pad) * sizeof(float));
-      d = scratch.f32();
+    if (!direct) {  // cuBLASLt writes all of D
+      out_scratch_.ensure(static_cast<size_t>(m_pad * pw.n_pad) * sizeof(float));
+      d = out_scratch_.f32();
     }
-    if (run_cublaslt(d, static_cast<const uint8_t*>(codes.get()), scales.f32(), pw, m_pad)) {
+    if (run_cublaslt(d, codes, scales, pw, m_pad)) {
       if (!direct)
-        SPARROW_CUDA_CHECK(cudaMemcpy2D(p.out.f32(), N * sizeof(float), d, pw.n_pad * sizeof(float), N * sizeof(float),
-                                        T, cudaMemcpyDeviceToDevice));
+        SPARROW_CUDA_CHECK(cudaMemcpy2DAsync(p.out.f32(), N * sizeof(float), d, pw.n_pad * sizeof(float),
+                                             N * sizeof(float), T, cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
       launch_check("linear_fp8_block cuBLASLt");
       last_path_ = Fp8GemmPath::kTensorCores;
       return;
@@ -248,7 +290,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   // Fallback: the quantised input dequantised exactly, then the fp32 linear kernel over the weight as
   // stored (decoded element by element, fp32 FMA).
   DeviceBuffer x(static_cast<size_t>(T * K) * sizeof(float));
-  launch_act_dequant_fp8({.out = x.f32(), .codes = static_cast<const uint8_t*>(codes.get()), .scales = scales.f32(),
+  launch_act_dequant_fp8({.out = x.f32(), .codes = codes, .scales = scales,
                           .rows = T, .K = K, .rows_pad = m_pad, .k_pad = k_pad});
   launch_check("linear_fp8_block dequantisation");
   launch_linear({.out = p.out.f32(), .in = x.f32(), .in_rows = nullptr, .w = original(), .T = T, .in_stride = K,

@@ -40,6 +40,7 @@
 namespace sparrow::cuda {
 
 enum class Fp8GemmPath : uint8_t { kNone, kTensorCores, kFallback };
+struct LtObjects;
 
 // The weight as the tensor-core path uploads it (host bytes): codes [n_pad, k_pad] e4m3, row-major,
 // zero outside [N, K]; BLK128x128 scales [ceil(N / 128), l4] fp32 (e8m0 decoded exactly), zero in
@@ -70,7 +71,8 @@ class Fp8Linear {
   void set_batch_invariant(bool on);
   static constexpr int64_t kInvariantM = 4096;
   Fp8GemmPath last_path() const { return last_path_; }
-  const std::string& last_detail() const { return last_detail_; }
+  // What ran, or why the fallback did (built on demand: the hot path keeps no strings).
+  std::string last_detail() const;
 
  private:
   struct PaddedWeight {
@@ -85,15 +87,26 @@ class Fp8Linear {
   const PaddedWeight& padded_weight(const WeightMatrix& w);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
+  // The handle, workspace and matmul descriptor (its fixed attributes set), made on first use.
+  bool ensure_handle();
+  // The A, B, D layouts of one (m_pad, n_pad, k_pad), made once (null when cuBLASLt refuses them).
+  const LtObjects* layouts(int64_t m_pad, int64_t n_pad, int64_t k_pad);
 
   bool force_fallback_ = false;
   bool batch_invariant_ = false;
   Fp8GemmPath last_path_ = Fp8GemmPath::kNone;
-  std::string last_detail_;
+  std::string last_detail_;  // when last_path_ != kTensorCores
+  int64_t last_m_ = 0, last_n_ = 0, last_k_ = 0;  // the last tensor-core GEMM's shape
+  size_t last_workspace_ = 0;
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
   DeviceBuffer workspace_;
+  std::unique_ptr<LtObjects> desc_;  // the matmul descriptor; the scale pointers are set per call
+  // Per-call scratch kept between calls (a step's linears would otherwise allocate and zero-fill
+  // three buffers each): the quantised input's codes and scales, and the padded output.
+  DeviceBuffer act_codes_, act_scales_, out_scratch_;
   WeightCache<PaddedWeight> weights_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtObjects>> layouts_;
 };
 
 }  // namespace sparrow::cuda

@@ -222,8 +222,17 @@ struct GroupedW4A8Args {
   bool tiled = false;
   int64_t experts = 0;    // E (tiled)
   int64_t max_tiles = 0;  // (tiled) a bound on the tiles, sum over experts of ceil(R_e / kW4A8TileRows)
+  // (small kernel) m16 tiles of output columns a block, 1 or 2; 0 chooses (w4a8_small_tiles). The
+  // outputs are the same bits either way (test support).
+  int small_tiles = 0;
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
+// The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
+// eight per SM of an H200 (small batches), else 2.
+inline int w4a8_small_tiles(const GroupedW4A8Args& g) {
+  if (g.small_tiles == 1 || g.small_tiles == 2) return g.small_tiles;
+  return g.max_items * ((g.N + 31) / 32) < 1024 ? 1 : 2;
+}
 
 // bf16 operands of the tensor-core GEMMs (bf16_linear.cpp), as raw bf16 bits, round to nearest even:
 // out[n * w.in + k] = bf16(W[n, k]) for the whole weight (exact for FP8-block weights, whose e4m3

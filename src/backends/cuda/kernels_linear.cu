@@ -310,47 +310,54 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 template <int kPending>
 __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
-// Small kernel: a block is kW4A8Cols = 32 output columns (two m16 tiles: each code converted once
-// for both) x one 8-row tile; warp w takes quarter w of the groups and streams them through its own
-// kSmallStages-deep ring in shared memory (cp.async: the loads of the next two groups are in flight
-// while one is computed, without holding registers); the quarters' sums are added in warp order
-// through shared memory.
-constexpr int kSmallTiles = 2;                 // m16 tiles of a block
-constexpr int kW4A8Cols = 16 * kSmallTiles;    // output columns of a block
+// Small kernel: a block is 16 kTiles output columns (kTiles m16 tiles: each code converted once
+// for all of them) x one 8-row tile; warp w takes quarter w of the groups and streams them through
+// its own kSmallStages-deep ring in shared memory (cp.async: the loads of the next two groups are in
+// flight while one is computed, without holding registers); the quarters' sums are added in warp
+// order through shared memory. The width is not part of the arithmetic (every output's sums are the
+// same for any kTiles): 32 columns for large batches (two tiles share each converted code and the
+// per-group work), 16 for small ones (twice the blocks: at batch 1, 6 experts x 64 blocks of 32
+// columns left half the H200's SMs idle).
 constexpr int kSmallStages = 3;
 constexpr int kSmallWStride = 80;   // bytes of a staged column (64 + 16: the 8 x 4 lanes' words hit distinct banks)
 constexpr int kSmallXStride = 160;  // bytes of a staged row (128 + 32: the lanes' 8-byte loads hit distinct banks)
+template <int kTiles>
 struct SmallStage {
-  uint8_t w[kW4A8Cols * kSmallWStride];     // the columns' 64 bytes of the group
+  static constexpr int kCols = 16 * kTiles;
+  uint8_t w[kCols * kSmallWStride];         // the columns' 64 bytes of the group
   uint8_t x[kMoeTileRows * kSmallXStride];  // the 8 rows' 128 codes
-  uint32_t ws[kW4A8Cols];                   // packed e8m0 scales: a column's 4 blocks
+  uint32_t ws[32];                          // packed e8m0 scales: a column's 4 blocks (lane < kCols)
   float sa[kMoeTileRows];                   // activation scales of the group
 };
-static_assert(kW4A8Cols == 32 && sizeof(SmallStage) % 16 == 0, "a lane copies one column's scales; stages stay 16-byte aligned");
-constexpr size_t kSmallSmemBytes = sizeof(SmallStage) * kSmallStages * kW4A8Warps;
+static_assert(sizeof(SmallStage<1>) % 16 == 0 && sizeof(SmallStage<2>) % 16 == 0, "stages stay 16-byte aligned");
+template <int kTiles>
+constexpr size_t small_smem_bytes() { return sizeof(SmallStage<kTiles>) * kSmallStages * kW4A8Warps; }
 
+template <int kTiles>
 __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4A8Args g) {
+  constexpr int kCols = SmallStage<kTiles>::kCols;
+  using Stage = SmallStage<kTiles>;
   const int64_t item = blockIdx.x;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
   const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   const int N = static_cast<int>(g.N), K = static_cast<int>(g.K);
-  const int n0 = static_cast<int>(blockIdx.y) * kW4A8Cols;
+  const int n0 = static_cast<int>(blockIdx.y) * kCols;
   const DevWeight W = g.w[e];
   const bool packed = w4a8_packed_scales(W);
   const int blocks = K / 32, groups = (K + kW4A8GroupK - 1) / kW4A8GroupK;
   const int first = w4a8_quarter(warp, groups), last = w4a8_quarter(warp + 1, groups);
   extern __shared__ __align__(16) uint8_t small_smem[];
-  SmallStage* ring = reinterpret_cast<SmallStage*>(small_smem) + warp * kSmallStages;
-  __shared__ float part[kW4A8Warps][32][4 * kSmallTiles];
+  Stage* ring = reinterpret_cast<Stage*>(small_smem) + warp * kSmallStages;
+  __shared__ float part[kW4A8Warps][32][4 * kTiles];
 
   // What this lane copies per group: weight pieces p = lane + 32 i (column p / 4, block p % 4 =
   // lane % 4), code pieces p = lane, lane + 32 (row p / 8, 16 bytes p % 8), column lane's scales,
   // lanes 0..7 also a row's activation scale.
   const auto* wdata = static_cast<const uint8_t*>(W.data);
   const auto src_of = [&](int64_t tr) { return tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : int64_t{-1}; };
-  constexpr int kWPieces = kW4A8Cols * 4 / 32;
+  constexpr int kWPieces = kCols * 4 / 32;
   const int wblk = lane % 4;
   const uint8_t* wsrc[kWPieces];
   bool wcol_ok[kWPieces];
@@ -368,12 +375,12 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
     xsrc[i] = src >= 0 ? g.codes + src * g.k_pad + 16 * (p % 8) : nullptr;
   }
   const int scol = n0 + lane;
-  const bool scol_ok = scol < N && packed;
+  const bool scol_ok = lane < kCols && scol < N && packed;
   const uint8_t* ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? scol : 0) * W.scale_cols;
   const int64_t arow_src = lane < kMoeTileRows ? src_of(t0 + lane) : -1;
   auto issue = [&](int kg) {
     if (kg < last) {
-      SmallStage& st = ring[kg % kSmallStages];
+      Stage& st = ring[kg % kSmallStages];
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i)
         cp_async(st.w + ((lane + 32 * i) / 4) * kSmallWStride + 16 * wblk, wsrc[i] + 64 * kg,
@@ -393,16 +400,16 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
   };
 
   // This lane's columns: tile mt's A rows gid, gid + 8, i.e. n0 + 16 mt + gid (+ 8).
-  float acc[kSmallTiles][4] = {};
+  float acc[kTiles][4] = {};
   for (int i = 0; i < kSmallStages - 1; ++i) issue(first + i);
   for (int kg = first; kg < last; ++kg) {
     issue(kg + kSmallStages - 1);
     cp_async_wait<kSmallStages - 1>();
     __syncwarp();
-    const SmallStage& st = ring[kg % kSmallStages];
-    float ws[kSmallTiles][2][4];
+    const Stage& st = ring[kg % kSmallStages];
+    float ws[kTiles][2][4];
 #pragma unroll
-    for (int mt = 0; mt < kSmallTiles; ++mt)
+    for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = 16 * mt + gid + 8 * h;
@@ -415,14 +422,14 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
         }
       }
     const float sa[2] = {st.sa[2 * tig], st.sa[2 * tig + 1]};
-    float gs[kSmallTiles][4] = {};
+    float gs[kTiles][4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (4 * kg + j >= blocks) break;  // the same for the whole block
       uint32_t fx[4];
       e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(st.x + gid * kSmallXStride + 32 * j + 8 * tig), fx);
 #pragma unroll
-      for (int mt = 0; mt < kSmallTiles; ++mt) {
+      for (int mt = 0; mt < kTiles; ++mt) {
         uint32_t fa[4], fb[4];
         e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid) * kSmallWStride + 16 * j + 4 * tig), fa);
         e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
@@ -433,20 +440,20 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
       }
     }
 #pragma unroll
-    for (int mt = 0; mt < kSmallTiles; ++mt)
+    for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mt][c] = __fmaf_rn(gs[mt][c], sa[c & 1], acc[mt][c]);
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int mt = 0; mt < kSmallTiles; ++mt)
+  for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) part[warp][lane][4 * mt + c] = acc[mt][c];
   __syncthreads();
   if (warp != 0) return;
 #pragma unroll
-  for (int mt = 0; mt < kSmallTiles; ++mt)
+  for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int64_t tr = t0 + 2 * tig + (c & 1);
@@ -757,12 +764,18 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
                                 kTiledSmemBytes>>>(g);
   } else {
     static const bool smem_set = [] {
-      return cudaFuncSetAttribute(grouped_w4a8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kSmallSmemBytes)) == cudaSuccess;
+      return cudaFuncSetAttribute(grouped_w4a8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(small_smem_bytes<1>())) == cudaSuccess &&
+             cudaFuncSetAttribute(grouped_w4a8_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(small_smem_bytes<2>())) == cudaSuccess;
     }();
     (void)smem_set;  // a failure shows as the launch's error (launch_check)
-    grouped_w4a8_kernel<<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, kW4A8Cols)), 32 * kW4A8Warps,
-                          kSmallSmemBytes>>>(g);
+    if (w4a8_small_tiles(g) == 1)
+      grouped_w4a8_kernel<1><<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 16)), 32 * kW4A8Warps,
+                               small_smem_bytes<1>()>>>(g);
+    else
+      grouped_w4a8_kernel<2><<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
+                               small_smem_bytes<2>()>>>(g);
   }
 }
 

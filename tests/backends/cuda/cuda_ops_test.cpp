@@ -1501,6 +1501,35 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
   expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4, "moe w4a8 tiled vs cpu");
 }
 
+// The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
+// of its arithmetic: the MoE's output is the same bits at either width, for the CUDA test's shapes
+// (N = 96 and 256: a partial 32-column block and a 16-column one past N) and rows 1 .. 13 an expert.
+TEST_F(CudaOps, MoeW4A8SmallKernelWidthGivesTheSameBits) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(210);
+  const MoeCase mc = make_moe(rng, 6, 256, 96, true);
+  const int64_t T = 23, K = 3, D = mc.D;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>((i * i + i / 3) % 6);
+  const Tensor e = gpu->upload_i32(experts, {T, K});
+  const Tensor w = gpu->upload_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+  const Tensor x = gpu->upload_f32(rng.normal(T * D, 2.0), {T, D});
+  cuda::set_w4a8_experts(*gpu, true);
+  std::vector<float> out[3];
+  for (int tiles : {1, 2, 0}) {
+    cuda::set_w4a8_small_tiles(*gpu, tiles);
+    const Tensor o = gpu->alloc(ElemType::kF32, {T, D});
+    gpu->moe(w4a8_moe_params(mc, o, x, e, w));
+    out[tiles] = gpu->download_f32(o);
+  }
+  cuda::set_w4a8_small_tiles(*gpu, 0);
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  expect_same_bits(out[1], out[2], "moe w4a8 16 vs 32 columns a block");
+  expect_same_bits(out[0], out[2], "moe w4a8 chosen width vs 32 columns");
+  // Not all zero: the comparison saw real outputs.
+  EXPECT_GT(std::count_if(out[2].begin(), out[2].end(), [](float v) { return v != 0.0f; }), T * D / 2);
+}
+
 // A prefill long enough for more work items than grid y's 65,535 (90,000 tokens, 6 experts each,
 // 8 experts: 67,508 items): the grouped W4A8 path still runs (the items are on grid x) rather than
 // the one-expert-at-a-time fallback, whose sums differ; a token's output is the same bits as in a
