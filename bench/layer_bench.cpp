@@ -11,7 +11,9 @@
 #include <set>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_state.h"
+#include "backends/cuda/kernels.h"
 #include "bench/bench_cuda.h"
 #include "bench/device_fill.h"
 #include "bench/device_peaks.h"
@@ -56,7 +58,10 @@ double sequence_bytes(const ModelConfig& c, int64_t l, int64_t entries) {
     if (overlap) x += 2 * alloc_bytes(m * dim * 4.0);
     return x;
   };
-  if (c.attention[l] == AttentionKind::kCsa) b += compressor(c.head_dim, true) + compressor(c.index_head_dim, true);
+  // (+ the indexer keys' bf16 copies, which the CUDA backend keeps for its tensor-core scorer)
+  if (c.attention[l] == AttentionKind::kCsa)
+    b += compressor(c.head_dim, true) + compressor(c.index_head_dim, true) +
+         alloc_bytes(std::max<int64_t>(entries + 1, 16) * c.index_head_dim * 2.0);
   if (c.attention[l] == AttentionKind::kHca) b += compressor(c.head_dim, false);
   return b;
 }
@@ -96,6 +101,7 @@ void set_counters(cuda::CompressorBuffer& buf, int64_t context) {
   buf.count = context / buf.ratio;
   buf.pending = context % buf.ratio;
   buf.has_prev = buf.overlap && buf.count > 0;
+  if (buf.entries_bf16.get()) buf.mirrored = buf.count;
 }
 
 // Counters of layer l as if `context` tokens had been absorbed.
@@ -105,14 +111,20 @@ void reset_layer(cuda::LayerState& s, const ModelConfig& c, int64_t l, int64_t c
   if (c.attention[l] == AttentionKind::kCsa) set_counters(s.indexer, context);
 }
 
-void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed) {
+// bf16_copy: also the keys' bf16 copy the CUDA backend's compressor keeps for the tensor-core
+// scorer (CompressorBuffer::entries_bf16), as it would hold after `context` tokens.
+void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed, bool bf16_copy = false) {
   // Capacity first (reserve copies the `count` entries it holds), then the counters; one entry
   // more for the one this step may emit: no growth while timing.
   buf.count = 0;
+  buf.mirrored = 0;
+  if (bf16_copy) buf.entries_bf16 = cuda::DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * buf.dim * sizeof(uint16_t));
   buf.reserve(context / buf.ratio + 1);
   set_counters(buf, context);
   const int64_t width = buf.overlap ? 2 * buf.dim : buf.dim;
   device_fill_normal(buf.entries.f32(), (buf.count + 1) * buf.dim, seed + 1, 1.0f);
+  if (bf16_copy)
+    cuda::launch_f32_to_bf16(buf.entries.f32(), static_cast<uint16_t*>(buf.entries_bf16.get()), (buf.count + 1) * buf.dim);
   device_fill_normal(buf.pending_kv.f32(), buf.ratio * width, seed + 2, 1.0f);
   device_fill_normal(buf.pending_gate.f32(), buf.ratio * width, seed + 3, 1.0f);
   if (buf.overlap) {
@@ -121,14 +133,21 @@ void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed
   }
 }
 
+// Whether the model's compressor keeps the indexer keys' bf16 copies on the CUDA backend (the
+// keys are bf16 values: --index-keys bf16 or fp4), as it does when it emits them.
+bool keys_bf16_copy(const Model& model) {
+  static const bool mma_on = cuda::cuda_feature_on("indexer_mma");
+  return mma_on && (model.index_keys() == KeyPrecision::kBf16 || model.index_keys() == KeyPrecision::kFp4);
+}
+
 // The state of layer l after `context` tokens, random contents (see layer_bench.h).
 std::unique_ptr<cuda::CudaSequenceState> make_filled_state(const ModelConfig& sc, int64_t l, int64_t context,
-                                                            uint64_t seed) {
+                                                            uint64_t seed, bool index_keys_bf16) {
   auto st = std::make_unique<cuda::CudaSequenceState>(sc);
   cuda::LayerState& s = st->layer(l);
   device_fill_normal(s.ring.f32(), sc.sliding_window * sc.head_dim, seed, 1.0f);
   if (sc.attention[l] != AttentionKind::kSliding) fill_compressor(s.main, context, seed + 16);
-  if (sc.attention[l] == AttentionKind::kCsa) fill_compressor(s.indexer, context, seed + 32);
+  if (sc.attention[l] == AttentionKind::kCsa) fill_compressor(s.indexer, context, seed + 32, index_keys_bf16);
   st->advance(context);
   return st;
 }
@@ -251,7 +270,7 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
   std::vector<std::vector<std::unique_ptr<cuda::CudaSequenceState>>> states(out.state_sets);
   for (int s = 0; s < out.state_sets; ++s)
     for (int64_t b = 0; b < B; ++b)
-      states[s].push_back(make_filled_state(sc, l, C, o.seed * 1000003 + s * 7919 + b * 104729));
+      states[s].push_back(make_filled_state(sc, l, C, o.seed * 1000003 + s * 7919 + b * 104729, keys_bf16_copy(model_)));
   std::vector<std::vector<int32_t>> ids(inputs);
   std::vector<Tensor> pristine(inputs);
   for (int r = 0; r < inputs; ++r) {

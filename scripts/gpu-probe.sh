@@ -7,6 +7,8 @@
 #   BENCH='--batches 1,256 --prefill 8k'  sparrow bench on layer 0 of a 1-layer synthetic V4-Flash
 #   BENCH_BINS='sparrow.base sparrow'     the binaries of .gpu-carry the bench runs, in turn (default
 #                                         sparrow; an A/B within one call: machine starts differ)
+#   LAYER=2 SYNTH_LAYERS=3 CONTEXTS=4k,128k  the layer benchmarked (0: SWA, 2: CSA, 3: HCA), the
+#                                         layers of the synthetic model written for it, the contexts
 #   NCU_CELLS='--batches 256 --prefill 0' ncu on the kernels matching KREGEX (default w4a8) in those
 #                                         bench cells (';' separates cells; SKIP launches skipped first)
 #   SASS=1                                the W4A8 kernels' SASS into $OUT/w4a8.sass
@@ -18,9 +20,10 @@ export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib
 out=${OUT:-/tmp/gpu-probe-out}
 mkdir -p "$out"
 t0=$(date +%s)
-model=${MODEL:-/tmp/sparrow-v4f1-256}
+layers=${SYNTH_LAYERS:-1}
+model=${MODEL:-/tmp/sparrow-v4f$layers-256}
 ensure_model() {
-  [ -f "$model/config.json" ] || .gpu-carry/sparrow synth --preset v4-flash --layers 1 --experts 256 --out "$model" 2>&1 | tail -1
+  [ -f "$model/config.json" ] || .gpu-carry/sparrow synth --preset v4-flash --layers "$layers" --experts 256 --out "$model" 2>&1 | tail -1
 }
 if [ -n "${TESTS:-}" ]; then
   .gpu-carry/sparrow_cuda_tests --gtest_filter="$TESTS" > /tmp/gpu-probe-tests.txt 2>&1
@@ -32,7 +35,7 @@ if [ -n "${BENCH:-}" ]; then
   for bin in ${BENCH_BINS:-sparrow}; do
     echo "== bench with .gpu-carry/$bin"
     # shellcheck disable=SC2086  # BENCH is a list of arguments
-    .gpu-carry/$bin bench --model "$model" --layers 0 $BENCH --contexts 4k --gemm-tokens 0 --precision fast \
+    .gpu-carry/$bin bench --model "$model" --layers "${LAYER:-0}" $BENCH --contexts "${CONTEXTS:-4k}" --gemm-tokens 0 --precision fast \
       --breakdown --peak-reps 3 --copy-gib 0.5 --out "$out/probe-bench-$bin.json" > /tmp/gpu-probe-bench.txt 2>&1
     echo "bench rc=$?"
     grep -vE "^\s*$" /tmp/gpu-probe-bench.txt | head -${BENCH_LINES:-100}

@@ -263,7 +263,8 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
         scores = be.alloc(ElemType::kF32, {T, C});
       }
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
-                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = nx.index_bf16_scores});
+                       .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = nx.index_bf16_scores,
+                       .bf16_operands = ref});
       if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
       if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) {
         tap(opt, l, "attn.indexer.topk_own", selected);  // what this side would have picked

@@ -231,6 +231,10 @@ struct IndexerTopkParams {
   Tensor out_scores = {};
   // deepseek-ref: head dot products, weighted ReLUs and the head sum rounded to bf16 (spec §3.3).
   bool bf16_scores = false;
+  // q holds bf16 values (the fast profile's rounding after RoPE). A backend may then score keys
+  // that are bf16 values too (--index-keys bf16 or fp4) with bf16 operands: the same products, fp32
+  // sums in another order (the CUDA backend's tensor cores). The CPU ignores it.
+  bool bf16_operands = false;
 };
 
 // Appends the batch's window keys to each sequence's ring (after attention has read the ring).

@@ -145,6 +145,13 @@ void CompressorBuffer::reserve(int64_t n) {
   if (count > 0)
     SPARROW_CUDA_CHECK(cudaMemcpy(grown.get(), entries.get(), count * dim * sizeof(float), cudaMemcpyDeviceToDevice));
   entries = std::move(grown);
+  if (entries_bf16.get()) {
+    DeviceBuffer grown16(cap * dim * sizeof(uint16_t));
+    if (mirrored > 0)
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown16.get(), entries_bf16.get(), mirrored * dim * sizeof(uint16_t),
+                                         cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
+    entries_bf16 = std::move(grown16);
+  }
   capacity = cap;
 }
 
@@ -558,6 +565,10 @@ class CudaBackend final : public Backend {
     std::vector<float*> emitted_rows;  // where this batch's entries go, for the entry_sim and key precision passes
     std::vector<int64_t> jobs;         // {sequence index, e} of every entry the batch emits
     const bool post_pass = p.key_precision != KeyPrecision::kF32 || !p.entry_sim.empty();
+    static const bool mma_on = cuda_feature_on("indexer_mma");
+    const bool mirror_keys = mma_on && p.slot == CompressorSlot::kIndexer &&
+                             (p.key_precision == KeyPrecision::kBf16 || p.key_precision == KeyPrecision::kFp4);
+    std::vector<uint16_t*> mirror_rows;  // the bf16 copies of emitted_rows, when mirror_keys
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
       CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
@@ -566,9 +577,18 @@ class CudaBackend final : public Backend {
       if (n == 0) continue;
       for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
       const int64_t emitted = (buf.pending + n) / m;
+      // The bf16 copy of the indexer keys starts with the sequence's first entry and continues
+      // while every batch has made one (CompressorBuffer::entries_bf16).
+      const bool mirror = mirror_keys && (buf.count == 0 || buf.mirror_complete());
+      if (mirror && !buf.entries_bf16.get()) buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
       buf.reserve(buf.count + emitted);
       if (post_pass)
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
+      if (mirror) {
+        for (int64_t j = 0; j < emitted; ++j)
+          mirror_rows.push_back(static_cast<uint16_t*>(buf.entries_bf16.get()) + (buf.count + j) * p.dim);
+        buf.mirrored = buf.count + emitted;
+      }
       for (int64_t j = 0; j < emitted; ++j) {
         jobs.push_back(static_cast<int64_t>(seqs.size()));
         jobs.push_back(j);
@@ -610,6 +630,13 @@ class CudaBackend final : public Backend {
       launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
                       .dim = p.dim, .precision = p.key_precision});
       launch_check("compressor key precision");
+      if (!mirror_rows.empty()) {
+        SPARROW_CHECK_EQ(mirror_rows.size(), emitted_rows.size());
+        const DeviceBuffer dst = upload_vector(mirror_rows);
+        launch_rows_to_bf16(static_cast<const float* const*>(rows.get()), static_cast<uint16_t* const*>(dst.get()),
+                            static_cast<int64_t>(mirror_rows.size()), p.dim);
+        launch_check("compressor bf16 key copies");
+      }
     }
   }
 
@@ -619,6 +646,10 @@ class CudaBackend final : public Backend {
     const int64_t T = batch.num_tokens(), Hi = p.q.dim(1), di = p.q.dim(2);
     SPARROW_CHECK_EQ(p.out_indices.numel(), T * p.k);
     std::vector<const float*> keys(T);
+    std::vector<const uint16_t*> keys_bf16(T);
+    // The tensor-core scorer: q and the keys bf16 values, and every token's keys copied as bf16.
+    static const bool mma_on = cuda_feature_on("indexer_mma");
+    bool mma = mma_on && p.bf16_operands && !p.bf16_scores && indexer_mma_fits(Hi, di);
     std::vector<int64_t> visible(T);
     int64_t C = p.out_scores.empty() ? 0 : p.out_scores.dim(1);
     const int64_t out_C = C;
@@ -628,11 +659,15 @@ class CudaBackend final : public Backend {
       visible[t] = (batch.positions[t] + 1) / p.ratio;
       SPARROW_CHECK_LE(visible[t], buf.count);
       keys[t] = buf.entries.f32();
+      keys_bf16[t] = static_cast<const uint16_t*>(buf.entries_bf16.get());
+      mma = mma && buf.mirror_complete();
       C = std::max(C, visible[t]);
     }
     if (T * p.k > 0) SPARROW_CUDA_CHECK(cudaMemset(p.out_indices.i32(), 0xff, T * p.k * sizeof(int32_t)));  // -1
     if (T == 0 || C == 0) return;
     const DeviceBuffer d_keys = upload_vector(keys), d_visible = upload_vector(visible);
+    const DeviceBuffer d_keys_bf16 = mma ? upload_vector(keys_bf16) : DeviceBuffer();
+    last_indexer_mma_ = mma;
     DeviceBuffer scores(T * C * sizeof(float));
     launch_indexer_topk({.out_indices = p.out_indices.i32(), .scores = scores.f32(), .q = p.q.f32(),
                          .head_weights = p.head_weights.f32(), .keys = static_cast<const float* const*>(d_keys.get()),
@@ -640,7 +675,9 @@ class CudaBackend final : public Backend {
                          .C = C, .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) /
                                                              std::sqrt(static_cast<double>(Hi))),
                          .bf16_scores = p.bf16_scores,
-                         .scale_f64 = 1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(Hi))});
+                         .scale_f64 = 1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(Hi)),
+                         .keys_bf16 = static_cast<const uint16_t* const*>(d_keys_bf16.get()),
+                         .mma_tiles = indexer_mma_tiles_});
     launch_check("indexer_topk");
     if (out_C > 0)
       SPARROW_CUDA_CHECK(cudaMemcpy2D(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
@@ -1207,11 +1244,15 @@ class CudaBackend final : public Backend {
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
   int w4a8_small_tiles_ = 0;
+  bool last_indexer_mma_ = false;  // test support
+  int indexer_mma_tiles_ = 0;       // test support
 
  public:
   void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
   void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
+  bool last_indexer_mma() const { return last_indexer_mma_; }
+  void set_indexer_mma_tiles(int tiles) { indexer_mma_tiles_ = tiles; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
   void set_fp8_gemm_in_linear(bool on) {
     fp8_gemm_in_linear_ = on;
@@ -1276,6 +1317,11 @@ bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).l
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
+bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
+void set_indexer_mma_tiles(Backend& backend, int tiles) {
+  SPARROW_CHECK(tiles == 0 || tiles == 1 || tiles == 4);
+  cuda_backend(backend).set_indexer_mma_tiles(tiles);
+}
 void set_w4a8_small_tiles(Backend& backend, int tiles) {
   SPARROW_CHECK(tiles >= 0 && tiles <= 2);
   cuda_backend(backend).set_w4a8_small_tiles(tiles);

@@ -71,6 +71,12 @@ void set_w4a8_tiled(Backend& backend, bool on);
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);
+// Whether the last indexer_topk scored on the tensor cores (IndexerTopkParams::bf16_operands, the
+// keys' bf16 copies complete; SPARROW_CUDA_DISABLE=indexer_mma switches it off).
+bool last_indexer_tensor_cores(Backend& backend);
+// That scorer's tiles of 128 entries a block: 1 or 4, 0 (the default) chooses by the grid's size.
+// The same bits either way (test support).
+void set_indexer_mma_tiles(Backend& backend, int tiles);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
 bool cuda_feature_on(const char* name);
 

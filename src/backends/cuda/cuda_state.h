@@ -122,10 +122,18 @@ struct CompressorBuffer {
   int64_t count = 0;
   int64_t capacity = 0;
   bool has_prev = false;
+  // The indexer's keys also as bf16 bits [capacity, dim] when they are bf16 values (--index-keys
+  // bf16 or fp4), for the tensor-core scorer: entries 0 .. mirrored - 1 are copied. The copy is
+  // kept only while every entry since the first has been (mirrored == count); else the scorer
+  // falls back to the fp32 entries.
+  DeviceBuffer entries_bf16;
+  int64_t mirrored = 0;
 
   void init(int64_t ratio, int64_t dim, bool overlap);
-  // Makes room for `n` entries in total, keeping the ones stored.
+  // Makes room for `n` entries in total, keeping the ones stored (and their bf16 copies).
   void reserve(int64_t n);
+  // Whether the bf16 copy holds every entry.
+  bool mirror_complete() const { return entries_bf16.get() != nullptr && mirrored == count; }
 };
 
 struct LayerState {

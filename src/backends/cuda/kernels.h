@@ -40,7 +40,8 @@ struct DevView {
 // each instead of one block walking each sequence), "attn_split" (flash-decoding attention: the candidates
 // split over blocks), "w4a8" (the routed MXFP4 experts on the tensor cores), "w4a8_tiled" (their
 // shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
-// register tiles of 4 heads x 8 entries a thread), "fp8_gemm" (the
+// register tiles of 4 heads x 8 entries a thread), "indexer_mma" (the fast profile's scores on the
+// bf16 tensor cores, from a bf16 copy of the keys), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a and the BF16 weights
 // fed bf16 values as bf16 cuBLASLt GEMMs). Read once per process.
 bool cuda_feature_on(const char* name);
@@ -373,9 +374,23 @@ struct IndexerArgs {
   // heads with the fp64 scale, the sum rounded to bf16.
   bool bf16_scores = false;
   double scale_f64 = 0.0;
+  // When set: the scores on the bf16 tensor cores (indexer_score_mma_kernel) from these copies of
+  // the keys, [T] pointers to [count, di] bf16 bits, and q rounded to bf16. Exact products, fp32
+  // sums in the tensor cores' order (not the fp32 kernels' FMA chains). REQUIRES q and the keys to
+  // be bf16 values (the fast profile with --index-keys bf16 or fp4), indexer_mma_fits(Hi, di).
+  const uint16_t* const* keys_bf16 = nullptr;
+  int mma_tiles = 0;  // tiles of 128 entries a block of that scorer, 1 or 4; 0 chooses (the same bits)
 };
 // Scores into `scores`, then top-k by rank (higher score first, then the lower index).
 void launch_indexer_topk(const IndexerArgs& a);
+// The shapes the tensor-core scorer takes: heads a multiple of 16 up to 64, di 32, 64 or 128.
+inline bool indexer_mma_fits(int64_t Hi, int64_t di) {
+  return Hi > 0 && Hi % 16 == 0 && Hi <= 64 && (di == 32 || di == 64 || di == 128);
+}
+
+// dst[i][0 .. dim) = bf16 bits of src[i][0 .. dim), round to nearest even (exact for bf16 values):
+// the indexer keys' bf16 copies. One block per row.
+void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t n, int64_t dim);
 
 // Where one token's candidate keys live.
 struct AttnTokenArgs {

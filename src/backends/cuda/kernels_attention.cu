@@ -1,6 +1,8 @@
 // The compressors, the Lightning Indexer (scores + top-k) and sparse attention with the sink
 // (spec §3.3, §5.2). They mirror src/backends/cpu/cpu_backend.cpp; the per-sequence buffers they
 // read and write are described in cuda_state.h.
+#include <cuda_bf16.h>
+
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
 
@@ -565,6 +567,128 @@ __global__ void __launch_bounds__(kTileThreads) indexer_score_tiled_kernel(Index
   }
 }
 
+// The fast profile's scores on the bf16 tensor cores (indexer_mma; 5.7 ms at 256 x 128K with the
+// fp32 register tiles above, compute-bound on the CUDA cores). q and the keys are bf16 values there
+// (q rounded after RoPE, keys stored at --index-keys bf16 or fp4), so bf16 operands give every
+// product exactly; the fp32 sums are in the tensor cores' order, so the scores differ from the FMA
+// chains above in the last bits (top-k can flip only at near-ties). Each score is still a function
+// of its own token and entry alone (batch and chunking invariant).
+//
+// grid (T, ceil(C / kTileEntries)), block 4 warps, warp w the entries 32 w .. 32 w + 31 of the tile
+// as four n8 tiles, all heads (up to four m16 tiles) in one accumulator set. The dims are taken in
+// a permuted order, the same for A and B (a dot product does not depend on it): in k-step 2p + s a
+// lane's logical k {2 tig, 2 tig + 1} are the dims 32 p + 8 tig + 4 s + {0, 1} and {2 tig + 8, 2 tig
+// + 9} the dims + {2, 3}, so a lane reads a key's 8 dims 32 p + 8 tig .. + 7 as one 16-byte load
+// (four lanes read 64 contiguous bytes of a row) and q's as one 16-byte shared-memory load. Then
+// score = scale * sum_h w_h relu(d_h): each lane's 8 heads by FMAs, the 8 lanes of an entry by
+// shuffles.
+constexpr int kMmaThreads = 128;
+static_assert(kMmaThreads / 32 * 32 == kTileEntries, "a warp a 32-entry slice of the tile");
+
+__device__ inline uint32_t pack_bf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
+__device__ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int kPairs>  // di = 32 kPairs
+__global__ void __launch_bounds__(kMmaThreads) indexer_score_mma_kernel(IndexerArgs a, int tiles) {
+  constexpr int kDi = 32 * kPairs;
+  // Words of a staged q row: di / 2 plus padding to 16 mod 32 words, so that the 8 lanes of a
+  // 16-byte load phase (rows gid, gid + 1 x 4 tig) hit distinct banks.
+  constexpr int kRow = kDi / 2 + ((kDi / 2) % 32 == 16 ? 0 : 16);
+  __shared__ __align__(16) uint32_t qs[64 * kRow];
+  const int tid = threadIdx.x;
+  const int64_t t = blockIdx.x, Hi = a.Hi;
+  const int64_t visible = a.visible[t];
+  const int64_t end = visible < a.C ? visible : a.C;  // entries below `end` are scored
+  // The block's `tiles` tiles of kTileEntries: entries past `end` (and below C) score -inf.
+  const int64_t b0 = static_cast<int64_t>(blockIdx.y) * tiles * kTileEntries;
+  for (int64_t e = tid; e < static_cast<int64_t>(tiles) * kTileEntries; e += kMmaThreads) {
+    const int64_t w = b0 + e;
+    if (w < a.C && w >= end) a.scores[t * a.C + w] = -INFINITY;
+  }
+  if (b0 >= end) return;
+  // q once for the block's tiles (bf16 values: the conversion is exact).
+  const float2* q2 = reinterpret_cast<const float2*>(a.q + t * Hi * kDi);
+  for (int64_t i = tid; i < Hi * kDi / 2; i += kMmaThreads)
+    qs[(i / (kDi / 2)) * kRow + i % (kDi / 2)] = pack_bf16x2(q2[i].x, q2[i].y);
+  const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int mts = static_cast<int>(Hi / 16);
+  float wh[4][2];  // the weights of this lane's heads
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wh[mt][h] = mt < mts ? a.head_weights[t * Hi + 16 * mt + gid + 8 * h] : 0.0f;
+  const uint16_t* keys = a.keys_bf16[t];
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int64_t w0 = b0 + static_cast<int64_t>(tile) * kTileEntries;
+    if (w0 >= end) break;
+    const int64_t n_ent = end - w0 < kTileEntries ? end - w0 : kTileEntries;
+    // Every key load of the warp's 32 entries issued before any mma (16 x 16 bytes a lane at di = 128).
+    uint4 kb[4][kPairs];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int e = warp * 32 + nt * 8 + gid;
+      const bool ok = e < n_ent;
+      const uint4* row = reinterpret_cast<const uint4*>(keys + (w0 + (ok ? e : 0)) * kDi);
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) kb[nt][p] = ok ? row[4 * p + tig] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (tile == 0) __syncthreads();  // q staged (uniform: every thread reaches tile 0 here)
+    float acc[4][4][4] = {};  // [m16 tile][n8 tile][fragment]
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        if (mt >= mts) break;
+        const uint4 lo = *reinterpret_cast<const uint4*>(qs + (16 * mt + gid) * kRow + 16 * p + 4 * tig);
+        const uint4 hi = *reinterpret_cast<const uint4*>(qs + (16 * mt + gid + 8) * kRow + 16 * p + 4 * tig);
+        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          mma_bf16_m16n8k16(acc[mt][nt], a0, kb[nt][p].x, kb[nt][p].y);
+          mma_bf16_m16n8k16(acc[mt][nt], a1, kb[nt][p].z, kb[nt][p].w);
+        }
+      }
+    // Fragment c of tile (mt, nt): head 16 mt + gid + 8 (c / 2), entry 8 nt + 2 tig + c % 2.
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      float part[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          if (mt >= mts) break;
+          part[j] = __fmaf_rn(wh[mt][0], fmaxf(acc[mt][nt][j], 0.0f), part[j]);
+          part[j] = __fmaf_rn(wh[mt][1], fmaxf(acc[mt][nt][2 + j], 0.0f), part[j]);
+        }
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) part[j] += __shfl_xor_sync(0xffffffffu, part[j], off);
+      if (gid == 0)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int e = warp * 32 + nt * 8 + 2 * tig + j;
+          if (e < n_ent) a.scores[t * a.C + w0 + e] = part[j] * a.scale;
+        }
+    }
+  }
+}
+
+__global__ void rows_to_bf16_kernel(const float* const* src, uint16_t* const* dst, int64_t dim) {
+  const float* s = src[blockIdx.x];
+  uint16_t* d = dst[blockIdx.x];
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) d[i] = __bfloat16_as_ushort(__float2bfloat16_rn(s[i]));
+}
+
 // Candidate j of a token: window positions first (older ones from the ring, this batch's from
 // batch_kv), then compressed entries (HCA: all visible; CSA: the selection, null for -1).
 __device__ inline const float* candidate(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j) {
@@ -787,7 +911,16 @@ void launch_indexer_topk(const IndexerArgs& a) {
   const size_t score_smem = static_cast<size_t>(a.Hi * (a.di + 1) + kScoreWarps * a.di + kScoreWarps * a.Hi) * sizeof(float);
   static const bool fast = cuda_feature_on("indexer_fast"), tiled = cuda_feature_on("indexer_tiled");
   const size_t tile_smem = indexer_tile_smem(a.di);
-  if (fast && tiled && !a.bf16_scores && a.Hi <= kTileHeads && a.di % 4 == 0 && tile_smem <= 200 * 1024 &&
+  if (a.keys_bf16 && !a.bf16_scores && indexer_mma_fits(a.Hi, a.di)) {
+    // Four tiles a block (q staged once for them) when that still leaves 16K blocks or more
+    // (256 x 128K); the entries' scores do not depend on it.
+    const int64_t tile_blocks = a.T * ((a.C + kTileEntries - 1) / kTileEntries);
+    const int tiles = a.mma_tiles == 1 || a.mma_tiles == 4 ? a.mma_tiles : (tile_blocks >= 4 * 16384 ? 4 : 1);
+    const dim3 mgrid(static_cast<unsigned>(a.T), blocks_for(a.C, tiles * kTileEntries));
+    if (a.di == 128) indexer_score_mma_kernel<4><<<mgrid, kMmaThreads>>>(a, tiles);
+    else if (a.di == 64) indexer_score_mma_kernel<2><<<mgrid, kMmaThreads>>>(a, tiles);
+    else indexer_score_mma_kernel<1><<<mgrid, kMmaThreads>>>(a, tiles);
+  } else if (fast && tiled && !a.bf16_scores && a.Hi <= kTileHeads && a.di % 4 == 0 && tile_smem <= 200 * 1024 &&
       reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
     static bool opted = false;  // the attribute is per kernel; 200 KB is the most this launch asks
     if (!opted) {
@@ -811,6 +944,10 @@ void launch_indexer_topk(const IndexerArgs& a) {
   } else {
     indexer_select_kernel<<<grid, kThreads>>>(a);
   }
+}
+
+void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t n, int64_t dim) {
+  if (n > 0 && dim > 0) rows_to_bf16_kernel<<<static_cast<unsigned>(n), 128>>>(src, dst, dim);
 }
 
 void launch_attention(const AttentionArgs& a) {

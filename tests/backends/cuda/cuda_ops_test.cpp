@@ -722,6 +722,84 @@ TEST_F(CudaOps, CompressorRoundsEachNewIndexerKeyAsTheCpuDoes) {
   }
 }
 
+// The fast profile's tensor-core scorer (IndexerTopkParams::bf16_operands with keys stored at
+// --index-keys bf16, whose bf16 copies the compressor keeps): q and keys bf16 values, so every
+// product is exact and only the order of the fp32 sums differs from the CPU's. Scores at the op
+// bar, the same selections up to near-ties, at V4's shape (64 heads x 128) and a smaller one (32 x
+// 64); a token's scores are the same bits alone as in a batch; keys stored fp32 (no bf16 copy) or
+// the flag off take the fp32 kernels.
+TEST_F(CudaOps, IndexerTopkOnTensorCoresMatchesCpu) {
+  const bool real = std::string(gpu->name()) == "cuda";
+  for (auto [Hi, di] : {std::pair<int64_t, int64_t>{64, 128}, std::pair<int64_t, int64_t>{32, 64}}) {
+    for (KeyPrecision kp : {KeyPrecision::kBf16, KeyPrecision::kF32}) {
+      Rng rng(80 + di + static_cast<int>(kp));
+      ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
+      cfg.index_head_dim = di;
+      const int64_t m = cfg.compress_ratio[0];
+      const CompressorCase index_case(rng, di, m, true);
+      TwoSequences seqs(*cpu, *gpu, cfg);
+      seqs.ids.assign(1100, 0);
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{1100, 301}, std::pair<int64_t, int64_t>{1, 1}}) {
+        auto [bc, bg] = seqs.batches(n0, n1);
+        const int64_t T = n0 + n1;
+        auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+        auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+        for (auto [be, k_, g_, b_] : {std::tuple{cpu.get(), kc, gc, &bc}, std::tuple{gpu.get(), kg, gg, &bg}}) {
+          CompressorParams cp = index_case.params(k_, g_, *b_, kRope, CompressorSlot::kIndexer);
+          cp.key_precision = kp;
+          be->compressor(cp);
+        }
+        seqs.advance(n0, n1);
+      }
+      // 275 and 75 entries: two full tiles of 128 and a partial one of 19; a tile with a partial warp.
+      auto [bc, bg] = seqs.batches(2, 1);
+      const int64_t T = 3, C = max_visible(bc, m);
+      std::vector<float> qv = rng.normal(T * Hi * di);
+      for (float& v : qv) v = bf16_round(v);
+      const auto q = both_f32(qv, {T, Hi, di});
+      const std::vector<float> wv = rng.normal(T * Hi);
+      const auto w = both_f32(wv, {T, Hi});
+      for (int64_t k : {int64_t{64}, int64_t{200}}) {
+        const std::string what = "indexer bf16 operands Hi=" + std::to_string(Hi) + " di=" + std::to_string(di) +
+                                 " keys " + key_precision_name(kp) + " k=" + std::to_string(k);
+        const Tensor ic = cpu->alloc(ElemType::kI32, {T, k}), ig = gpu->alloc(ElemType::kI32, {T, k});
+        const Tensor sc = cpu->alloc(ElemType::kF32, {T, C}), sg = gpu->alloc(ElemType::kF32, {T, C});
+        cpu->indexer_topk({.out_indices = ic, .q = q.first, .head_weights = w.first, .batch = &bc, .layer = 0,
+                           .ratio = m, .k = k, .out_scores = sc, .bf16_operands = true});
+        gpu->indexer_topk({.out_indices = ig, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0,
+                           .ratio = m, .k = k, .out_scores = sg, .bf16_operands = true});
+        if (real) {
+          EXPECT_EQ(cuda::last_indexer_tensor_cores(*gpu),
+                    kp == KeyPrecision::kBf16 && cuda::cuda_feature_on("indexer_mma")) << what;
+        }
+        expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
+        const std::vector<float> scores_cpu = cpu->download_f32(sc), scores_gpu = gpu->download_f32(sg);
+        expect_same_selection(gpu->download_i32(ig), cpu->download_i32(ic), scores_cpu, T, k, C, what);
+        // Sequence 1's token alone: its row of scores is the same bits.
+        auto [b1c, b1g] = seqs.batches(0, 1);
+        const Tensor i1 = gpu->alloc(ElemType::kI32, {1, k}), s1 = gpu->alloc(ElemType::kF32, {1, C});
+        const Tensor q1 = gpu->upload_f32(std::vector<float>(qv.begin() + 2 * Hi * di, qv.end()), {1, Hi, di});
+        const Tensor w1 = gpu->upload_f32(std::vector<float>(wv.begin() + 2 * Hi, wv.end()), {1, Hi});
+        (void)b1c;
+        gpu->indexer_topk({.out_indices = i1, .q = q1, .head_weights = w1, .batch = &b1g, .layer = 0, .ratio = m,
+                           .k = k, .out_scores = s1, .bf16_operands = true});
+        expect_same_bits(gpu->download_f32(s1), std::vector<float>(scores_gpu.begin() + 2 * C, scores_gpu.end()),
+                         what + " token alone vs in the batch");
+        // Four tiles a block (chosen for large grids), forced: the same bits and selections.
+        if (real) {
+          const Tensor i4 = gpu->alloc(ElemType::kI32, {T, k}), s4 = gpu->alloc(ElemType::kF32, {T, C});
+          cuda::set_indexer_mma_tiles(*gpu, 4);
+          gpu->indexer_topk({.out_indices = i4, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0,
+                             .ratio = m, .k = k, .out_scores = s4, .bf16_operands = true});
+          cuda::set_indexer_mma_tiles(*gpu, 0);
+          expect_same_bits(gpu->download_f32(s4), scores_gpu, what + " four tiles a block");
+          EXPECT_EQ(gpu->download_i32(i4), gpu->download_i32(ig)) << what << " four tiles a block";
+        }
+      }
+    }
+  }
+}
+
 // Indexer keys built so that both backends compute them bit for bit (every softmax weight equal,
 // sums of small integers, a norm of exactly 1, RoPE at angle 0): pooled values in {0, ±1, ±2} with
 // sum of squares = di, times fp32 norm weights. The rounded keys must then be identical on both
