@@ -49,7 +49,7 @@ if [ -n "${NCU_CELLS:-}" ]; then
     # shellcheck disable=SC2086
     timeout 200 /usr/local/cuda/bin/ncu --kernel-name "regex:${KREGEX:-w4a8}" --launch-skip "${SKIP:-0}" --launch-count 2 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats \
-      .gpu-carry/sparrow bench --model "$model" --layers 0 $cell --contexts 4k --gemm-tokens 0 --precision fast \
+      .gpu-carry/sparrow bench --model "$model" --layers "${LAYER:-0}" $cell --contexts 4k --gemm-tokens 0 --precision fast \
       --warmup 1 --min-reps 1 --max-reps 1 --peak-reps 1 --copy-gib 0.1 --out /tmp/gpu-probe-ncu.json > /tmp/gpu-probe-ncu.txt 2>&1
     grep -E "\(.*\)x\(|Duration|DRAM Throughput|Compute \(SM\)|Issued Instructions  |Registers|Achieved Occupancy|Warp Cycles Per Issued" \
       /tmp/gpu-probe-ncu.txt | head -40

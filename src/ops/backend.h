@@ -259,6 +259,11 @@ struct AttentionParams {
   int64_t window;         // W
   double scale;           // softmax scale, Dh^-1/2
   bool round_bf16 = false;
+  // q and every key (window ring, this batch's kv, compressed entries) hold bf16 values (the fast
+  // and deepseek-ref profiles: q rounded, keys FP8-simulated with bf16 RoPE dims). A backend may
+  // then take the dot products and the weighted sum on bf16 tensor cores: the same products, fp32
+  // sums in another order. The CPU ignores it.
+  bool bf16_operands = false;
 };
 
 // Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.

@@ -723,9 +723,13 @@ class CudaBackend final : public Backend {
     // the candidates would need more than 8192 splits (its combine keeps one weight per split in
     // shared memory); its scratch is bounded by running the tokens in passes, which changes no
     // token's arithmetic.
-    static const bool split_on = cuda_feature_on("attn_split");
-    const bool split = split_on && attention_splits(max_candidates) <= 8192;
-    const int64_t split_floats = H * attention_splits(max_candidates) * (Dh + 2);  // per token
+    static const bool split_on = cuda_feature_on("attn_split"), mma_on = cuda_feature_on("attn_mma");
+    // The tensor-core splits (fast profiles: q and keys bf16 values), whatever the batch.
+    const bool mma = split_on && mma_on && p.bf16_operands && attention_mma_fits(H, Dh) &&
+                     attention_splits(max_candidates, true) <= 8192;
+    last_attention_mma_ = mma;
+    const bool split = split_on && attention_splits(max_candidates, mma) <= 8192;
+    const int64_t split_floats = H * attention_splits(max_candidates, mma) * (Dh + 2);  // per token
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
     const int64_t per_pass =
         split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
@@ -736,7 +740,7 @@ class CudaBackend final : public Backend {
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
-                      .split_tokens_per_pass = per_pass});
+                      .split_tokens_per_pass = per_pass, .mma = mma});
     launch_check("attention");
     round_bf16_if(p.round_bf16, p.out, "attention bf16");
   }
@@ -1245,6 +1249,7 @@ class CudaBackend final : public Backend {
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
   int w4a8_small_tiles_ = 0;
   bool last_indexer_mma_ = false;  // test support
+  bool last_attention_mma_ = false;  // test support
   int indexer_mma_tiles_ = 0;       // test support
 
  public:
@@ -1252,6 +1257,7 @@ class CudaBackend final : public Backend {
   void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   bool last_indexer_mma() const { return last_indexer_mma_; }
+  bool last_attention_mma() const { return last_attention_mma_; }
   void set_indexer_mma_tiles(int tiles) { indexer_mma_tiles_ = tiles; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
   void set_fp8_gemm_in_linear(bool on) {
@@ -1318,6 +1324,7 @@ void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).s
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
+bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
 void set_indexer_mma_tiles(Backend& backend, int tiles) {
   SPARROW_CHECK(tiles == 0 || tiles == 1 || tiles == 4);
   cuda_backend(backend).set_indexer_mma_tiles(tiles);

@@ -74,6 +74,9 @@ void set_w4a8_small_tiles(Backend& backend, int tiles);
 // Whether the last indexer_topk scored on the tensor cores (IndexerTopkParams::bf16_operands, the
 // keys' bf16 copies complete; SPARROW_CUDA_DISABLE=indexer_mma switches it off).
 bool last_indexer_tensor_cores(Backend& backend);
+// Whether the last attention ran on the tensor cores (AttentionParams::bf16_operands, 32 heads a
+// block, Dh 128, 256 or 512; SPARROW_CUDA_DISABLE=attn_mma switches it off).
+bool last_attention_tensor_cores(Backend& backend);
 // That scorer's tiles of 128 entries a block: 1 or 4, 0 (the default) chooses by the grid's size.
 // The same bits either way (test support).
 void set_indexer_mma_tiles(Backend& backend, int tiles);

@@ -41,7 +41,8 @@ struct DevView {
 // split over blocks), "w4a8" (the routed MXFP4 experts on the tensor cores), "w4a8_tiled" (their
 // shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
 // register tiles of 4 heads x 8 entries a thread), "indexer_mma" (the fast profile's scores on the
-// bf16 tensor cores, from a bf16 copy of the keys), "fp8_gemm" (the
+// bf16 tensor cores, from a bf16 copy of the keys), "attn_mma" (the fast profiles' attention on the
+// bf16 tensor cores), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a and the BF16 weights
 // fed bf16 values as bf16 cuBLASLt GEMMs). Read once per process.
 bool cuda_feature_on(const char* name);
@@ -420,12 +421,20 @@ struct AttentionArgs {
   // The split depends only on the token's own candidate count: batch invariant. `scratch` is unused.
   float* split_scratch = nullptr;  // [split_tokens_per_pass, H, max_splits, Dh + 2]
   int64_t split_tokens_per_pass = 0;
+  // With split_scratch: the splits on the bf16 tensor cores (attention_mma_kernel), each of
+  // kAttnMmaSplitCandidates candidates. REQUIRES q and the keys bf16 values
+  // (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte aligned rows.
+  bool mma = false;
 };
 void launch_attention(const AttentionArgs& a);
 constexpr int64_t kAttnSplitCandidates = 64;
+constexpr int64_t kAttnMmaSplitCandidates = 512;
+// The shapes the tensor-core attention takes: heads in blocks of 32, Dh 128, 256 or 512.
+inline bool attention_mma_fits(int64_t H, int64_t Dh) { return H > 0 && H % 32 == 0 && (Dh == 128 || Dh == 256 || Dh == 512); }
 // Blocks of the split attention for a (token, head) with `candidates` candidates (at least 1).
-inline int64_t attention_splits(int64_t candidates) {
-  return (std::max<int64_t>(candidates, 1) + kAttnSplitCandidates - 1) / kAttnSplitCandidates;
+inline int64_t attention_splits(int64_t candidates, bool mma = false) {
+  const int64_t per = mma ? kAttnMmaSplitCandidates : kAttnSplitCandidates;
+  return (std::max<int64_t>(candidates, 1) + per - 1) / per;
 }
 
 // ---- router and experts (kernels_moe.cu) --------------------------------------------------------

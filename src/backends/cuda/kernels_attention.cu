@@ -868,7 +868,8 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
   const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
-  const int64_t splits = (n + kAttnSplitCandidates - 1) / kAttnSplitCandidates;  // 0 when n is
+  const int64_t per = a.mma ? kAttnMmaSplitCandidates : kAttnSplitCandidates;
+  const int64_t splits = (n + per - 1) / per;  // 0 when n is
   const float* part = a.split_scratch + th * max_splits * (a.Dh + 2);
   const float sink = dev_load(a.sinks, h);
   float M = sink;
@@ -885,6 +886,228 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
     float acc = 0.0f;
     for (int64_t s = 0; s < splits; ++s) acc += w[s] * part[s * (a.Dh + 2) + d];
     a.out[(t * a.H + h) * a.Dh + d] = acc / denom;
+  }
+}
+
+// ---- attention on the bf16 tensor cores (the fast profiles: AttentionArgs::mma) ------------------
+//
+// q and the keys are bf16 values there, so the logits' products are exact in bf16 mma; the
+// softmax is fp32 as in the split kernel (each split's max, exp-sum and weighted keys, combined by
+// attention_combine_kernel); the weights p stay fp32 exactly, as the sum of three bf16 terms
+// (hi = bf16(p), mid = bf16(p - hi), lo = bf16(p - hi - mid): 24 significant bits), each multiplied
+// with the keys on the tensor cores. Only the order of the fp32 sums differs from the CPU.
+//
+// grid (tokens of the pass * H / 32, splits), block 8 warps: 32 heads of one token over one split
+// of kAttnMmaSplitCandidates candidates, taken in chunks of 32 (flash-attention's online softmax
+// across the chunks). Shared memory: q [32 heads, Dh] and the chunk's keys [32, Dh] as bf16 (rows
+// padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
+// weights' three bf16 terms [3, 32, 32 (+8)], per head the running max, sum and rescale factor.
+// Per chunk: the candidates' addresses; the keys converted; logits, warp w heads 16 (w / 4) ..
+// + 15 x candidates 8 (w % 4) .. + 7 over all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
+// lane = candidate; the weighted sum, warp w the dims w Dh / 8 .. + Dh / 8 - 1 of all 32 heads
+// (64 fp32 accumulators a lane at Dh = 512), V's fragments by ldmatrix.trans of the same keys.
+// A split depends only on the token's own candidates: batch invariant.
+constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
+constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
+static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
+static_assert(kAttnMmaSplitCandidates % kAmChunk == 0, "whole chunks a split");
+
+size_t attention_mma_smem(int64_t Dh) {
+  const size_t rowb = static_cast<size_t>(2 * Dh + 16);
+  return (kAmHeads + kAmChunk) * rowb + sizeof(float) * kAmHeads * (kAmChunk + 1) + 3 * kAmHeads * kAmPRow +
+         3 * kAmHeads * sizeof(float) + kAmChunk * sizeof(void*);
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ inline void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+template <int kDh>
+__global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  extern __shared__ __align__(16) uint8_t am_smem[];
+  constexpr int Dh = kDh, rowb = 2 * kDh + 16;
+  uint8_t* qs = am_smem;
+  uint8_t* ks = qs + kAmHeads * rowb;
+  float* logits = reinterpret_cast<float*>(ks + kAmChunk * rowb);
+  uint8_t* pw = reinterpret_cast<uint8_t*>(logits + kAmHeads * (kAmChunk + 1));
+  float* st_alpha = reinterpret_cast<float*>(pw + 3 * kAmHeads * kAmPRow);
+  float* st_m = st_alpha + kAmHeads;
+  float* st_l = st_m + kAmHeads;
+  const float** kptr = reinterpret_cast<const float**>(st_l + kAmHeads);
+
+  const int64_t groups = a.H / kAmHeads;
+  const int64_t t = t_base + blockIdx.x / groups, h0 = (blockIdx.x % groups) * kAmHeads, s = blockIdx.y;
+  const AttnTokenArgs tk = a.tokens[t];
+  const int64_t n = tk.n_window + tk.n_compressed;
+  const int64_t j_begin = s * kAttnMmaSplitCandidates;
+  if (j_begin >= n) return;  // the whole block leaves
+  const int64_t j_end = n - j_begin < kAttnMmaSplitCandidates ? n : j_begin + kAttnMmaSplitCandidates;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+
+  const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
+  constexpr int row4 = Dh / 4;  // float4s a row
+  for (int i = tid; i < kAmHeads * row4; i += kAmThreads) {
+    const float4 v = qsrc[i];
+    *reinterpret_cast<uint2*>(qs + (i / row4) * rowb + 8 * (i % row4)) =
+        make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  }
+  if (tid < kAmHeads) {
+    st_m[tid] = -INFINITY;
+    st_l[tid] = 0.0f;
+  }
+  constexpr int nts = Dh / 64;  // n8 tiles of this warp's Dh / 8 dims (even: Dh % 128 == 0)
+  const int d0 = warp * (Dh / 8);
+  float acc[2][nts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
+
+  for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk) {
+    const int cnt = j_end - c0 < kAmChunk ? static_cast<int>(j_end - c0) : kAmChunk;
+    __syncthreads();  // the last chunk's keys and weights are read (and q, the stats staged)
+    if (tid < kAmChunk) kptr[tid] = tid < cnt ? candidate(a, tk, t, c0 + tid) : nullptr;
+    __syncthreads();
+    // The chunk's keys as bf16 (exact: bf16 values), 8 loads a thread in flight; a masked
+    // candidate's row is zero.
+    {
+      constexpr int kU = 8;
+      constexpr int total = kAmChunk * row4;
+      for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
+        float4 v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = i0 + u * kAmThreads;
+          const float* row = i < total ? kptr[i / row4] : nullptr;
+          v[u] = row ? reinterpret_cast<const float4*>(row)[i % row4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = i0 + u * kAmThreads;
+          if (i < total)
+            *reinterpret_cast<uint2*>(ks + (i / row4) * rowb + 8 * (i % row4)) =
+                make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w));
+        }
+      }
+    }
+    __syncthreads();
+    // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7).
+    {
+      const int mt = warp / 4, nt = warp % 4;
+      const uint8_t* arow = qs + (16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 16 * (lane / 16);
+      const uint8_t* brow = ks + (8 * nt + (lane % 8)) * rowb + 16 * ((lane / 8) % 2);
+      // Two independent sums (even and odd k-steps of 16 dims) halve the chain of dependent mma;
+      // Dh % 128 == 0, so the loop's 4 steps a turn are whole.
+      float d[2][4] = {};
+#pragma unroll 2
+      for (int k0 = 0; k0 < Dh; k0 += 64) {
+        uint32_t af[4][4], bf[4][2];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          ldmatrix_x4(af[u], arow + 2 * (k0 + 16 * u));
+          ldmatrix_x2(bf[u], brow + 2 * (k0 + 16 * u));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) mma_bf16_m16n8k16(d[u % 2], af[u], bf[u][0], bf[u][1]);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int h = 16 * mt + gid + 8 * (c / 2), j = 8 * nt + 2 * tig + c % 2;
+        logits[h * (kAmChunk + 1) + j] = kptr[j] ? (d[0][c] + d[1][c]) * a.scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // Online softmax: warp w heads 4 w .. 4 w + 3, lane = candidate.
+#pragma unroll
+    for (int hh = 0; hh < kAmHeads / 8; ++hh) {
+      const int h = warp * (kAmHeads / 8) + hh;
+      const float v = logits[h * (kAmChunk + 1) + lane];
+      const float m_old = st_m[h];
+      const float m_new = fmaxf(m_old, warp_max(v));
+      float p = 0.0f, alpha = 1.0f;
+      if (m_new != -INFINITY) {  // the same for the whole warp
+        p = v == -INFINITY ? 0.0f : expf(v - m_new);
+        alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+      }
+      const float sum = warp_sum(p);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(p);
+      const float r1 = p - __bfloat162float(hi);
+      const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+      const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+      const __nv_bfloat16 terms[3] = {lo, mid, hi};
+#pragma unroll
+      for (int term = 0; term < 3; ++term)
+        *reinterpret_cast<__nv_bfloat16*>(pw + (term * kAmHeads + h) * kAmPRow + 2 * lane) = terms[term];
+      __syncwarp();
+      if (lane == 0) {
+        st_alpha[h] = alpha;
+        st_m[h] = m_new;
+        st_l[h] = st_l[h] * alpha + sum;
+      }
+    }
+    __syncthreads();
+    // Weighted sum: the accumulators rescaled to the new max, then + p V for the chunk (the terms
+    // small to large).
+    {
+      float al[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) al[mt][h] = st_alpha[16 * mt + gid + 8 * h];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < nts; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[mt][nt][c] *= al[mt][c / 2];
+#pragma unroll
+      for (int kk = 0; kk < kAmChunk; kk += 16) {
+        uint32_t pa[3][2][4];
+#pragma unroll
+        for (int term = 0; term < 3; ++term)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+            ldmatrix_x4(pa[term][mt], pw + (term * kAmHeads + 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * kAmPRow +
+                                          2 * (kk + 8 * (lane / 16)));
+#pragma unroll
+        for (int np = 0; np < nts / 2; ++np) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, ks + (kk + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 2 * (d0 + 16 * np + 8 * (lane / 16)));
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int term = 0; term < 3; ++term) {
+              mma_bf16_m16n8k16(acc[mt][2 * np], pa[term][mt], vb[0], vb[1]);
+              mma_bf16_m16n8k16(acc[mt][2 * np + 1], pa[term][mt], vb[2], vb[3]);
+            }
+        }
+      }
+    }
+  }
+  // This split's weighted keys, max and exp-sum per head (attention_combine_kernel's layout).
+  const int64_t th0 = (t - t_base) * a.H + h0;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < nts; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int head = 16 * mt + gid + 8 * h;
+        float* out = a.split_scratch + ((th0 + head) * max_splits + s) * (a.Dh + 2) + d0 + 8 * nt + 2 * tig;
+        *reinterpret_cast<float2*>(out) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      }
+    }
+  if (tid < kAmHeads) {
+    float* out = a.split_scratch + ((th0 + tid) * max_splits + s) * (a.Dh + 2);
+    out[a.Dh] = st_m[tid];
+    out[a.Dh + 1] = st_l[tid];
   }
 }
 
@@ -952,6 +1175,30 @@ void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t 
 
 void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
+  if (a.split_scratch && a.mma) {
+    const int64_t max_splits = attention_splits(a.max_candidates, true);
+    const size_t smem = attention_mma_smem(a.Dh);
+    static bool opted = false;  // the attribute is per kernel
+    if (!opted) {
+      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(attention_mma_smem(128))));
+      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(attention_mma_smem(256))));
+      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<512>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(attention_mma_smem(512))));
+      opted = true;
+    }
+    for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
+      const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
+      const dim3 grid(static_cast<unsigned>(tp * a.H / kAmHeads), static_cast<unsigned>(max_splits));
+      if (a.Dh == 512) attention_mma_kernel<512><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+      else if (a.Dh == 256) attention_mma_kernel<256><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+      else attention_mma_kernel<128><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+      attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
+          a, t_base, max_splits);
+    }
+    return;
+  }
   if (a.split_scratch) {
     const int64_t max_splits = attention_splits(a.max_candidates);
     // Eight heads a block where they divide H and fit in shared memory (48 KB), else one. (16 heads

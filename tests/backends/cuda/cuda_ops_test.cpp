@@ -954,6 +954,101 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
   check_attention_every_kind(70, 150, 40, {{64, 40}, {1, 1}}, 85, 24);
 }
 
+// The fast profiles' attention on the tensor cores (AttentionParams::bf16_operands): q, the
+// batch's keys and the compressed entries bf16 values (the compressor's bf16 rounding); every kind,
+// 32 heads x Dh 128 and V4's 64 x 512; candidates past one split of 512 (CSA: a window of 70 and
+// 600 selections, 40 of them -1 and one more every 7th; HCA: 550 entries). Held at the op bar to
+// the fp32 CUDA-core kernels on the same device state (the two compressors' bf16 roundings of an
+// entry can differ by an ulp, so the CPU's entries are not the GPU's), and to the CPU where the
+// inputs are the same (window only); sequence 1's tokens alone give the same bits as in their batch.
+TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
+  const bool real = std::string(gpu->name()) == "cuda";
+  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{64, 512}}) {
+    for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
+      Rng rng(90 + Dh + static_cast<int>(kind));
+      ModelConfig cfg = attn_config(kind, 70);
+      cfg.head_dim = Dh;
+      const int64_t m = cfg.compress_ratio[0];
+      const bool csa = kind == AttentionKind::kCsa;
+      const int64_t k = csa ? 600 : 0;
+      Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
+      const CompressorCase main_case(rng, Dh, std::max<int64_t>(m, 1), csa);
+      TwoSequences seqs(*cpu, *gpu, cfg);
+      seqs.ids.assign(2800, 0);
+      auto bf16_normal = [&](int64_t n, double sd) {
+        std::vector<float> v = rng.normal(n, sd);
+        for (float& x : v) x = bf16_round(x);
+        return v;
+      };
+      // (2750, 150) fills the state (HCA to 550 entries); the others are checked.
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{2750, 150}, std::pair<int64_t, int64_t>{5, 3},
+                            std::pair<int64_t, int64_t>{1, 1}, std::pair<int64_t, int64_t>{2, 9}}) {
+        const bool check = n0 < 100;
+        auto [bc, bg] = seqs.batches(n0, n1);
+        const int64_t T = n0 + n1;
+        if (kind != AttentionKind::kSliding) {
+          auto [kc, kg] = both_f32(rng.normal(T * main_case.width), {T, main_case.width});
+          auto [gc, gg] = both_f32(rng.normal(T * main_case.width), {T, main_case.width});
+          for (auto [be, k_, g_, b_] : {std::tuple{cpu.get(), kc, gc, &bc}, std::tuple{gpu.get(), kg, gg, &bg}}) {
+            CompressorParams cp = main_case.params(k_, g_, *b_, kRope, CompressorSlot::kMain);
+            cp.round_bf16 = true;
+            be->compressor(cp);
+          }
+        }
+        const std::vector<float> kv = bf16_normal(T * Dh, 1.0);
+        auto [vc, vg] = both_f32(kv, {T, Dh});
+        if (check) {
+          std::vector<int32_t> sel(T * k);
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t visible = (bc.positions[t] + 1) / std::max<int64_t>(m, 1);
+            for (int64_t i = 0; i < k; ++i)
+              sel[t * k + i] = (i >= 560 || i % 7 == 3 || visible == 0) ? -1 : static_cast<int32_t>(rng.integer(0, visible - 1));
+          }
+          Tensor sel_c, sel_g;
+          if (csa) std::tie(sel_c, sel_g) = both_i32(sel, {T, k});
+          const std::vector<float> qv = bf16_normal(T * H * Dh, 0.5);
+          auto [qc, qg] = both_f32(qv, {T, H, Dh});
+          auto [oc, og] = both_alloc(ElemType::kF32, {T, H, Dh});
+          const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+          auto params = [&](const Tensor& o, const Tensor& q, const Tensor& v, const Tensor& sl, const BatchInfo& b) {
+            return AttentionParams{.out = o, .q = q, .kv = v, .selected = sl, .sinks = sinks.view, .batch = &b,
+                                   .layer = 0, .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = scale,
+                                   .bf16_operands = true};
+          };
+          cpu->attention(params(oc, qc, vc, sel_c, bc));
+          AttentionParams fp32_path = params(gpu->alloc(ElemType::kF32, {T, H, Dh}), qg, vg, sel_g, bg);
+          fp32_path.bf16_operands = false;
+          gpu->attention(fp32_path);
+          gpu->attention(params(og, qg, vg, sel_g, bg));
+          const std::string what = "attention mma H=" + std::to_string(H) + " Dh=" + std::to_string(Dh) + " kind " +
+                                   std::to_string(static_cast<int>(kind)) + " batch (" + std::to_string(n0) + ", " +
+                                   std::to_string(n1) + ")";
+          if (real) {
+            EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma")) << what;
+          }
+          expect_close(*gpu, og, *gpu, fp32_path.out, kOpTol, what + " vs the fp32 kernels");
+          if (kind == AttentionKind::kSliding) expect_close(*gpu, og, *cpu, oc, kOpTol, what + " vs the CPU");
+          // Sequence 1's tokens alone.
+          auto [b1c, b1g] = seqs.batches(0, n1);
+          (void)b1c;
+          const Tensor q1 = gpu->upload_f32(std::vector<float>(qv.begin() + n0 * H * Dh, qv.end()), {n1, H, Dh});
+          const Tensor v1 = gpu->upload_f32(std::vector<float>(kv.begin() + n0 * Dh, kv.end()), {n1, Dh});
+          Tensor s1;
+          if (csa) s1 = gpu->upload_i32(std::vector<int32_t>(sel.begin() + n0 * k, sel.end()), {n1, k});
+          const Tensor o1 = gpu->alloc(ElemType::kF32, {n1, H, Dh});
+          gpu->attention(params(o1, q1, v1, s1, b1g));
+          const std::vector<float> all = gpu->download_f32(og);
+          expect_same_bits(gpu->download_f32(o1), std::vector<float>(all.begin() + n0 * H * Dh, all.end()),
+                           what + ": sequence 1 alone vs in the batch");
+        }
+        cpu->window_append({.kv = vc, .batch = &bc, .layer = 0});
+        gpu->window_append({.kv = vg, .batch = &bg, .layer = 0});
+        seqs.advance(n0, n1);
+      }
+    }
+  }
+}
+
 // No window and every selection -1: the sink is all a query has, and the output is 0.
 TEST_F(CudaOps, AttentionWithNothingButTheSink) {
   Rng rng(82);
