@@ -1326,7 +1326,7 @@ void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
 void set_indexer_mma_tiles(Backend& backend, int tiles) {
-  SPARROW_CHECK(tiles == 0 || tiles == 1 || tiles == 4);
+  SPARROW_CHECK(tiles >= 0 && tiles <= 8);
   cuda_backend(backend).set_indexer_mma_tiles(tiles);
 }
 void set_w4a8_small_tiles(Backend& backend, int tiles) {

@@ -77,7 +77,7 @@ bool last_indexer_tensor_cores(Backend& backend);
 // Whether the last attention ran on the tensor cores (AttentionParams::bf16_operands, 32 heads a
 // block, Dh 128, 256 or 512; SPARROW_CUDA_DISABLE=attn_mma switches it off).
 bool last_attention_tensor_cores(Backend& backend);
-// That scorer's tiles of 128 entries a block: 1 or 4, 0 (the default) chooses by the grid's size.
+// That scorer's tiles of 128 entries a block: 1 to 8, 0 (the default) chooses by the grid's size.
 // The same bits either way (test support).
 void set_indexer_mma_tiles(Backend& backend, int tiles);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).

@@ -380,7 +380,7 @@ struct IndexerArgs {
   // sums in the tensor cores' order (not the fp32 kernels' FMA chains). REQUIRES q and the keys to
   // be bf16 values (the fast profile with --index-keys bf16 or fp4), indexer_mma_fits(Hi, di).
   const uint16_t* const* keys_bf16 = nullptr;
-  int mma_tiles = 0;  // tiles of 128 entries a block of that scorer, 1 or 4; 0 chooses (the same bits)
+  int mma_tiles = 0;  // tiles of 128 entries a block of that scorer, 1 to 8; 0 chooses (the same bits)
 };
 // Scores into `scores`, then top-k by rank (higher score first, then the lower index).
 void launch_indexer_topk(const IndexerArgs& a);

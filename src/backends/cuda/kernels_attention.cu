@@ -574,16 +574,18 @@ __global__ void __launch_bounds__(kTileThreads) indexer_score_tiled_kernel(Index
 // chains above in the last bits (top-k can flip only at near-ties). Each score is still a function
 // of its own token and entry alone (batch and chunking invariant).
 //
-// grid (T, ceil(C / kTileEntries)), block 4 warps, warp w the entries 32 w .. 32 w + 31 of the tile
-// as four n8 tiles, all heads (up to four m16 tiles) in one accumulator set. The dims are taken in
-// a permuted order, the same for A and B (a dot product does not depend on it): in k-step 2p + s a
-// lane's logical k {2 tig, 2 tig + 1} are the dims 32 p + 8 tig + 4 s + {0, 1} and {2 tig + 8, 2 tig
-// + 9} the dims + {2, 3}, so a lane reads a key's 8 dims 32 p + 8 tig .. + 7 as one 16-byte load
-// (four lanes read 64 contiguous bytes of a row) and q's as one 16-byte shared-memory load. Then
-// score = scale * sum_h w_h relu(d_h): each lane's 8 heads by FMAs, the 8 lanes of an entry by
-// shuffles.
-constexpr int kMmaThreads = 128;
-static_assert(kMmaThreads / 32 * 32 == kTileEntries, "a warp a 32-entry slice of the tile");
+// grid (T, ceil(C / (tiles kTileEntries))), block 8 warps, warp w the entries 16 w .. 16 w + 15 of
+// each tile as two n8 tiles, all heads (up to four m16 tiles) in one accumulator set; a block takes
+// `tiles` consecutive tiles (q staged once for them), the next tile's keys loaded into registers
+// while the current one is multiplied. The dims are taken in a permuted order, the same for A and B
+// (a dot product does not depend on it): in k-step 2p + s a lane's logical k {2 tig, 2 tig + 1} are
+// the dims 32 p + 8 tig + 4 s + {0, 1} and {2 tig + 8, 2 tig + 9} the dims + {2, 3}, so a lane
+// reads a key's 8 dims 32 p + 8 tig .. + 7 as one 16-byte load (four lanes read 64 contiguous bytes
+// of a row) and q's as one 16-byte shared-memory load. Then score = scale * sum_h w_h relu(d_h):
+// each lane's 8 heads by FMAs, the 8 lanes of an entry by shuffles.
+constexpr int kMmaThreads = 256;
+constexpr int kMmaMaxTiles = 8;
+static_assert(kMmaThreads / 32 * 16 == kTileEntries, "a warp a 16-entry slice of the tile");
 
 __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
@@ -597,8 +599,22 @@ __device__ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Lane (gid, tig)'s 16-byte pieces of the warp's two n8 tiles of keys at entry w0 (zeros past n_ent).
+template <int kPairs>
+__device__ inline void indexer_load_keys(uint4 (&kb)[2][kPairs], const uint16_t* keys, int64_t w0, int64_t n_ent,
+                                         int warp, int gid, int tig) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int e = warp * 16 + nt * 8 + gid;
+    const bool ok = e < n_ent;
+    const uint4* row = reinterpret_cast<const uint4*>(keys + (w0 + (ok ? e : 0)) * (32 * kPairs));
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) kb[nt][p] = ok ? __ldg(row + 4 * p + tig) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 template <int kPairs>  // di = 32 kPairs
-__global__ void __launch_bounds__(kMmaThreads) indexer_score_mma_kernel(IndexerArgs a, int tiles) {
+__global__ void __launch_bounds__(kMmaThreads, 2) indexer_score_mma_kernel(IndexerArgs a, int tiles) {
   constexpr int kDi = 32 * kPairs;
   // Words of a staged q row: di / 2 plus padding to 16 mod 32 words, so that the 8 lanes of a
   // 16-byte load phase (rows gid, gid + 1 x 4 tig) hit distinct banks.
@@ -608,41 +624,36 @@ __global__ void __launch_bounds__(kMmaThreads) indexer_score_mma_kernel(IndexerA
   const int64_t t = blockIdx.x, Hi = a.Hi;
   const int64_t visible = a.visible[t];
   const int64_t end = visible < a.C ? visible : a.C;  // entries below `end` are scored
-  // The block's `tiles` tiles of kTileEntries: entries past `end` (and below C) score -inf.
+  // The block's tiles: entries past `end` (and below C) score -inf.
   const int64_t b0 = static_cast<int64_t>(blockIdx.y) * tiles * kTileEntries;
   for (int64_t e = tid; e < static_cast<int64_t>(tiles) * kTileEntries; e += kMmaThreads) {
     const int64_t w = b0 + e;
     if (w < a.C && w >= end) a.scores[t * a.C + w] = -INFINITY;
   }
   if (b0 >= end) return;
+  const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const uint16_t* keys = a.keys_bf16[t];
+  auto tile_entries = [&](int64_t w0) { return end - w0 < kTileEntries ? end - w0 : int64_t{kTileEntries}; };
+  uint4 cur[2][kPairs], nxt[2][kPairs];
+  indexer_load_keys<kPairs>(cur, keys, b0, tile_entries(b0), warp, gid, tig);
   // q once for the block's tiles (bf16 values: the conversion is exact).
   const float2* q2 = reinterpret_cast<const float2*>(a.q + t * Hi * kDi);
   for (int64_t i = tid; i < Hi * kDi / 2; i += kMmaThreads)
     qs[(i / (kDi / 2)) * kRow + i % (kDi / 2)] = pack_bf16x2(q2[i].x, q2[i].y);
-  const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int mts = static_cast<int>(Hi / 16);
   float wh[4][2];  // the weights of this lane's heads
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) wh[mt][h] = mt < mts ? a.head_weights[t * Hi + 16 * mt + gid + 8 * h] : 0.0f;
-  const uint16_t* keys = a.keys_bf16[t];
+  __syncthreads();  // q staged
   for (int tile = 0; tile < tiles; ++tile) {
     const int64_t w0 = b0 + static_cast<int64_t>(tile) * kTileEntries;
     if (w0 >= end) break;
-    const int64_t n_ent = end - w0 < kTileEntries ? end - w0 : kTileEntries;
-    // Every key load of the warp's 32 entries issued before any mma (16 x 16 bytes a lane at di = 128).
-    uint4 kb[4][kPairs];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int e = warp * 32 + nt * 8 + gid;
-      const bool ok = e < n_ent;
-      const uint4* row = reinterpret_cast<const uint4*>(keys + (w0 + (ok ? e : 0)) * kDi);
-#pragma unroll
-      for (int p = 0; p < kPairs; ++p) kb[nt][p] = ok ? row[4 * p + tig] : make_uint4(0u, 0u, 0u, 0u);
-    }
-    if (tile == 0) __syncthreads();  // q staged (uniform: every thread reaches tile 0 here)
-    float acc[4][4][4] = {};  // [m16 tile][n8 tile][fragment]
+    const int64_t n_ent = tile_entries(w0);
+    if (tile + 1 < tiles && w0 + kTileEntries < end)
+      indexer_load_keys<kPairs>(nxt, keys, w0 + kTileEntries, tile_entries(w0 + kTileEntries), warp, gid, tig);
+    float acc[4][2][4] = {};  // [m16 tile][n8 tile][fragment]
 #pragma unroll
     for (int p = 0; p < kPairs; ++p)
 #pragma unroll
@@ -652,14 +663,14 @@ __global__ void __launch_bounds__(kMmaThreads) indexer_score_mma_kernel(IndexerA
         const uint4 hi = *reinterpret_cast<const uint4*>(qs + (16 * mt + gid + 8) * kRow + 16 * p + 4 * tig);
         const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          mma_bf16_m16n8k16(acc[mt][nt], a0, kb[nt][p].x, kb[nt][p].y);
-          mma_bf16_m16n8k16(acc[mt][nt], a1, kb[nt][p].z, kb[nt][p].w);
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_bf16_m16n8k16(acc[mt][nt], a0, cur[nt][p].x, cur[nt][p].y);
+          mma_bf16_m16n8k16(acc[mt][nt], a1, cur[nt][p].z, cur[nt][p].w);
         }
       }
     // Fragment c of tile (mt, nt): head 16 mt + gid + 8 (c / 2), entry 8 nt + 2 tig + c % 2.
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < 2; ++nt) {
       float part[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -676,10 +687,14 @@ __global__ void __launch_bounds__(kMmaThreads) indexer_score_mma_kernel(IndexerA
       if (gid == 0)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int e = warp * 32 + nt * 8 + 2 * tig + j;
+          const int e = warp * 16 + nt * 8 + 2 * tig + j;
           if (e < n_ent) a.scores[t * a.C + w0 + e] = part[j] * a.scale;
         }
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) cur[nt][p] = nxt[nt][p];
   }
 }
 
@@ -1135,10 +1150,12 @@ void launch_indexer_topk(const IndexerArgs& a) {
   static const bool fast = cuda_feature_on("indexer_fast"), tiled = cuda_feature_on("indexer_tiled");
   const size_t tile_smem = indexer_tile_smem(a.di);
   if (a.keys_bf16 && !a.bf16_scores && indexer_mma_fits(a.Hi, a.di)) {
-    // Four tiles a block (q staged once for them) when that still leaves 16K blocks or more
-    // (256 x 128K); the entries' scores do not depend on it.
+    // Eight tiles a block (q staged once for them, the next tile's loads under the current one's
+    // products) when that still leaves 8K blocks or more (256 x 128K: 8192); the entries' scores
+    // do not depend on it.
     const int64_t tile_blocks = a.T * ((a.C + kTileEntries - 1) / kTileEntries);
-    const int tiles = a.mma_tiles == 1 || a.mma_tiles == 4 ? a.mma_tiles : (tile_blocks >= 4 * 16384 ? 4 : 1);
+    const int tiles = a.mma_tiles >= 1 && a.mma_tiles <= kMmaMaxTiles ? a.mma_tiles
+                                                                       : (tile_blocks >= kMmaMaxTiles * 8192 ? kMmaMaxTiles : 1);
     const dim3 mgrid(static_cast<unsigned>(a.T), blocks_for(a.C, tiles * kTileEntries));
     if (a.di == 128) indexer_score_mma_kernel<4><<<mgrid, kMmaThreads>>>(a, tiles);
     else if (a.di == 64) indexer_score_mma_kernel<2><<<mgrid, kMmaThreads>>>(a, tiles);

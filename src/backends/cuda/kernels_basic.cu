@@ -50,24 +50,31 @@ constexpr int kMixUnroll = 8;
 // the same order and through the same block_sum.
 constexpr int kMixTokens = 4;
 
-// grid (ceil(T / kMixTokens) * nmix): block b is mix b % nmix of token group b / nmix, so the nmix
-// blocks reading one group's streams run side by side and can find them in L2 (with the mix on grid
-// y, the 24 readers of a group were a whole grid row apart). Measured on the H200: hc_pre's two
-// calls in an 8K prefill 8.1 -> 6.9 ms; what the rest of the 6.9 ms is, is not known yet.
-__global__ void hc_mix_rows_kernel(const float* streams, int64_t T, int64_t width, DevView fn, int64_t nmix,
-                                   float norm_eps, float* mix_out) {
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) / nmix * kMixTokens, m = blockIdx.x % nmix;
+// grid (ceil(T / kMixTokens) * nmix / kMixes): block b is mixes kMixes (b % groups) .. + kMixes - 1
+// of token group b / groups (groups = nmix / kMixes), so the blocks reading one group's streams run
+// side by side and can find them in L2. kMixes = 1 for small batches (the weights' reads spread over
+// nmix blocks); 8 when there are many tokens (kMixManyTokens): the streams are read nmix / 8 times instead of nmix
+// (an 8K prefill's hc_pre took 6.9 ms with one mix a block: each token's 64 KB read by 24 blocks,
+// its sum of squares made 24 times). Each (token, mix) sum is the same elements in the same order
+// and the same block_sum either way: the same bits.
+template <int kMixes, int kUnroll>
+__global__ void __launch_bounds__(kThreads, kMixes == 1 ? 1 : 2)
+    hc_mix_rows_kernel(const float* streams, int64_t T, int64_t width, DevView fn, int64_t nmix, float norm_eps,
+                       float* mix_out) {
+  // A thread visits its elements i = tid + j * blockDim.x in increasing j whatever kUnroll (the
+  // loads issued before the adds): the same sums.
+  constexpr int kMixUnroll = kUnroll;
+  const int64_t groups = nmix / kMixes;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kMixTokens, m0 = blockIdx.x % groups * kMixes;
   const int nt = T - t0 < kMixTokens ? static_cast<int>(T - t0) : kMixTokens;
   const int64_t step = blockDim.x;
-  float ss[kMixTokens] = {}, acc[kMixTokens] = {};
+  float ss[kMixTokens] = {}, acc[kMixes][kMixTokens] = {};
+  const bool f32 = fn.dtype == DType::kF32;
   for (int64_t i0 = threadIdx.x; i0 < width; i0 += kMixUnroll * step) {
-    float ws[kMixUnroll], xs[kMixTokens][kMixUnroll];
+    float xs[kMixTokens][kMixUnroll];
 #pragma unroll
     for (int u = 0; u < kMixUnroll; ++u) {
       const int64_t i = i0 + u * step;
-      ws[u] = i < width ? (fn.dtype == DType::kF32 ? static_cast<const float*>(fn.data)[m * width + i]
-                                                   : dev_load(fn, m * width + i))
-                        : 0.0f;
 #pragma unroll
       for (int k = 0; k < kMixTokens; ++k) xs[k][u] = i < width && k < nt ? streams[(t0 + k) * width + i] : 0.0f;
     }
@@ -75,19 +82,50 @@ __global__ void hc_mix_rows_kernel(const float* streams, int64_t T, int64_t widt
     for (int u = 0; u < kMixUnroll; ++u) {
       if (i0 + u * step >= width) break;
 #pragma unroll
-      for (int k = 0; k < kMixTokens; ++k) {
-        ss[k] += xs[k][u] * xs[k][u];
-        acc[k] += ws[u] * xs[k][u];
+      for (int k = 0; k < kMixTokens; ++k) ss[k] += xs[k][u] * xs[k][u];
+    }
+#pragma unroll
+    for (int mm = 0; mm < kMixes; ++mm) {
+      const int64_t m = m0 + mm;
+      float ws[kMixUnroll];
+#pragma unroll
+      for (int u = 0; u < kMixUnroll; ++u) {
+        const int64_t i = i0 + u * step;
+        ws[u] = i < width ? (f32 ? static_cast<const float*>(fn.data)[m * width + i] : dev_load(fn, m * width + i)) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kMixUnroll; ++u) {
+        if (i0 + u * step >= width) break;
+#pragma unroll
+        for (int k = 0; k < kMixTokens; ++k) acc[mm][k] += ws[u] * xs[k][u];
       }
     }
   }
 #pragma unroll
   for (int k = 0; k < kMixTokens; ++k) {
     const float s2 = block_sum(ss[k]);
-    const float a2 = block_sum(acc[k]);
     const float r = 1.0f / sqrtf(s2 / static_cast<float>(width) + norm_eps);
-    if (threadIdx.x == 0 && k < nt) mix_out[(t0 + k) * nmix + m] = a2 * r;
+#pragma unroll
+    for (int mm = 0; mm < kMixes; ++mm) {
+      const float a2 = block_sum(acc[mm][k]);
+      if (threadIdx.x == 0 && k < nt) mix_out[(t0 + k) * nmix + m0 + mm] = a2 * r;
+    }
   }
+}
+
+// The mix values of T tokens into mix [T, nmix] (hc_mix_rows_kernel, kMixes chosen by T: 8 from
+// kMixManyTokens on; at 256 tokens 8 mixes a block measured slower, 0.25 -> 0.30 ms for hc_pre's two
+// calls, with a sixth of the blocks).
+constexpr int64_t kMixManyTokens = 2048;
+void launch_hc_mix_rows(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
+                        float* mix) {
+  // (8 mixes a block with 4 loads a thread in flight: 2 blocks an SM by registers.)
+  if (nmix % 8 == 0 && T >= kMixManyTokens)
+    hc_mix_rows_kernel<8, 4><<<blocks_for(T, kMixTokens) * static_cast<unsigned>(nmix / 8), kThreads>>>(
+        streams, T, width, fn, nmix, norm_eps, mix);
+  else
+    hc_mix_rows_kernel<1, kMixUnroll><<<blocks_for(T, kMixTokens) * static_cast<unsigned>(nmix), kThreads>>>(
+        streams, T, width, fn, nmix, norm_eps, mix);
 }
 
 // The token's nmix mix values into shared `mix`: computed here (hc_mix) or read from
@@ -409,9 +447,7 @@ void launch_embed(const EmbedArgs& a) {
 
 void launch_hc_pre(const HcPreArgs& a) {
   if (a.T <= 0) return;
-  if (a.mix)
-    hc_mix_rows_kernel<<<blocks_for(a.T, kMixTokens) * static_cast<unsigned>((2 + a.S) * a.S), kThreads>>>(
-        a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
+  if (a.mix) launch_hc_mix_rows(a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
   hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
@@ -426,9 +462,7 @@ void launch_hc_post(const HcPostArgs& a) {
 
 void launch_hc_head(const HcHeadArgs& a) {
   if (a.T <= 0) return;
-  if (a.mix)
-    hc_mix_rows_kernel<<<blocks_for(a.T, kMixTokens) * static_cast<unsigned>(a.S), kThreads>>>(
-        a.streams, a.T, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
+  if (a.mix) launch_hc_mix_rows(a.streams, a.T, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
   hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
