@@ -68,7 +68,7 @@ failed_names() { grep -E '^\[  FAILED  \] [A-Za-z]' "$1" | sed -E 's/^\[  FAILED
 failed_detail() { local n; n=$(failed_names "$1"); echo "$(echo "$n" | wc -w) failed: $n"; }
 # The fallbacks the default paths replace still have to be right: the MoE op tests with the host
 # plan (grouped, then one expert at a time), and the op tests with every switchable path off.
-for off in moe_device_plan moe_device_plan,grouped_moe vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled,compressor_parallel; do
+for off in moe_device_plan moe_device_plan,grouped_moe vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled,compressor_parallel,attn_mma,indexer_mma; do
   if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*' \
       >"$logs/gtest-fallback-${off//,/-}.log" 2>&1; then
     row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-fallback-${off//,/-}.log" | grep -oE '[0-9]+' | head -1) passed"
@@ -80,7 +80,7 @@ done
 # (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
 if [ -n "$failed_tests" ]; then
-  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload hc_split attn_split w4a8 fp8_gemm bf16_gemm w4a8_tiled indexer_tiled vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled,compressor_parallel; do
+  for off in vec_linear indexer_fast grouped_moe moe_device_plan attn_warp pool async_upload hc_split attn_split w4a8 fp8_gemm bf16_gemm w4a8_tiled indexer_tiled attn_mma indexer_mma vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled,compressor_parallel,attn_mma,indexer_mma; do
     if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
         >"$logs/gtest-without-${off//,/-}.log" 2>&1; then
       row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
@@ -90,9 +90,10 @@ if [ -n "$failed_tests" ]; then
   done
 fi
 # The paths made the defaults on 2026-12-01 (flash-decoding attention, W4A8 experts and their tiled
-# kernel, cuBLASLt FP8 linears, the bf16 GEMMs, the tiled indexer scorer, the parallel compressor) replaced ones the
-# whole suite must still pass with: every GPU test with them off.
-prev=attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled,compressor_parallel
+# kernel, cuBLASLt FP8 linears, the bf16 GEMMs, the tiled indexer scorer, the parallel compressor,
+# the tensor-core attention and indexer scores) replaced ones the whole suite must still pass with:
+# every GPU test with them off.
+prev=attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,indexer_tiled,compressor_parallel,attn_mma,indexer_mma
 if SPARROW_CUDA_DISABLE=$prev "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest-without-new.log" 2>&1; then
   row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-without-new.log" | grep -oE '[0-9]+' | head -1) passed"
 else
@@ -143,6 +144,22 @@ if [ "$synth" -eq 1 ]; then
     compare "$name decode" "$logs/synth.cuda.decode.npy" "$logs/synth.cpu.npy"
   else
     row "$name" FAIL "see synth.log: $(tail -1 "$logs/synth.log")"
+  fi
+  # The fast profile on CUDA (its tensor-core attention and indexer take V4's 64 heads x 512 and
+  # 64 x 128): token by token and in chunks of 37, the same bits as one-shot.
+  if [ -d "$model" ] &&
+     "$bin/sparrow" logits --backend cuda --precision fast --model "$model" --ids $ids --out "$logs/synth.fast.npy" >>"$logs/synth.log" 2>&1 &&
+     "$bin/sparrow" logits --backend cuda --precision fast --model "$model" --ids $ids --chunk 1 --out "$logs/synth.fast.decode.npy" >>"$logs/synth.log" 2>&1 &&
+     "$bin/sparrow" logits --backend cuda --precision fast --model "$model" --ids $ids --chunk 37 --out "$logs/synth.fast.chunk.npy" >>"$logs/synth.log" 2>&1; then
+    for mode in decode chunk; do
+      if out=$("$bin/sparrow_npy_compare" "$logs/synth.fast.$mode.npy" "$logs/synth.fast.npy" 0 2>&1); then
+        row "$name fast on CUDA, $mode = one-shot" PASS "the same bits"
+      else
+        row "$name fast on CUDA, $mode = one-shot" FAIL "$out"
+      fi
+    done
+  else
+    row "$name fast on CUDA" FAIL "see synth.log: $(tail -1 "$logs/synth.log")"
   fi
   rm -rf "$model" "$logs"/synth*.npy
 fi

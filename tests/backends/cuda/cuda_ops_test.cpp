@@ -1060,7 +1060,9 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
                                    std::to_string(static_cast<int>(kind)) + " batch (" + std::to_string(n0) + ", " +
                                    std::to_string(n1) + ")";
           if (real) {
-            EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma")) << what;
+            EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu),
+                      cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"))
+                << what;
           }
           expect_close(*gpu, og, *gpu, fp32_path.out, kOpTol, what + " vs the fp32 kernels");
           if (kind == AttentionKind::kSliding) expect_close(*gpu, og, *cpu, oc, kOpTol, what + " vs the CPU");
