@@ -568,7 +568,8 @@ class CudaBackend final : public Backend {
     static const bool mma_on = cuda_feature_on("indexer_mma");
     const bool mirror_keys = mma_on && p.slot == CompressorSlot::kIndexer &&
                              (p.key_precision == KeyPrecision::kBf16 || p.key_precision == KeyPrecision::kFp4);
-    std::vector<uint16_t*> mirror_rows;  // the bf16 copies of emitted_rows, when mirror_keys
+    std::vector<const float*> mirror_src;  // the emitted rows whose sequences keep bf16 copies
+    std::vector<uint16_t*> mirror_rows;    // and where their copies go
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
       CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
@@ -585,8 +586,10 @@ class CudaBackend final : public Backend {
       if (post_pass)
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
       if (mirror) {
-        for (int64_t j = 0; j < emitted; ++j)
+        for (int64_t j = 0; j < emitted; ++j) {
+          mirror_src.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
           mirror_rows.push_back(static_cast<uint16_t*>(buf.entries_bf16.get()) + (buf.count + j) * p.dim);
+        }
         buf.mirrored = buf.count + emitted;
       }
       for (int64_t j = 0; j < emitted; ++j) {
@@ -630,10 +633,10 @@ class CudaBackend final : public Backend {
       launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
                       .dim = p.dim, .precision = p.key_precision});
       launch_check("compressor key precision");
+      // The bf16 copies, after the rounding (a sequence whose copy broke off gets none).
       if (!mirror_rows.empty()) {
-        SPARROW_CHECK_EQ(mirror_rows.size(), emitted_rows.size());
-        const DeviceBuffer dst = upload_vector(mirror_rows);
-        launch_rows_to_bf16(static_cast<const float* const*>(rows.get()), static_cast<uint16_t* const*>(dst.get()),
+        const DeviceBuffer src = upload_vector(mirror_src), dst = upload_vector(mirror_rows);
+        launch_rows_to_bf16(static_cast<const float* const*>(src.get()), static_cast<uint16_t* const*>(dst.get()),
                             static_cast<int64_t>(mirror_rows.size()), p.dim);
         launch_check("compressor bf16 key copies");
       }

@@ -792,6 +792,23 @@ __global__ void attention_kernel(AttentionArgs a) {
   }
 }
 
+// The block of a split kernel: its token t, first head h0 (blocks of `heads` heads on grid x, in
+// passes from t_base) and split s (grid y), and the token's candidates.
+struct SplitBlock {
+  int64_t t, h0, s, n;
+  AttnTokenArgs tk;
+};
+__device__ inline SplitBlock split_block(const AttentionArgs& a, int64_t t_base, int64_t heads) {
+  const int64_t groups = a.H / heads;
+  SplitBlock b;
+  b.t = t_base + blockIdx.x / groups;
+  b.h0 = (blockIdx.x % groups) * heads;
+  b.s = blockIdx.y;
+  b.tk = a.tokens[b.t];
+  b.n = b.tk.n_window + b.tk.n_compressed;
+  return b;
+}
+
 // grid (tokens of the pass * H / kHeads, max_splits): split s of kHeads heads of a token, candidates
 // [s * kAttnSplitCandidates, ...) of its n: for each head, the logits (a warp per candidate, lanes
 // over Dh, as attention_kernel), their max m, e = exp(logit - m), and into part: sum_j e_j key_j
@@ -808,10 +825,9 @@ __global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t 
   __shared__ const float* keys[kAttnSplitCandidates];
   float* q_smem = split_smem;
   float* e = split_smem + kHeads * a.Dh;
-  const int64_t groups = a.H / kHeads;
-  const int64_t t = t_base + blockIdx.x / groups, h0 = (blockIdx.x % groups) * kHeads, s = blockIdx.y;
-  const AttnTokenArgs tk = a.tokens[t];
-  const int64_t n = tk.n_window + tk.n_compressed;
+  const SplitBlock blk = split_block(a, t_base, kHeads);
+  const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
+  const AttnTokenArgs& tk = blk.tk;
   const int64_t j0 = s * kAttnSplitCandidates;
   if (j0 >= n) return;  // the whole block leaves
   const int64_t cnt = n - j0 < kAttnSplitCandidates ? n - j0 : kAttnSplitCandidates;
@@ -961,10 +977,9 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   float* st_l = st_m + kAmHeads;
   const float** kptr = reinterpret_cast<const float**>(st_l + kAmHeads);
 
-  const int64_t groups = a.H / kAmHeads;
-  const int64_t t = t_base + blockIdx.x / groups, h0 = (blockIdx.x % groups) * kAmHeads, s = blockIdx.y;
-  const AttnTokenArgs tk = a.tokens[t];
-  const int64_t n = tk.n_window + tk.n_compressed;
+  const SplitBlock blk = split_block(a, t_base, kAmHeads);
+  const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
+  const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * kAttnMmaSplitCandidates;
   if (j_begin >= n) return;  // the whole block leaves
   const int64_t j_end = n - j_begin < kAttnMmaSplitCandidates ? n : j_begin + kAttnMmaSplitCandidates;

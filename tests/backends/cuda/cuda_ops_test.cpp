@@ -836,6 +836,53 @@ TEST_F(CudaOps, IndexerTopkOnTensorCoresMatchesCpu) {
   }
 }
 
+// The bf16 key copies are kept per sequence from its first entry on: a sequence whose first keys
+// were stored at fp8 has none, and a batch that also holds a sequence with copies scores on the
+// fp32 kernels; the sequence with copies alone takes the tensor cores. Both match the CPU.
+TEST_F(CudaOps, IndexerBf16CopiesPerSequence) {
+  const bool real = std::string(gpu->name()) == "cuda";
+  Rng rng(86);
+  ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
+  cfg.index_head_dim = 64;
+  const int64_t Hi = 32, di = 64, m = cfg.compress_ratio[0];
+  const CompressorCase index_case(rng, di, m, true);
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  for (auto [n0, n1, kp] : {std::tuple{int64_t{40}, int64_t{0}, KeyPrecision::kFp8},
+                            std::tuple{int64_t{21}, int64_t{46}, KeyPrecision::kBf16}}) {
+    auto [bc, bg] = seqs.batches(n0, n1);
+    const int64_t T = n0 + n1;
+    auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+    auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
+    for (auto [be, k_, g_, b_] : {std::tuple{cpu.get(), kc, gc, &bc}, std::tuple{gpu.get(), kg, gg, &bg}}) {
+      CompressorParams cp = index_case.params(k_, g_, *b_, kRope, CompressorSlot::kIndexer);
+      cp.key_precision = kp;
+      be->compressor(cp);
+    }
+    seqs.advance(n0, n1);
+  }
+  for (auto [n0, n1] : {std::pair<int64_t, int64_t>{1, 1}, std::pair<int64_t, int64_t>{0, 1}}) {
+    auto [bc, bg] = seqs.batches(n0, n1);
+    const int64_t T = n0 + n1, k = 8, C = max_visible(bc, m);
+    std::vector<float> qv = rng.normal(T * Hi * di);
+    for (float& v : qv) v = bf16_round(v);
+    const auto q = both_f32(qv, {T, Hi, di});
+    const auto w = both_f32(rng.normal(T * Hi), {T, Hi});
+    const std::string what = "indexer, bf16 copies of sequence 1 only, batch (" + std::to_string(n0) + ", " +
+                             std::to_string(n1) + ")";
+    const Tensor ic = cpu->alloc(ElemType::kI32, {T, k}), ig = gpu->alloc(ElemType::kI32, {T, k});
+    const Tensor sc = cpu->alloc(ElemType::kF32, {T, C}), sg = gpu->alloc(ElemType::kF32, {T, C});
+    cpu->indexer_topk({.out_indices = ic, .q = q.first, .head_weights = w.first, .batch = &bc, .layer = 0,
+                       .ratio = m, .k = k, .out_scores = sc, .bf16_operands = true});
+    gpu->indexer_topk({.out_indices = ig, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0,
+                       .ratio = m, .k = k, .out_scores = sg, .bf16_operands = true});
+    if (real) {
+      EXPECT_EQ(cuda::last_indexer_tensor_cores(*gpu), n0 == 0 && cuda::cuda_feature_on("indexer_mma")) << what;
+    }
+    expect_close(*gpu, sg, *cpu, sc, kOpTol, what + " scores");
+    expect_same_selection(gpu->download_i32(ig), cpu->download_i32(ic), cpu->download_f32(sc), T, k, C, what);
+  }
+}
+
 // Indexer keys built so that both backends compute them bit for bit (every softmax weight equal,
 // sums of small integers, a norm of exactly 1, RoPE at angle 0): pooled values in {0, ±1, ±2} with
 // sum of squares = di, times fp32 norm weights. The rounded keys must then be identical on both
@@ -1714,7 +1761,8 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
 
 // The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
 // of its arithmetic: the MoE's output is the same bits at either width, for the CUDA test's shapes
-// (N = 96 and 256: a partial 32-column block and a 16-column one past N) and rows 1 .. 13 an expert.
+// (N = 96 and 256: a partial 32-column block and a 16-column one past N), 7 to 16 rows an expert
+// (full and partial tiles of 8).
 TEST_F(CudaOps, MoeW4A8SmallKernelWidthGivesTheSameBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(210);
