@@ -7,7 +7,9 @@ Prints the measured ceilings, then per layer the median step time in ms with the
 in brackets, one row per (batch, context) decode cell and one for the prefill; then the FP8 GEMM
 section's fractions of the peaks, and the whole model scaled per layer to V4-Flash's 43 layers the
 way docs/perf.md states the targets: each cell's time as the mean of its CSA layers' mean and its
-HCA layers' mean, times 43 (SGLang's 4,550 tok/s/GPU beside batch 256 at 8K). Standard library only.
+HCA layers' mean, times 43 (SGLang's 4,550 tok/s/GPU beside batch 256 at 8K); last, from the
+per-op breakdown (`--breakdown`), the figures the issue-6 targets name: the indexer scan, the
+sparse prefill attention and the routed experts. Standard library only.
 """
 import json
 import sys
@@ -46,6 +48,7 @@ def main(path):
                     f"{c['time_ms']:.0f} ms, {c['tokens_per_s']:.0f} tok/s ({c['ratio']:.0f}×)")
     print(f"| prefill {ctx(d['prefill'][0]['tokens'])} | " + " | ".join(vals) + " |")
     whole_model(d)
+    targets(d)
 
 
 V4_FLASH_LAYERS = 43
@@ -91,6 +94,69 @@ def whole_model(d):
         tokens = d["prefill"][0]["tokens"]
         total = V4_FLASH_LAYERS * m / 1e3
         print(f"- prefill {ctx(tokens)}: {m:.1f} ms a layer, {total:.2f} s, {tokens / total:.0f} tok/s")
+
+
+def op_ms(cell, name):
+    """The breakdown's GPU time of op `name` in a cell (ms), or None."""
+    for o in cell.get("breakdown", {}).get("ops", []):
+        if o["op"] == name:
+            return o["gpu_ms"]
+    return None
+
+
+def first(cells, kind, **want):
+    """The first ok cell of a layer kind (csa, hca, swa) with the given batch/context, by layer."""
+    for c in sorted(cells, key=lambda c: c["layer"]):
+        if c.get("status") == "ok" and c["kind"].startswith(kind) and all(c.get(k) == v for k, v in want.items()):
+            return c
+    return None
+
+
+def targets(d):
+    hbm = d["peaks"]["hbm"]["value"]
+    lines = []
+    decode = d["decode"]
+    if decode:
+        b, n = max(c["batch"] for c in decode), max(c["context"] for c in decode)
+        c = first(decode, "csa", batch=b, context=n)
+        t = op_ms(c, "indexer_topk") if c else None
+        if t:
+            fa = d["floor_assumptions"]
+            key_bytes = c["floor"]["bytes_items"]["index_keys"]
+            line = (f"- indexer scan, L{c['layer']} {b} × {ctx(n)}: {t:.2f} ms, {key_bytes / t / 1e9:.2f} TB/s of "
+                    f"{fa['index_key_format']} key bytes ({key_bytes / t * 1e3 / hbm:.0%} of the copy bandwidth)")
+            if fa["index_key_format"] == "fp8":  # di + 4 bytes a key: bf16 keys are 2 di
+                bf16 = key_bytes / fa["index_key_bytes"] * 2 * (fa["index_key_bytes"] - 4)
+                line += f", {bf16 / t / 1e9:.2f} TB/s of bf16 key bytes ({bf16 / t * 1e3 / hbm:.0%})"
+            lines.append(line)
+        c = first(decode, "swa", batch=b, context=min(x["context"] for x in decode))
+        w13 = op_ms(c, "moe/experts w1, w3 (w4a8)") if c else None
+        w2 = op_ms(c, "moe/experts w2, scatter (w4a8)") if c else None
+        if w13 and w2:
+            byts = c["floor"]["bytes_items"]["routed_experts"]
+            lines.append(f"- routed experts, L{c['layer']} {b} × {ctx(c['context'])}: {byts / 1e9:.2f} GB of MXFP4 in "
+                         f"{w13 + w2:.2f} ms (w1, w3 and w2), {byts / (w13 + w2) / 1e9:.2f} TB/s "
+                         f"({byts / (w13 + w2) * 1e3 / hbm:.0%} of the copy bandwidth)")
+    c = first(d["prefill"], "csa")
+    t = op_ms(c, "attention") if c else None
+    if t:
+        f = c["floor"]["flops_items"]["attention"]
+        lines.append(f"- sparse prefill attention, L{c['layer']} {ctx(c['tokens'])}: {f / 1e12:.3f} TFLOP (4 H Dh an "
+                     f"attended key) in {t:.2f} ms, {f / t / 1e9:.0f} TFLOP/s")
+    c = first(d["prefill"], "swa") or first(d["prefill"], "csa")
+    t = op_ms(c, "moe/experts w1, w3 (w4a8 tiled)") if c else None
+    shared = [g for g in d.get("fp8_gemms", []) if g.get("status") == "ok" and g["matrix"] == "shared.w1"]
+    if t and shared:
+        g = shared[0]  # the shared expert's w1 has a routed expert's shape (N = moe_intermediate, K = hidden)
+        m = d["model"]
+        flops = 2 * c["tokens"] * m["experts_per_token"] * 2 * g["N"] * g["K"]
+        rate = flops / t / 1e9
+        lines.append(f"- routed experts w1, w3, L{c['layer']} prefill {ctx(c['tokens'])}: {flops / 1e12:.2f} TFLOP in "
+                     f"{t:.1f} ms, {rate:.0f} TFLOP/s, {rate / (g['flops_per_s'] / 1e12):.2f}× cuBLASLt FP8 at "
+                     f"the shared expert's w1 shape and M = {g['M']} ({g['flops_per_s'] / 1e12:.0f} TFLOP/s)")
+    if lines:
+        print("\nThe issue-6 target figures (from the per-op breakdown):")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
