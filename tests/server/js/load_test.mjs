@@ -2,7 +2,7 @@
 // Checks: no request lost or failed, every streamed text equals the one the same request gets
 // alone (temperature 0), /health answers 200 throughout, and resident memory after the load
 // returns near its value before (baseline taken after a warm-up). Prints the figures as JSON.
-// usage: node load_test.mjs SPARROW MODEL_DIR TOKENIZER [--clients 64] [--seconds 20]
+// usage: node load_test.mjs SPARROW MODEL_DIR TOKENIZER [--clients 64] [--seconds 20] [--rss-check 0]
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
@@ -10,7 +10,8 @@ import OpenAI from "openai";
 import { metric, parseArgs, startServer } from "./harness.mjs";
 
 const args = parseArgs(process.argv.slice(2));
-const opt = { clients: 64, seconds: 20 };
+// --rss-check 0 leaves out the RSS bound (sanitizer builds: ASan's quarantine keeps freed blocks).
+const opt = { clients: 64, seconds: 20, "rss-check": 1 };
 for (let i = 0; i < args.rest.length; i += 2) opt[args.rest[i].replace(/^--/, "")] = Number(args.rest[i + 1]);
 
 const srv = await startServer({ ...args, extra: ["--max-context", "512", "--max-batch", "64", "--max-queue", "1024"] });
@@ -113,6 +114,8 @@ assert.equal(healthBad, 0, "/health failed during the load");
 assert.equal(finalHealth, 200);
 assert.equal(stateAfter, 0, "decode state still reserved after the load");
 // Near baseline: allocator caches may keep a little; 32 MiB or 25% over the baseline fails.
-assert.ok(rssAfter <= Math.max(rssBefore * 1.25, rssBefore + 32 * 1048576), `RSS ${MiB(rssBefore)} MiB -> ${MiB(rssAfter)} MiB`);
+if (opt["rss-check"] !== 0)
+  assert.ok(rssAfter <= Math.max(rssBefore * 1.25, rssBefore + 32 * 1048576), `RSS ${MiB(rssBefore)} MiB -> ${MiB(rssAfter)} MiB`);
+else console.log("RSS bound not checked (--rss-check 0)");
 assert.equal(exit.code, 0);
 console.log("load test passed");
