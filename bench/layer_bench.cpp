@@ -50,7 +50,9 @@ ModelConfig state_config(const ModelConfig& c, int64_t l) {
 
 // Device bytes of one sequence's state for layer l after `entries` compressed entries (+1 spare).
 double sequence_bytes(const ModelConfig& c, int64_t l, int64_t entries) {
-  double b = c.num_layers * alloc_bytes(static_cast<double>(c.sliding_window) * c.head_dim * 4);
+  // (fp32 rings and their bf16 copies, which the CUDA backend keeps for the tensor-core attention)
+  double b = c.num_layers * (alloc_bytes(static_cast<double>(c.sliding_window) * c.head_dim * 4) +
+                             alloc_bytes(static_cast<double>(c.sliding_window) * c.head_dim * 2));
   const int64_t m = c.compress_ratio[l];
   auto compressor = [&](int64_t dim, bool overlap) {
     const double width = overlap ? 2.0 * dim : dim;
@@ -58,11 +60,13 @@ double sequence_bytes(const ModelConfig& c, int64_t l, int64_t entries) {
     if (overlap) x += 2 * alloc_bytes(m * dim * 4.0);
     return x;
   };
-  // (+ the indexer keys' bf16 copies, which the CUDA backend keeps for its tensor-core scorer)
+  // (+ the bf16 copies of the compressed KV and of the indexer keys, which the CUDA backend keeps for
+  // its tensor-core attention and scorer)
+  const double copy = alloc_bytes(std::max<int64_t>(entries + 1, 16) * c.head_dim * 2.0);
   if (c.attention[l] == AttentionKind::kCsa)
-    b += compressor(c.head_dim, true) + compressor(c.index_head_dim, true) +
+    b += compressor(c.head_dim, true) + compressor(c.index_head_dim, true) + copy +
          alloc_bytes(std::max<int64_t>(entries + 1, 16) * c.index_head_dim * 2.0);
-  if (c.attention[l] == AttentionKind::kHca) b += compressor(c.head_dim, false);
+  if (c.attention[l] == AttentionKind::kHca) b += compressor(c.head_dim, false) + copy;
   return b;
 }
 
@@ -140,13 +144,21 @@ bool keys_bf16_copy(const Model& model) {
   return mma_on && (model.index_keys() == KeyPrecision::kBf16 || model.index_keys() == KeyPrecision::kFp4);
 }
 
+// Whether it keeps the compressed KV's bf16 copies (the fast profiles' entries are bf16 values).
+bool kv_bf16_copy(const Model& model) {
+  static const bool on = cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_bf16_kv");
+  return on && model.precision() != Precision::kFp32;
+}
+
 // The state of layer l after `context` tokens, random contents (see layer_bench.h).
 std::unique_ptr<cuda::CudaSequenceState> make_filled_state(const ModelConfig& sc, int64_t l, int64_t context,
-                                                            uint64_t seed, bool index_keys_bf16) {
+                                                            uint64_t seed, bool index_keys_bf16, bool kv_bf16) {
   auto st = std::make_unique<cuda::CudaSequenceState>(sc);
   cuda::LayerState& s = st->layer(l);
   device_fill_normal(s.ring.f32(), sc.sliding_window * sc.head_dim, seed, 1.0f);
-  if (sc.attention[l] != AttentionKind::kSliding) fill_compressor(s.main, context, seed + 16);
+  if (s.ring_bf16.get())  // the ring's bf16 copy, written with it
+    cuda::launch_f32_to_bf16(s.ring.f32(), static_cast<uint16_t*>(s.ring_bf16.get()), sc.sliding_window * sc.head_dim);
+  if (sc.attention[l] != AttentionKind::kSliding) fill_compressor(s.main, context, seed + 16, kv_bf16);
   if (sc.attention[l] == AttentionKind::kCsa) fill_compressor(s.indexer, context, seed + 32, index_keys_bf16);
   st->advance(context);
   return st;
@@ -270,7 +282,8 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
   std::vector<std::vector<std::unique_ptr<cuda::CudaSequenceState>>> states(out.state_sets);
   for (int s = 0; s < out.state_sets; ++s)
     for (int64_t b = 0; b < B; ++b)
-      states[s].push_back(make_filled_state(sc, l, C, o.seed * 1000003 + s * 7919 + b * 104729, keys_bf16_copy(model_)));
+      states[s].push_back(make_filled_state(sc, l, C, o.seed * 1000003 + s * 7919 + b * 104729, keys_bf16_copy(model_),
+                                            kv_bf16_copy(model_)));
   std::vector<std::vector<int32_t>> ids(inputs);
   std::vector<Tensor> pristine(inputs);
   for (int r = 0; r < inputs; ++r) {

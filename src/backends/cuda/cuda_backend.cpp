@@ -160,6 +160,7 @@ CudaSequenceState::CudaSequenceState(const ModelConfig& c) : layers_(c.num_layer
     LayerState& s = layers_[l];
     s.window = c.sliding_window;
     s.ring = DeviceBuffer(c.sliding_window * c.head_dim * sizeof(float));
+    if (cuda_feature_on("attn_bf16_kv")) s.ring_bf16 = DeviceBuffer(c.sliding_window * c.head_dim * sizeof(uint16_t));
     const int64_t m = c.compress_ratio[l];
     if (c.attention[l] == AttentionKind::kCsa) {
       s.main.init(m, c.head_dim, /*overlap=*/true);
@@ -565,9 +566,14 @@ class CudaBackend final : public Backend {
     std::vector<float*> emitted_rows;  // where this batch's entries go, for the entry_sim and key precision passes
     std::vector<int64_t> jobs;         // {sequence index, e} of every entry the batch emits
     const bool post_pass = p.key_precision != KeyPrecision::kF32 || !p.entry_sim.empty();
-    static const bool mma_on = cuda_feature_on("indexer_mma");
-    const bool mirror_keys = mma_on && p.slot == CompressorSlot::kIndexer &&
-                             (p.key_precision == KeyPrecision::kBf16 || p.key_precision == KeyPrecision::kFp4);
+    // bf16 copies of the entries where they are bf16 values and a tensor-core kernel reads them: the
+    // indexer's keys at --index-keys bf16 or fp4; the compressed KV under the fast profiles.
+    static const bool indexer_mma_on = cuda_feature_on("indexer_mma");
+    static const bool attn_bf16_on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_bf16_kv");
+    const bool mirror_keys =
+        p.slot == CompressorSlot::kIndexer
+            ? indexer_mma_on && (p.key_precision == KeyPrecision::kBf16 || p.key_precision == KeyPrecision::kFp4)
+            : attn_bf16_on && p.round_bf16 && p.key_precision != KeyPrecision::kFp8;
     std::vector<const float*> mirror_src;  // the emitted rows whose sequences keep bf16 copies
     std::vector<uint16_t*> mirror_rows;    // and where their copies go
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
@@ -633,13 +639,13 @@ class CudaBackend final : public Backend {
       launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
                       .dim = p.dim, .precision = p.key_precision});
       launch_check("compressor key precision");
-      // The bf16 copies, after the rounding (a sequence whose copy broke off gets none).
-      if (!mirror_rows.empty()) {
-        const DeviceBuffer src = upload_vector(mirror_src), dst = upload_vector(mirror_rows);
-        launch_rows_to_bf16(static_cast<const float* const*>(src.get()), static_cast<uint16_t* const*>(dst.get()),
-                            static_cast<int64_t>(mirror_rows.size()), p.dim);
-        launch_check("compressor bf16 key copies");
-      }
+    }
+    // The bf16 copies, after the roundings (a sequence whose copy broke off gets none).
+    if (!mirror_rows.empty()) {
+      const DeviceBuffer src = upload_vector(mirror_src), dst = upload_vector(mirror_rows);
+      launch_rows_to_bf16(static_cast<const float* const*>(src.get()), static_cast<uint16_t* const*>(dst.get()),
+                          static_cast<int64_t>(mirror_rows.size()), p.dim);
+      launch_check("compressor bf16 copies");
     }
   }
 
@@ -698,6 +704,16 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.sinks.numel(), H);
     std::vector<AttnTokenArgs> tokens(T);
     int64_t max_candidates = 1;
+    // The bf16 copies of the KV state (the ring's, written with it; the entries', complete from the
+    // sequence's first entry), read by the tensor-core attention instead of the fp32 state.
+    bool copies = true;
+    DeviceBuffer kv_bf16;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = batch.seq_of_token[t];
+      LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
+      copies = copies && state.ring_bf16.get() != nullptr &&
+               (p.kind == AttentionKind::kSliding || state.main.mirror_complete());
+    }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = batch.seq_of_token[t];
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
@@ -706,6 +722,8 @@ class CudaBackend final : public Backend {
       tk.ring = state.ring.f32();
       tk.entries = state.main.entries.f32();
       tk.batch_kv = p.kv.f32() + batch.seq_begin[s] * Dh;
+      tk.ring_bf16 = static_cast<const uint16_t*>(state.ring_bf16.get());
+      tk.entries_bf16 = static_cast<const uint16_t*>(state.main.entries_bf16.get());
       tk.pos = pos;
       tk.first_pos = batch.positions[batch.seq_begin[s]];
       tk.n_window = std::clamp<int64_t>(p.window, 0, pos + 1);
@@ -721,7 +739,6 @@ class CudaBackend final : public Backend {
       max_candidates = std::max(max_candidates, tk.n_window + tk.n_compressed);
     }
     if (T == 0) return;
-    const DeviceBuffer d_tokens = upload_vector(tokens);
     // The split kernel (flash-decoding; SPARROW_CUDA_DISABLE=attn_split: one block per (token, head)), unless
     // the candidates would need more than 8192 splits (its combine keeps one weight per split in
     // shared memory); its scratch is bounded by running the tokens in passes, which changes no
@@ -731,6 +748,19 @@ class CudaBackend final : public Backend {
     const bool mma = split_on && mma_on && p.bf16_operands && attention_mma_fits(H, Dh) &&
                      attention_splits(max_candidates, true) <= 8192;
     last_attention_mma_ = mma;
+    // Its keys from the bf16 copies when every token's are complete, this batch's kv converted once
+    // (the same values as the kernel's own conversion: the same bits).
+    const bool bf16_keys = mma && copies && attention_bf16_kv_;
+    last_attention_bf16_kv_ = bf16_keys;
+    if (bf16_keys) {
+      kv_bf16 = DeviceBuffer(static_cast<size_t>(T * Dh) * sizeof(uint16_t));
+      launch_f32_to_bf16(p.kv.f32(), static_cast<uint16_t*>(kv_bf16.get()), T * Dh);
+      launch_check("attention kv bf16");
+      for (int64_t t = 0; t < T; ++t)
+        tokens[t].batch_kv_bf16 =
+            static_cast<const uint16_t*>(kv_bf16.get()) + batch.seq_begin[batch.seq_of_token[t]] * Dh;
+    }
+    const DeviceBuffer d_tokens = upload_vector(tokens);
     const bool split = split_on && attention_splits(max_candidates, mma) <= 8192;
     const int64_t split_floats = H * attention_splits(max_candidates, mma) * (Dh + 2);  // per token
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
@@ -743,7 +773,7 @@ class CudaBackend final : public Backend {
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
-                      .split_tokens_per_pass = per_pass, .mma = mma});
+                      .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys});
     launch_check("attention");
     round_bf16_if(p.round_bf16, p.out, "attention bf16");
   }
@@ -755,6 +785,8 @@ class CudaBackend final : public Backend {
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), Dh = p.kv.dim(1);
     std::vector<float*> dst(T, nullptr);
+    std::vector<uint16_t*> dst_bf16(T, nullptr);  // the ring's bf16 copy (LayerState::ring_bf16), where kept
+    bool any_bf16 = false;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = batch.seq_of_token[t];
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
@@ -762,10 +794,16 @@ class CudaBackend final : public Backend {
       if (W == 0 || pos <= last - W) continue;
       SPARROW_CHECK_EQ(static_cast<int64_t>(state.ring.bytes()), W * Dh * static_cast<int64_t>(sizeof(float)));
       dst[t] = state.ring.f32() + (pos % W) * Dh;
+      if (state.ring_bf16.get()) {
+        dst_bf16[t] = static_cast<uint16_t*>(state.ring_bf16.get()) + (pos % W) * Dh;
+        any_bf16 = true;
+      }
     }
     if (T == 0) return;
     const DeviceBuffer d_dst = upload_vector(dst);
-    launch_window_append({.dst = static_cast<float* const*>(d_dst.get()), .kv = p.kv.f32(), .T = T, .Dh = Dh});
+    const DeviceBuffer d_dst_bf16 = any_bf16 ? upload_vector(dst_bf16) : DeviceBuffer();
+    launch_window_append({.dst = static_cast<float* const*>(d_dst.get()), .kv = p.kv.f32(), .T = T, .Dh = Dh,
+                          .dst_bf16 = static_cast<uint16_t* const*>(d_dst_bf16.get())});
     launch_check("window_append");
   }
 
@@ -1253,6 +1291,8 @@ class CudaBackend final : public Backend {
   int w4a8_small_tiles_ = 0;
   bool last_indexer_mma_ = false;  // test support
   bool last_attention_mma_ = false;  // test support
+  bool last_attention_bf16_kv_ = false;  // test support
+  bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support
 
  public:
@@ -1261,6 +1301,8 @@ class CudaBackend final : public Backend {
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   bool last_indexer_mma() const { return last_indexer_mma_; }
   bool last_attention_mma() const { return last_attention_mma_; }
+  bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
+  void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
   void set_indexer_mma_tiles(int tiles) { indexer_mma_tiles_ = tiles; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
   void set_fp8_gemm_in_linear(bool on) {
@@ -1328,6 +1370,8 @@ void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
+bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
+void set_attention_bf16_kv(Backend& backend, bool on) { cuda_backend(backend).set_attention_bf16_kv(on); }
 void set_indexer_mma_tiles(Backend& backend, int tiles) {
   SPARROW_CHECK(tiles >= 0 && tiles <= 8);
   cuda_backend(backend).set_indexer_mma_tiles(tiles);

@@ -77,6 +77,11 @@ bool last_indexer_tensor_cores(Backend& backend);
 // Whether the last attention ran on the tensor cores (AttentionParams::bf16_operands, 32 heads a
 // block, Dh 128, 256 or 512; SPARROW_CUDA_DISABLE=attn_mma switches it off).
 bool last_attention_tensor_cores(Backend& backend);
+// Whether that attention read the bf16 copies of the KV state (the ring's copy, kept since the
+// state was made; the entries', complete from the first; SPARROW_CUDA_DISABLE=attn_bf16_kv stops
+// keeping them), and a switch for tests: off, the kernel converts the fp32 state (the same bits).
+bool last_attention_bf16_kv(Backend& backend);
+void set_attention_bf16_kv(Backend& backend, bool on);
 // That scorer's tiles of 128 entries a block: 1 to 8, 0 (the default) chooses by the grid's size.
 // The same bits either way (test support).
 void set_indexer_mma_tiles(Backend& backend, int tiles);

@@ -122,10 +122,10 @@ struct CompressorBuffer {
   int64_t count = 0;
   int64_t capacity = 0;
   bool has_prev = false;
-  // The indexer's keys also as bf16 bits [capacity, dim] when they are bf16 values (--index-keys
-  // bf16 or fp4), for the tensor-core scorer: entries 0 .. mirrored - 1 are copied. The copy is
-  // kept only while every entry since the first has been (mirrored == count); else the scorer
-  // falls back to the fp32 entries.
+  // The entries also as bf16 bits [capacity, dim] when they are bf16 values, for the tensor-core
+  // kernels: the indexer's keys at --index-keys bf16 or fp4, the compressed KV under the fast
+  // profiles (round_bf16). Entries 0 .. mirrored - 1 are copied; the copy is kept only while every
+  // entry since the first has been (mirrored == count), else the kernels read the fp32 entries.
   DeviceBuffer entries_bf16;
   int64_t mirrored = 0;
 
@@ -138,6 +138,7 @@ struct CompressorBuffer {
 
 struct LayerState {
   DeviceBuffer ring;         // [W, Dh]
+  DeviceBuffer ring_bf16;    // [W, Dh] bf16 bits of the ring, written with it (the tensor-core attention)
   int64_t window = 0;        // W
   CompressorBuffer main;     // CSA/HCA compressed K=V entries [C, Dh]
   CompressorBuffer indexer;  // CSA indexer keys [C, di]

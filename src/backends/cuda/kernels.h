@@ -42,7 +42,8 @@ struct DevView {
 // shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
 // register tiles of 4 heads x 8 entries a thread), "indexer_mma" (the fast profile's scores on the
 // bf16 tensor cores, from a bf16 copy of the keys), "attn_mma" (the fast profiles' attention on the
-// bf16 tensor cores), "fp8_gemm" (the
+// bf16 tensor cores), "attn_bf16_kv" (that attention reading bf16 copies of the KV state rather
+// than converting the fp32 state), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a and the BF16 weights
 // fed bf16 values as bf16 cuBLASLt GEMMs). Read once per process.
 bool cuda_feature_on(const char* name);
@@ -133,6 +134,7 @@ struct WindowAppendArgs {
   float* const* dst;      // [T] ring slot of each token, null: skip (overwritten later in the batch)
   const float* kv;        // [T, Dh]
   int64_t T, Dh;
+  uint16_t* const* dst_bf16 = nullptr;  // [T] the slot in the ring's bf16 copy (null with dst), or null
 };
 void launch_window_append(const WindowAppendArgs& a);
 
@@ -398,6 +400,11 @@ struct AttnTokenArgs {
   const float* ring;       // [W, Dh] its sequence's window ring
   const float* entries;    // [count, Dh] compressed entries
   const float* batch_kv;   // [n, Dh] its sequence's rows of this batch's kv
+  // The same as bf16 bits (AttentionArgs::bf16_keys): the ring's and the entries' copies, this
+  // batch's kv converted.
+  const uint16_t* ring_bf16 = nullptr;
+  const uint16_t* entries_bf16 = nullptr;
+  const uint16_t* batch_kv_bf16 = nullptr;
   int64_t pos;             // absolute position
   int64_t first_pos;       // position of the sequence's first token in this batch
   int64_t n_window;        // window candidates: min(W, pos + 1)
@@ -425,6 +432,9 @@ struct AttentionArgs {
   // kAttnMmaSplitCandidates candidates. REQUIRES q and the keys bf16 values
   // (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte aligned rows.
   bool mma = false;
+  // With mma: the keys read from the tokens' bf16 copies (AttnTokenArgs::*_bf16) instead of
+  // converted from fp32 in the kernel; the same values, so the same bits.
+  bool bf16_keys = false;
 };
 void launch_attention(const AttentionArgs& a);
 constexpr int64_t kAttnSplitCandidates = 64;

@@ -706,17 +706,23 @@ __global__ void rows_to_bf16_kernel(const float* const* src, uint16_t* const* ds
 
 // Candidate j of a token: window positions first (older ones from the ring, this batch's from
 // batch_kv), then compressed entries (HCA: all visible; CSA: the selection, null for -1).
-__device__ inline const float* candidate(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j) {
+// (Of the fp32 state, or of its bf16 copies: the bases passed.)
+template <class T>
+__device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
+                                        const T* ring, const T* entries, const T* batch_kv) {
   if (j < tk.n_window) {
     const int64_t q = tk.pos - tk.n_window + 1 + j;
-    return q >= tk.first_pos ? tk.batch_kv + (q - tk.first_pos) * a.Dh : tk.ring + (q % a.window) * a.Dh;
+    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * a.Dh : ring + (q % a.window) * a.Dh;
   }
   const int64_t i = j - tk.n_window;
-  if (!a.csa) return tk.entries + i * a.Dh;
+  if (!a.csa) return entries + i * a.Dh;
   const int32_t w = a.selected[t * a.k + i];
   if (w < 0) return nullptr;
   if (w >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
-  return tk.entries + static_cast<int64_t>(w) * a.Dh;
+  return entries + static_cast<int64_t>(w) * a.Dh;
+}
+__device__ inline const float* candidate(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j) {
+  return candidate_in(a, tk, t, j, tk.ring, tk.entries, tk.batch_kv);
 }
 
 // The logits of candidates j_begin .. j_begin + count - 1 into e[0 .. count): a warp per candidate,
@@ -964,7 +970,7 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-template <int kDh>
+template <int kDh, bool kBf16Keys>  // kBf16Keys: the keys from the state's bf16 copies (AttentionArgs::bf16_keys)
 __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr int Dh = kDh, rowb = 2 * kDh + 16;
@@ -975,7 +981,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   float* st_alpha = reinterpret_cast<float*>(pw + 3 * kAmHeads * kAmPRow);
   float* st_m = st_alpha + kAmHeads;
   float* st_l = st_m + kAmHeads;
-  const float** kptr = reinterpret_cast<const float**>(st_l + kAmHeads);
+  const void** kptr = reinterpret_cast<const void**>(st_l + kAmHeads);
 
   const SplitBlock blk = split_block(a, t_base, kAmHeads);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -1003,11 +1009,35 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk) {
     const int cnt = j_end - c0 < kAmChunk ? static_cast<int>(j_end - c0) : kAmChunk;
     __syncthreads();  // the last chunk's keys and weights are read (and q, the stats staged)
-    if (tid < kAmChunk) kptr[tid] = tid < cnt ? candidate(a, tk, t, c0 + tid) : nullptr;
+    if (tid < kAmChunk) {
+      const void* key = nullptr;
+      if (tid < cnt) {
+        if constexpr (kBf16Keys) key = candidate_in(a, tk, t, c0 + tid, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
+        else key = candidate(a, tk, t, c0 + tid);
+      }
+      kptr[tid] = key;
+    }
     __syncthreads();
-    // The chunk's keys as bf16 (exact: bf16 values), 8 loads a thread in flight; a masked
-    // candidate's row is zero.
-    {
+    // The chunk's keys as bf16 (exact: bf16 values), 8 loads a thread in flight, from the bf16
+    // copies or converted from the fp32 state; a masked candidate's row is zero.
+    if constexpr (kBf16Keys) {
+      constexpr int kU = 8, row8 = Dh / 8;  // 16-byte pieces a row
+      constexpr int total = kAmChunk * row8;
+      for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
+        uint4 v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = i0 + u * kAmThreads;
+          const auto* row = static_cast<const uint4*>(i < total ? kptr[i / row8] : nullptr);
+          v[u] = row ? row[i % row8] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = i0 + u * kAmThreads;
+          if (i < total) *reinterpret_cast<uint4*>(ks + (i / row8) * rowb + 16 * (i % row8)) = v[u];
+        }
+      }
+    } else {
       constexpr int kU = 8;
       constexpr int total = kAmChunk * row4;
       for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
@@ -1015,7 +1045,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int i = i0 + u * kAmThreads;
-          const float* row = i < total ? kptr[i / row4] : nullptr;
+          const auto* row = static_cast<const float*>(i < total ? kptr[i / row4] : nullptr);
           v[u] = row ? reinterpret_cast<const float4*>(row)[i % row4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
@@ -1212,20 +1242,30 @@ void launch_attention(const AttentionArgs& a) {
     const size_t smem = attention_mma_smem(a.Dh);
     static bool opted = false;  // the attribute is per kernel
     if (!opted) {
-      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(attention_mma_smem(128))));
-      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(attention_mma_smem(256))));
-      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<512>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(attention_mma_smem(512))));
+      const auto opt_in = [](const void* kernel, int64_t Dh) {
+        SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(attention_mma_smem(Dh))));
+      };
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, false>), 128);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, false>), 256);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, false>), 512);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, true>), 128);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, true>), 256);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, true>), 512);
       opted = true;
     }
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const dim3 grid(static_cast<unsigned>(tp * a.H / kAmHeads), static_cast<unsigned>(max_splits));
-      if (a.Dh == 512) attention_mma_kernel<512><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
-      else if (a.Dh == 256) attention_mma_kernel<256><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
-      else attention_mma_kernel<128><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+      if (a.bf16_keys) {
+        if (a.Dh == 512) attention_mma_kernel<512, true><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+        else if (a.Dh == 256) attention_mma_kernel<256, true><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+        else attention_mma_kernel<128, true><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+      } else {
+        if (a.Dh == 512) attention_mma_kernel<512, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+        else if (a.Dh == 256) attention_mma_kernel<256, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+        else attention_mma_kernel<128, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+      }
       attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
           a, t_base, max_splits);
     }

@@ -1,6 +1,8 @@
 // Embedding, mHC (pre with Sinkhorn, post, head), RMS norms, RoPE and window appends.
 // One block per token (or per normalised group) where a reduction is needed, one thread per
 // element otherwise. Formulas: spec §3.0-§3.2, §3.6; they mirror src/backends/cpu/cpu_backend.cpp.
+#include <cuda_bf16.h>
+
 #include "backends/cuda/device_common.cuh"
 
 namespace sparrow::cuda {
@@ -437,6 +439,7 @@ __global__ void window_append_kernel(WindowAppendArgs a) {
   if (i >= a.T * a.Dh) return;
   const int64_t t = i / a.Dh, d = i % a.Dh;
   if (a.dst[t]) a.dst[t][d] = a.kv[i];
+  if (a.dst_bf16 && a.dst_bf16[t]) a.dst_bf16[t][d] = __bfloat16_as_ushort(__float2bfloat16_rn(a.kv[i]));
 }
 
 }  // namespace

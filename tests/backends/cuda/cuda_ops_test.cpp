@@ -1043,7 +1043,8 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 // 600 selections, 40 of them -1 and one more every 7th; HCA: 550 entries). Held at the op bar to
 // the fp32 CUDA-core kernels on the same device state (the two compressors' bf16 roundings of an
 // entry can differ by an ulp, so the CPU's entries are not the GPU's), and to the CPU where the
-// inputs are the same (window only); sequence 1's tokens alone give the same bits as in their batch.
+// inputs are the same (window only); the keys read from the state's bf16 copies and converted in
+// the kernel give the same bits; sequence 1's tokens alone give the same bits as in their batch.
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
   for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{64, 512}}) {
@@ -1113,6 +1114,19 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
           }
           expect_close(*gpu, og, *gpu, fp32_path.out, kOpTol, what + " vs the fp32 kernels");
           if (kind == AttentionKind::kSliding) expect_close(*gpu, og, *cpu, oc, kOpTol, what + " vs the CPU");
+          if (real) {
+            // The keys from the state's bf16 copies (kept since the state was made) or converted
+            // from the fp32 state in the kernel: the same values, the same bits.
+            const bool copies = cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split") &&
+                                cuda::cuda_feature_on("attn_bf16_kv");
+            EXPECT_EQ(cuda::last_attention_bf16_kv(*gpu), copies) << what;
+            const Tensor converted = gpu->alloc(ElemType::kF32, {T, H, Dh});
+            cuda::set_attention_bf16_kv(*gpu, false);
+            gpu->attention(params(converted, qg, vg, sel_g, bg));
+            cuda::set_attention_bf16_kv(*gpu, true);
+            EXPECT_FALSE(cuda::last_attention_bf16_kv(*gpu)) << what;
+            expect_same_bits(gpu->download_f32(converted), gpu->download_f32(og), what + ": bf16 copies vs converted");
+          }
           // Sequence 1's tokens alone.
           auto [b1c, b1g] = seqs.batches(0, n1);
           (void)b1c;
