@@ -757,6 +757,22 @@ TEST_F(CudaOps, CompressorRoundsEachNewIndexerKeyAsTheCpuDoes) {
   }
 }
 
+// n0 tokens of sequence 0 and n1 of sequence 1 through the indexer compressor on both backends
+// (random kv and gate rows; keys stored at kp), then the sequences advanced.
+void compress_indexer_batch(Backend& cpu, Backend& gpu, TwoSequences& seqs, const CompressorCase& cc, Rng& rng,
+                            int64_t n0, int64_t n1, KeyPrecision kp) {
+  auto [bc, bg] = seqs.batches(n0, n1);
+  const int64_t T = n0 + n1, width = cc.width;
+  const std::vector<float> kv = rng.normal(T * width), gate = rng.normal(T * width);
+  for (auto [be, b] : {std::pair<Backend*, const BatchInfo*>{&cpu, &bc}, std::pair<Backend*, const BatchInfo*>{&gpu, &bg}}) {
+    CompressorParams cp = cc.params(be->upload_f32(kv, {T, width}), be->upload_f32(gate, {T, width}), *b, kRope,
+                                    CompressorSlot::kIndexer);
+    cp.key_precision = kp;
+    be->compressor(cp);
+  }
+  seqs.advance(n0, n1);
+}
+
 // The fast profile's tensor-core scorer (IndexerTopkParams::bf16_operands with keys stored at
 // --index-keys bf16, whose bf16 copies the compressor keeps): q and keys bf16 values, so every
 // product is exact and only the order of the fp32 sums differs from the CPU's. Scores at the op
@@ -774,18 +790,8 @@ TEST_F(CudaOps, IndexerTopkOnTensorCoresMatchesCpu) {
       const CompressorCase index_case(rng, di, m, true);
       TwoSequences seqs(*cpu, *gpu, cfg);
       seqs.ids.assign(1100, 0);
-      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{1100, 301}, std::pair<int64_t, int64_t>{1, 1}}) {
-        auto [bc, bg] = seqs.batches(n0, n1);
-        const int64_t T = n0 + n1;
-        auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
-        auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
-        for (auto [be, k_, g_, b_] : {std::tuple{cpu.get(), kc, gc, &bc}, std::tuple{gpu.get(), kg, gg, &bg}}) {
-          CompressorParams cp = index_case.params(k_, g_, *b_, kRope, CompressorSlot::kIndexer);
-          cp.key_precision = kp;
-          be->compressor(cp);
-        }
-        seqs.advance(n0, n1);
-      }
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{1100, 301}, std::pair<int64_t, int64_t>{1, 1}})
+        compress_indexer_batch(*cpu, *gpu, seqs, index_case, rng, n0, n1, kp);
       // 275 and 75 entries: two full tiles of 128 and a partial one of 19; a tile with a partial warp.
       auto [bc, bg] = seqs.batches(2, 1);
       const int64_t T = 3, C = max_visible(bc, m);
@@ -848,18 +854,8 @@ TEST_F(CudaOps, IndexerBf16CopiesPerSequence) {
   const CompressorCase index_case(rng, di, m, true);
   TwoSequences seqs(*cpu, *gpu, cfg);
   for (auto [n0, n1, kp] : {std::tuple{int64_t{40}, int64_t{0}, KeyPrecision::kFp8},
-                            std::tuple{int64_t{21}, int64_t{46}, KeyPrecision::kBf16}}) {
-    auto [bc, bg] = seqs.batches(n0, n1);
-    const int64_t T = n0 + n1;
-    auto [kc, kg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
-    auto [gc, gg] = both_f32(rng.normal(T * 2 * di), {T, 2 * di});
-    for (auto [be, k_, g_, b_] : {std::tuple{cpu.get(), kc, gc, &bc}, std::tuple{gpu.get(), kg, gg, &bg}}) {
-      CompressorParams cp = index_case.params(k_, g_, *b_, kRope, CompressorSlot::kIndexer);
-      cp.key_precision = kp;
-      be->compressor(cp);
-    }
-    seqs.advance(n0, n1);
-  }
+                            std::tuple{int64_t{21}, int64_t{46}, KeyPrecision::kBf16}})
+    compress_indexer_batch(*cpu, *gpu, seqs, index_case, rng, n0, n1, kp);
   for (auto [n0, n1] : {std::pair<int64_t, int64_t>{1, 1}, std::pair<int64_t, int64_t>{0, 1}}) {
     auto [bc, bg] = seqs.batches(n0, n1);
     const int64_t T = n0 + n1, k = 8, C = max_visible(bc, m);
