@@ -584,8 +584,8 @@ class CudaBackend final : public Backend {
       if (n == 0) continue;
       for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
       const int64_t emitted = (buf.pending + n) / m;
-      // The bf16 copy of the indexer keys starts with the sequence's first entry and continues
-      // while every batch has made one (CompressorBuffer::entries_bf16).
+      // A sequence's bf16 copy starts with its first entry and continues while every batch has
+      // made one (CompressorBuffer::entries_bf16).
       const bool mirror = mirror_keys && (buf.count == 0 || buf.mirror_complete());
       if (mirror && !buf.entries_bf16.get()) buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
       buf.reserve(buf.count + emitted);
@@ -707,13 +707,6 @@ class CudaBackend final : public Backend {
     // The bf16 copies of the KV state (the ring's, written with it; the entries', complete from the
     // sequence's first entry), read by the tensor-core attention instead of the fp32 state.
     bool copies = true;
-    DeviceBuffer kv_bf16;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t s = batch.seq_of_token[t];
-      LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
-      copies = copies && state.ring_bf16.get() != nullptr &&
-               (p.kind == AttentionKind::kSliding || state.main.mirror_complete());
-    }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = batch.seq_of_token[t];
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
@@ -724,6 +717,7 @@ class CudaBackend final : public Backend {
       tk.batch_kv = p.kv.f32() + batch.seq_begin[s] * Dh;
       tk.ring_bf16 = static_cast<const uint16_t*>(state.ring_bf16.get());
       tk.entries_bf16 = static_cast<const uint16_t*>(state.main.entries_bf16.get());
+      copies = copies && tk.ring_bf16 && (p.kind == AttentionKind::kSliding || state.main.mirror_complete());
       tk.pos = pos;
       tk.first_pos = batch.positions[batch.seq_begin[s]];
       tk.n_window = std::clamp<int64_t>(p.window, 0, pos + 1);
@@ -752,6 +746,7 @@ class CudaBackend final : public Backend {
     // (the same values as the kernel's own conversion: the same bits).
     const bool bf16_keys = mma && copies && attention_bf16_kv_;
     last_attention_bf16_kv_ = bf16_keys;
+    DeviceBuffer kv_bf16;
     if (bf16_keys) {
       kv_bf16 = DeviceBuffer(static_cast<size_t>(T * Dh) * sizeof(uint16_t));
       launch_f32_to_bf16(p.kv.f32(), static_cast<uint16_t*>(kv_bf16.get()), T * Dh);

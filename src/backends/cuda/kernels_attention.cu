@@ -939,8 +939,9 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // across the chunks). Shared memory: q [32 heads, Dh] and the chunk's keys [32, Dh] as bf16 (rows
 // padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
 // weights' three bf16 terms [3, 32, 32 (+8)], per head the running max, sum and rescale factor.
-// Per chunk: the candidates' addresses; the keys converted; logits, warp w heads 16 (w / 4) ..
-// + 15 x candidates 8 (w % 4) .. + 7 over all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
+// Per chunk: the candidates' addresses; the keys staged as bf16 (the state's bf16 copies, or the
+// fp32 state converted); logits, warp w heads 16 (w / 4) .. + 15 x candidates 8 (w % 4) .. + 7 over
+// all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
 // lane = candidate; the weighted sum, warp w the dims w Dh / 8 .. + Dh / 8 - 1 of all 32 heads
 // (64 fp32 accumulators a lane at Dh = 512), V's fragments by ldmatrix.trans of the same keys.
 // A split depends only on the token's own candidates: batch invariant.
@@ -1018,42 +1019,32 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       kptr[tid] = key;
     }
     __syncthreads();
-    // The chunk's keys as bf16 (exact: bf16 values), 8 loads a thread in flight, from the bf16
-    // copies or converted from the fp32 state; a masked candidate's row is zero.
-    if constexpr (kBf16Keys) {
-      constexpr int kU = 8, row8 = Dh / 8;  // 16-byte pieces a row
-      constexpr int total = kAmChunk * row8;
+    // The chunk's keys as bf16 (exact: bf16 values) in 16-byte pieces of 8 dims, from the bf16
+    // copies or converted from the fp32 state (two float4 a piece), 8 16-byte loads a thread in
+    // flight either way; a masked candidate's row is zero.
+    {
+      constexpr int kPieces = Dh / 8, total = kAmChunk * kPieces, kU = kBf16Keys ? 8 : 4;
       for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
         uint4 v[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int i = i0 + u * kAmThreads;
-          const auto* row = static_cast<const uint4*>(i < total ? kptr[i / row8] : nullptr);
-          v[u] = row ? row[i % row8] : make_uint4(0u, 0u, 0u, 0u);
+          const void* row = i < total ? kptr[i / kPieces] : nullptr;
+          if (!row) {
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+          } else if constexpr (kBf16Keys) {
+            v[u] = static_cast<const uint4*>(row)[i % kPieces];
+          } else {
+            const float4 lo = static_cast<const float4*>(row)[2 * (i % kPieces)];
+            const float4 hi = static_cast<const float4*>(row)[2 * (i % kPieces) + 1];
+            v[u] = make_uint4(pack_bf16x2(lo.x, lo.y), pack_bf16x2(lo.z, lo.w), pack_bf16x2(hi.x, hi.y),
+                              pack_bf16x2(hi.z, hi.w));
+          }
         }
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int i = i0 + u * kAmThreads;
-          if (i < total) *reinterpret_cast<uint4*>(ks + (i / row8) * rowb + 16 * (i % row8)) = v[u];
-        }
-      }
-    } else {
-      constexpr int kU = 8;
-      constexpr int total = kAmChunk * row4;
-      for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
-        float4 v[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int i = i0 + u * kAmThreads;
-          const auto* row = static_cast<const float*>(i < total ? kptr[i / row4] : nullptr);
-          v[u] = row ? reinterpret_cast<const float4*>(row)[i % row4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int i = i0 + u * kAmThreads;
-          if (i < total)
-            *reinterpret_cast<uint2*>(ks + (i / row4) * rowb + 8 * (i % row4)) =
-                make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w));
+          if (i < total) *reinterpret_cast<uint4*>(ks + (i / kPieces) * rowb + 16 * (i % kPieces)) = v[u];
         }
       }
     }

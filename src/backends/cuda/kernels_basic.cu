@@ -140,6 +140,19 @@ __device__ void hc_mix_or_load(const float* X, int64_t width, const DevView& fn,
   __syncthreads();
 }
 
+// Each of the S lines of an S x S matrix (line l: m[l * line_step + i * elem_step], i < S) divided
+// by its sum + eps, the sum in element order: rows with (S, 1), columns with (1, S).
+__device__ inline void normalise_lines(float* m, int64_t S, int64_t line_step, int64_t elem_step, float eps) {
+#pragma unroll
+  for (int64_t l = 0; l < S; ++l) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int64_t i = 0; i < S; ++i) sum += m[l * line_step + i * elem_step];
+#pragma unroll
+    for (int64_t i = 0; i < S; ++i) m[l * line_step + i * elem_step] /= sum + eps;
+  }
+}
+
 // pre, post and comb of token t from its mix values, Sinkhorn with eps in every denominator (one
 // thread; comb in local memory). S = 4 (V4's) takes hc_pre_weights_s4, a warp with the same bits.
 __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre, int64_t t) {
@@ -169,24 +182,8 @@ __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre,
   }
   // Columns once, then (rows, columns) sinkhorn_iters - 1 times, as the CPU reference does.
   for (int64_t it = 0; it < (a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1); ++it) {
-    if (it > 0) {
-#pragma unroll
-      for (int64_t j = 0; j < S; ++j) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int64_t k = 0; k < S; ++k) sum += comb[j * S + k];
-#pragma unroll
-        for (int64_t k = 0; k < S; ++k) comb[j * S + k] /= sum + eps;
-      }
-    }
-#pragma unroll
-    for (int64_t k = 0; k < S; ++k) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int64_t j = 0; j < S; ++j) sum += comb[j * S + k];
-#pragma unroll
-      for (int64_t j = 0; j < S; ++j) comb[j * S + k] /= sum + eps;
-    }
+    if (it > 0) normalise_lines(comb, S, S, 1, eps);  // rows
+    normalise_lines(comb, S, 1, S, eps);               // columns
   }
 #pragma unroll
   for (int64_t i = 0; i < S * S; ++i) a.out_comb[t * S * S + i] = comb[i];

@@ -316,8 +316,8 @@ __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n
 // flight while one is computed, without holding registers); the quarters' sums are added in warp
 // order through shared memory. The width is not part of the arithmetic (every output's sums are the
 // same for any kTiles): 32 columns for large batches (two tiles share each converted code and the
-// per-group work), 16 for small ones (twice the blocks: at batch 1, 6 experts x 64 blocks of 32
-// columns left half the H200's SMs idle).
+// per-group work), 16 for small ones (twice the blocks: at batch 1 on the H200, w1 and w3 took
+// 0.051 ms at 16 columns against 0.066 at 32).
 constexpr int kSmallStages = 3;
 constexpr int kSmallWStride = 80;   // bytes of a staged column (64 + 16: the 8 x 4 lanes' words hit distinct banks)
 constexpr int kSmallXStride = 160;  // bytes of a staged row (128 + 32: the lanes' 8-byte loads hit distinct banks)

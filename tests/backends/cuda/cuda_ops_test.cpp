@@ -37,6 +37,8 @@ class CudaOps : public ::testing::Test {
   std::pair<Tensor, Tensor> both_alloc(ElemType type, const std::vector<int64_t>& shape) {
     return {cpu->alloc(type, shape), gpu->alloc(type, shape)};
   }
+  // Defined with the W4A8 MoE tests below.
+  struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K);
   // Defined with the attention tests below.
   void check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
                                   std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed,
@@ -1691,6 +1693,35 @@ MoeParams w4a8_moe_params(const MoeCase& mc, const Tensor& o, const Tensor& x, c
                    .ref_numerics = true};
 }
 
+// A W4A8 MoE call's inputs on both backends: MXFP4 experts (6 of them, D = 256, F = 96), T tokens
+// with the given K choices each, random routing weights and inputs (drawn in that order).
+struct W4A8Inputs {
+  MoeCase mc;
+  int64_t D;
+  Tensor ec, eg, wc, wg, xc, xg;
+  MoeParams cpu_params(const Tensor& out) const { return w4a8_moe_params(mc, out, xc, ec, wc); }
+  MoeParams gpu_params(const Tensor& out) const { return w4a8_moe_params(mc, out, xg, eg, wg); }
+};
+
+W4A8Inputs CudaOps::w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K) {
+  W4A8Inputs in{.mc = make_moe(rng, 6, 256, 96, true)};
+  in.D = in.mc.D;
+  std::tie(in.ec, in.eg) = both_i32(experts, {T, K});
+  std::tie(in.wc, in.wg) = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+  std::tie(in.xc, in.xg) = both_f32(rng.normal(T * in.D, 2.0), {T, in.D});
+  return in;
+}
+
+// The GPU's moe with the op profile on: whether the profile names `op`.
+bool moe_ran(Backend& gpu, const MoeParams& p, const std::string& op) {
+  cuda::set_op_profiling(gpu, true);
+  gpu.moe(p);
+  cuda::set_op_profiling(gpu, false);
+  bool ran = false;
+  for (const cuda::OpTime& t : cuda::take_op_profile(gpu)) ran = ran || t.op == op;
+  return ran;
+}
+
 // The W4A8 routed experts (tensor cores) against the CPU's reference numerics and against
 // the CUDA-core path: MXFP4 experts with D = 256, F = 96 (K multiples of 32, one past a 128-block),
 // 16 rows per expert (two tiles of 8), odd N; the output is bf16, so most values are the same bits
@@ -1698,28 +1729,18 @@ MoeParams w4a8_moe_params(const MoeCase& mc, const Tensor& o, const Tensor& x, c
 TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(207);
-  const MoeCase mc = make_moe(rng, 6, 256, 96, true);
-  const int64_t T = 40, K = 2, D = mc.D;
+  const int64_t T = 40, K = 2;
   std::vector<int32_t> experts(T * K);
   for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>(i % 5);  // 16 rows each, expert 5 idle
-  auto [ec, eg] = both_i32(experts, {T, K});
-  auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
-  auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
-  auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
-    return w4a8_moe_params(mc, o, x, e, w);
-  };
-  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
-  cpu->moe(params(oc, xc, ec, wc));
-  const Tensor cores = gpu->alloc(ElemType::kF32, {T, D});
+  const W4A8Inputs in = w4a8_inputs(rng, experts, T, K);
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+  cpu->moe(in.cpu_params(oc));
+  const Tensor cores = gpu->alloc(ElemType::kF32, {T, in.D});
   cuda::set_w4a8_experts(*gpu, false);
-  gpu->moe(params(cores, xg, eg, wg));
+  gpu->moe(in.gpu_params(cores));
   cuda::set_w4a8_experts(*gpu, true);
-  cuda::set_op_profiling(*gpu, true);
-  gpu->moe(params(og, xg, eg, wg));
-  cuda::set_op_profiling(*gpu, false);
+  const bool ran = moe_ran(*gpu, in.gpu_params(og), "moe/experts w1, w3 (w4a8)");
   cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
-  bool ran = false;
-  for (const cuda::OpTime& op : cuda::take_op_profile(*gpu)) ran = ran || op.op == "moe/experts w1, w3 (w4a8)";
   // The W4A8 kernel works over the grouped plan; SPARROW_CUDA_DISABLE=grouped_moe runs one expert at a time.
   EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the W4A8 path ran: " << ran;
   const std::vector<float> g = gpu->download_f32(og);
@@ -1736,33 +1757,23 @@ TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
 TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(208);
-  const MoeCase mc = make_moe(rng, 6, 256, 96, true);
-  const int64_t T = 150, K = 2, D = mc.D;
+  const int64_t T = 150, K = 2;
   std::vector<int32_t> experts(T * K);
   for (int64_t t = 0; t < T; ++t) {
     experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
     experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
   }
-  auto [ec, eg] = both_i32(experts, {T, K});
-  auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
-  auto [xc, xg] = both_f32(rng.normal(T * D, 2.0), {T, D});
-  auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
-    return w4a8_moe_params(mc, o, x, e, w);
-  };
-  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
-  cpu->moe(params(oc, xc, ec, wc));
-  const Tensor small = gpu->alloc(ElemType::kF32, {T, D});
+  const W4A8Inputs in = w4a8_inputs(rng, experts, T, K);
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+  cpu->moe(in.cpu_params(oc));
+  const Tensor small = gpu->alloc(ElemType::kF32, {T, in.D});
   cuda::set_w4a8_experts(*gpu, true);
   cuda::set_w4a8_tiled(*gpu, false);
-  gpu->moe(params(small, xg, eg, wg));
+  gpu->moe(in.gpu_params(small));
   cuda::set_w4a8_tiled(*gpu, true);
-  cuda::set_op_profiling(*gpu, true);
-  gpu->moe(params(og, xg, eg, wg));
-  cuda::set_op_profiling(*gpu, false);
+  const bool ran = moe_ran(*gpu, in.gpu_params(og), "moe/experts w1, w3 (w4a8 tiled)");
   cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
   cuda::set_w4a8_tiled(*gpu, cuda::cuda_feature_on("w4a8_tiled"));
-  bool ran = false;
-  for (const cuda::OpTime& op : cuda::take_op_profile(*gpu)) ran = ran || op.op == "moe/experts w1, w3 (w4a8 tiled)";
   EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the tiled W4A8 kernel ran: " << ran;
   const std::vector<float> g = gpu->download_f32(og);
   expect_same_bits(g, gpu->download_f32(small), "moe w4a8 tiled vs small kernel");
@@ -1776,19 +1787,17 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
 TEST_F(CudaOps, MoeW4A8SmallKernelWidthGivesTheSameBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(210);
-  const MoeCase mc = make_moe(rng, 6, 256, 96, true);
-  const int64_t T = 23, K = 3, D = mc.D;
+  const int64_t T = 23, K = 3;
   std::vector<int32_t> experts(T * K);
   for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>((i * i + i / 3) % 6);
-  const Tensor e = gpu->upload_i32(experts, {T, K});
-  const Tensor w = gpu->upload_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
-  const Tensor x = gpu->upload_f32(rng.normal(T * D, 2.0), {T, D});
+  const W4A8Inputs in = w4a8_inputs(rng, experts, T, K);
+  const int64_t D = in.D;
   cuda::set_w4a8_experts(*gpu, true);
   std::vector<float> out[3];
   for (int tiles : {1, 2, 0}) {
     cuda::set_w4a8_small_tiles(*gpu, tiles);
     const Tensor o = gpu->alloc(ElemType::kF32, {T, D});
-    gpu->moe(w4a8_moe_params(mc, o, x, e, w));
+    gpu->moe(in.gpu_params(o));
     out[tiles] = gpu->download_f32(o);
   }
   cuda::set_w4a8_small_tiles(*gpu, 0);
