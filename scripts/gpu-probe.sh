@@ -11,6 +11,8 @@
 #                                         layers of the synthetic model written for it, the contexts
 #   NCU_CELLS='--batches 256 --prefill 0' ncu on the kernels matching KREGEX (default w4a8) in those
 #                                         bench cells (';' separates cells; SKIP launches skipped first)
+#   NCU_FULL=1 NCU_BINS='sparrow.base sparrow'  with NCU_CELLS: ncu's whole report of each cell
+#                                         into $OUT/ncu-<bin>-<cell>.txt (more sections), for each binary
 #   SASS=1                                the W4A8 kernels' SASS into $OUT/w4a8.sass
 #
 # Binaries: .gpu-carry (scripts/prepare-gpu-carry.sh), carried with the device tool's `carry`.
@@ -44,15 +46,25 @@ fi
 if [ -n "${NCU_CELLS:-}" ]; then
   ensure_model
   IFS=';' read -ra cells <<< "$NCU_CELLS"
-  for cell in "${cells[@]}"; do
-    echo "== ncu $cell"
-    # shellcheck disable=SC2086
-    timeout 200 /usr/local/cuda/bin/ncu --kernel-name "regex:${KREGEX:-w4a8}" --launch-skip "${SKIP:-0}" --launch-count 2 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats \
-      .gpu-carry/sparrow bench --model "$model" --layers "${LAYER:-0}" $cell --contexts 4k --gemm-tokens 0 --precision fast \
-      --warmup 1 --min-reps 1 --max-reps 1 --peak-reps 1 --copy-gib 0.1 --out /tmp/gpu-probe-ncu.json > /tmp/gpu-probe-ncu.txt 2>&1
-    grep -E "\(.*\)x\(|Duration|DRAM Throughput|Compute \(SM\)|Issued Instructions  |Registers|Achieved Occupancy|Warp Cycles Per Issued" \
-      /tmp/gpu-probe-ncu.txt | head -40
+  sections=(--section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats)
+  [ -n "${NCU_FULL:-}" ] && sections+=(--section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats)
+  for bin in ${NCU_BINS:-sparrow}; do
+    i=0
+    for cell in "${cells[@]}"; do
+      echo "== ncu $bin $cell"
+      # shellcheck disable=SC2086
+      timeout 200 /usr/local/cuda/bin/ncu --kernel-name "regex:${KREGEX:-w4a8}" --launch-skip "${SKIP:-0}" --launch-count 2 \
+        "${sections[@]}" \
+        .gpu-carry/$bin bench --model "$model" --layers "${LAYER:-0}" $cell --contexts 4k --gemm-tokens 0 --precision fast \
+        --warmup 1 --min-reps 1 --max-reps 1 --peak-reps 1 --copy-gib 0.1 --out /tmp/gpu-probe-ncu.json > /tmp/gpu-probe-ncu.txt 2>&1
+      if [ -n "${NCU_FULL:-}" ]; then
+        cp /tmp/gpu-probe-ncu.txt "$out/ncu-$bin-$i.txt"
+      else
+        grep -E "\(.*\)x\(|Duration|DRAM Throughput|Compute \(SM\)|Issued Instructions  |Registers|Achieved Occupancy|Warp Cycles Per Issued" \
+          /tmp/gpu-probe-ncu.txt | head -40
+      fi
+      i=$((i + 1))
+    done
   done
 fi
 if [ -n "${SASS:-}" ]; then

@@ -208,8 +208,8 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 // sum by the activation scale, in an order fixed by K alone (kernels_linear.cu). Grid (max_items,
 // ceil(N / 32)): a block computes 32 output columns of one tile of 8 rows, its 4 warps each a quarter
 // of K, summed in warp order. `tiled` (for many rows an expert, e.g. prefill): grid (max_tiles,
-// ceil(N / 64)), a block per 64-row tile of an expert x 64 columns, each output the same arithmetic,
-// so the same bits.
+// ceil(N / 128)), a block per 64-row tile of an expert x 128 columns, each output the same
+// arithmetic, so the same bits.
 // REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0, N and K < 2^30.
 inline constexpr int64_t kW4A8TileRows = 64;  // rows of the tiled kernel's tile
 struct GroupedW4A8Args {

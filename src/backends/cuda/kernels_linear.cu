@@ -466,41 +466,43 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
 }
 
 // Tiled kernel (many rows an expert, as in prefill): a block computes rows t0 .. t0 + 63 of one
-// expert (its tile: w4a8_find_tile) times 64 output columns. The
-// raw bytes of each group of 128 inputs (the 64 columns' weights, the 64 rows' codes, their scales)
-// stream through a kTiledStages-deep ring in shared memory (cp.async, two groups ahead); each group
-// is then converted to f16 once, into shared memory in the lane order above (a lane's 4 words of a
-// block are one 16-byte load), and multiplied. Each thread copies and converts the same pieces, so
-// the ring needs no barrier of its own. Warp w owns columns 32 (w % 2) .. + 31 (two m16 tiles) and
-// rows 16 (w / 2) .. + 15 (two n8 tiles). Each output goes through the small kernel's arithmetic
-// (same slots, same mma steps, same fma order; the quarters' sums folded in at each quarter's end),
-// so every row is the same bits either way.
-constexpr int kTiledRows = static_cast<int>(kW4A8TileRows), kTiledCols = 64, kTiledWarps = 8, kTiledThreads = 32 * kTiledWarps;
+// expert (its tile: w4a8_find_tile) times 128 output columns with kTiledWarps warps, each owning
+// kTiledMt m16 tiles of columns and four n8 tiles of rows (32 rows). The raw bytes of each group of
+// 128 inputs (the columns' 64 bytes, the rows' 128 codes, their scales) stream through a
+// kTiledStages-deep ring in shared memory (cp.async, two groups ahead; one barrier a group), laid
+// out as the small kernel's stages, and each warp converts the pieces it multiplies in registers,
+// as the small kernel does. Every output goes through the small kernel's arithmetic (the same
+// slots, mma steps and fma order); a quarter's sums are folded into the finished quarters' at its
+// end (kept in shared memory, in a thread's own slots), so every row is the same bits either way.
+// Measured in an 8K prefill on the H200 (ncu, one w1 launch): the first tiled kernel (each group
+// converted once into f16 shared memory, 64 x 64 tiles, 8 warps) issued 4.4 G instructions with 54 %
+// of the issue slots busy, w1 + w3 17.4 ms; this one 2.8 G, 52 % busy (2 warps a scheduler: 255
+// registers, 97 KB of shared memory a block), 11.5 ms; with 8 warps of 2 m16 tiles each (128
+// registers, twice the warps) 3.2 G, 59 % busy, 11.8 ms.
+constexpr int kTiledRows = static_cast<int>(kW4A8TileRows), kTiledCols = 128, kTiledWarps = 4,
+              kTiledThreads = 32 * kTiledWarps;
+constexpr int kTiledNt = 4, kTiledMt = kTiledCols * kTiledRows / (kTiledWarps * 16 * 8 * kTiledNt);
+constexpr int kTiledColWarps = kTiledCols / (16 * kTiledMt);
 constexpr int kTiledStages = 3;
-constexpr int kTiledStride = 4 * 64 + 64;  // bytes of a converted column / row per group (4 blocks x 4 lanes x 16 B, +64:
-                                           // the 16-byte loads of 8 lanes hit distinct banks)
-constexpr int kRawXStride = 128 + 16;      // bytes of a raw code row (+16: a thread's 16-byte reads hit distinct banks)
-static_assert(kTiledRows % kMoeTileRows == 0, "a tile is whole items");
-static_assert(kTiledCols * 4 == kTiledThreads && kTiledRows * 8 == 2 * kTiledThreads, "one weight piece, two code pieces a thread");
-struct TiledRaw {
-  uint8_t w[kTiledCols * 64];        // column c's 64 bytes of the group at 64 c
-  uint8_t x[kTiledRows * kRawXStride];
-  uint32_t ws[kTiledCols];           // packed e8m0 scales
-  float sa[kTiledRows];
+constexpr int kTiledSlots = kTiledMt * kTiledNt * 4;  // a thread's outputs
+constexpr int kTiledWPieces = kTiledCols * 4 / kTiledThreads, kTiledXPieces = kTiledRows * 8 / kTiledThreads;
+static_assert(kTiledRows == 64 && kTiledColWarps * (kTiledRows / (8 * kTiledNt)) == kTiledWarps &&
+                  kTiledWPieces * kTiledThreads == kTiledCols * 4 && kTiledXPieces * kTiledThreads == kTiledRows * 8 &&
+                  kTiledThreads >= kTiledCols,
+              "the tile is whole warps and whole copy pieces");
+struct TiledStage {
+  uint8_t w[kTiledCols * kSmallWStride];  // column c's 64 bytes of the group at kSmallWStride c
+  uint8_t x[kTiledRows * kSmallXStride];  // row r's 128 codes at kSmallXStride r
+  uint32_t ws[kTiledCols];                // packed e8m0 scales: a column's 4 blocks
+  float sa[kTiledRows];                   // activation scales of the group
 };
 struct TiledSmem {
-  uint8_t w[kTiledCols * kTiledStride];  // f16, lane order
-  uint8_t x[kTiledRows * kTiledStride];
-  TiledRaw raw[kTiledStages];
-  float ws[kTiledCols][4];  // x 2^14
-  float sa[kTiledRows];
+  TiledStage ring[kTiledStages];
+  float total[kTiledSlots][kTiledThreads];  // the finished quarters' sums, slot-major (no bank conflicts)
   int64_t src[kTiledRows];
 };
+static_assert(sizeof(TiledStage) % 16 == 0, "stages stay 16-byte aligned");
 constexpr size_t kTiledSmemBytes = sizeof(TiledSmem);
-
-__device__ inline uint32_t pick4(const uint32_t (&v)[4], int i) {
-  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
-}
 
 // Block b's 64-row tile: expert e with c(e) <= b < c(e + 1), c(e) = sum over f < e of
 // ceil(R_f / 64), and its first row 64 (b - c(e)); e = -1 past the last tile. Warp 0 finds it: each
@@ -541,6 +543,8 @@ __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& 
 }
 
 __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(GroupedW4A8Args g) {
+  extern __shared__ __align__(16) uint8_t smem_bytes[];
+  TiledSmem& sm = *reinterpret_cast<TiledSmem*>(smem_bytes);
   __shared__ int s_e;
   __shared__ int64_t s_t0;
   if (threadIdx.x < 32) {
@@ -559,132 +563,127 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
   const bool packed = w4a8_packed_scales(W);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int blocks = K / 32, groups = (K + kW4A8GroupK - 1) / kW4A8GroupK;
-  extern __shared__ __align__(16) uint8_t smem_bytes[];
-  TiledSmem& sm = *reinterpret_cast<TiledSmem*>(smem_bytes);
   if (tid < kTiledRows) {
     const int64_t tr = t0 + tid;
     sm.src[tid] = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
   }
   __syncthreads();
 
-  // This thread's pieces: weight column wcol, block wj (16 bytes: the 4 lanes' words); code row
-  // xrow, bytes 32 xb .. + 31 (block xb: its 4 lanes' 8 bytes). The scales: threads < 64 a column's
-  // 4 block scales, threads 64 .. 127 a row's activation scale.
-  const int wcol = tid / 4, wj = tid % 4, xrow = tid / 4, xb = tid % 4;
-  const bool wcol_ok = n0 + wcol < N;
-  const uint8_t* wsrc = static_cast<const uint8_t*>(W.data) + static_cast<int64_t>(wcol_ok ? n0 + wcol : 0) * (K / 2) + 16 * wj;
-  const int64_t xsrc = sm.src[xrow];
-  const uint8_t* xsrc_row = g.codes + (xsrc >= 0 ? xsrc : 0) * g.k_pad + 32 * xb;
+  // This thread's copies a group: weight pieces p = tid + kTiledThreads i (column p / 4, block
+  // p % 4), code pieces p = tid + kTiledThreads i (row p / 8, 16 bytes p % 8), for tid < 128 column
+  // tid's packed scales, for tid < 64 row tid's activation scale.
+  const auto* wdata = static_cast<const uint8_t*>(W.data);
+  const int wblk = tid % 4, xchunk = tid % 8;
+  const int64_t col_bytes = K / 2;
   const int scol = n0 + tid;
-  const bool scol_ok = tid < kTiledCols && scol < N;
+  const bool scol_ok = tid < kTiledCols && scol < N && packed;
   const uint8_t* ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? scol : 0) * W.scale_cols;
-  const int64_t arow = tid >= kTiledCols && tid < kTiledCols + kTiledRows ? sm.src[tid - kTiledCols] : -1;
+  const int64_t arow = tid < kTiledRows ? sm.src[tid] : -1;
   auto issue = [&](int kg) {
     if (kg < groups) {
-      TiledRaw& raw = sm.raw[kg % kTiledStages];
-      cp_async(raw.w + 16 * tid, wsrc + 64 * kg, wcol_ok && 4 * kg + wj < blocks, 16);
+      TiledStage& st = sm.ring[kg % kTiledStages];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        cp_async(raw.x + xrow * kRawXStride + 32 * xb + 16 * i, xsrc_row + kW4A8GroupK * kg + 16 * i, xsrc >= 0, 16);
-      if (tid < kTiledCols) cp_async(&raw.ws[tid], ssrc + 4 * kg, scol_ok && packed, 4);
-      else if (tid < kTiledCols + kTiledRows)
-        cp_async(&raw.sa[tid - kTiledCols], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (arow >= 0 ? arow : 0),
-                 arow >= 0, 4);
-    }
-    cp_async_commit();
-  };
-  // The group's raw pieces of this thread, converted and stored; the four 16-byte stores of a
-  // thread go out in a rotated lane order so that 8 neighbouring threads hit distinct banks.
-  auto convert = [&](int kg) {
-    const TiledRaw& raw = sm.raw[kg % kTiledStages];
-    const uint4 wv = *reinterpret_cast<const uint4*>(raw.w + 16 * tid);
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-    const uint4 x0 = *reinterpret_cast<const uint4*>(raw.x + xrow * kRawXStride + 32 * xb);
-    const uint4 x1 = *reinterpret_cast<const uint4*>(raw.x + xrow * kRawXStride + 32 * xb + 16);
-    const uint2 lanes[4] = {make_uint2(x0.x, x0.y), make_uint2(x0.z, x0.w), make_uint2(x1.x, x1.y), make_uint2(x1.z, x1.w)};
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int l = (s + tid) & 3;
-      uint32_t f[4];
-      e2m1x8_to_f16x8(pick4(words, l), f);
-      *reinterpret_cast<uint4*>(sm.w + wcol * kTiledStride + 64 * wj + 16 * l) = make_uint4(f[0], f[1], f[2], f[3]);
-      const uint2 c = l == 0 ? lanes[0] : l == 1 ? lanes[1] : l == 2 ? lanes[2] : lanes[3];
-      e4m3x8_to_f16x8(c, f);
-      *reinterpret_cast<uint4*>(sm.x + xrow * kTiledStride + 64 * xb + 16 * l) = make_uint4(f[0], f[1], f[2], f[3]);
-    }
-    if (tid < kTiledCols) {
-      if (packed) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) sm.ws[tid][j] = w4a8_e8m0_scale(raw.ws[tid], j);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) sm.ws[tid][j] = scol_ok && 4 * kg + j < blocks ? w4a8_weight_scale(W, scol, 4 * kg + j) : 0.0f;
+      for (int i = 0; i < kTiledWPieces; ++i) {
+        const int col = (tid + kTiledThreads * i) / 4;
+        const bool ok = n0 + col < N && 4 * kg + wblk < blocks;
+        cp_async(st.w + col * kSmallWStride + 16 * wblk, wdata + (ok ? (n0 + col) * col_bytes + 64 * kg + 16 * wblk : 0),
+                 ok, 16);
       }
-    } else if (tid < kTiledCols + kTiledRows) {
-      sm.sa[tid - kTiledCols] = raw.sa[tid - kTiledCols];
+#pragma unroll
+      for (int i = 0; i < kTiledXPieces; ++i) {
+        const int row = (tid + kTiledThreads * i) / 8;
+        const int64_t src = sm.src[row];
+        cp_async(st.x + row * kSmallXStride + 16 * xchunk,
+                 g.codes + (src >= 0 ? src * g.k_pad + kW4A8GroupK * kg + 16 * xchunk : 0), src >= 0, 16);
+      }
+      if (tid < kTiledCols) cp_async(&st.ws[tid], ssrc + 4 * kg, scol_ok, 4);
+      if (tid < kTiledRows)
+        cp_async(&st.sa[tid], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (arow >= 0 ? arow : 0), arow >= 0, 4);
     }
+    cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
   };
 
-  // Slots [m16 tile mt][n8 tile nt][c]: acc the current quarter's sums, total the finished quarters'.
-  const int wc = 32 * (warp % 2), wr = 16 * (warp / 2);
-  float acc[2][2][4] = {}, total[2][2][4] = {};
+  // Slots [m16 tile mt][n8 tile nt][c]: acc the current quarter's sums; the finished quarters' in sm.total.
+  const int wc = 16 * kTiledMt * (warp % kTiledColWarps), wr = 8 * kTiledNt * (warp / kTiledColWarps);
+  float acc[kTiledMt][kTiledNt][4] = {};
   int quarter = 0;
   auto finish_quarter = [&] {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kTiledMt; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kTiledNt; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          total[mt][nt][c] = quarter == 0 ? acc[mt][nt][c] : total[mt][nt][c] + acc[mt][nt][c];
+          float& t = sm.total[(mt * kTiledNt + nt) * 4 + c][tid];
+          t = quarter == 0 ? acc[mt][nt][c] : t + acc[mt][nt][c];
           acc[mt][nt][c] = 0.0f;
         }
     ++quarter;
   };
-  for (int i = 0; i < kTiledStages - 1; ++i) issue(i);
-  for (int kg = 0; kg < groups; ++kg) {
-    issue(kg + kTiledStages - 1);  // into the stage this thread converted a group ago
-    cp_async_wait<kTiledStages - 1>();
-    while (kg >= w4a8_quarter(quarter + 1, groups)) finish_quarter();
-    __syncthreads();  // the previous group's readers are done
-    convert(kg);
-    __syncthreads();
-    float gs[2][2][4] = {};
+  // One group's block sums into gs (gs = fma(d_j, ws_j, gs) over its blocks). kPlain: a whole group
+  // with packed scales whose bytes are all 1..240 (w4a8_e8m0_scales' direct path), branch-free; else
+  // any group, any scale layout.
+  const auto group_sums = [&](auto plain_tag, const TiledStage& st, int kg, const uint32_t (&sw)[kTiledMt][2],
+                                float (&gs)[kTiledMt][kTiledNt][4]) {
+    constexpr bool kPlain = decltype(plain_tag)::value;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (4 * kg + j >= blocks) break;  // the same for the whole block
-      uint32_t fa[2][4], fb[2][4], fx[2][4];
+      if (!kPlain && 4 * kg + j >= blocks) break;  // the same for the whole block
+      uint32_t fx[kTiledNt][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const uint4 a = *reinterpret_cast<const uint4*>(sm.w + (wc + 16 * mt + gid) * kTiledStride + 64 * j + 16 * tig);
-        const uint4 b = *reinterpret_cast<const uint4*>(sm.w + (wc + 16 * mt + gid + 8) * kTiledStride + 64 * j + 16 * tig);
-        fa[mt][0] = a.x, fa[mt][1] = a.y, fa[mt][2] = a.z, fa[mt][3] = a.w;
-        fb[mt][0] = b.x, fb[mt][1] = b.y, fb[mt][2] = b.z, fb[mt][3] = b.w;
-      }
+      for (int nt = 0; nt < kTiledNt; ++nt)
+        e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(st.x + (wr + 8 * nt + gid) * kSmallXStride + 32 * j + 8 * tig),
+                        fx[nt]);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const uint4 x = *reinterpret_cast<const uint4*>(sm.x + (wr + 8 * nt + gid) * kTiledStride + 64 * j + 16 * tig);
-        fx[nt][0] = x.x, fx[nt][1] = x.y, fx[nt][2] = x.z, fx[nt][3] = x.w;
-      }
+      for (int mt = 0; mt < kTiledMt; ++mt) {
+        uint32_t fa[4], fb[4];
+        e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (wc + 16 * mt + gid) * kSmallWStride + 16 * j + 4 * tig), fa);
+        e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (wc + 16 * mt + gid + 8) * kSmallWStride + 16 * j + 4 * tig),
+                        fb);
+        float ws[2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const float ws_a = sm.ws[wc + 16 * mt + gid][j], ws_b = sm.ws[wc + 16 * mt + gid + 8][j];
+        for (int h = 0; h < 2; ++h) {
+          const int col = n0 + wc + 16 * mt + gid + 8 * h;
+          if (kPlain) ws[h] = __uint_as_float((((sw[mt][h] >> (8 * j)) & 0xffu) + 14u) << 23);
+          else if (packed) ws[h] = w4a8_e8m0_scale(sw[mt][h], j);
+          else ws[h] = col < N ? w4a8_weight_scale(W, col, 4 * kg + j) : 0.0f;
+        }
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+        for (int nt = 0; nt < kTiledNt; ++nt) {
           float d[4];
-          w4a8_block(d, fa[mt], fb[mt], fx[nt]);
-          gs[mt][nt][0] = __fmaf_rn(d[0], ws_a, gs[mt][nt][0]);
-          gs[mt][nt][1] = __fmaf_rn(d[1], ws_a, gs[mt][nt][1]);
-          gs[mt][nt][2] = __fmaf_rn(d[2], ws_b, gs[mt][nt][2]);
-          gs[mt][nt][3] = __fmaf_rn(d[3], ws_b, gs[mt][nt][3]);
+          w4a8_block(d, fa, fb, fx[nt]);
+          gs[mt][nt][0] = __fmaf_rn(d[0], ws[0], gs[mt][nt][0]);
+          gs[mt][nt][1] = __fmaf_rn(d[1], ws[0], gs[mt][nt][1]);
+          gs[mt][nt][2] = __fmaf_rn(d[2], ws[1], gs[mt][nt][2]);
+          gs[mt][nt][3] = __fmaf_rn(d[3], ws[1], gs[mt][nt][3]);
         }
       }
     }
+  };
+  for (int i = 0; i < kTiledStages - 1; ++i) issue(i);
+  for (int kg = 0; kg < groups; ++kg) {
+    cp_async_wait<kTiledStages - 2>();  // this thread's copies of group kg have landed
+    __syncthreads();                    // everyone's; and everyone is done with the stage refilled next
+    issue(kg + kTiledStages - 1);
+    while (kg >= w4a8_quarter(quarter + 1, groups)) finish_quarter();
+    const TiledStage& st = sm.ring[kg % kTiledStages];
+    uint32_t sw[kTiledMt][2];  // the packed scales of this lane's columns wc + 16 mt + gid (+ 8 for h = 1)
+    bool plain = packed && 4 * kg + 4 <= blocks;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const float sa0 = sm.sa[wr + 8 * nt + 2 * tig], sa1 = sm.sa[wr + 8 * nt + 2 * tig + 1];
+    for (int mt = 0; mt < kTiledMt; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int h = 0; h < 2; ++h) {
+        sw[mt][h] = st.ws[wc + 16 * mt + gid + 8 * h];
+        plain = plain && __vcmpgeu4(__vsub4(sw[mt][h], 0x01010101u), 0xf0f0f0f0u) == 0u;  // every byte in 1..240
+      }
+    float gs[kTiledMt][kTiledNt][4] = {};
+    if (__all_sync(0xffffffffu, plain)) group_sums(std::true_type{}, st, kg, sw, gs);
+    else group_sums(std::false_type{}, st, kg, sw, gs);
+#pragma unroll
+    for (int nt = 0; nt < kTiledNt; ++nt) {
+      const float sa0 = st.sa[wr + 8 * nt + 2 * tig], sa1 = st.sa[wr + 8 * nt + 2 * tig + 1];
+#pragma unroll
+      for (int mt = 0; mt < kTiledMt; ++mt) {
         acc[mt][nt][0] = __fmaf_rn(gs[mt][nt][0], sa0, acc[mt][nt][0]);
         acc[mt][nt][1] = __fmaf_rn(gs[mt][nt][1], sa1, acc[mt][nt][1]);
         acc[mt][nt][2] = __fmaf_rn(gs[mt][nt][2], sa0, acc[mt][nt][2]);
@@ -695,14 +694,14 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
   cp_async_wait<0>();
   while (quarter < kW4A8Warps) finish_quarter();
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < kTiledMt; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < kTiledNt; ++nt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int64_t tr = t0 + wr + 8 * nt + 2 * tig + (c & 1);
         const int n = n0 + wc + 16 * mt + gid + (c < 2 ? 0 : 8);
-        if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = total[mt][nt][c];
+        if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = sm.total[(mt * kTiledNt + nt) * 4 + c][tid];
       }
 }
 

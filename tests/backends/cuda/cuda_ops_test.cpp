@@ -1749,8 +1749,8 @@ TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
   expect_mostly_identical(g, gpu->download_f32(cores), 0.8, 1e-4, "moe w4a8 vs cuda cores");
 }
 
-// Many rows an expert (an average of 32 or more) take the tiled W4A8 kernel (64 rows x 64 columns
-// a block, from shared memory); each of its outputs is the small kernel's arithmetic, so the MoE's
+// Many rows an expert (an average of 32 or more) take the tiled W4A8 kernel (64 rows x 128
+// columns a block); each of its outputs is the small kernel's arithmetic, so the MoE's
 // output must be the same bits with the tiled kernel on and off. Expert 0 gets 100 rows (a full
 // tile of 64 and a partial one), the others 50, expert 5 none; N = 96 and 256, K = 256 and 96 (a
 // partial group of 128 inputs).
