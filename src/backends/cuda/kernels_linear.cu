@@ -279,18 +279,15 @@ __device__ inline float w4a8_weight_scale(const DevWeight& W, int64_t n, int64_t
 __device__ inline float w4a8_e8m0_scale(uint32_t four, int j) {
   return dev_e8m0(static_cast<uint8_t>(four >> (8 * j))) * kE2m1F16Scale;
 }
-// The four of a packed word at once, the same values: for bytes 1..240, 2^(e - 127) 2^14 is the
-// float with exponent field e + 14, written directly; a word with another byte (0: a subnormal
-// scale, 241..254: an infinite product, 255: NaN) goes through w4a8_e8m0_scale.
-__device__ inline void w4a8_e8m0_scales(uint32_t four, float (&ws)[4]) {
-  const bool plain = __vcmpgeu4(__vsub4(four, 0x01010101u), 0xf0f0f0f0u) == 0u;  // every byte in 1..240
-  if (plain) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ws[j] = __uint_as_float((((four >> (8 * j)) & 0xffu) + 14u) << 23);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ws[j] = w4a8_e8m0_scale(four, j);
-  }
+// Whether every byte of a packed word is plain, 1..240, and block j's scale from such a word: for
+// those bytes 2^(e - 127) 2^14 is the float with exponent field e + 14, written directly (the same
+// value as w4a8_e8m0_scale's). A word with another byte (0: a subnormal scale, 241..254: an infinite
+// product, 255: NaN) goes through w4a8_e8m0_scale; the kernels check a group's words at once.
+__device__ inline bool w4a8_plain_scales(uint32_t four) {
+  return __vcmpgeu4(__vsub4(four, 0x01010101u), 0xf0f0f0f0u) == 0u;
+}
+__device__ inline float w4a8_plain_scale(uint32_t four, int j) {
+  return __uint_as_float((((four >> (8 * j)) & 0xffu) + 14u) << 23);
 }
 // Packed e8m0 scales (a column's 4 block scales of a group in one aligned word): every group whole.
 __device__ inline bool w4a8_packed_scales(const DevWeight& W) {
@@ -407,38 +404,48 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
     cp_async_wait<kSmallStages - 1>();
     __syncwarp();
     const Stage& st = ring[kg % kSmallStages];
-    float ws[kTiles][2][4];
+    uint32_t sw[kTiles][2];  // packed scales of this lane's columns 16 mt + gid (+ 8 for h = 1)
+    bool plain = packed && 4 * kg + 4 <= blocks;
 #pragma unroll
     for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int col = 16 * mt + gid + 8 * h;
-        if (packed) {
-          w4a8_e8m0_scales(st.ws[col], ws[mt][h]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            ws[mt][h][j] = 4 * kg + j < blocks && n0 + col < N ? w4a8_weight_scale(W, n0 + col, 4 * kg + j) : 0.0f;
-        }
+        sw[mt][h] = st.ws[16 * mt + gid + 8 * h];
+        plain = plain && w4a8_plain_scales(sw[mt][h]);
       }
     const float sa[2] = {st.sa[2 * tig], st.sa[2 * tig + 1]};
     float gs[kTiles][4] = {};
+    // One group's block sums: kPlain a whole group whose packed scales are all direct (branch-free);
+    // else any group, any scale layout.
+    const auto group_sums = [&](auto plain_tag) {
+      constexpr bool kPlain = decltype(plain_tag)::value;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (4 * kg + j >= blocks) break;  // the same for the whole block
-      uint32_t fx[4];
-      e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(st.x + gid * kSmallXStride + 32 * j + 8 * tig), fx);
+      for (int j = 0; j < 4; ++j) {
+        if (!kPlain && 4 * kg + j >= blocks) break;  // the same for the whole block
+        uint32_t fx[4];
+        e4m3x8_to_f16x8(*reinterpret_cast<const uint2*>(st.x + gid * kSmallXStride + 32 * j + 8 * tig), fx);
 #pragma unroll
-      for (int mt = 0; mt < kTiles; ++mt) {
-        uint32_t fa[4], fb[4];
-        e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid) * kSmallWStride + 16 * j + 4 * tig), fa);
-        e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
-        float d[4];
-        w4a8_block(d, fa, fb, fx);
+        for (int mt = 0; mt < kTiles; ++mt) {
+          uint32_t fa[4], fb[4];
+          e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid) * kSmallWStride + 16 * j + 4 * tig), fa);
+          e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
+          float ws[2];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) gs[mt][c] = __fmaf_rn(d[c], ws[mt][c / 2][j], gs[mt][c]);
+          for (int h = 0; h < 2; ++h) {
+            const int col = n0 + 16 * mt + gid + 8 * h;
+            if (kPlain) ws[h] = w4a8_plain_scale(sw[mt][h], j);
+            else if (packed) ws[h] = w4a8_e8m0_scale(sw[mt][h], j);
+            else ws[h] = col < N ? w4a8_weight_scale(W, col, 4 * kg + j) : 0.0f;
+          }
+          float d[4];
+          w4a8_block(d, fa, fb, fx);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) gs[mt][c] = __fmaf_rn(d[c], ws[c / 2], gs[mt][c]);
+        }
       }
-    }
+    };
+    if (__all_sync(0xffffffffu, plain)) group_sums(std::true_type{});
+    else group_sums(std::false_type{});
 #pragma unroll
     for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
@@ -621,7 +628,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
     ++quarter;
   };
   // One group's block sums into gs (gs = fma(d_j, ws_j, gs) over its blocks). kPlain: a whole group
-  // with packed scales whose bytes are all 1..240 (w4a8_e8m0_scales' direct path), branch-free; else
+  // with packed scales whose bytes are all plain (w4a8_plain_scales), branch-free; else
   // any group, any scale layout.
   const auto group_sums = [&](auto plain_tag, const TiledStage& st, int kg, const uint32_t (&sw)[kTiledMt][2],
                                 float (&gs)[kTiledMt][kTiledNt][4]) {
@@ -644,7 +651,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int col = n0 + wc + 16 * mt + gid + 8 * h;
-          if (kPlain) ws[h] = __uint_as_float((((sw[mt][h] >> (8 * j)) & 0xffu) + 14u) << 23);
+          if (kPlain) ws[h] = w4a8_plain_scale(sw[mt][h], j);
           else if (packed) ws[h] = w4a8_e8m0_scale(sw[mt][h], j);
           else ws[h] = col < N ? w4a8_weight_scale(W, col, 4 * kg + j) : 0.0f;
         }
@@ -674,7 +681,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         sw[mt][h] = st.ws[wc + 16 * mt + gid + 8 * h];
-        plain = plain && __vcmpgeu4(__vsub4(sw[mt][h], 0x01010101u), 0xf0f0f0f0u) == 0u;  // every byte in 1..240
+        plain = plain && w4a8_plain_scales(sw[mt][h]);
       }
     float gs[kTiledMt][kTiledNt][4] = {};
     if (__all_sync(0xffffffffu, plain)) group_sums(std::true_type{}, st, kg, sw, gs);
