@@ -170,6 +170,8 @@ struct RopeParams {
   Tensor x;              // [T, n, width] in place; rotates the trailing table.rope_dim() dims
   const RopeTable* table;
   RopeDirection direction;
+  // The rotated dims stored rounded to bf16 (deepseek-ref). The others are left as they are: every
+  // caller's x comes from an op that rounded it already, so the whole tensor is then bf16.
   bool round_bf16 = false;
 };
 

@@ -331,11 +331,12 @@ class CpuBackend final : public Backend {
     const int64_t rd = p.table->rope_dim();
     parallel_for(T, T * n * width, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        for (int64_t h = 0; h < n; ++h)
-          rotate(p.x.f32() + (t * n + h) * width + (width - rd), *p.table, static_cast<double>(batch.positions[t]),
-                 p.direction);
+        for (int64_t h = 0; h < n; ++h) {
+          float* rotated = p.x.f32() + (t * n + h) * width + (width - rd);
+          rotate(rotated, *p.table, static_cast<double>(batch.positions[t]), p.direction);
+          if (p.round_bf16) bf16_round_inplace(rotated, rd);
+        }
     });
-    if (p.round_bf16) bf16_round_inplace(p.x.f32(), p.x.numel());
   }
 
   void quant_sim(const QuantSimParams& p) override {

@@ -416,9 +416,8 @@ class CudaBackend final : public Backend {
                    .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
                    .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
                    .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
-                   .mix = mix.f32()});
+                   .mix = mix.f32(), .round_bf16 = p.round_bf16});
     launch_check("hc_pre");
-    round_bf16_if(p.round_bf16, p.out_input, "hc_pre bf16");
   }
 
   void hc_post(const HcPostParams& p) override {
@@ -427,9 +426,8 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.sublayer.numel(), T * D);
     launch_hc_post({.streams = p.streams.f32(), .sublayer = p.sublayer.f32(), .post = p.post.f32(), .comb = p.comb.f32(),
-                    .T = T, .S = S, .D = D});
+                    .T = T, .S = S, .D = D, .round_bf16 = p.round_bf16});
     launch_check("hc_post");
-    round_bf16_if(p.round_bf16, p.streams, "hc_post bf16");
   }
 
   void hc_head(const HcHeadParams& p) override {
@@ -441,9 +439,8 @@ class CudaBackend final : public Backend {
     launch_hc_head({.out = p.out.f32(), .streams = p.streams.f32(), .fn = dev_view(p.weights->fn),
                     .base = dev_view(p.weights->base), .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D,
                     .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
-                    .mix = mix.f32()});
+                    .mix = mix.f32(), .round_bf16 = p.round_bf16});
     launch_check("hc_head");
-    round_bf16_if(p.round_bf16, p.out, "hc_head bf16");
   }
 
   void rms_norm(const RmsNormParams& p) override {
@@ -547,9 +544,9 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(batch.num_tokens(), T);
     SPARROW_CHECK_LE(p.table->rope_dim(), p.x.dim(2));
     launch_rope({.x = p.x.f32(), .positions = device_batch(batch).positions, .T = T, .n = p.x.dim(1),
-                 .width = p.x.dim(2), .table = rope_arg(*p.table), .inverse = p.direction == RopeDirection::kInverse});
+                 .width = p.x.dim(2), .table = rope_arg(*p.table), .inverse = p.direction == RopeDirection::kInverse,
+                 .round_bf16 = p.round_bf16});
     launch_check("rope");
-    round_bf16_if(p.round_bf16, p.x, "rope bf16");
   }
 
   // Plans each sequence's walk on the host (where its rows go, how many entries it emits), makes
@@ -768,9 +765,9 @@ class CudaBackend final : public Backend {
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
-                      .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys});
+                      .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys,
+                      .round_bf16 = p.round_bf16});
     launch_check("attention");
-    round_bf16_if(p.round_bf16, p.out, "attention bf16");
   }
 
   // A token whose ring slot a later token of the same sequence in this batch overwrites is

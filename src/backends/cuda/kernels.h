@@ -86,6 +86,7 @@ struct HcPreArgs {
   // [T, (2 + S) * S] scratch, or null: set, the mix dot products run in (2 + S) * S blocks per
   // token before the per-token kernel (same bits); null, each token's block makes them in turn.
   float* mix = nullptr;
+  bool round_bf16 = false;  // out_input stored rounded to bf16
 };
 void launch_hc_pre(const HcPreArgs& a);
 
@@ -95,6 +96,7 @@ struct HcPostArgs {
   const float* post;      // [T, S]
   const float* comb;      // [T, S, S]
   int64_t T, S, D;
+  bool round_bf16 = false;  // the streams stored rounded to bf16
 };
 void launch_hc_post(const HcPostArgs& a);
 
@@ -105,6 +107,7 @@ struct HcHeadArgs {
   int64_t T, S, D;
   float hc_eps, norm_eps;
   float* mix = nullptr;   // [T, S] scratch, or null (as HcPreArgs::mix)
+  bool round_bf16 = false;  // out stored rounded to bf16
 };
 void launch_hc_head(const HcHeadArgs& a);
 
@@ -127,6 +130,7 @@ struct RopeArgs {
   int64_t T, n, width;
   RopeTableArg table;
   bool inverse;
+  bool round_bf16 = false;  // the rotated dims stored rounded to bf16 (RopeParams::round_bf16)
 };
 void launch_rope(const RopeArgs& a);
 
@@ -435,6 +439,7 @@ struct AttentionArgs {
   // With mma: the keys read from the tokens' bf16 copies (AttnTokenArgs::*_bf16) instead of
   // converted from fp32 in the kernel; the same values, so the same bits.
   bool bf16_keys = false;
+  bool round_bf16 = false;  // out stored rounded to bf16
 };
 void launch_attention(const AttentionArgs& a);
 constexpr int64_t kAttnSplitCandidates = 64;

@@ -794,7 +794,7 @@ __global__ void attention_kernel(AttentionArgs a) {
       const float* key = candidate(a, tk, t, j);
       if (key) acc += e[j] * key[d];
     }
-    a.out[(t * a.H + h) * a.Dh + d] = acc / denom;
+    a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
   }
 }
 
@@ -922,7 +922,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float acc = 0.0f;
     for (int64_t s = 0; s < splits; ++s) acc += w[s] * part[s * (a.Dh + 2) + d];
-    a.out[(t * a.H + h) * a.Dh + d] = acc / denom;
+    a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
   }
 }
 

@@ -235,7 +235,7 @@ __device__ void hc_pre_weights_s4(const HcPreArgs& a, const float* mix, float* p
 // before any is written (one column at a time, each store kept the next loads waiting; with the
 // Sinkhorn warp, hc_pre at batch 1 went 0.115 -> 0.078 ms for its two calls on the H200).
 constexpr int kRowUnroll = 8;
-__device__ inline void hc_collapse(const float* X, const float* pre, int64_t S, int64_t D, float* out) {
+__device__ inline void hc_collapse(const float* X, const float* pre, int64_t S, int64_t D, float* out, bool round_bf16) {
   for (int64_t d0 = threadIdx.x; d0 < D; d0 += kRowUnroll * blockDim.x) {
     float acc[kRowUnroll];
 #pragma unroll
@@ -247,7 +247,7 @@ __device__ inline void hc_collapse(const float* X, const float* pre, int64_t S, 
     }
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u)
-      if (d0 + u * blockDim.x < D) out[d0 + u * blockDim.x] = acc[u];
+      if (d0 + u * blockDim.x < D) out[d0 + u * blockDim.x] = round_bf16 ? dev_bf16_round(acc[u]) : acc[u];
   }
 }
 
@@ -264,7 +264,7 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
     hc_pre_weights(a, mix, pre, t);
   }
   __syncthreads();
-  hc_collapse(X, pre, S, D, a.out_input + t * D);
+  hc_collapse(X, pre, S, D, a.out_input + t * D, a.round_bf16);
 }
 
 // One thread per (t, d): X'[k] = post_k y + sum_j comb[j][k] X[j] (comb applied transposed). The
@@ -281,7 +281,7 @@ __global__ void hc_post_kernel(HcPostArgs a) {
   for (int64_t k = 0; k < S; ++k) {
     float acc = a.post[t * S + k] * y;
     for (int64_t j = 0; j < S; ++j) acc += comb[j * S + k] * x[j];
-    X[k * a.D + d] = acc;
+    X[k * a.D + d] = a.round_bf16 ? dev_bf16_round(acc) : acc;
   }
 }
 
@@ -312,6 +312,7 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
       acc.z += c * x[j].z;
       acc.w += c * x[j].w;
     }
+    if (a.round_bf16) acc = make_float4(dev_bf16_round(acc.x), dev_bf16_round(acc.y), dev_bf16_round(acc.z), dev_bf16_round(acc.w));
     *reinterpret_cast<float4*>(X + k * a.D + d) = acc;
   }
 }
@@ -325,7 +326,7 @@ __global__ void hc_head_kernel(HcHeadArgs a) {
   hc_mix_or_load(X, S * D, a.fn, S, a.norm_eps, a.mix, mix);
   if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(mix[threadIdx.x] * dev_load(a.scale, 0) + dev_load(a.base, threadIdx.x)) + a.hc_eps;
   __syncthreads();
-  hc_collapse(X, pre, S, D, a.out + t * D);
+  hc_collapse(X, pre, S, D, a.out + t * D, a.round_bf16);
 }
 
 // y[i] = x[i] * inv [* w[i]] (bf16-rounded when asked) for i = first, first + step, ... < n: kRowUnroll
@@ -426,7 +427,7 @@ __global__ void rope_kernel(RopeArgs a) {
       if (!at[u]) continue;
       const int i = static_cast<int>((j0 + u * blockDim.x) % pairs);
       const float2 r = rope_rotated(v[u].x, v[u].y, cs[i], sn[i]);
-      at[u][0] = r.x, at[u][1] = r.y;
+      at[u][0] = a.round_bf16 ? dev_bf16_round(r.x) : r.x, at[u][1] = a.round_bf16 ? dev_bf16_round(r.y) : r.y;
     }
   }
 }

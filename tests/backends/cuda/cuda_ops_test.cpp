@@ -1512,7 +1512,8 @@ TEST_F(CudaOps, Bf16OutputFlagsRoundTheFp32Result) {
                     return o;
                   }, "grouped_linear");
   const BatchInfo batch = simple_batch(std::vector<int32_t>(T, 0), 1000);
-  check_bf16_flag(*cpu, *gpu, {{rng.normal(T * 3 * 20), {T, 3, 20}}},
+  // rope's input is bf16 where the flag is used (RopeParams::round_bf16), so its result is all bf16.
+  check_bf16_flag(*cpu, *gpu, {{host_bf16(rng.normal(T * 3 * 20)), {T, 3, 20}}},
                   [&](Backend& b, bool r, std::vector<Tensor>& t) {
                     b.rope({.x = t[0], .table = &kRope, .direction = RopeDirection::kInverse, .round_bf16 = r}, batch);
                     return t[0];
@@ -1562,6 +1563,31 @@ TEST_F(CudaOps, Bf16OutputFlagsRoundTheFp32Result) {
                                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = r});
                     return o;
                   }, "attention");
+}
+
+// rope's bf16 flag rounds the dims it rotates and leaves the others as they came (fp32 here), on
+// each backend: the rotated ones are bf16 of its own fp32 rotation.
+TEST_F(CudaOps, RopeBf16FlagRoundsOnlyTheRotatedDims) {
+  Rng rng(211);
+  const int64_t T = 5, n = 3, width = 20, rd = kRope.rope_dim();
+  const BatchInfo batch = simple_batch(std::vector<int32_t>(T, 0), 700);
+  const std::vector<float> x = rng.normal(T * n * width, 2.0);
+  for (Backend* be : {cpu.get(), gpu.get()}) {
+    std::vector<float> out[2];
+    for (bool r : {false, true}) {
+      const Tensor t = be->upload_f32(x, {T, n, width});
+      be->rope({.x = t, .table = &kRope, .direction = RopeDirection::kForward, .round_bf16 = r}, batch);
+      out[r] = be->download_f32(t);
+    }
+    int64_t rounded = 0;
+    for (int64_t i = 0; i < T * n * width; ++i) {
+      const bool rotated = i % width >= width - rd;
+      ASSERT_EQ(out[1][i], rotated ? bf16_round(out[0][i]) : x[i])
+          << be->name() << ", element " << i << (rotated ? " (rotated)" : " (not rotated)");
+      rounded += rotated && out[1][i] != out[0][i];
+    }
+    EXPECT_GT(rounded, T * n * rd / 2) << be->name() << ": the rotated dims were rounded";
+  }
 }
 
 // Most elements identical and the rest near: an FP8/FP4 rounding after fp32 work that differs in
