@@ -898,8 +898,15 @@ __global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t 
   }
 }
 
+// The combine's steps, shared with the tensor-core kernel's one-split tokens: a split's weight
+// exp(m - M) (0 for an all-masked split), the denominator's and the output sum's next terms.
+__device__ inline float attn_split_weight(float m, float M) { return m == -INFINITY ? 0.0f : expf(m - M); }
+__device__ inline float attn_combine_denom(float denom, float ws, float sum) { return __fmaf_rn(ws, sum, denom); }
+__device__ inline float attn_combine_term(float acc, float ws, float v) { return __fmaf_rn(ws, v, acc); }
+
 // grid (tokens of the pass * H): M = max(sink, m_s), w_s = exp(m_s - M) (0 for an all-masked split),
-// out = sum_s w_s acc_s / (exp(sink - M) + sum_s w_s sum_s), splits in order.
+// out = sum_s w_s acc_s / (exp(sink - M) + sum_s w_s sum_s), splits in order. With a.mma, tokens
+// with at most one split were written by attention_mma_kernel itself.
 __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   extern __shared__ float w[];  // [max_splits]
   const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
@@ -907,21 +914,21 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
   const int64_t n = tk.n_window + tk.n_compressed;
   const int64_t per = a.mma ? kAttnMmaSplitCandidates : kAttnSplitCandidates;
   const int64_t splits = (n + per - 1) / per;  // 0 when n is
+  if (a.mma && splits <= 1) return;
   const float* part = a.split_scratch + th * max_splits * (a.Dh + 2);
   const float sink = dev_load(a.sinks, h);
   float M = sink;
   for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, part[s * (a.Dh + 2) + a.Dh]);
   float denom = expf(sink - M);
   for (int64_t s = 0; s < splits; ++s) {
-    const float m = part[s * (a.Dh + 2) + a.Dh];
-    const float ws = m == -INFINITY ? 0.0f : expf(m - M);
-    denom += ws * part[s * (a.Dh + 2) + a.Dh + 1];
+    const float ws = attn_split_weight(part[s * (a.Dh + 2) + a.Dh], M);
+    denom = attn_combine_denom(denom, ws, part[s * (a.Dh + 2) + a.Dh + 1]);
     if (threadIdx.x == 0) w[s] = ws;
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) acc += w[s] * part[s * (a.Dh + 2) + d];
+    for (int64_t s = 0; s < splits; ++s) acc = attn_combine_term(acc, w[s], part[s * (a.Dh + 2) + d]);
     a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
   }
 }
@@ -988,7 +995,11 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
   const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * kAttnMmaSplitCandidates;
-  if (j_begin >= n) return;  // the whole block leaves
+  if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
+    if (n == 0 && s == 0)
+      for (int i = threadIdx.x; i < kAmHeads * kDh; i += kAmThreads) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
+    return;
+  }
   const int64_t j_end = n - j_begin < kAttnMmaSplitCandidates ? n : j_begin + kAttnMmaSplitCandidates;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
 
@@ -1142,6 +1153,37 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       }
     }
   }
+  if (n <= kAttnMmaSplitCandidates) {
+    // The token's only split: attention_combine_kernel's arithmetic for one split, here (no scratch,
+    // and the combine skips the token). Per head ws = exp(m - M) and denom = exp(sink - M) + ws l,
+    // M = max(sink, m); out = (0 + ws acc) / denom.
+    __syncthreads();  // the last chunk's readers of st_alpha are done
+    if (tid < kAmHeads) {
+      const float sink = dev_load(a.sinks, h0 + tid), m = st_m[tid];
+      const float M = fmaxf(sink, m);
+      const float ws = attn_split_weight(m, M);
+      st_alpha[tid] = ws;
+      logits[tid] = attn_combine_denom(expf(sink - M), ws, st_l[tid]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < nts; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int head = 16 * mt + gid + 8 * h;
+          const float ws = st_alpha[head], denom = logits[head];
+          float v[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            v[c] = attn_combine_term(0.0f, ws, acc[mt][nt][2 * h + c]) / denom;
+            if (a.round_bf16) v[c] = dev_bf16_round(v[c]);
+          }
+          *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + head) * a.Dh + d0 + 8 * nt + 2 * tig) = make_float2(v[0], v[1]);
+        }
+    return;
+  }
   // This split's weighted keys, max and exp-sum per head (attention_combine_kernel's layout).
   const int64_t th0 = (t - t_base) * a.H + h0;
 #pragma unroll
@@ -1257,8 +1299,9 @@ void launch_attention(const AttentionArgs& a) {
         else if (a.Dh == 256) attention_mma_kernel<256, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
         else attention_mma_kernel<128, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
       }
-      attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
-          a, t_base, max_splits);
+      if (max_splits > 1)  // (one split: every token written by the kernel)
+        attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
+            a, t_base, max_splits);
     }
     return;
   }

@@ -54,11 +54,10 @@ constexpr int kMixTokens = 4;
 
 // grid (ceil(T / kMixTokens) * nmix / kMixes): block b is mixes kMixes (b % groups) .. + kMixes - 1
 // of token group b / groups (groups = nmix / kMixes), so the blocks reading one group's streams run
-// side by side and can find them in L2. kMixes = 1 for small batches (the weights' reads spread over
-// nmix blocks); 8 when there are many tokens (kMixManyTokens): the streams are read nmix / 8 times instead of nmix
-// (an 8K prefill's hc_pre took 6.9 ms with one mix a block: each token's 64 KB read by 24 blocks,
-// its sum of squares made 24 times). Each (token, mix) sum is the same elements in the same order
-// and the same block_sum either way: the same bits.
+// side by side and can find them in L2. Used with kMixes = 1 for a few tokens (the weights' reads
+// spread over nmix blocks); hc_mix_tile_kernel takes more (with 8 mixes a block here, an 8K
+// prefill's hc_pre took 3.9 ms on the H200, 6.9 ms with one). Each (token, mix) sum is the same
+// elements in the same order and the same block_sum either way: the same bits.
 template <int kMixes, int kUnroll>
 __global__ void __launch_bounds__(kThreads, kMixes == 1 ? 1 : 2)
     hc_mix_rows_kernel(const float* streams, int64_t T, int64_t width, DevView fn, int64_t nmix, float norm_eps,
@@ -115,16 +114,84 @@ __global__ void __launch_bounds__(kThreads, kMixes == 1 ? 1 : 2)
   }
 }
 
-// The mix values of T tokens into mix [T, nmix] (hc_mix_rows_kernel, kMixes chosen by T: 8 from
-// kMixManyTokens on; at 256 tokens 8 mixes a block measured slower, 0.25 -> 0.30 ms for hc_pre's two
-// calls, with a sixth of the blocks).
-constexpr int64_t kMixManyTokens = 2048;
+// The same sums for kTok tokens x kMix mixes a block, with every block_sum of the block done at
+// once: each warp's warp_sum of each value, then thread q adds value q's eight warp partials in warp
+// order, as block_sum does, so every (token, mix) value is hc_mix's bit for bit. (One block_sum after
+// another, each with its two barriers, made a block of 4 tokens x 8 mixes wait through 36 of them;
+// and with few mixes a block every token's streams are read once per mix, from L2: at batch 256 the
+// one-mix blocks moved 290 MB through L2 for 16 MB of streams, ~0.11 ms a call on the H200.)
+template <int kTok, int kMix>
+__global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* streams, int64_t T, int64_t width, DevView fn,
+                                                              int64_t nmix, float norm_eps, float* mix_out) {
+  constexpr int kUnroll = 2, kValues = kTok * (kMix + 1), kWarps = kThreads / 32;
+  __shared__ float part[kValues][kWarps];
+  const int64_t groups = nmix / kMix;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
+  const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
+  const bool f32 = fn.dtype == DType::kF32;
+  float ss[kTok] = {}, acc[kMix][kTok] = {};
+  for (int64_t i0 = threadIdx.x; i0 < width; i0 += kUnroll * kThreads) {
+    float xs[kTok][kUnroll], ws[kMix][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * kThreads;
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) xs[k][u] = i < width && k < nt ? streams[(t0 + k) * width + i] : 0.0f;
+#pragma unroll
+      for (int mm = 0; mm < kMix; ++mm)
+        ws[mm][u] = i < width ? (f32 ? static_cast<const float*>(fn.data)[(m0 + mm) * width + i] : dev_load(fn, (m0 + mm) * width + i))
+                              : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i0 + u * kThreads >= width) break;
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) {
+        ss[k] += xs[k][u] * xs[k][u];
+#pragma unroll
+        for (int mm = 0; mm < kMix; ++mm) acc[mm][k] += ws[mm][u] * xs[k][u];
+      }
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < kTok; ++k) {
+    const float s = warp_sum(ss[k]);
+    if (lane == 0) part[k * (kMix + 1)][warp] = s;
+#pragma unroll
+    for (int mm = 0; mm < kMix; ++mm) {
+      const float v = warp_sum(acc[mm][k]);
+      if (lane == 0) part[k * (kMix + 1) + 1 + mm][warp] = v;
+    }
+  }
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < kTok * kMix && q / kMix < nt) {
+    const int k = q / kMix, mm = q % kMix;
+    float s2 = 0.0f, a2 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s2 += part[k * (kMix + 1)][w];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a2 += part[k * (kMix + 1) + 1 + mm][w];
+    const float r = 1.0f / sqrtf(s2 / static_cast<float>(width) + norm_eps);
+    mix_out[(t0 + k) * nmix + m0 + mm] = a2 * r;
+  }
+}
+
+// The mix values of T tokens into mix [T, nmix]: few tokens, hc_mix_rows_kernel with one mix a
+// block (the weights' reads spread over nmix blocks; batch 1); from kMixTileTokens on,
+// hc_mix_tile_kernel with 8 mixes a block, 4 tokens a block below kMixManyTokens (more blocks), 8
+// from there (the weights read half as often).
+constexpr int64_t kMixTileTokens = 16, kMixManyTokens = 2048;
 void launch_hc_mix_rows(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
                         float* mix) {
-  // (8 mixes a block with 4 loads a thread in flight: 2 blocks an SM by registers.)
+  static_assert(kThreads >= 8 * 8, "a thread per (token, mix) of a tile");
   if (nmix % 8 == 0 && T >= kMixManyTokens)
-    hc_mix_rows_kernel<8, 4><<<blocks_for(T, kMixTokens) * static_cast<unsigned>(nmix / 8), kThreads>>>(
-        streams, T, width, fn, nmix, norm_eps, mix);
+    hc_mix_tile_kernel<8, 8><<<blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
+                                                                                             norm_eps, mix);
+  else if (nmix % 8 == 0 && T >= kMixTileTokens)
+    hc_mix_tile_kernel<4, 8><<<blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
+                                                                                             norm_eps, mix);
   else
     hc_mix_rows_kernel<1, kMixUnroll><<<blocks_for(T, kMixTokens) * static_cast<unsigned>(nmix), kThreads>>>(
         streams, T, width, fn, nmix, norm_eps, mix);
@@ -235,15 +302,33 @@ __device__ void hc_pre_weights_s4(const HcPreArgs& a, const float* mix, float* p
 // before any is written (one column at a time, each store kept the next loads waiting; with the
 // Sinkhorn warp, hc_pre at batch 1 went 0.115 -> 0.078 ms for its two calls on the H200).
 constexpr int kRowUnroll = 8;
+// kS > 0: S known at compile time, so all kRowUnroll x kS loads go out before the first add (with S
+// at run time each stream's load waited on the previous add: 32 load latencies in a row a thread,
+// hc_pre_kernel ~22 us a call at any batch on the H200, ncu). The same adds in the same order.
+template <int kS>
 __device__ inline void hc_collapse(const float* X, const float* pre, int64_t S, int64_t D, float* out, bool round_bf16) {
   for (int64_t d0 = threadIdx.x; d0 < D; d0 += kRowUnroll * blockDim.x) {
     float acc[kRowUnroll];
+    if constexpr (kS > 0) {
+      float x[kRowUnroll][kS];
 #pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int64_t d = d0 + u * blockDim.x;
-      acc[u] = 0.0f;
-      if (d < D)
-        for (int64_t j = 0; j < S; ++j) acc[u] += pre[j] * X[j * D + d];
+      for (int u = 0; u < kRowUnroll; ++u)
+#pragma unroll
+        for (int j = 0; j < kS; ++j) x[u][j] = d0 + u * blockDim.x < D ? X[j * D + d0 + u * blockDim.x] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        acc[u] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kS; ++j) acc[u] += pre[j] * x[u][j];
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int64_t d = d0 + u * blockDim.x;
+        acc[u] = 0.0f;
+        if (d < D)
+          for (int64_t j = 0; j < S; ++j) acc[u] += pre[j] * X[j * D + d];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u)
@@ -264,7 +349,8 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
     hc_pre_weights(a, mix, pre, t);
   }
   __syncthreads();
-  hc_collapse(X, pre, S, D, a.out_input + t * D, a.round_bf16);
+  if (S == 4) hc_collapse<4>(X, pre, S, D, a.out_input + t * D, a.round_bf16);
+  else hc_collapse<0>(X, pre, S, D, a.out_input + t * D, a.round_bf16);
 }
 
 // One thread per (t, d): X'[k] = post_k y + sum_j comb[j][k] X[j] (comb applied transposed). The
@@ -326,7 +412,8 @@ __global__ void hc_head_kernel(HcHeadArgs a) {
   hc_mix_or_load(X, S * D, a.fn, S, a.norm_eps, a.mix, mix);
   if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(mix[threadIdx.x] * dev_load(a.scale, 0) + dev_load(a.base, threadIdx.x)) + a.hc_eps;
   __syncthreads();
-  hc_collapse(X, pre, S, D, a.out + t * D, a.round_bf16);
+  if (S == 4) hc_collapse<4>(X, pre, S, D, a.out + t * D, a.round_bf16);
+  else hc_collapse<0>(X, pre, S, D, a.out + t * D, a.round_bf16);
 }
 
 // y[i] = x[i] * inv [* w[i]] (bf16-rounded when asked) for i = first, first + step, ... < n: kRowUnroll

@@ -142,22 +142,24 @@ TEST_F(CudaOps, HcPreMatchesCpu) {
   }
 }
 
-// The mix dot products take 8 mixes a block from 2048 tokens on (1 below): each (token, mix) sum
-// is the same either way, so a token's outputs are the same bits in a call of 2050 tokens (a
-// partial group of 4 at the end) as in a call of 3; S = 4 (24 mixes) and S = 2 (8).
+// The mix dot products run one mix a block for a few tokens, 4 tokens x 8 mixes a block from 16
+// tokens on, 8 x 8 from 2048: each (token, mix) sum is the same either way, so a token's outputs are
+// the same bits in calls of 2050 tokens (a partial tile of 2 at the end), 21 (a partial tile of 1)
+// and 3; S = 4 (24 mixes) and S = 2 (8).
 TEST_F(CudaOps, HcPreIsBatchInvariant) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(24);
   for (auto [S, D] : {std::pair<int64_t, int64_t>{4, 256}, std::pair<int64_t, int64_t>{2, 96}}) {
-    const int64_t mix = (2 + S) * S, T = 2050, T_small = 3;
+    const int64_t mix = (2 + S) * S, sizes[3] = {2050, 21, 3};
+    const int64_t T = sizes[0];
     Stored fn = stored_floats(DType::kF32, {mix, S * D}, rng.normal(mix * S * D, 0.1));
     Stored base = stored_floats(DType::kF32, {mix}, rng.normal(mix));
     Stored scale = stored_floats(DType::kF32, {3}, rng.uniform(3, 0.5, 1.5));
     HcWeights w{.fn = fn.view, .base = base.view, .scale = scale.view};
     const std::vector<float> x = rng.normal(T * S * D);
-    std::vector<float> outs[2][3];
-    for (int r = 0; r < 2; ++r) {
-      const int64_t n = r == 0 ? T : T_small;
+    std::vector<float> outs[3][3];
+    for (int r = 0; r < 3; ++r) {
+      const int64_t n = sizes[r];
       const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin(), x.begin() + n * S * D), {n, S, D});
       const Tensor ug = gpu->alloc(ElemType::kF32, {n, D}), pg = gpu->alloc(ElemType::kF32, {n, S}),
                    cg = gpu->alloc(ElemType::kF32, {n, S, S});
@@ -170,8 +172,11 @@ TEST_F(CudaOps, HcPreIsBatchInvariant) {
     const std::string tag = " S=" + std::to_string(S);
     const int64_t per[3] = {D, S, S * S};
     for (int o = 0; o < 3; ++o)
-      expect_same_bits(std::vector<float>(outs[0][o].begin(), outs[0][o].begin() + T_small * per[o]), outs[1][o],
-                       "hc_pre output " + std::to_string(o) + " 2050 vs 3 tokens" + tag);
+      for (auto [big, small] : {std::pair{0, 1}, std::pair{0, 2}, std::pair{1, 2}})
+        expect_same_bits(std::vector<float>(outs[big][o].begin(), outs[big][o].begin() + sizes[small] * per[o]),
+                         outs[small][o],
+                         "hc_pre output " + std::to_string(o) + " " + std::to_string(sizes[big]) + " vs " +
+                             std::to_string(sizes[small]) + " tokens" + tag);
   }
 }
 
@@ -1165,6 +1170,32 @@ TEST_F(CudaOps, AttentionWithNothingButTheSink) {
                    .kind = AttentionKind::kCsa, .ratio = 4, .window = 0, .scale = 0.2});
   expect_close(*gpu, og, *cpu, oc, kExact, "attention with only the sink");
   for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f);
+}
+
+// The same on the tensor-core kernel (32 heads, Dh 128; it writes one-split tokens itself): no
+// candidates at all (a window of 0) and only masked ones (CSA, every selection -1) give 0.
+TEST_F(CudaOps, AttentionOnTensorCoresWithNothingButTheSink) {
+  Rng rng(83);
+  const int64_t H = 32, Dh = 128, k = 3, T = 5;
+  for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kCsa}) {
+    ModelConfig cfg = attn_config(kind, 0);
+    cfg.head_dim = Dh;
+    Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
+    TwoSequences seqs(*cpu, *gpu, cfg);
+    auto [bc, bg] = seqs.batches(T, 0);
+    (void)bc;
+    Tensor sg;
+    if (kind == AttentionKind::kCsa) sg = gpu->upload_i32(std::vector<int32_t>(T * k, -1), {T, k});
+    const Tensor qg = gpu->upload_f32(host_bf16(rng.normal(T * H * Dh)), {T, H, Dh});
+    const Tensor vg = gpu->upload_f32(host_bf16(rng.normal(T * Dh)), {T, Dh});
+    const Tensor og = gpu->upload_f32(std::vector<float>(T * H * Dh, 7.0f), {T, H, Dh});  // every element must be written
+    gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sg, .sinks = sinks.view, .batch = &bg, .layer = 0,
+                    .kind = kind, .ratio = cfg.compress_ratio[0], .window = 0, .scale = 0.2, .bf16_operands = true});
+    if (std::string(gpu->name()) == "cuda") {
+      EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"));
+    }
+    for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f) << "kind " << static_cast<int>(kind);
+  }
 }
 
 // ---- router and experts -------------------------------------------------------------------------
