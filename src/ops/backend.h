@@ -313,6 +313,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
+  // A tensor of the shape; its contents are unspecified (the CPU zero-fills, the CUDA backend leaves
+  // device memory as it comes): every op writes all of its outputs.
   virtual Tensor alloc(ElemType type, std::vector<int64_t> shape) = 0;
   // Copies host values into a new tensor / back out (tests, taps, logits).
   virtual Tensor upload_f32(const std::vector<float>& values, std::vector<int64_t> shape) = 0;

@@ -76,15 +76,15 @@ bool cuda_feature_on(const char* name) {
 // frees its activations op by op. make_cuda_backend raises the default pool's release threshold so
 // freed blocks stay cached for the next allocation instead of going back to the driver at every
 // synchronisation (cudaMemGetInfo then counts them as used; trim_device_pool gives them back).
-void* device_alloc(size_t bytes) {
+void* device_alloc(size_t bytes, bool zero) {
   static const bool pool = cuda_feature_on("pool");
   void* p = nullptr;
   if (pool) {
     SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
-    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+    if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
   } else {
     SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
-    SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    if (zero) SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
   }
   return p;
 }
@@ -335,12 +335,22 @@ class CudaBackend final : public Backend {
   CudaBackend() { set_fp8_gemm_in_linear(cuda_feature_on("fp8_gemm")); }
   const char* name() const override { return "cuda"; }
 
+  // A tensor's memory is not initialised (Backend::alloc): every op writes all of its outputs.
+  // SPARROW_CUDA_POISON_ALLOC=1 fills it with 0xff bytes instead (NaN floats, -1 integers), so that
+  // a read of anything no op wrote shows in the results (the GPU checks run with it);
+  // SPARROW_CUDA_DISABLE=alloc_nofill zero-fills it.
   Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
     OpProfiler::Scope op_scope(profiler_, "alloc");
+    static const bool nofill = cuda_feature_on("alloc_nofill");
+    static const bool poison = [] {
+      const char* v = std::getenv("SPARROW_CUDA_POISON_ALLOC");
+      return v != nullptr && std::string(v) == "1";
+    }();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
-    void* p = device_alloc(bytes);
+    void* p = device_alloc(bytes, !nofill && !poison);
+    if (poison) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0xff, bytes, 0));
     std::shared_ptr<void> storage(p, [](void* q) { device_free(q); });
     return Tensor(storage, p, type, std::move(shape));
   }

@@ -81,7 +81,8 @@ class WeightCache {
 };
 
 // Device memory from the stream-ordered pool on the default stream, zero-filled (cuda_backend.cpp).
-void* device_alloc(size_t bytes);
+// `bytes` of device memory, zero-filled unless `zero` is false (then left as they come).
+void* device_alloc(size_t bytes, bool zero = true);
 void device_free(void* p);
 // Synchronises and returns the pool's cached free blocks to the driver (so that cudaMemGetInfo
 // counts them as free).
