@@ -39,91 +39,29 @@ __device__ void hc_mix(const float* X, int64_t width, const DevView& fn, int64_t
   __syncthreads();
 }
 
-// grid (T, nmix): one mix value per block, into mix_out[t * nmix + m]: the sums hc_mix makes, each
-// thread accumulating the same elements in the same order and the block reducing with the same
-// block_sum, so the values are hc_mix's bit for bit. hc_mix runs the nmix dot products of a token
-// one after another in one block (one SM reading 24 x 64 KB for V4-Flash's 4 x 4096 streams: 0.67 ms
-// a call on the H200 at batch 1); here they run in nmix blocks side by side, and each thread loads
-// kMixUnroll of its elements before adding them in order (0.09 ms a call with one load at a time:
-// at batch 1 the 24 blocks wait on memory latency).
+// Loads a thread issues before it adds them, in order (the hc mix at small batches, rms_norm).
 constexpr int kMixUnroll = 8;
-// Tokens a block: each weight load serves kMixTokens tokens (one token a block read the 1.5 MB of
-// weights once per token: 8 ms of an 8K prefill). Each token's sums are the one-token block's, in
-// the same order and through the same block_sum.
-constexpr int kMixTokens = 4;
 
-// grid (ceil(T / kMixTokens) * nmix / kMixes): block b is mixes kMixes (b % groups) .. + kMixes - 1
-// of token group b / groups (groups = nmix / kMixes), so the blocks reading one group's streams run
-// side by side and can find them in L2. Used with kMixes = 1 for a few tokens (the weights' reads
-// spread over nmix blocks); hc_mix_tile_kernel takes more (with 8 mixes a block here, an 8K
-// prefill's hc_pre took 3.9 ms on the H200, 6.9 ms with one). Each (token, mix) sum is the same
-// elements in the same order and the same block_sum either way: the same bits.
-template <int kMixes, int kUnroll>
-__global__ void __launch_bounds__(kThreads, kMixes == 1 ? 1 : 2)
-    hc_mix_rows_kernel(const float* streams, int64_t T, int64_t width, DevView fn, int64_t nmix, float norm_eps,
-                       float* mix_out) {
-  // A thread visits its elements i = tid + j * blockDim.x in increasing j whatever kUnroll (the
-  // loads issued before the adds): the same sums.
-  constexpr int kMixUnroll = kUnroll;
-  const int64_t groups = nmix / kMixes;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kMixTokens, m0 = blockIdx.x % groups * kMixes;
-  const int nt = T - t0 < kMixTokens ? static_cast<int>(T - t0) : kMixTokens;
-  const int64_t step = blockDim.x;
-  float ss[kMixTokens] = {}, acc[kMixes][kMixTokens] = {};
-  const bool f32 = fn.dtype == DType::kF32;
-  for (int64_t i0 = threadIdx.x; i0 < width; i0 += kMixUnroll * step) {
-    float xs[kMixTokens][kMixUnroll];
-#pragma unroll
-    for (int u = 0; u < kMixUnroll; ++u) {
-      const int64_t i = i0 + u * step;
-#pragma unroll
-      for (int k = 0; k < kMixTokens; ++k) xs[k][u] = i < width && k < nt ? streams[(t0 + k) * width + i] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kMixUnroll; ++u) {
-      if (i0 + u * step >= width) break;
-#pragma unroll
-      for (int k = 0; k < kMixTokens; ++k) ss[k] += xs[k][u] * xs[k][u];
-    }
-#pragma unroll
-    for (int mm = 0; mm < kMixes; ++mm) {
-      const int64_t m = m0 + mm;
-      float ws[kMixUnroll];
-#pragma unroll
-      for (int u = 0; u < kMixUnroll; ++u) {
-        const int64_t i = i0 + u * step;
-        ws[u] = i < width ? (f32 ? static_cast<const float*>(fn.data)[m * width + i] : dev_load(fn, m * width + i)) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kMixUnroll; ++u) {
-        if (i0 + u * step >= width) break;
-#pragma unroll
-        for (int k = 0; k < kMixTokens; ++k) acc[mm][k] += ws[u] * xs[k][u];
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kMixTokens; ++k) {
-    const float s2 = block_sum(ss[k]);
-    const float r = 1.0f / sqrtf(s2 / static_cast<float>(width) + norm_eps);
-#pragma unroll
-    for (int mm = 0; mm < kMixes; ++mm) {
-      const float a2 = block_sum(acc[mm][k]);
-      if (threadIdx.x == 0 && k < nt) mix_out[(t0 + k) * nmix + m0 + mm] = a2 * r;
-    }
-  }
-}
-
-// The same sums for kTok tokens x kMix mixes a block, with every block_sum of the block done at
-// once: each warp's warp_sum of each value, then thread q adds value q's eight warp partials in warp
-// order, as block_sum does, so every (token, mix) value is hc_mix's bit for bit. (One block_sum after
-// another, each with its two barriers, made a block of 4 tokens x 8 mixes wait through 36 of them;
-// and with few mixes a block every token's streams are read once per mix, from L2: at batch 256 the
-// one-mix blocks moved 290 MB through L2 for 16 MB of streams, ~0.11 ms a call on the H200.)
-template <int kTok, int kMix>
+// The mix values of T tokens into mix_out [T, nmix], with the sums hc_mix makes: each (token, mix)
+// value is thread i's elements i, i + 256, ... in increasing order, then the block's sum as
+// block_sum forms it (each warp's warp_sum, the 8 warp partials added in warp order), so every value
+// is hc_mix's bit for bit, whatever the tile. hc_mix runs the nmix dot products of a token one after
+// another in one block (one SM reading 24 x 64 KB for V4-Flash's 4 x 4096 streams: 0.67 ms a call
+// on the H200 at batch 1). Here grid (ceil(T / kTok) * nmix / kMix): block b takes mixes kMix
+// (b % groups) .. + kMix - 1 of tokens kTok (b / groups) .. + kTok - 1 (groups = nmix / kMix), the
+// mix fastest-varying so the blocks reading one token group's streams run side by side and find
+// them in L2; each thread loads kUnroll of its elements (of every token and mix of the tile) before
+// adding them in order, and all kTok (kMix + 1) block sums are reduced at once (one barrier).
+// Measured on the H200: one mix a block, one token, one load at a time 0.09 ms a call at batch 1
+// (8 loads in flight: the 0.10 ms per layer of the table in docs/cuda.md); one mix a block for
+// every T, an 8K prefill's hc_pre took 6.9 ms; 8 mixes a block with a block_sum after another (two
+// barriers each) 3.9 ms; with the sums reduced at once, 4 or 8 tokens a block, 2.2 ms, and at 256
+// tokens 0.273 -> 0.138 ms (the one-mix blocks had moved 290 MB through L2 for 16 MB of streams).
+template <int kTok, int kMix, int kUnroll>
 __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* streams, int64_t T, int64_t width, DevView fn,
                                                               int64_t nmix, float norm_eps, float* mix_out) {
-  constexpr int kUnroll = 2, kValues = kTok * (kMix + 1), kWarps = kThreads / 32;
+  constexpr int kValues = kTok * (kMix + 1), kWarps = kThreads / 32;
+  static_assert(kThreads >= kTok * kMix, "a thread per (token, mix) of the tile");
   __shared__ float part[kValues][kWarps];
   const int64_t groups = nmix / kMix;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
@@ -178,27 +116,25 @@ __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* stre
   }
 }
 
-// The mix values of T tokens into mix [T, nmix]: few tokens, hc_mix_rows_kernel with one mix a
-// block (the weights' reads spread over nmix blocks; batch 1); from kMixTileTokens on,
-// hc_mix_tile_kernel with 8 mixes a block, 4 tokens a block below kMixManyTokens (more blocks), 8
-// from there (the weights read half as often).
+// The tile by T: under kMixTileTokens one mix a block of 4 tokens, 8 loads a thread in flight (the
+// weights' reads spread over nmix blocks; batch 1); from there 4 tokens x 8 mixes a block, from
+// kMixManyTokens 8 x 8 (the weights read half as often).
 constexpr int64_t kMixTileTokens = 16, kMixManyTokens = 2048;
 void launch_hc_mix_rows(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
                         float* mix) {
-  static_assert(kThreads >= 8 * 8, "a thread per (token, mix) of a tile");
   if (nmix % 8 == 0 && T >= kMixManyTokens)
-    hc_mix_tile_kernel<8, 8><<<blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
-                                                                                             norm_eps, mix);
+    hc_mix_tile_kernel<8, 8, 2><<<blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
+                                                                                                norm_eps, mix);
   else if (nmix % 8 == 0 && T >= kMixTileTokens)
-    hc_mix_tile_kernel<4, 8><<<blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
-                                                                                             norm_eps, mix);
+    hc_mix_tile_kernel<4, 8, 2><<<blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
+                                                                                                norm_eps, mix);
   else
-    hc_mix_rows_kernel<1, kMixUnroll><<<blocks_for(T, kMixTokens) * static_cast<unsigned>(nmix), kThreads>>>(
-        streams, T, width, fn, nmix, norm_eps, mix);
+    hc_mix_tile_kernel<4, 1, kMixUnroll><<<blocks_for(T, 4) * static_cast<unsigned>(nmix), kThreads>>>(streams, T, width, fn, nmix,
+                                                                                            norm_eps, mix);
 }
 
 // The token's nmix mix values into shared `mix`: computed here (hc_mix) or read from
-// hc_mix_rows_kernel's output when `mix_in` is set.
+// hc_mix_tile_kernel's output when `mix_in` is set.
 __device__ void hc_mix_or_load(const float* X, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
                                const float* mix_in, float* mix) {
   if (mix_in == nullptr) return hc_mix(X, width, fn, nmix, norm_eps, mix);
