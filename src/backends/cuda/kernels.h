@@ -44,8 +44,9 @@ struct DevView {
 // bf16 tensor cores, from a bf16 copy of the keys), "attn_mma" (the fast profiles' attention on the
 // bf16 tensor cores), "attn_bf16_kv" (that attention reading bf16 copies of the KV state rather
 // than converting the fp32 state), "fp8_gemm" (the
-// fast profiles' FP8 linears on cuBLASLt) and "bf16_gemm" (their grouped wo_a and the BF16 weights
-// fed bf16 values as bf16 cuBLASLt GEMMs). Read once per process.
+// fast profiles' FP8 linears on cuBLASLt), "bf16_gemm" (their grouped wo_a and the BF16 weights
+// fed bf16 values as bf16 cuBLASLt GEMMs) and "alloc_nofill" (tensors left unfilled at allocation;
+// off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
