@@ -137,17 +137,14 @@ void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed
   }
 }
 
-// Whether the model's compressor keeps the indexer keys' bf16 copies on the CUDA backend (the
-// keys are bf16 values: --index-keys bf16 or fp4), as it does when it emits them.
+// Whether the CUDA backend's compressor keeps bf16 copies of the indexer keys / the compressed KV
+// for this model, as it does when it emits them (every profile but fp32 rounds to bf16).
 bool keys_bf16_copy(const Model& model) {
-  static const bool mma_on = cuda::cuda_feature_on("indexer_mma");
-  return mma_on && (model.index_keys() == KeyPrecision::kBf16 || model.index_keys() == KeyPrecision::kFp4);
+  return cuda::compressor_keeps_bf16_copies(CompressorSlot::kIndexer, model.index_keys(),
+                                            model.precision() != Precision::kFp32);
 }
-
-// Whether it keeps the compressed KV's bf16 copies (the fast profiles' entries are bf16 values).
 bool kv_bf16_copy(const Model& model) {
-  static const bool on = cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_bf16_kv");
-  return on && model.precision() != Precision::kFp32;
+  return cuda::compressor_keeps_bf16_copies(CompressorSlot::kMain, KeyPrecision::kF32, model.precision() != Precision::kFp32);
 }
 
 // The state of layer l after `context` tokens, random contents (see layer_bench.h).

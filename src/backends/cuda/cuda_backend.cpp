@@ -573,14 +573,7 @@ class CudaBackend final : public Backend {
     std::vector<float*> emitted_rows;  // where this batch's entries go, for the entry_sim and key precision passes
     std::vector<int64_t> jobs;         // {sequence index, e} of every entry the batch emits
     const bool post_pass = p.key_precision != KeyPrecision::kF32 || !p.entry_sim.empty();
-    // bf16 copies of the entries where they are bf16 values and a tensor-core kernel reads them: the
-    // indexer's keys at --index-keys bf16 or fp4; the compressed KV under the fast profiles.
-    static const bool indexer_mma_on = cuda_feature_on("indexer_mma");
-    static const bool attn_bf16_on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_bf16_kv");
-    const bool mirror_keys =
-        p.slot == CompressorSlot::kIndexer
-            ? indexer_mma_on && (p.key_precision == KeyPrecision::kBf16 || p.key_precision == KeyPrecision::kFp4)
-            : attn_bf16_on && p.round_bf16 && p.key_precision != KeyPrecision::kFp8;
+    const bool mirror_keys = compressor_keeps_bf16_copies(p.slot, p.key_precision, p.round_bf16);
     std::vector<const float*> mirror_src;  // the emitted rows whose sequences keep bf16 copies
     std::vector<uint16_t*> mirror_rows;    // and where their copies go
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
@@ -764,12 +757,15 @@ class CudaBackend final : public Backend {
     }
     const DeviceBuffer d_tokens = upload_vector(tokens);
     const bool split = split_on && attention_splits(max_candidates, mma) <= 8192;
+    // With one split a token the tensor-core kernel finishes every token itself: no scratch, one pass.
+    const bool one_split = mma && attention_splits(max_candidates, true) == 1;
     const int64_t split_floats = H * attention_splits(max_candidates, mma) * (Dh + 2);  // per token
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
     const int64_t per_pass =
-        split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
-    DeviceBuffer scratch(split ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
-                               : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
+        one_split ? T : split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
+    DeviceBuffer scratch(one_split ? 0
+                         : split   ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
+                                   : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
     launch_attention({.out = p.out.f32(), .scratch = split ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
@@ -1370,6 +1366,12 @@ bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).l
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
+bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16) {
+  static const bool indexer_mma_on = cuda_feature_on("indexer_mma");
+  static const bool attn_bf16_on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_bf16_kv");
+  if (slot == CompressorSlot::kIndexer) return indexer_mma_on && (keys == KeyPrecision::kBf16 || keys == KeyPrecision::kFp4);
+  return attn_bf16_on && round_bf16 && keys != KeyPrecision::kFp8;
+}
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }

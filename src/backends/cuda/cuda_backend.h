@@ -24,6 +24,12 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend();
 
 namespace cuda {
 
+// Whether the compressor keeps bf16 copies of a slot's entries (CompressorBuffer::entries_bf16)
+// where a tensor-core kernel reads them: the indexer's keys when stored as bf16 values
+// (--index-keys bf16 or fp4; `indexer_mma`), the compressed KV under the profiles that round to
+// bf16 (`attn_mma`, `attn_bf16_kv`). The compressor op and the benchmark's state fill both ask here.
+bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16);
+
 // Test support: the compressed entries (`slot` = kMain) or indexer keys (kIndexer) stored so far in
 // layer `layer` of a state created by the CUDA backend, [count, dim] row-major.
 std::vector<float> state_entries(SequenceState& state, int64_t layer, CompressorSlot slot);

@@ -80,8 +80,8 @@ class WeightCache {
   std::unordered_map<const void*, Entry> by_address_;      // views without an id
 };
 
-// Device memory from the stream-ordered pool on the default stream, zero-filled (cuda_backend.cpp).
-// `bytes` of device memory, zero-filled unless `zero` is false (then left as they come).
+// `bytes` of device memory from the stream-ordered pool on the default stream (cuda_backend.cpp),
+// zero-filled unless `zero` is false (then left as they come).
 void* device_alloc(size_t bytes, bool zero = true);
 void device_free(void* p);
 // Synchronises and returns the pool's cached free blocks to the driver (so that cudaMemGetInfo

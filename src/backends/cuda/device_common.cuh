@@ -175,26 +175,22 @@ __device__ inline float block_max(float v) {
   return m;
 }
 
-// Rotates pair (x[2i], x[2i+1]) of a trailing rope slice by pos * inv_freq[i] (spec §3.0.3). The
-// angle and the rotation are fp64, as on the CPU: fp32 positions lose the angle at long contexts.
-// Pair i of a rope part rotated by the angle whose cosine and sine (sine negated for the inverse)
-// are c, s; rope_rotate_pair computes them from the position.
-__device__ inline float2 rope_rotated(double x0, double x1, double c, double s) {
-  return make_float2(static_cast<float>(x0 * c - x1 * s), static_cast<float>(x0 * s + x1 * c));
-}
-__device__ inline void rope_apply_pair(float* rope_part, int i, double c, double s) {
-  const float2 r = rope_rotated(rope_part[2 * i], rope_part[2 * i + 1], c, s);
-  rope_part[2 * i] = r.x;
-  rope_part[2 * i + 1] = r.y;
-}
+// RoPE (spec §3.0.3): the angle pos * inv_freq[i] and the rotation are fp64, as on the CPU: fp32
+// positions lose the angle at long contexts. rope_angle gives pair i's cosine and sine (the sine
+// negated for the inverse), rope_rotated a pair rotated by them, rope_rotate_pair both in place.
 __device__ inline void rope_angle(double pos, const RopeTableArg& table, int i, bool inverse, double& c, double& s) {
   sincos(pos * table.inv_freq[i], &s, &c);
   if (inverse) s = -s;
 }
+__device__ inline float2 rope_rotated(double x0, double x1, double c, double s) {
+  return make_float2(static_cast<float>(x0 * c - x1 * s), static_cast<float>(x0 * s + x1 * c));
+}
 __device__ inline void rope_rotate_pair(float* rope_part, int i, double pos, const RopeTableArg& table, bool inverse) {
   double c, s;
   rope_angle(pos, table, i, inverse, c, s);
-  rope_apply_pair(rope_part, i, c, s);
+  const float2 r = rope_rotated(rope_part[2 * i], rope_part[2 * i + 1], c, s);
+  rope_part[2 * i] = r.x;
+  rope_part[2 * i + 1] = r.y;
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }

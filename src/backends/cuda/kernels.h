@@ -36,7 +36,7 @@ struct DevView {
 // without downloading the expert choices), "attn_warp" (a warp per attention logit), "pool"
 // (cudaMalloc/cudaFree instead of the stream-ordered pool), "async_upload" (synchronous
 // cudaMemcpy for small uploads), "hc_split" (mHC's mix dot products in one block per token
-// instead of one block per (token, mix)), "compressor_parallel" (the compressors' entries one block
+// instead of tiles of tokens x mixes over many blocks), "compressor_parallel" (the compressors' entries one block
 // each instead of one block walking each sequence), "attn_split" (flash-decoding attention: the candidates
 // split over blocks), "w4a8" (the routed MXFP4 experts on the tensor cores), "w4a8_tiled" (their
 // shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
@@ -84,8 +84,9 @@ struct HcPreArgs {
   int64_t T, S, D;
   int64_t sinkhorn_iters;
   float hc_eps, norm_eps;
-  // [T, (2 + S) * S] scratch, or null: set, the mix dot products run in (2 + S) * S blocks per
-  // token before the per-token kernel (same bits); null, each token's block makes them in turn.
+  // [T, (2 + S) * S] scratch, or null: set, the mix dot products run in tiles of tokens x mixes
+  // over many blocks before the per-token kernel (same bits); null, each token's block makes them
+  // in turn.
   float* mix = nullptr;
   bool round_bf16 = false;  // out_input stored rounded to bf16
 };
@@ -433,9 +434,10 @@ struct AttentionArgs {
   // The split depends only on the token's own candidate count: batch invariant. `scratch` is unused.
   float* split_scratch = nullptr;  // [split_tokens_per_pass, H, max_splits, Dh + 2]
   int64_t split_tokens_per_pass = 0;
-  // With split_scratch: the splits on the bf16 tensor cores (attention_mma_kernel), each of
-  // kAttnMmaSplitCandidates candidates. REQUIRES q and the keys bf16 values
-  // (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte aligned rows.
+  // The splits on the bf16 tensor cores (attention_mma_kernel), each of kAttnMmaSplitCandidates
+  // candidates; split_scratch may be null when no token has more than one split. REQUIRES q and
+  // the keys bf16 values (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte
+  // aligned rows.
   bool mma = false;
   // With mma: the keys read from the tokens' bf16 copies (AttnTokenArgs::*_bf16) instead of
   // converted from fp32 in the kernel; the same values, so the same bits.

@@ -1270,7 +1270,7 @@ void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t 
 
 void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
-  if (a.split_scratch && a.mma) {
+  if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
     const size_t smem = attention_mma_smem(a.Dh);
     static bool opted = false;  // the attribute is per kernel

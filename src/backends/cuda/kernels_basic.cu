@@ -56,7 +56,7 @@ constexpr int kMixUnroll = 8;
 // (8 loads in flight: the 0.10 ms per layer of the table in docs/cuda.md); one mix a block for
 // every T, an 8K prefill's hc_pre took 6.9 ms; 8 mixes a block with a block_sum after another (two
 // barriers each) 3.9 ms; with the sums reduced at once, 4 or 8 tokens a block, 2.2 ms, and at 256
-// tokens 0.273 -> 0.138 ms (the one-mix blocks had moved 290 MB through L2 for 16 MB of streams).
+// tokens 0.273 -> 0.138 ms (hc_pre's two calls).
 template <int kTok, int kMix, int kUnroll>
 __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* streams, int64_t T, int64_t width, DevView fn,
                                                               int64_t nmix, float norm_eps, float* mix_out) {
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* stre
 // weights' reads spread over nmix blocks; batch 1); from there 4 tokens x 8 mixes a block, from
 // kMixManyTokens 8 x 8 (the weights read half as often).
 constexpr int64_t kMixTileTokens = 16, kMixManyTokens = 2048;
-void launch_hc_mix_rows(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
+void launch_hc_mix(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
                         float* mix) {
   if (nmix % 8 == 0 && T >= kMixManyTokens)
     hc_mix_tile_kernel<8, 8, 2><<<blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
@@ -471,7 +471,7 @@ void launch_embed(const EmbedArgs& a) {
 
 void launch_hc_pre(const HcPreArgs& a) {
   if (a.T <= 0) return;
-  if (a.mix) launch_hc_mix_rows(a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
+  if (a.mix) launch_hc_mix(a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
   hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
@@ -486,7 +486,7 @@ void launch_hc_post(const HcPostArgs& a) {
 
 void launch_hc_head(const HcHeadArgs& a) {
   if (a.T <= 0) return;
-  if (a.mix) launch_hc_mix_rows(a.streams, a.T, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
+  if (a.mix) launch_hc_mix(a.streams, a.T, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
   hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 

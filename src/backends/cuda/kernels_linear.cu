@@ -293,6 +293,15 @@ __device__ inline float w4a8_plain_scale(uint32_t four, int j) {
 __device__ inline bool w4a8_packed_scales(const DevWeight& W) {
   return W.scale_dtype == DType::kF8E8M0 && W.scale_cols % 4 == 0;
 }
+// Block j of a group's weight scale for column col (block index `block`): from the column's packed
+// word (kPlain: every byte of the group's words plain, w4a8_plain_scale), or for other layouts from
+// the weight's scale tensor (0 past N).
+template <bool kPlain>
+__device__ inline float w4a8_group_scale(bool packed, uint32_t word, int j, const DevWeight& W, int col, int N, int block) {
+  if (kPlain) return w4a8_plain_scale(word, j);
+  if (packed) return w4a8_e8m0_scale(word, j);
+  return col < N ? w4a8_weight_scale(W, col, block) : 0.0f;
+}
 
 // cp.async of `bytes` (4, 8 or 16) from global to shared memory, zero-filled when !ok (the source is
 // then not read); commit and wait on the thread's groups of copies.
@@ -431,12 +440,8 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
           e2m1x8_to_f16x8(*reinterpret_cast<const uint32_t*>(st.w + (16 * mt + gid + 8) * kSmallWStride + 16 * j + 4 * tig), fb);
           float ws[2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int col = n0 + 16 * mt + gid + 8 * h;
-            if (kPlain) ws[h] = w4a8_plain_scale(sw[mt][h], j);
-            else if (packed) ws[h] = w4a8_e8m0_scale(sw[mt][h], j);
-            else ws[h] = col < N ? w4a8_weight_scale(W, col, 4 * kg + j) : 0.0f;
-          }
+          for (int h = 0; h < 2; ++h)
+            ws[h] = w4a8_group_scale<kPlain>(packed, sw[mt][h], j, W, n0 + 16 * mt + gid + 8 * h, N, 4 * kg + j);
           float d[4];
           w4a8_block(d, fa, fb, fx);
 #pragma unroll
@@ -649,12 +654,8 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
                         fb);
         float ws[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int col = n0 + wc + 16 * mt + gid + 8 * h;
-          if (kPlain) ws[h] = w4a8_plain_scale(sw[mt][h], j);
-          else if (packed) ws[h] = w4a8_e8m0_scale(sw[mt][h], j);
-          else ws[h] = col < N ? w4a8_weight_scale(W, col, 4 * kg + j) : 0.0f;
-        }
+        for (int h = 0; h < 2; ++h)
+          ws[h] = w4a8_group_scale<kPlain>(packed, sw[mt][h], j, W, n0 + wc + 16 * mt + gid + 8 * h, N, 4 * kg + j);
 #pragma unroll
         for (int nt = 0; nt < kTiledNt; ++nt) {
           float d[4];

@@ -37,6 +37,10 @@ class CudaOps : public ::testing::Test {
   std::pair<Tensor, Tensor> both_alloc(ElemType type, const std::vector<int64_t>& shape) {
     return {cpu->alloc(type, shape), gpu->alloc(type, shape)};
   }
+  // indexer_topk with bf16 operands on both backends, from the same q and head weights (batches bc
+  // and bg the same positions): indices [T, k] and scores [T, C]. Defined with the indexer tests.
+  struct IndexerBoth indexer_both_bf16(const std::pair<Tensor, Tensor>& q, const std::pair<Tensor, Tensor>& w,
+                                       const BatchInfo& bc, const BatchInfo& bg, int64_t m, int64_t k, int64_t C);
   // Defined with the W4A8 MoE tests below.
   struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K);
   // Defined with the attention tests below.
@@ -766,6 +770,22 @@ TEST_F(CudaOps, CompressorRoundsEachNewIndexerKeyAsTheCpuDoes) {
 
 // n0 tokens of sequence 0 and n1 of sequence 1 through the indexer compressor on both backends
 // (random kv and gate rows; keys stored at kp), then the sequences advanced.
+struct IndexerBoth {
+  Tensor ic, ig, sc, sg;  // indices and scores, CPU and GPU
+};
+
+IndexerBoth CudaOps::indexer_both_bf16(const std::pair<Tensor, Tensor>& q, const std::pair<Tensor, Tensor>& w,
+                                       const BatchInfo& bc, const BatchInfo& bg, int64_t m, int64_t k, int64_t C) {
+  const int64_t T = bc.num_tokens();
+  IndexerBoth r{.ic = cpu->alloc(ElemType::kI32, {T, k}), .ig = gpu->alloc(ElemType::kI32, {T, k}),
+                .sc = cpu->alloc(ElemType::kF32, {T, C}), .sg = gpu->alloc(ElemType::kF32, {T, C})};
+  cpu->indexer_topk({.out_indices = r.ic, .q = q.first, .head_weights = w.first, .batch = &bc, .layer = 0, .ratio = m,
+                     .k = k, .out_scores = r.sc, .bf16_operands = true});
+  gpu->indexer_topk({.out_indices = r.ig, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0, .ratio = m,
+                     .k = k, .out_scores = r.sg, .bf16_operands = true});
+  return r;
+}
+
 void compress_indexer_batch(Backend& cpu, Backend& gpu, TwoSequences& seqs, const CompressorCase& cc, Rng& rng,
                             int64_t n0, int64_t n1, KeyPrecision kp) {
   auto [bc, bg] = seqs.batches(n0, n1);
@@ -802,20 +822,14 @@ TEST_F(CudaOps, IndexerTopkOnTensorCoresMatchesCpu) {
       // 275 and 75 entries: two full tiles of 128 and a partial one of 19; a tile with a partial warp.
       auto [bc, bg] = seqs.batches(2, 1);
       const int64_t T = 3, C = max_visible(bc, m);
-      std::vector<float> qv = rng.normal(T * Hi * di);
-      for (float& v : qv) v = bf16_round(v);
+      const std::vector<float> qv = host_bf16(rng.normal(T * Hi * di));
       const auto q = both_f32(qv, {T, Hi, di});
       const std::vector<float> wv = rng.normal(T * Hi);
       const auto w = both_f32(wv, {T, Hi});
       for (int64_t k : {int64_t{64}, int64_t{200}}) {
         const std::string what = "indexer bf16 operands Hi=" + std::to_string(Hi) + " di=" + std::to_string(di) +
                                  " keys " + key_precision_name(kp) + " k=" + std::to_string(k);
-        const Tensor ic = cpu->alloc(ElemType::kI32, {T, k}), ig = gpu->alloc(ElemType::kI32, {T, k});
-        const Tensor sc = cpu->alloc(ElemType::kF32, {T, C}), sg = gpu->alloc(ElemType::kF32, {T, C});
-        cpu->indexer_topk({.out_indices = ic, .q = q.first, .head_weights = w.first, .batch = &bc, .layer = 0,
-                           .ratio = m, .k = k, .out_scores = sc, .bf16_operands = true});
-        gpu->indexer_topk({.out_indices = ig, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0,
-                           .ratio = m, .k = k, .out_scores = sg, .bf16_operands = true});
+        const auto [ic, ig, sc, sg] = indexer_both_bf16(q, w, bc, bg, m, k, C);
         if (real) {
           EXPECT_EQ(cuda::last_indexer_tensor_cores(*gpu),
                     kp == KeyPrecision::kBf16 && cuda::cuda_feature_on("indexer_mma")) << what;
@@ -866,18 +880,11 @@ TEST_F(CudaOps, IndexerBf16CopiesPerSequence) {
   for (auto [n0, n1] : {std::pair<int64_t, int64_t>{1, 1}, std::pair<int64_t, int64_t>{0, 1}}) {
     auto [bc, bg] = seqs.batches(n0, n1);
     const int64_t T = n0 + n1, k = 8, C = max_visible(bc, m);
-    std::vector<float> qv = rng.normal(T * Hi * di);
-    for (float& v : qv) v = bf16_round(v);
-    const auto q = both_f32(qv, {T, Hi, di});
+    const auto q = both_f32(host_bf16(rng.normal(T * Hi * di)), {T, Hi, di});
     const auto w = both_f32(rng.normal(T * Hi), {T, Hi});
     const std::string what = "indexer, bf16 copies of sequence 1 only, batch (" + std::to_string(n0) + ", " +
                              std::to_string(n1) + ")";
-    const Tensor ic = cpu->alloc(ElemType::kI32, {T, k}), ig = gpu->alloc(ElemType::kI32, {T, k});
-    const Tensor sc = cpu->alloc(ElemType::kF32, {T, C}), sg = gpu->alloc(ElemType::kF32, {T, C});
-    cpu->indexer_topk({.out_indices = ic, .q = q.first, .head_weights = w.first, .batch = &bc, .layer = 0,
-                       .ratio = m, .k = k, .out_scores = sc, .bf16_operands = true});
-    gpu->indexer_topk({.out_indices = ig, .q = q.second, .head_weights = w.second, .batch = &bg, .layer = 0,
-                       .ratio = m, .k = k, .out_scores = sg, .bf16_operands = true});
+    const auto [ic, ig, sc, sg] = indexer_both_bf16(q, w, bc, bg, m, k, C);
     if (real) {
       EXPECT_EQ(cuda::last_indexer_tensor_cores(*gpu), n0 == 0 && cuda::cuda_feature_on("indexer_mma")) << what;
     }
