@@ -11,9 +11,14 @@
 #                                         layers of the synthetic model written for it, the contexts
 #   NCU_CELLS='--batches 256 --prefill 0' ncu on the kernels matching KREGEX (default w4a8) in those
 #                                         bench cells (';' separates cells; SKIP launches skipped first)
+#   NCU_COUNT=2 NCU_CONTEXTS=4k            with NCU_CELLS: the launches profiled, the cells' contexts;
+#   NCU_ARGS='--clock-control none'       more ncu options (that one: the boost clocks the bench runs at)
 #   NCU_FULL=1 NCU_BINS='sparrow.base sparrow'  with NCU_CELLS: ncu's whole report of each cell
 #                                         into $OUT/ncu-<bin>-<cell>.txt (more sections), for each binary
-#   SASS=1                                the W4A8 kernels' SASS into $OUT/w4a8.sass
+#   NCU_SOURCE=1                          with NCU_CELLS: also the per-instruction counters (SASS,
+#                                         stall samples) as CSV into $OUT/ncu-source-<bin>-<cell>.csv
+#   SASS=1 SASS_REGEX=w4a8                the SASS of the kernels whose mangled names match into
+#                                         $OUT/kernels.sass
 #
 # Binaries: .gpu-carry (scripts/prepare-gpu-carry.sh), carried with the device tool's `carry`.
 set -u
@@ -48,15 +53,20 @@ if [ -n "${NCU_CELLS:-}" ]; then
   IFS=';' read -ra cells <<< "$NCU_CELLS"
   sections=(--section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats)
   [ -n "${NCU_FULL:-}" ] && sections+=(--section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats)
+  [ -n "${NCU_SOURCE:-}" ] && sections+=(--section SourceCounters --import-source no -f -o /tmp/gpu-probe-ncu)
   for bin in ${NCU_BINS:-sparrow}; do
     i=0
     for cell in "${cells[@]}"; do
       echo "== ncu $bin $cell"
       # shellcheck disable=SC2086
-      timeout 200 /usr/local/cuda/bin/ncu --kernel-name "regex:${KREGEX:-w4a8}" --launch-skip "${SKIP:-0}" --launch-count 2 \
+      timeout 200 /usr/local/cuda/bin/ncu ${NCU_ARGS:-} --kernel-name "regex:${KREGEX:-w4a8}" --launch-skip "${SKIP:-0}" --launch-count "${NCU_COUNT:-2}" \
         "${sections[@]}" \
-        .gpu-carry/$bin bench --model "$model" --layers "${LAYER:-0}" $cell --contexts 4k --gemm-tokens 0 --precision fast \
+        .gpu-carry/$bin bench --model "$model" --layers "${LAYER:-0}" $cell --contexts "${NCU_CONTEXTS:-4k}" --gemm-tokens 0 --precision fast \
         --warmup 1 --min-reps 1 --max-reps 1 --peak-reps 1 --copy-gib 0.1 --out /tmp/gpu-probe-ncu.json > /tmp/gpu-probe-ncu.txt 2>&1
+      if [ -n "${NCU_SOURCE:-}" ]; then  # the report went to a file: its details, then its source page
+        /usr/local/cuda/bin/ncu -i /tmp/gpu-probe-ncu.ncu-rep >> /tmp/gpu-probe-ncu.txt 2>&1
+        /usr/local/cuda/bin/ncu -i /tmp/gpu-probe-ncu.ncu-rep --page source --csv --print-source sass > "$out/ncu-source-$bin-$i.csv" 2>&1
+      fi
       if [ -n "${NCU_FULL:-}" ]; then
         cp /tmp/gpu-probe-ncu.txt "$out/ncu-$bin-$i.txt"
       else
@@ -69,6 +79,6 @@ if [ -n "${NCU_CELLS:-}" ]; then
 fi
 if [ -n "${SASS:-}" ]; then
   /usr/local/cuda/bin/cuobjdump -sass .gpu-carry/sparrow > /tmp/gpu-probe-all.sass 2>&1
-  awk '/Function : .*w4a8/{p=1} /Function : /&&!/w4a8/{p=0} p' /tmp/gpu-probe-all.sass > "$out/w4a8.sass"
+  awk -v re="${SASS_REGEX:-w4a8}" '/Function : /{p = ($0 ~ re)} p' /tmp/gpu-probe-all.sass > "$out/kernels.sass"
 fi
 echo "gpu-probe done in $(( $(date +%s) - t0 )) s"
