@@ -303,19 +303,6 @@ __device__ inline float w4a8_group_scale(bool packed, uint32_t word, int j, cons
   return col < N ? w4a8_weight_scale(W, col, block) : 0.0f;
 }
 
-// cp.async of `bytes` (4, 8 or 16) from global to shared memory, zero-filled when !ok (the source is
-// then not read); commit and wait on the thread's groups of copies.
-__device__ inline void cp_async(void* dst, const void* src, bool ok, int bytes) {
-  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const int n = ok ? bytes : 0;
-  if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
-  else if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
-  else asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
-
 // Small kernel: a block is 16 kTiles output columns (kTiles m16 tiles: each code converted once
 // for all of them) x one 8-row tile; warp w takes quarter w of the groups and streams them through
 // its own kSmallStages-deep ring in shared memory (cp.async: the loads of the next two groups are in
