@@ -106,9 +106,9 @@ void trim_device_pool() {
   SPARROW_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+DeviceBuffer::DeviceBuffer(size_t bytes, bool zero) : bytes_(bytes) {
   if (bytes == 0) return;
-  ptr_ = device_alloc(bytes);
+  ptr_ = device_alloc(bytes, zero);
 }
 
 DeviceBuffer::~DeviceBuffer() { device_free(ptr_); }
@@ -198,7 +198,7 @@ void host_to_device(void* dst, const void* src, size_t bytes) {
 
 template <class T>
 DeviceBuffer upload_vector(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
+  DeviceBuffer b(v.size() * sizeof(T), false);  // (every byte copied over)
   host_to_device(b.get(), v.data(), b.bytes());
   return b;
 }
@@ -672,20 +672,29 @@ class CudaBackend final : public Backend {
       mma = mma && buf.mirror_complete();
       C = std::max(C, visible[t]);
     }
-    if (T * p.k > 0) SPARROW_CUDA_CHECK(cudaMemset(p.out_indices.i32(), 0xff, T * p.k * sizeof(int32_t)));  // -1
-    if (T == 0 || C == 0) return;
-    const DeviceBuffer d_keys = upload_vector(keys), d_visible = upload_vector(visible);
-    const DeviceBuffer d_keys_bf16 = mma ? upload_vector(keys_bf16) : DeviceBuffer();
+    if (T == 0 || C == 0) {  // (no entry visible: every slot -1; else the launch writes them all)
+      if (T * p.k > 0) SPARROW_CUDA_CHECK(cudaMemsetAsync(p.out_indices.i32(), 0xff, T * p.k * sizeof(int32_t), 0));
+      return;
+    }
+    // The per-token arguments in one upload: key pointers, bf16 key pointers, visible counts.
+    std::vector<uint64_t> plan(3 * T);
+    for (int64_t t = 0; t < T; ++t) {
+      plan[t] = reinterpret_cast<uintptr_t>(keys[t]);
+      plan[T + t] = reinterpret_cast<uintptr_t>(keys_bf16[t]);
+      plan[2 * T + t] = static_cast<uint64_t>(visible[t]);
+    }
+    const DeviceBuffer d_plan = upload_vector(plan);
+    const auto* d_words = static_cast<const uint64_t*>(d_plan.get());
     last_indexer_mma_ = mma;
-    DeviceBuffer scores(T * C * sizeof(float));
+    const DeviceBuffer scores(T * C * sizeof(float), false);  // (the scorers write every [T, C] score)
     launch_indexer_topk({.out_indices = p.out_indices.i32(), .scores = scores.f32(), .q = p.q.f32(),
-                         .head_weights = p.head_weights.f32(), .keys = static_cast<const float* const*>(d_keys.get()),
-                         .visible = static_cast<const int64_t*>(d_visible.get()), .T = T, .Hi = Hi, .di = di, .k = p.k,
+                         .head_weights = p.head_weights.f32(), .keys = reinterpret_cast<const float* const*>(d_words),
+                         .visible = reinterpret_cast<const int64_t*>(d_words + 2 * T), .T = T, .Hi = Hi, .di = di, .k = p.k,
                          .C = C, .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) /
                                                              std::sqrt(static_cast<double>(Hi))),
                          .bf16_scores = p.bf16_scores,
                          .scale_f64 = 1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(Hi)),
-                         .keys_bf16 = static_cast<const uint16_t* const*>(d_keys_bf16.get()),
+                         .keys_bf16 = mma ? reinterpret_cast<const uint16_t* const*>(d_words + T) : nullptr,
                          .mma_tiles = indexer_mma_tiles_});
     launch_check("indexer_topk");
     if (out_C > 0)
@@ -1341,6 +1350,23 @@ std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, Key
   std::vector<float> out(rows.size());
   if (!out.empty())
     SPARROW_CUDA_CHECK(cudaMemcpy(out.data(), values.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const std::vector<int64_t>& visible,
+                                         int64_t k) {
+  const int64_t T = static_cast<int64_t>(visible.size());
+  SPARROW_CHECK(T > 0 && k > 0 && static_cast<int64_t>(scores.size()) % T == 0);
+  const int64_t C = static_cast<int64_t>(scores.size()) / T;
+  for (int64_t v : visible) SPARROW_CHECK(v >= 0 && v <= C);
+  const DeviceBuffer d_scores = upload_vector(scores), d_visible = upload_vector(visible);
+  const DeviceBuffer d_out = upload_vector(std::vector<int32_t>(T * k, 0x7f7f7f7f));  // (the launch writes every slot)
+  launch_indexer_select({.out_indices = static_cast<int32_t*>(d_out.get()), .scores = d_scores.f32(), .q = nullptr,
+                         .head_weights = nullptr, .keys = nullptr, .visible = static_cast<const int64_t*>(d_visible.get()),
+                         .T = T, .Hi = 0, .di = 0, .k = k, .C = C, .scale = 1.0f});
+  launch_check("indexer_select_rows");
+  std::vector<int32_t> out(T * k);
+  SPARROW_CUDA_CHECK(cudaMemcpy(out.data(), d_out.get(), out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
   return out;
 }
 

@@ -38,6 +38,13 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
 // for `--index-keys`. REQUIRES a CUDA backend was created (the device is selected).
 std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, KeyPrecision precision);
 
+// Test support: the indexer's top-k selection alone on the device (the kernel indexer_topk runs
+// after its scores) over `scores` [T, C] row-major, T = visible.size(), entries w < visible[t] of
+// row t competing: [T, k] indices by rank (higher score first, then the lower index), -1 past the
+// visible count. REQUIRES a CUDA backend was created.
+std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const std::vector<int64_t>& visible,
+                                         int64_t k);
+
 // Test support for linear_fp8_block (backends/cuda/fp8_linear.h). REQUIRES `backend` was made by
 // make_cuda_backend. The path its last call took: "tensor cores: <cuBLASLt version, shape>" or
 // "fallback: <why>".
@@ -88,7 +95,7 @@ bool last_attention_tensor_cores(Backend& backend);
 // keeping them), and a switch for tests: off, the kernel converts the fp32 state (the same bits).
 bool last_attention_bf16_kv(Backend& backend);
 void set_attention_bf16_kv(Backend& backend, bool on);
-// That scorer's tiles of 128 entries a block: 1 to 8, 0 (the default) chooses by the grid's size.
+// That scorer's tiles of 128 entries a block: 1 to 32, 0 (the default) chooses by the grid's size.
 // The same bits either way (test support).
 void set_indexer_mma_tiles(Backend& backend, int tiles);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).

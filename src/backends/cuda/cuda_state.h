@@ -88,11 +88,12 @@ void device_free(void* p);
 // counts them as free).
 void trim_device_pool();
 
-// Zero-filled device bytes from device_alloc, freed (stream-ordered) on destruction. Move-only.
+// Device bytes from device_alloc, zero-filled unless `zero` is false, freed (stream-ordered) on
+// destruction. Move-only.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
+  explicit DeviceBuffer(size_t bytes, bool zero = true);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;

@@ -371,7 +371,7 @@ struct KeySimArgs {
 void launch_key_sim(const KeySimArgs& a);
 
 struct IndexerArgs {
-  int32_t* out_indices;         // [T, k], pre-filled with -1
+  int32_t* out_indices;         // [T, k], every slot written (-1 past the token's visible count)
   float* scores;                // [T, C] scratch: score of every visible entry, -inf past them
   const float* q;               // [T, Hi, di]
   const float* head_weights;    // [T, Hi]
@@ -388,10 +388,12 @@ struct IndexerArgs {
   // sums in the tensor cores' order (not the fp32 kernels' FMA chains). REQUIRES q and the keys to
   // be bf16 values (the fast profile with --index-keys bf16 or fp4), indexer_mma_fits(Hi, di).
   const uint16_t* const* keys_bf16 = nullptr;
-  int mma_tiles = 0;  // tiles of 128 entries a block of that scorer, 1 to 8; 0 chooses (the same bits)
+  int mma_tiles = 0;  // tiles of 128 entries a block of that scorer, 1 to 32; 0 chooses (the same bits)
 };
 // Scores into `scores`, then top-k by rank (higher score first, then the lower index).
 void launch_indexer_topk(const IndexerArgs& a);
+// The top-k part alone, from the scores in `scores` (uses out_indices, scores, visible, T, k, C).
+void launch_indexer_select(const IndexerArgs& a);
 // The shapes the tensor-core scorer takes: heads a multiple of 16 up to 64, di 32, 64 or 128.
 inline bool indexer_mma_fits(int64_t Hi, int64_t di) {
   return Hi > 0 && Hi % 16 == 0 && Hi <= 64 && (di == 32 || di == 64 || di == 128);

@@ -284,6 +284,8 @@ __global__ void indexer_select_kernel(IndexerArgs a) {
 // ---- the indexer's fast paths (same results, bit for bit, as the kernels above) ------------------
 
 constexpr int kSelectThreads = 512;
+constexpr int kSelectPerLane = 16;  // entries a lane loads at once in indexer_radix_select_kernel's sweeps
+constexpr int kSelectCap = 4096;  // the keys that kernel sorts at most (32 KB of shared memory)
 constexpr int kScoreEntries = 32;  // entries per block of indexer_score_smem_kernel
 constexpr int kScoreWarps = 8;
 
@@ -296,122 +298,407 @@ __device__ inline uint64_t rank_key(float score, int64_t w) {
   return (static_cast<uint64_t>(u) << 32) | static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(w));
 }
 
-// grid (T), block kSelectThreads, dynamic shared memory: next_pow2(k) keys. The same slots as
-// indexer_select_kernel in O(visible) per token: a 4-pass radix select finds the k-th largest
-// score's bits u*; every entry above u*, and the lowest-index entries equal to u* up to k, are
-// compacted (contiguous chunks per thread and a block scan keep index order among the ties); a
-// bitonic sort of the k keys puts them in rank order.
-__global__ void indexer_radix_select_kernel(IndexerArgs a, int64_t pow2) {
-  extern __shared__ uint64_t cand[];  // [pow2]
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t s_prefix, s_mask;
-  __shared__ int64_t s_remaining;
-  __shared__ int64_t s_greater[kSelectThreads], s_equal[kSelectThreads];
-  const int64_t t = blockIdx.x;
-  const int64_t E = a.visible[t];
-  const int64_t k = a.k;
-  const float* sc = a.scores + t * a.C;
-  const int tid = threadIdx.x;
-  const int64_t take = E < k ? E : k;  // slots this token fills
-  for (int64_t i = tid; i < pow2; i += blockDim.x) cand[i] = 0;
-  if (E == 0) return;
-  uint32_t prefix = 0, mask = 0;
-  int64_t remaining = take;
-  if (E > k) {
-    if (tid == 0) {
-      s_prefix = 0;
-      s_mask = 0;
-      s_remaining = k;
-    }
-    for (int pass = 0; pass < 4; ++pass) {
-      const int shift = 24 - 8 * pass;
-      for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-      __syncthreads();
-      prefix = s_prefix;
-      mask = s_mask;
-      for (int64_t w = tid; w < E; w += blockDim.x) {
-        const uint32_t u = static_cast<uint32_t>(rank_key(sc[w], w) >> 32);
-        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int64_t acc = 0;
-        for (int bin = 255; bin >= 0; --bin) {
-          if (acc + hist[bin] >= s_remaining) {
-            s_prefix |= static_cast<uint32_t>(bin) << shift;
-            s_mask |= 255u << shift;
-            s_remaining -= acc;
-            break;
-          }
-          acc += hist[bin];
+// The lanes' inclusive prefix sum within a warp (every lane of the warp calls it).
+__device__ inline uint32_t warp_inclusive_scan(uint32_t v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t o = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += o;
+  }
+  return v;
+}
+
+// The score's bits in an unsigned order (rank_key's high word).
+__device__ inline uint32_t order_bits(float score) { return static_cast<uint32_t>(rank_key(score, 0) >> 32); }
+
+// Calls f(u, w, valid) for the entries w < E of a token's scores, u = order_bits(score): a warp
+// takes kSelectPerLane x 32 entries a round, every load of the round issued before the first use
+// (the sweeps are bound by the latency of those loads from L2), as float4s when `sc` is 16-byte
+// aligned. Every lane of the warp calls f together, kSelectPerLane times a round (valid false past
+// E); the entries come in no particular order.
+template <class F>
+__device__ inline void select_sweep(const float* sc, uint32_t E, F&& f) {
+  constexpr uint32_t kRound = 32 * kSelectPerLane;
+  const uint32_t lane = threadIdx.x % 32;
+  const bool vec = reinterpret_cast<uintptr_t>(sc) % 16 == 0;
+  for (uint32_t base = threadIdx.x / 32 * kRound; base < E; base += kSelectThreads / 32 * kRound) {
+    float v[kSelectPerLane];
+    if (vec) {  // lane: entries base + 128 q + 4 lane + {0..3}
+#pragma unroll
+      for (int q = 0; q < kSelectPerLane / 4; ++q) {
+        const uint32_t w = base + 128 * q + 4 * lane;
+        if (w + 4 <= E) {
+          const float4 f4 = *reinterpret_cast<const float4*>(sc + w);
+          v[4 * q] = f4.x, v[4 * q + 1] = f4.y, v[4 * q + 2] = f4.z, v[4 * q + 3] = f4.w;
+        } else {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) v[4 * q + c] = w + c < E ? sc[w + c] : 0.0f;
         }
       }
-      __syncthreads();
+    } else {  // lane: entries base + 32 j + lane
+#pragma unroll
+      for (int j = 0; j < kSelectPerLane; ++j) v[j] = base + 32 * j + lane < E ? sc[base + 32 * j + lane] : 0.0f;
     }
-    prefix = s_prefix;  // u*: the k-th largest score's bits
-    remaining = s_remaining;  // entries equal to u* that are kept (lowest indices first)
-  }
-  // Compaction in index order: thread i takes entries [i * chunk, (i + 1) * chunk).
-  const int64_t chunk = (E + blockDim.x - 1) / blockDim.x;
-  const int64_t c0 = tid * chunk < E ? tid * chunk : E, c1 = c0 + chunk < E ? c0 + chunk : E;
-  int64_t greater = 0, equal = 0;
-  if (E > k) {
-    for (int64_t w = c0; w < c1; ++w) {
-      const uint32_t u = static_cast<uint32_t>(rank_key(sc[w], w) >> 32);
-      greater += u > prefix ? 1 : 0;
-      equal += u == prefix ? 1 : 0;
+#pragma unroll
+    for (int j = 0; j < kSelectPerLane; ++j) {
+      const uint32_t w = vec ? base + 128 * (j / 4) + 4 * lane + j % 4 : base + 32 * j + lane;
+      f(order_bits(v[j]), w, w < E);
     }
   }
-  s_greater[tid] = greater;
-  s_equal[tid] = equal;
-  __syncthreads();
-  if (tid == 0) {  // exclusive scans
-    int64_t g = 0, e = 0;
-    for (int i = 0; i < static_cast<int>(blockDim.x); ++i) {
-      const int64_t gi = s_greater[i], ei = s_equal[i];
-      s_greater[i] = g;
-      s_equal[i] = e;
-      g += gi;
-      e += ei;
-    }
+}
+
+// Where a radix select stands: the keys k-th largest and above that are not yet known all lie in
+// the bin `prefix` under `mask` (the digits found so far), of which `remaining` are still to take;
+// `at_least` keys are >= prefix (the bin's lower bound); `done` when the whole bin is taken (then
+// the keys >= prefix are exactly the top k).
+struct SelectState {
+  uint64_t prefix, mask;
+  uint32_t remaining, at_least, done;
+};
+
+// Every thread of the block, after a histogram `hist` of the next digit (`bits` bits at `shift`,
+// 8 or 12) of the keys in the current bin: moves `st` into the highest bin at which the count from
+// the top reaches st.remaining. Thread i sums bins 8 i .. 8 i + 7 from the top; a block scan finds
+// the thread whose bins cross. The caller synchronises before anyone reads `st`.
+__device__ inline void select_descend(const uint32_t* hist, int shift, int bits, uint32_t k, SelectState& st,
+                                      uint32_t* warp_sums) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int nbins = 1 << bits;
+  const uint32_t rem = st.remaining;
+  uint32_t c[8], total = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    c[i] = 8 * tid < nbins ? hist[nbins - 1 - 8 * tid - i] : 0u;
+    total += c[i];
   }
-  __syncthreads();
-  if (E > k) {
-    int64_t g = s_greater[tid], e = s_equal[tid];
-    const int64_t n_greater = take - remaining;
-    for (int64_t w = c0; w < c1; ++w) {
-      const uint64_t key = rank_key(sc[w], w);
-      const uint32_t u = static_cast<uint32_t>(key >> 32);
-      if (u > prefix) {
-        cand[g++] = key;
-      } else if (u == prefix) {
-        if (e < remaining) cand[n_greater + e] = key;
-        ++e;
+  const uint32_t incl = warp_inclusive_scan(total);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();  // (also: every thread has read st.remaining)
+  uint32_t acc = incl - total;
+  for (int w = 0; w < warp; ++w) acc += warp_sums[w];
+  if (acc < rem && rem <= acc + total) {  // exactly one thread: the crossing is in its bins
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (acc + c[i] >= rem) {
+        st.prefix |= static_cast<uint64_t>(nbins - 1 - 8 * tid - i) << shift;
+        st.mask |= static_cast<uint64_t>(nbins - 1) << shift;
+        st.remaining = rem - acc;
+        st.at_least = (k - rem) + acc + c[i];  // above the bin's range, above the bin, in it
+        st.done = acc + c[i] == rem ? 1u : 0u;
+        break;
       }
+      acc += c[i];
     }
-  } else {
-    for (int64_t w = c0; w < c1; ++w) cand[w] = rank_key(sc[w], w);
+  }
+}
+
+// Sorts keys[0 .. n) descending (n a power of two <= kSelectCap; every thread of the block calls
+// it). Bitonic: the steps of stride 32 and up through shared memory, one barrier each; the steps
+// below 32 in registers, a lane's partner by shuffle (lane i ^ stride holds key i ^ stride).
+__device__ inline void select_sort_desc(uint64_t* keys, int n) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  // Key i against its partner i ^ stride within a bitonic merge of `size`: the lower index keeps
+  // the larger key where the merge runs descending ((i & size) == 0), the smaller otherwise.
+  auto step = [](uint64_t x, int i, int size, int stride) {
+    const uint64_t y = __shfl_xor_sync(0xffffffffu, x, stride);
+    return ((i & size) == 0) == ((i & stride) == 0) ? (x > y ? x : y) : (x < y ? x : y);
+  };
+  for (int base = tid / 32 * 32; base < n; base += kSelectThreads) {  // sizes 2 .. 32
+    const int i = base + lane;
+    uint64_t x = keys[i];  // (past n only while n < 32: keys exist there, and are not written)
+    for (int size = 2; size <= 32 && size <= n; size <<= 1)
+      for (int stride = size / 2; stride > 0; stride >>= 1) x = step(x, i, size, stride);
+    if (i < n) keys[i] = x;
   }
   __syncthreads();
-  // Bitonic sort, descending.
-  for (int64_t size = 2; size <= pow2; size <<= 1) {
-    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int64_t i = tid; i < pow2; i += blockDim.x) {
-        const int64_t j = i ^ stride;
+  for (int size = 64; size <= n; size <<= 1) {
+    for (int stride = size / 2; stride >= 32; stride >>= 1) {
+      for (int i = tid; i < n; i += kSelectThreads) {
+        const int j = i ^ stride;
         if (j > i) {
-          const bool desc = (i & size) == 0;
-          const uint64_t x = cand[i], y = cand[j];
-          if (desc ? x < y : x > y) {
-            cand[i] = y;
-            cand[j] = x;
+          const uint64_t x = keys[i], y = keys[j];
+          if ((i & size) == 0 ? x < y : x > y) {
+            keys[i] = y;
+            keys[j] = x;
           }
         }
       }
       __syncthreads();
     }
+    for (int base = tid / 32 * 32; base < n; base += kSelectThreads) {
+      const int i = base + lane;
+      uint64_t x = keys[i];
+      for (int stride = 16; stride > 0; stride >>= 1) x = step(x, i, size, stride);
+      keys[i] = x;
+    }
+    __syncthreads();
   }
-  for (int64_t i = tid; i < take; i += blockDim.x)
-    a.out_indices[t * k + i] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(cand[i] & 0xffffffffu));
+}
+
+// grid (T), block kSelectThreads, dynamic shared memory: kSelectCap keys. The same slots as
+// indexer_select_kernel in O(visible) per token, on the 64-bit rank keys (score bits, then the
+// complement of the index: unique, so the k-th largest key is the k-th ranked entry). The top k
+// are found among candidates in shared memory: every entry at or above a lower bound that at
+// least k and at most kSelectCap entries clear, appended by one sweep over the token's scores
+// (warp-aggregated slots, any order). The bound is
+//   - 0, when the token sees at most kSelectCap entries;
+//   - else first a guess: from the 12-bit histogram of a sample of the scores (the first 128 of
+//     every 1024), the bin's lower bound that about 1.5 k entries are expected to clear, kept
+//     when the collect finds between k and kSelectCap above it;
+//   - else the radix passes over the scores in global memory (digits of 12, 8, 8 and 4 bits from
+//     the top), until the entries at or above the bin holding the k-th largest fit.
+// Radix passes over the candidates' keys (8 bits a pass, into the index bits) then narrow down
+// the bin holding the k-th largest key until it is taken whole: the keys at or above it are the
+// top k, compacted and sorted (a bitonic sort of next_pow2(k) keys). Only when more than
+// kSelectCap entries tie at the k-th largest score do all the global passes run and the
+// compaction keep index order (the lowest-index ties are kept): one sweep to count per warp, one
+// to write. In the histograms a warp whose counted lanes share one bin adds to it once (per-lane
+// atomics on one bin serialise 32 ways); the bin is found by a block scan.
+__global__ void indexer_radix_select_kernel(IndexerArgs a, int64_t pow2) {
+  extern __shared__ uint64_t cand[];  // [kSelectCap]
+  constexpr int kWarps = kSelectThreads / 32;
+  constexpr int kHeld = kSelectCap / kSelectThreads;  // keys a thread holds in the compaction
+  __shared__ uint32_t hist[256];
+  __shared__ SelectState st;
+  __shared__ uint32_t s_next;
+  __shared__ uint32_t s_greater[kWarps], s_equal[kWarps], warp_sums[kWarps];
+  static_assert(8 * kSelectThreads >= 4096 && kSelectCap * 2 >= 4096, "the 12-bit pass: its bins, its histogram in cand");
+  const int64_t t = blockIdx.x;
+  const uint32_t E = static_cast<uint32_t>(a.visible[t]);  // < 2^31: the launch checks C
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  const float* sc = a.scores + t * a.C;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const uint32_t take = E < k ? E : k;  // slots this token fills
+  for (int i = tid; i < kSelectCap; i += kSelectThreads) cand[i] = 0;
+  if (E == 0) {
+    for (uint32_t i = tid; i < k; i += kSelectThreads) a.out_indices[t * k + i] = -1;
+    return;
+  }
+  const uint32_t below = (1u << lane) - 1u;
+  if (tid == 0) {
+    st = {.prefix = 0, .mask = 0, .remaining = k, .at_least = E, .done = 0};
+    s_next = 0;
+  }
+  __syncthreads();
+  if (E <= k) {
+    for (uint32_t w = tid; w < E; w += kSelectThreads) cand[w] = rank_key(sc[w], w);
+    __syncthreads();
+    select_sort_desc(cand, static_cast<int>(pow2));
+  } else {
+    int shift = 64;  // the lowest bit of the digits found so far
+    uint32_t* ghist = reinterpret_cast<uint32_t*>(cand);  // (cand is not used before a collect)
+    // Adds the counted lanes' bins to `h` (every lane of the warp calls it): a warp whose counted
+    // lanes share one bin adds once (per-lane atomics on one bin serialise 32 ways).
+    auto hist_add = [&](uint32_t* h, bool counted, uint32_t bin) {
+      const uint32_t voters = __ballot_sync(0xffffffffu, counted);
+      if (voters == 0) return;
+      const int leader = __ffs(voters) - 1;
+      const uint32_t lead_bin = __shfl_sync(0xffffffffu, bin, leader);
+      if (__all_sync(0xffffffffu, !counted || bin == lead_bin)) {
+        if (lane == leader) atomicAdd(&h[lead_bin], static_cast<uint32_t>(__popc(voters)));
+      } else if (counted) {
+        atomicAdd(&h[bin], 1u);
+      }
+    };
+    // Appends the entries whose score bits are >= `lower` to cand (as many as fit; s_next counts
+    // them all). Starts from s_next = 0 and a zeroed cand.
+    auto collect = [&](uint32_t lower) {
+      select_sweep(sc, E, [&](uint32_t u, uint32_t w, bool valid) {
+        const bool kept = valid && u >= lower;
+        const uint32_t kb = __ballot_sync(0xffffffffu, kept);
+        if (kb == 0) return;
+        uint32_t slot = 0;
+        if (lane == 0) slot = atomicAdd(&s_next, static_cast<uint32_t>(__popc(kb)));
+        slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(kb & below);
+        if (kept && slot < static_cast<uint32_t>(kSelectCap))
+          cand[slot] = (static_cast<uint64_t>(u) << 32) | (0xffffffffu - w);
+      });
+    };
+    uint32_t n = 0;
+    bool in_smem = false;  // cand[0 .. n) holds every key >= the k-th largest; st is set for them
+    if (E > static_cast<uint32_t>(kSelectCap)) {
+      // A guess first: the 12-bit histogram of a sample (the first 128 entries of every 1024)
+      // gives a lower bound that about 1.5 k entries are expected to clear; one sweep collects
+      // them. The guess is kept only if between k and kSelectCap entries cleared it (then the top
+      // k are among them); otherwise the radix passes below run from the start.
+      for (int i = tid; i < 4096; i += kSelectThreads) ghist[i] = 0;
+      __syncthreads();
+      for (uint32_t c0 = warp; c0 * 1024 < E; c0 += 2 * kWarps) {
+        float v[8];  // chunks c0 and c0 + kWarps: entries 4 lane .. 4 lane + 3 of each
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t w = (c0 + (j / 4) * kWarps) * 1024 + 4 * lane + j % 4;
+          v[j] = w < E ? sc[w] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t w = (c0 + (j / 4) * kWarps) * 1024 + 4 * lane + j % 4;
+          hist_add(ghist, w < E, order_bits(v[j]) >> 20);
+        }
+      }
+      const uint32_t S = E / 1024 * 128 + (E % 1024 < 128 ? E % 1024 : 128);  // entries sampled
+      const uint32_t want = static_cast<uint32_t>(static_cast<uint64_t>(S) * 3 * k / (2 * static_cast<uint64_t>(E))) + 16;
+      if (want < S) {
+        if (tid == 0) st = {.prefix = 0, .mask = 0, .remaining = want, .at_least = S, .done = 0};
+        __syncthreads();
+        select_descend(ghist, 52, 12, want, st, warp_sums);
+        __syncthreads();
+        const uint32_t lower = static_cast<uint32_t>(st.prefix >> 32);
+        for (int i = tid; i < kSelectCap; i += kSelectThreads) cand[i] = 0;
+        __syncthreads();
+        collect(lower);
+        __syncthreads();
+        n = s_next;
+        in_smem = n >= k && n <= static_cast<uint32_t>(kSelectCap);
+        if (!in_smem)
+          for (int i = tid; i < kSelectCap; i += kSelectThreads) cand[i] = 0;
+        __syncthreads();  // (everyone has read s_next)
+        if (tid == 0) {
+          st = {.prefix = 0, .mask = 0, .remaining = k, .at_least = in_smem ? n : E, .done = 0};
+          if (!in_smem) s_next = 0;
+        }
+        __syncthreads();
+      }
+    }
+    if (!in_smem) {
+      // Global passes over the score bits (the keys' high words) while too many entries remain:
+      // the first over the top 12 bits (sign, exponent, 3 bits of mantissa: scores of a token
+      // mostly share their top 8), then 8, 8 and 4, counted in `cand`.
+      while (st.at_least > static_cast<uint32_t>(kSelectCap) && shift > 32) {
+        const int bits = shift == 64 ? 12 : (shift - 32 < 8 ? shift - 32 : 8);
+        shift -= bits;
+        const uint32_t bin_mask = (1u << bits) - 1u;
+        for (int i = tid; i < (1 << bits); i += kSelectThreads) ghist[i] = 0;
+        __syncthreads();
+        const uint32_t prefix = static_cast<uint32_t>(st.prefix >> 32), mask = static_cast<uint32_t>(st.mask >> 32);
+        select_sweep(sc, E, [&](uint32_t u, uint32_t, bool valid) {
+          hist_add(ghist, valid && (u & mask) == prefix, (u >> (shift - 32)) & bin_mask);
+        });
+        __syncthreads();
+        select_descend(ghist, shift, bits, k, st, warp_sums);
+        __syncthreads();
+      }
+      for (int i = tid; i < kSelectCap; i += kSelectThreads) cand[i] = 0;
+      __syncthreads();
+      if (st.at_least <= static_cast<uint32_t>(kSelectCap)) {
+        // The entries at or above the bin's lower bound, into shared memory.
+        collect(static_cast<uint32_t>(st.prefix >> 32));
+        __syncthreads();
+        n = s_next;
+        in_smem = true;
+      }
+    }
+    if (in_smem) {
+      // The passes go on in shared memory, down to the index bits if need be (the keys are
+      // unique, so a bin of one key is taken whole at the latest).
+      while (!st.done && shift > 0) {
+        const int bits = shift < 8 ? shift : 8;
+        shift -= bits;
+        for (int i = tid; i < 256; i += kSelectThreads) hist[i] = 0;
+        __syncthreads();
+        const uint64_t prefix = st.prefix, mask = st.mask;
+        for (uint32_t i = tid; i < n; i += kSelectThreads) {
+          const uint64_t key = cand[i];
+          if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & ((1u << bits) - 1u)], 1u);
+        }
+        __syncthreads();
+        select_descend(hist, shift, bits, k, st, warp_sums);
+        __syncthreads();
+      }
+      if (n > k) {  // keep the k keys >= prefix in slots 0 .. k - 1 (the rest zero)
+        const uint64_t lower64 = st.prefix;
+        uint64_t held[kHeld];
+#pragma unroll
+        for (int j = 0; j < kHeld; ++j) {
+          const uint32_t i = tid + j * kSelectThreads;
+          held[j] = i < n ? cand[i] : 0u;
+        }
+        __syncthreads();
+        if (tid == 0) s_next = 0;
+#pragma unroll
+        for (int j = 0; j < kHeld; ++j)
+          if (tid + j * kSelectThreads < n) cand[tid + j * kSelectThreads] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kHeld; ++j) {
+          const bool kept = held[j] >= lower64 && held[j] != 0;
+          const uint32_t kb = __ballot_sync(0xffffffffu, kept);
+          if (kb == 0) continue;
+          uint32_t slot = 0;
+          if (lane == 0) slot = atomicAdd(&s_next, static_cast<uint32_t>(__popc(kb)));
+          slot = __shfl_sync(0xffffffffu, slot, 0);
+          if (kept) cand[slot + __popc(kb & below)] = held[j];
+        }
+      }
+    } else {
+      // More than kSelectCap entries tie at the k-th largest score u*: the lowest-index ones are
+      // kept, so the compaction keeps index order. Warp i walks entries [i * slice, (i + 1) *
+      // slice), kStep at a time.
+      const uint32_t prefix = static_cast<uint32_t>(st.prefix >> 32);  // u*
+      const uint32_t remaining = st.remaining;                          // entries equal to u* that are kept
+      constexpr uint32_t kStep = 32 * kSelectPerLane;
+      const uint32_t slice = (E + kWarps * kStep - 1) / (kWarps * kStep) * kStep;
+      const uint32_t w0 = warp * slice < E ? warp * slice : E, w1 = w0 + slice < E ? w0 + slice : E;
+      uint32_t greater = 0, equal = 0;
+      for (uint32_t base = w0; base < w1; base += kStep) {
+        uint32_t u[kSelectPerLane];
+#pragma unroll
+        for (int j = 0; j < kSelectPerLane; ++j) {
+          const uint32_t w = base + 32 * j + lane;
+          u[j] = w < w1 ? order_bits(sc[w]) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < kSelectPerLane; ++j) {
+          const bool in = base + 32 * j + lane < w1;
+          greater += __popc(__ballot_sync(0xffffffffu, in && u[j] > prefix));
+          equal += __popc(__ballot_sync(0xffffffffu, in && u[j] == prefix));
+        }
+      }
+      if (lane == 0) {
+        s_greater[warp] = greater;
+        s_equal[warp] = equal;
+      }
+      __syncthreads();
+      if (warp == 0) {  // exclusive scans over the warps
+        const uint32_t g = lane < kWarps ? s_greater[lane] : 0u, e = lane < kWarps ? s_equal[lane] : 0u;
+        const uint32_t gi = warp_inclusive_scan(g), ei = warp_inclusive_scan(e);
+        if (lane < kWarps) {
+          s_greater[lane] = gi - g;
+          s_equal[lane] = ei - e;
+        }
+      }
+      __syncthreads();
+      uint32_t g = s_greater[warp], e = s_equal[warp];
+      const uint32_t n_greater = take - remaining;
+      for (uint32_t base = w0; base < w1; base += kStep) {
+        uint64_t key[kSelectPerLane];
+#pragma unroll
+        for (int j = 0; j < kSelectPerLane; ++j) {
+          const uint32_t w = base + 32 * j + lane;
+          key[j] = w < w1 ? rank_key(sc[w], w) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < kSelectPerLane; ++j) {  // in index order
+          const bool in = base + 32 * j + lane < w1;
+          const uint32_t u = static_cast<uint32_t>(key[j] >> 32);
+          const uint32_t gb = __ballot_sync(0xffffffffu, in && u > prefix);
+          const uint32_t eb = __ballot_sync(0xffffffffu, in && u == prefix);
+          if (in && u > prefix) cand[g + __popc(gb & below)] = key[j];
+          if (in && u == prefix) {
+            const uint32_t my = e + __popc(eb & below);
+            if (my < remaining) cand[n_greater + my] = key[j];
+          }
+          g += __popc(gb);
+          e += __popc(eb);
+        }
+      }
+    }
+    __syncthreads();
+    select_sort_desc(cand, static_cast<int>(pow2));
+  }
+  for (uint32_t i = tid; i < k; i += kSelectThreads)
+    a.out_indices[t * k + i] = i < take ? static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(cand[i] & 0xffffffffu)) : -1;
 }
 
 // grid (T, ceil(C / kScoreEntries)), block 32 * kScoreWarps, dynamic shared memory: the token's q
@@ -574,17 +861,23 @@ __global__ void __launch_bounds__(kTileThreads) indexer_score_tiled_kernel(Index
 // chains above in the last bits (top-k can flip only at near-ties). Each score is still a function
 // of its own token and entry alone (batch and chunking invariant).
 //
-// grid (T, ceil(C / (tiles kTileEntries))), block 8 warps, warp w the entries 16 w .. 16 w + 15 of
-// each tile as two n8 tiles, all heads (up to four m16 tiles) in one accumulator set; a block takes
-// `tiles` consecutive tiles (q staged once for them), the next tile's keys loaded into registers
-// while the current one is multiplied. The dims are taken in a permuted order, the same for A and B
-// (a dot product does not depend on it): in k-step 2p + s a lane's logical k {2 tig, 2 tig + 1} are
-// the dims 32 p + 8 tig + 4 s + {0, 1} and {2 tig + 8, 2 tig + 9} the dims + {2, 3}, so a lane
-// reads a key's 8 dims 32 p + 8 tig .. + 7 as one 16-byte load (four lanes read 64 contiguous bytes
-// of a row) and q's as one 16-byte shared-memory load. Then score = scale * sum_h w_h relu(d_h):
-// each lane's 8 heads by FMAs, the 8 lanes of an entry by shuffles.
+// grid (T ceil(C / (tiles kTileEntries))), block 8 warps; a block takes `tiles` consecutive tiles
+// of 128 entries of one token, its q staged once. The keys stream through a ring of kMmaStages
+// tiles in shared memory (cp.async: two tiles in flight while one is multiplied, two blocks an SM:
+// the scan is bound by how many bytes are in flight). Warp w takes the entries 16 w .. 16 w + 15 of
+// each tile as two n8 tiles, all heads (kMts m16 tiles) in one accumulator set. The dims are taken in
+// a permuted order, the same for A and B (a dot product does not depend on it): in k-step 2p + s a
+// lane's logical k {2 tig, 2 tig + 1} are the dims 32 p + 8 tig + 4 s + {0, 1} and {2 tig + 8,
+// 2 tig + 9} the dims + {2, 3}, so a lane reads a row's 8 dims 32 p + 8 tig .. + 7 as one 16-byte
+// shared-memory load. q is staged in the order of the A fragments (one 16-byte load a fragment, no
+// register shuffling before the mma); key rows are stored with their 16-byte chunks swizzled by the
+// row's parity (rows of 128 bytes or more), so the 8 lanes of a load phase (rows gid, gid + 1 x 4
+// tig) hit distinct banks. Then score = scale * sum_h w_h relu(d_h): each lane's 2 kMts heads by FMAs,
+// the 8 lanes of an entry by shuffles.
 constexpr int kMmaThreads = 256;
-constexpr int kMmaMaxTiles = 8;
+constexpr int kMmaMaxTiles = 32;
+constexpr int64_t kMmaMinBlocks = 1024;  // about 4 waves of 2 blocks an SM
+constexpr int kMmaStages = 3;
 static_assert(kMmaThreads / 32 * 16 == kTileEntries, "a warp a 16-entry slice of the tile");
 
 __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
@@ -599,75 +892,109 @@ __device__ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Lane (gid, tig)'s 16-byte pieces of the warp's two n8 tiles of keys at entry w0 (zeros past n_ent).
-template <int kPairs>
-__device__ inline void indexer_load_keys(uint4 (&kb)[2][kPairs], const uint16_t* keys, int64_t w0, int64_t n_ent,
-                                         int warp, int gid, int tig) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int e = warp * 16 + nt * 8 + gid;
-    const bool ok = e < n_ent;
-    const uint4* row = reinterpret_cast<const uint4*>(keys + (w0 + (ok ? e : 0)) * (32 * kPairs));
-#pragma unroll
-    for (int p = 0; p < kPairs; ++p) kb[nt][p] = ok ? __ldg(row + 4 * p + tig) : make_uint4(0u, 0u, 0u, 0u);
-  }
+// Where 16-byte chunk c of row r of a staged q or key tile lies, in chunks.
+template <int kRowChunks>
+__device__ inline int indexer_chunk(int r, int c) {
+  return r * kRowChunks + (kRowChunks >= 8 ? c ^ ((r & 1) << 2) : c);
 }
 
-template <int kPairs>  // di = 32 kPairs
+// Shared memory of indexer_score_mma_kernel: q, then the key ring (as many stages as the block has
+// tiles, at most kMmaStages).
+inline size_t indexer_mma_smem(int64_t Hi, int64_t di, int tiles) {
+  const int stages = tiles < kMmaStages ? tiles : kMmaStages;
+  return static_cast<size_t>((Hi + stages * kTileEntries) * di * 2);
+}
+
+template <int kPairs, int kMts>  // di = 32 kPairs, Hi = 16 kMts
 __global__ void __launch_bounds__(kMmaThreads, 2) indexer_score_mma_kernel(IndexerArgs a, int tiles) {
-  constexpr int kDi = 32 * kPairs;
-  // Words of a staged q row: di / 2 plus padding to 16 mod 32 words, so that the 8 lanes of a
-  // 16-byte load phase (rows gid, gid + 1 x 4 tig) hit distinct banks.
-  constexpr int kRow = kDi / 2 + ((kDi / 2) % 32 == 16 ? 0 : 16);
-  __shared__ __align__(16) uint32_t qs[64 * kRow];
+  constexpr int kDi = 32 * kPairs, kHi = 16 * kMts, kRowChunks = kDi / 8;  // 16-byte chunks a row
+  constexpr int kTileChunks = kTileEntries * kRowChunks;
+  extern __shared__ uint4 smem_chunks[];
+  uint4* qs = smem_chunks;                       // [kMts kPairs 2 x 32 lanes] A fragments
+  uint4* ring = smem_chunks + kHi * kRowChunks;  // [stages][kTileEntries rows]
   const int tid = threadIdx.x;
-  const int64_t t = blockIdx.x, Hi = a.Hi;
+  // Token-major blocks: a token's blocks run together, so its q is read from HBM once (with the
+  // tokens in the grid's fast dimension, every wave re-read all of them: 0.27 GB at 256 x 128K).
+  const int64_t chunks = (a.C + int64_t{tiles} * kTileEntries - 1) / (int64_t{tiles} * kTileEntries);
+  const int64_t t = blockIdx.x / chunks;
   const int64_t visible = a.visible[t];
   const int64_t end = visible < a.C ? visible : a.C;  // entries below `end` are scored
   // The block's tiles: entries past `end` (and below C) score -inf.
-  const int64_t b0 = static_cast<int64_t>(blockIdx.y) * tiles * kTileEntries;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x % chunks) * tiles * kTileEntries;
   for (int64_t e = tid; e < static_cast<int64_t>(tiles) * kTileEntries; e += kMmaThreads) {
     const int64_t w = b0 + e;
     if (w < a.C && w >= end) a.scores[t * a.C + w] = -INFINITY;
   }
   if (b0 >= end) return;
-  const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
-  const uint16_t* keys = a.keys_bf16[t];
-  auto tile_entries = [&](int64_t w0) { return end - w0 < kTileEntries ? end - w0 : int64_t{kTileEntries}; };
-  uint4 cur[2][kPairs], nxt[2][kPairs];
-  indexer_load_keys<kPairs>(cur, keys, b0, tile_entries(b0), warp, gid, tig);
-  // q once for the block's tiles (bf16 values: the conversion is exact).
-  const float2* q2 = reinterpret_cast<const float2*>(a.q + t * Hi * kDi);
-  for (int64_t i = tid; i < Hi * kDi / 2; i += kMmaThreads)
-    qs[(i / (kDi / 2)) * kRow + i % (kDi / 2)] = pack_bf16x2(q2[i].x, q2[i].y);
-  const int mts = static_cast<int>(Hi / 16);
-  float wh[4][2];  // the weights of this lane's heads
+  const int n_blk = static_cast<int>(end - b0 < int64_t{tiles} * kTileEntries ? end - b0 : int64_t{tiles} * kTileEntries);
+  const int n_tiles = (n_blk + kTileEntries - 1) / kTileEntries;
+  // Tile i into stage i % kMmaStages; rows past the block's entries zero-filled (not read). A
+  // thread copies chunk tid % kRowChunks of rows tid / kRowChunks + kRowStep j: the same chunk and
+  // row parity (kRowStep is even), so one swizzled offset and one source offset plus constants.
+  constexpr int kRowStep = kMmaThreads / kRowChunks;
+  static_assert(kRowStep % 2 == 0 && kTileEntries % kRowStep == 0, "a thread's rows share their parity");
+  const int my_row = tid / kRowChunks;
+  const uint4* src = reinterpret_cast<const uint4*>(a.keys_bf16[t] + b0 * kDi) + my_row * kRowChunks + tid % kRowChunks;
+  const int dst = indexer_chunk<kRowChunks>(my_row, tid % kRowChunks);
+  auto issue = [&](int i) {
+    if (i < n_tiles) {
+      uint4* stage = ring + (i % kMmaStages) * kTileChunks + dst;
+      const uint4* from = src + i * kTileChunks;
+      if ((i + 1) * kTileEntries <= n_blk) {  // a whole tile
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+        for (int j = 0; j < kTileEntries / kRowStep; ++j)
+          cp_async(stage + j * kRowStep * kRowChunks, from + j * kRowStep * kRowChunks, true, 16);
+      } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) wh[mt][h] = mt < mts ? a.head_weights[t * Hi + 16 * mt + gid + 8 * h] : 0.0f;
-  __syncthreads();  // q staged
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int64_t w0 = b0 + static_cast<int64_t>(tile) * kTileEntries;
-    if (w0 >= end) break;
-    const int64_t n_ent = tile_entries(w0);
-    if (tile + 1 < tiles && w0 + kTileEntries < end)
-      indexer_load_keys<kPairs>(nxt, keys, w0 + kTileEntries, tile_entries(w0 + kTileEntries), warp, gid, tig);
-    float acc[4][2][4] = {};  // [m16 tile][n8 tile][fragment]
-#pragma unroll
-    for (int p = 0; p < kPairs; ++p)
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        if (mt >= mts) break;
-        const uint4 lo = *reinterpret_cast<const uint4*>(qs + (16 * mt + gid) * kRow + 16 * p + 4 * tig);
-        const uint4 hi = *reinterpret_cast<const uint4*>(qs + (16 * mt + gid + 8) * kRow + 16 * p + 4 * tig);
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          mma_bf16_m16n8k16(acc[mt][nt], a0, cur[nt][p].x, cur[nt][p].y);
-          mma_bf16_m16n8k16(acc[mt][nt], a1, cur[nt][p].z, cur[nt][p].w);
+        for (int j = 0; j < kTileEntries / kRowStep; ++j) {
+          const bool ok = i * kTileEntries + my_row + j * kRowStep < n_blk;
+          cp_async(stage + j * kRowStep * kRowChunks, ok ? from + j * kRowStep * kRowChunks : src, ok, 16);
         }
       }
+    }
+    cp_async_commit();  // (empty past the last tile: the group count stays i + 1)
+  };
+  issue(0);
+  issue(1);
+  // q once for the block's tiles (bf16 values: the conversion is exact), as the A fragments lanes
+  // load whole: fragment ((mt kPairs + p) 2 + s) 32 + lane is {row gid, row gid + 8} x {dims
+  // + {0, 1}, dims + {2, 3}} at dims 32 p + 8 tig + 4 s of m16 tile mt (the order mma takes).
+  for (int f = tid; f < kMts * kPairs * 64; f += kMmaThreads) {
+    const int ln = f % 32, s = (f / 32) % 2, p = (f / 64) % kPairs, mt = f / (64 * kPairs);
+    const float2* r0 = reinterpret_cast<const float2*>(a.q + (t * kHi + 16 * mt + ln / 4) * kDi + 32 * p + 8 * (ln % 4) + 4 * s);
+    const float2* r1 = r0 + 4 * kDi;  // row + 8
+    qs[f] = make_uint4(pack_bf16x2(r0[0].x, r0[0].y), pack_bf16x2(r1[0].x, r1[0].y), pack_bf16x2(r0[1].x, r0[1].y),
+                       pack_bf16x2(r1[1].x, r1[1].y));
+  }
+  const int warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  float wh[kMts][2];  // the weights of this lane's heads
+#pragma unroll
+  for (int mt = 0; mt < kMts; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wh[mt][h] = a.head_weights[t * kHi + 16 * mt + gid + 8 * h];
+  float* scores = a.scores + t * a.C + b0;
+  for (int i = 0; i < n_tiles; ++i) {
+    cp_async_wait<1>();  // this thread's copies of tile i have landed
+    __syncthreads();     // everyone's (and q); every warp is done with tile i - 1's stage
+    issue(i + 2);
+    const uint4* stage = ring + (i % kMmaStages) * kTileChunks;
+    float acc[kMts][2][4] = {};  // [m16 tile][n8 tile][fragment]
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) {
+      uint4 kb[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) kb[nt] = stage[indexer_chunk<kRowChunks>(warp * 16 + nt * 8 + gid, 4 * p + tig)];
+#pragma unroll
+      for (int mt = 0; mt < kMts; ++mt) {
+        const uint4 f0 = qs[((mt * kPairs + p) * 2) * 32 + lane], f1 = qs[((mt * kPairs + p) * 2 + 1) * 32 + lane];
+        const uint32_t a0[4] = {f0.x, f0.y, f0.z, f0.w}, a1[4] = {f1.x, f1.y, f1.z, f1.w};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_bf16_m16n8k16(acc[mt][nt], a0, kb[nt].x, kb[nt].y);
+          mma_bf16_m16n8k16(acc[mt][nt], a1, kb[nt].z, kb[nt].w);
+        }
+      }
+    }
     // Fragment c of tile (mt, nt): head 16 mt + gid + 8 (c / 2), entry 8 nt + 2 tig + c % 2.
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -675,8 +1002,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) indexer_score_mma_kernel(Index
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          if (mt >= mts) break;
+        for (int mt = 0; mt < kMts; ++mt) {
           part[j] = __fmaf_rn(wh[mt][0], fmaxf(acc[mt][nt][j], 0.0f), part[j]);
           part[j] = __fmaf_rn(wh[mt][1], fmaxf(acc[mt][nt][2 + j], 0.0f), part[j]);
         }
@@ -687,14 +1013,31 @@ __global__ void __launch_bounds__(kMmaThreads, 2) indexer_score_mma_kernel(Index
       if (gid == 0)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int e = warp * 16 + nt * 8 + 2 * tig + j;
-          if (e < n_ent) a.scores[t * a.C + w0 + e] = part[j] * a.scale;
+          const int e = i * kTileEntries + warp * 16 + nt * 8 + 2 * tig + j;
+          if (e < n_blk) scores[e] = part[j] * a.scale;
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int p = 0; p < kPairs; ++p) cur[nt][p] = nxt[nt][p];
+  }
+}
+
+template <int kPairs, int kMts>
+void launch_indexer_score_mma_shape(const IndexerArgs& a, dim3 grid, int tiles) {
+  static bool opted = false;  // the attribute is per kernel; the most any launch of it asks
+  if (!opted) {
+    SPARROW_CUDA_CHECK(cudaFuncSetAttribute(indexer_score_mma_kernel<kPairs, kMts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(indexer_mma_smem(16 * kMts, 32 * kPairs, kMmaStages))));
+    opted = true;
+  }
+  indexer_score_mma_kernel<kPairs, kMts><<<grid, kMmaThreads, indexer_mma_smem(a.Hi, a.di, tiles)>>>(a, tiles);
+}
+
+template <int kPairs>
+void launch_indexer_score_mma(const IndexerArgs& a, dim3 grid, int tiles) {
+  switch (a.Hi / 16) {
+    case 1: launch_indexer_score_mma_shape<kPairs, 1>(a, grid, tiles); break;
+    case 2: launch_indexer_score_mma_shape<kPairs, 2>(a, grid, tiles); break;
+    case 3: launch_indexer_score_mma_shape<kPairs, 3>(a, grid, tiles); break;
+    default: launch_indexer_score_mma_shape<kPairs, 4>(a, grid, tiles); break;
   }
 }
 
@@ -1228,16 +1571,17 @@ void launch_indexer_topk(const IndexerArgs& a) {
   static const bool fast = cuda_feature_on("indexer_fast"), tiled = cuda_feature_on("indexer_tiled");
   const size_t tile_smem = indexer_tile_smem(a.di);
   if (a.keys_bf16 && !a.bf16_scores && indexer_mma_fits(a.Hi, a.di)) {
-    // Eight tiles a block (q staged once for them, the next tile's loads under the current one's
-    // products) when that still leaves 8K blocks or more (256 x 128K: 8192); the entries' scores
-    // do not depend on it.
+    // As many tiles a block as still leave kMmaMinBlocks blocks (q staged once for them, and the
+    // ring filled once: a block's first tile waits for HBM with nothing under it); the entries'
+    // scores do not depend on it.
     const int64_t tile_blocks = a.T * ((a.C + kTileEntries - 1) / kTileEntries);
-    const int tiles = a.mma_tiles >= 1 && a.mma_tiles <= kMmaMaxTiles ? a.mma_tiles
-                                                                       : (tile_blocks >= kMmaMaxTiles * 8192 ? kMmaMaxTiles : 1);
-    const dim3 mgrid(static_cast<unsigned>(a.T), blocks_for(a.C, tiles * kTileEntries));
-    if (a.di == 128) indexer_score_mma_kernel<4><<<mgrid, kMmaThreads>>>(a, tiles);
-    else if (a.di == 64) indexer_score_mma_kernel<2><<<mgrid, kMmaThreads>>>(a, tiles);
-    else indexer_score_mma_kernel<1><<<mgrid, kMmaThreads>>>(a, tiles);
+    int tiles = 1;
+    while (tiles < kMmaMaxTiles && tile_blocks / (2 * tiles) >= kMmaMinBlocks) tiles *= 2;
+    if (a.mma_tiles >= 1 && a.mma_tiles <= kMmaMaxTiles) tiles = a.mma_tiles;
+    const dim3 mgrid(static_cast<unsigned>(a.T * blocks_for(a.C, tiles * kTileEntries)));
+    if (a.di == 128) launch_indexer_score_mma<4>(a, mgrid, tiles);
+    else if (a.di == 64) launch_indexer_score_mma<2>(a, mgrid, tiles);
+    else launch_indexer_score_mma<1>(a, mgrid, tiles);
   } else if (fast && tiled && !a.bf16_scores && a.Hi <= kTileHeads && a.di % 4 == 0 && tile_smem <= 200 * 1024 &&
       reinterpret_cast<uintptr_t>(a.q) % 16 == 0) {
     static bool opted = false;  // the attribute is per kernel; 200 KB is the most this launch asks
@@ -1254,12 +1598,19 @@ void launch_indexer_topk(const IndexerArgs& a) {
   } else {
     indexer_score_kernel<<<grid, kThreads>>>(a);
   }
-  if (a.k <= 0) return;
+  launch_indexer_select(a);
+}
+
+void launch_indexer_select(const IndexerArgs& a) {
+  if (a.T == 0 || a.C == 0 || a.k <= 0) return;
+  static const bool fast = cuda_feature_on("indexer_fast");
+  const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
   int64_t pow2 = 1;
   while (pow2 < a.k) pow2 <<= 1;
-  if (fast && pow2 * sizeof(uint64_t) <= 32 * 1024) {
-    indexer_radix_select_kernel<<<static_cast<unsigned>(a.T), kSelectThreads, pow2 * sizeof(uint64_t)>>>(a, pow2);
+  if (fast && pow2 <= kSelectCap && a.C < (int64_t{1} << 31)) {
+    indexer_radix_select_kernel<<<static_cast<unsigned>(a.T), kSelectThreads, kSelectCap * sizeof(uint64_t)>>>(a, pow2);
   } else {
+    SPARROW_CUDA_CHECK(cudaMemsetAsync(a.out_indices, 0xff, a.T * a.k * sizeof(int32_t), 0));  // -1: unranked slots
     indexer_select_kernel<<<grid, kThreads>>>(a);
   }
 }

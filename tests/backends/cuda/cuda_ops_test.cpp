@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <random>
 
 #include "backends/cpu/cpu_state.h"
@@ -658,6 +659,64 @@ TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
   }
 }
 
+// The selection kernel alone against the rank rule on the host, at the sizes the decode cells
+// reach (32K entries at 128K context) and on the score patterns that take each of its paths: the
+// sampled guess (kept; and dropped when too few or too many entries clear it: scores made to
+// differ between the sampled positions and the rest), the radix passes over global memory, then
+// in shared memory down to the index bits (scores in a narrow range; few distinct values), the
+// ordered compaction when more than its shared-memory candidates tie at the k-th score (all
+// zeros; two values), fewer visible entries than k or than that capacity, -inf and signed zeros
+// (which tie). C = 40000 (16-byte aligned rows: vector loads) and 9001 (rows at every alignment);
+// k from 7 to 4000 (sorts of 8 to 4096 keys). Exact equality.
+TEST_F(CudaOps, IndexerSelectionMatchesRankRule) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(73);
+  for (int64_t C : {int64_t{40000}, int64_t{9001}}) {
+    constexpr int kRows = 12;
+    std::vector<float> scores(kRows * C);
+    std::vector<int64_t> visible(kRows, C);
+    for (int r = 0; r < kRows; ++r) {
+      float* row = scores.data() + r * C;
+      const std::vector<float> z = rng.normal(C);
+      for (int64_t w = 0; w < C; ++w) {
+        switch (r) {
+          case 0: row[w] = z[w]; break;                                      // spread out
+          case 1: row[w] = 1.0f + 1e-4f * z[w]; break;                       // every pass on the score bits
+          case 2: row[w] = std::floor(4.0f * z[w]); break;                   // ~30 values: ties into the index bits
+          case 3: row[w] = 0.0f; break;                                      // one tie, more than the shared memory
+          case 4: row[w] = z[w] > 0.5f ? 2.0f : -1.0f; break;                // two values
+          case 5:  // -inf, and zeros of both signs among a few values
+            row[w] = w % 3 == 0 ? -INFINITY : std::floor(z[w]) == 0.0f ? (w % 2 ? -0.0f : 0.0f) : std::floor(z[w]);
+            break;
+          case 10: row[w] = z[w] + (w % 1024 < 128 ? 10.0f : 0.0f); break;  // the sample misleads: too few clear
+          case 11: row[w] = z[w] + (w % 1024 < 128 ? 0.0f : 10.0f); break;  // too many clear
+          default: row[w] = 100.0f * z[w]; break;
+        }
+      }
+    }
+    visible[6] = 300;   // fewer than most k
+    visible[7] = 3000;  // fewer than the shared-memory candidates
+    visible[8] = 0;
+    visible[9] = C - 1;
+    for (int64_t k : {int64_t{7}, int64_t{512}, int64_t{1000}, int64_t{4000}}) {
+      const std::vector<int32_t> got = cuda::indexer_select_rows(scores, visible, k);
+      for (int r = 0; r < kRows; ++r) {
+        const float* row = scores.data() + r * C;
+        std::vector<int32_t> order(visible[r]);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+        order.resize(std::min<int64_t>(visible[r], k));
+        order.resize(k, -1);
+        const std::vector<int32_t> mine(got.begin() + r * k, got.begin() + (r + 1) * k);
+        const auto diff = std::mismatch(mine.begin(), mine.end(), order.begin());
+        EXPECT_TRUE(diff.first == mine.end())
+            << "C " << C << " row " << r << " k " << k << ": slot " << (diff.first - mine.begin()) << " got "
+            << *diff.first << " want " << *diff.second;
+      }
+    }
+  }
+}
+
 // ---- indexer key precision (`--index-keys`) -----------------------------------------------------
 
 constexpr KeyPrecision kKeyPrecisions[] = {KeyPrecision::kF32, KeyPrecision::kBf16, KeyPrecision::kFp8,
@@ -803,12 +862,13 @@ void compress_indexer_batch(Backend& cpu, Backend& gpu, TwoSequences& seqs, cons
 // The fast profile's tensor-core scorer (IndexerTopkParams::bf16_operands with keys stored at
 // --index-keys bf16, whose bf16 copies the compressor keeps): q and keys bf16 values, so every
 // product is exact and only the order of the fp32 sums differs from the CPU's. Scores at the op
-// bar, the same selections up to near-ties, at V4's shape (64 heads x 128) and a smaller one (32 x
-// 64); a token's scores are the same bits alone as in a batch; keys stored fp32 (no bf16 copy) or
-// the flag off take the fp32 kernels.
+// bar, the same selections up to near-ties, at V4's shape (64 heads x 128) and smaller ones (32 x
+// 64, 48 x 32: the scorer is compiled per shape); a token's scores are the same bits alone as in a
+// batch; keys stored fp32 (no bf16 copy) or the flag off take the fp32 kernels.
 TEST_F(CudaOps, IndexerTopkOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
-  for (auto [Hi, di] : {std::pair<int64_t, int64_t>{64, 128}, std::pair<int64_t, int64_t>{32, 64}}) {
+  for (auto [Hi, di] : {std::pair<int64_t, int64_t>{64, 128}, std::pair<int64_t, int64_t>{32, 64},
+                         std::pair<int64_t, int64_t>{48, 32}}) {
     for (KeyPrecision kp : {KeyPrecision::kBf16, KeyPrecision::kF32}) {
       Rng rng(80 + di + static_cast<int>(kp));
       ModelConfig cfg = attn_config(AttentionKind::kCsa, 6);
@@ -847,7 +907,7 @@ TEST_F(CudaOps, IndexerTopkOnTensorCoresMatchesCpu) {
                            .k = k, .out_scores = s1, .bf16_operands = true});
         expect_same_bits(gpu->download_f32(s1), std::vector<float>(scores_gpu.begin() + 2 * C, scores_gpu.end()),
                          what + " token alone vs in the batch");
-        // Several tiles a block (8 chosen for large grids; 3 here, the last one partial), forced:
+        // Several tiles a block (up to 32 chosen for large grids; 3 here, the last one partial), forced:
         // the same bits and selections.
         if (real) {
           const Tensor i4 = gpu->alloc(ElemType::kI32, {T, k}), s4 = gpu->alloc(ElemType::kF32, {T, C});
