@@ -667,7 +667,8 @@ TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
 // ordered compaction when more than its shared-memory candidates tie at the k-th score (all
 // zeros; two values), fewer visible entries than k or than that capacity, -inf and signed zeros
 // (which tie). C = 40000 (16-byte aligned rows: vector loads) and 9001 (rows at every alignment);
-// k from 7 to 4000 (sorts of 8 to 4096 keys). Exact equality.
+// k from 7 to 4000 (sorts of 8 to 4096 keys), and 5000 (past the kernel's 4096 keys: the rank-by-
+// counting kernel). Every slot is checked (the helper fills them with garbage first). Exact equality.
 TEST_F(CudaOps, IndexerSelectionMatchesRankRule) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(73);
@@ -698,7 +699,7 @@ TEST_F(CudaOps, IndexerSelectionMatchesRankRule) {
     visible[7] = 3000;  // fewer than the shared-memory candidates
     visible[8] = 0;
     visible[9] = C - 1;
-    for (int64_t k : {int64_t{7}, int64_t{512}, int64_t{1000}, int64_t{4000}}) {
+    for (int64_t k : {int64_t{7}, int64_t{512}, int64_t{1000}, int64_t{4000}, int64_t{5000}}) {
       const std::vector<int32_t> got = cuda::indexer_select_rows(scores, visible, k);
       for (int r = 0; r < kRows; ++r) {
         const float* row = scores.data() + r * C;
