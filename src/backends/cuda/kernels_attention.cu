@@ -1289,8 +1289,9 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // across the chunks). Shared memory: q [32 heads, Dh] and the chunk's keys [32, Dh] as bf16 (rows
 // padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
 // weights' three bf16 terms [3, 32, 32 (+8)], per head the running max, sum and rescale factor.
-// Per chunk: the candidates' addresses; the keys staged as bf16 (the state's bf16 copies, or the
-// fp32 state converted); logits, warp w heads 16 (w / 4) .. + 15 x candidates 8 (w % 4) .. + 7 over
+// Per chunk: the candidates' addresses; the keys staged as bf16 (the state's bf16 copies by
+// cp.async into the other of two buffers while the chunk before is used, or the fp32 state
+// converted); logits, warp w heads 16 (w / 4) .. + 15 x candidates 8 (w % 4) .. + 7 over
 // all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
 // lane = candidate; the weighted sum, warp w the dims w Dh / 8 .. + Dh / 8 - 1 of all 32 heads
 // (64 fp32 accumulators a lane at Dh = 512), V's fragments by ldmatrix.trans of the same keys.
@@ -1300,10 +1301,12 @@ constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
 static_assert(kAttnMmaSplitCandidates % kAmChunk == 0, "whole chunks a split");
 
-size_t attention_mma_smem(int64_t Dh) {
-  const size_t rowb = static_cast<size_t>(2 * Dh + 16);
-  return (kAmHeads + kAmChunk) * rowb + sizeof(float) * kAmHeads * (kAmChunk + 1) + 3 * kAmHeads * kAmPRow +
-         3 * kAmHeads * sizeof(float) + kAmChunk * sizeof(void*);
+// (Two key buffers with the bf16 copies: the next chunk's keys are copied in while this one's are
+// used; the fp32 state is converted as it is staged, one buffer.)
+size_t attention_mma_smem(int64_t Dh, bool bf16_keys) {
+  const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = bf16_keys ? 2 : 1;
+  return (kAmHeads + stages * kAmChunk) * rowb + sizeof(float) * kAmHeads * (kAmChunk + 1) + 3 * kAmHeads * kAmPRow +
+         3 * kAmHeads * sizeof(float) + stages * kAmChunk * sizeof(void*);
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -1324,15 +1327,15 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 template <int kDh, bool kBf16Keys>  // kBf16Keys: the keys from the state's bf16 copies (AttentionArgs::bf16_keys)
 __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   extern __shared__ __align__(16) uint8_t am_smem[];
-  constexpr int Dh = kDh, rowb = 2 * kDh + 16;
+  constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = kBf16Keys ? 2 : 1;
   uint8_t* qs = am_smem;
-  uint8_t* ks = qs + kAmHeads * rowb;
-  float* logits = reinterpret_cast<float*>(ks + kAmChunk * rowb);
+  uint8_t* ks0 = qs + kAmHeads * rowb;  // [kStages][kAmChunk rows]
+  float* logits = reinterpret_cast<float*>(ks0 + kStages * kAmChunk * rowb);
   uint8_t* pw = reinterpret_cast<uint8_t*>(logits + kAmHeads * (kAmChunk + 1));
   float* st_alpha = reinterpret_cast<float*>(pw + 3 * kAmHeads * kAmPRow);
   float* st_m = st_alpha + kAmHeads;
   float* st_l = st_m + kAmHeads;
-  const void** kptr = reinterpret_cast<const void**>(st_l + kAmHeads);
+  const void** kptr0 = reinterpret_cast<const void**>(st_l + kAmHeads);  // [kStages][kAmChunk]
 
   const SplitBlock blk = split_block(a, t_base, kAmHeads);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -1361,33 +1364,60 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   const int d0 = warp * (Dh / 8);
   float acc[2][nts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
 
-  for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk) {
-    const int cnt = j_end - c0 < kAmChunk ? static_cast<int>(j_end - c0) : kAmChunk;
-    __syncthreads();  // the last chunk's keys and weights are read (and q, the stats staged)
+  // The addresses of chunk c's candidates into kptr0[buffer b] (null: masked, or past the split).
+  auto fill_ptrs = [&](int64_t c, int b) {
     if (tid < kAmChunk) {
       const void* key = nullptr;
-      if (tid < cnt) {
-        if constexpr (kBf16Keys) key = candidate_in(a, tk, t, c0 + tid, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
-        else key = candidate(a, tk, t, c0 + tid);
+      if (c + tid < j_end) {
+        if constexpr (kBf16Keys) key = candidate_in(a, tk, t, c + tid, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
+        else key = candidate(a, tk, t, c + tid);
       }
-      kptr[tid] = key;
+      kptr0[b * kAmChunk + tid] = key;
     }
+  };
+  constexpr int kPieces = Dh / 8;  // 16-byte pieces of 8 dims a key row
+  // The bf16 copies of those keys into key buffer b by cp.async, 8 pieces a thread (a masked
+  // candidate's row zero-filled); one commit group.
+  auto issue = [&](int b) {
+    for (int i = tid; i < kAmChunk * kPieces; i += kAmThreads) {
+      const void* row = kptr0[b * kAmChunk + i / kPieces];
+      cp_async(ks0 + (b * kAmChunk + i / kPieces) * rowb + 16 * (i % kPieces),
+               row ? static_cast<const void*>(static_cast<const uint4*>(row) + i % kPieces) : static_cast<const void*>(a.q),
+               row != nullptr, 16);
+    }
+    cp_async_commit();
+  };
+  if constexpr (kBf16Keys) {
+    fill_ptrs(j_begin, 0);
     __syncthreads();
-    // The chunk's keys as bf16 (exact: bf16 values) in 16-byte pieces of 8 dims, from the bf16
-    // copies or converted from the fp32 state (two float4 a piece), 8 16-byte loads a thread in
-    // flight either way; a masked candidate's row is zero.
-    {
-      constexpr int kPieces = Dh / 8, total = kAmChunk * kPieces, kU = kBf16Keys ? 8 : 4;
+    issue(0);
+  }
+  int buf = 0;  // the chunk's key buffer
+  for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk, buf = kStages - 1 - buf) {
+    if constexpr (kBf16Keys) {
+      // The next chunk's keys copied in under this chunk's work.
+      const bool more = c0 + kAmChunk < j_end;
+      if (more) fill_ptrs(c0 + kAmChunk, 1 - buf);
+      __syncthreads();  // its addresses written; every warp done with the buffer it goes into
+      if (more) issue(1 - buf);
+      else cp_async_commit();  // (an empty group: this chunk's is still the second newest)
+      cp_async_wait<1>();
+      __syncthreads();  // this chunk's keys landed, everyone's copies
+    } else {
+      __syncthreads();  // the last chunk's keys and weights are read (and q, the stats staged)
+      fill_ptrs(c0, 0);
+      __syncthreads();
+      // The chunk's keys converted from the fp32 state to bf16 (exact: bf16 values) in 16-byte
+      // pieces of 8 dims, two float4 a piece, 4 pieces a thread in flight; a masked row is zero.
+      constexpr int total = kAmChunk * kPieces, kU = 4;
       for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
         uint4 v[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int i = i0 + u * kAmThreads;
-          const void* row = i < total ? kptr[i / kPieces] : nullptr;
+          const void* row = i < total ? kptr0[i / kPieces] : nullptr;
           if (!row) {
             v[u] = make_uint4(0u, 0u, 0u, 0u);
-          } else if constexpr (kBf16Keys) {
-            v[u] = static_cast<const uint4*>(row)[i % kPieces];
           } else {
             const float4 lo = static_cast<const float4*>(row)[2 * (i % kPieces)];
             const float4 hi = static_cast<const float4*>(row)[2 * (i % kPieces) + 1];
@@ -1398,11 +1428,13 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int i = i0 + u * kAmThreads;
-          if (i < total) *reinterpret_cast<uint4*>(ks + (i / kPieces) * rowb + 16 * (i % kPieces)) = v[u];
+          if (i < total) *reinterpret_cast<uint4*>(ks0 + (i / kPieces) * rowb + 16 * (i % kPieces)) = v[u];
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
+    const uint8_t* ks = ks0 + buf * kAmChunk * rowb;
+    const void* const* kptr = kptr0 + buf * kAmChunk;
     // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7).
     {
       const int mt = warp / 4, nt = warp % 4;
@@ -1623,19 +1655,19 @@ void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
-    const size_t smem = attention_mma_smem(a.Dh);
+    const size_t smem = attention_mma_smem(a.Dh, a.bf16_keys);
     static bool opted = false;  // the attribute is per kernel
     if (!opted) {
-      const auto opt_in = [](const void* kernel, int64_t Dh) {
+      const auto opt_in = [](const void* kernel, int64_t Dh, bool bf16_keys) {
         SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(attention_mma_smem(Dh))));
+                                                static_cast<int>(attention_mma_smem(Dh, bf16_keys))));
       };
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, false>), 128);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, false>), 256);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, false>), 512);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, true>), 128);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, true>), 256);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, true>), 512);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, false>), 128, false);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, false>), 256, false);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, false>), 512, false);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, true>), 128, true);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, true>), 256, true);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, true>), 512, true);
       opted = true;
     }
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
