@@ -660,15 +660,16 @@ TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
 }
 
 // The selection kernel alone against the rank rule on the host, at the sizes the decode cells
-// reach (32K entries at 128K context) and on the score patterns that take each of its paths: the
-// sampled guess (kept; and dropped when too few or too many entries clear it: scores made to
-// differ between the sampled positions and the rest), the radix passes over global memory, then
-// in shared memory down to the index bits (scores in a narrow range; few distinct values), the
-// ordered compaction when more than its shared-memory candidates tie at the k-th score (all
-// zeros; two values), fewer visible entries than k or than that capacity, -inf and signed zeros
-// (which tie). C = 40000 (16-byte aligned rows: vector loads) and 9001 (rows at every alignment);
-// k from 7 to 4000 (sorts of 8 to 4096 keys), and 5000 (past the kernel's 4096 keys: the rank-by-
-// counting kernel). Every slot is checked (the helper fills them with garbage first). Exact equality.
+// reach (32K entries at 128K context) and on score patterns built to take each of its paths (by
+// construction: the kernel does not report the path it took): the sampled guess (kept; and
+// dropped when too few or too many entries clear it: scores made to differ between the sampled
+// positions and the rest), the radix passes over global memory, then in shared memory down to the
+// index bits (scores in a narrow range; few distinct values), the ordered compaction when more
+// than its shared-memory candidates tie at the k-th score (all zeros; two values), fewer visible
+// entries than k or than that capacity, -inf and signed zeros (which tie). C = 40000 (16-byte
+// aligned rows: vector loads) and 9001 (rows at every alignment); k from 7 to 4000 (sorts of 8 to
+// 4096 keys), and 5000 (past the kernel's 4096 keys: the rank-by-counting kernel). Every slot is
+// checked (the helper fills them with garbage first). Exact equality.
 TEST_F(CudaOps, IndexerSelectionMatchesRankRule) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(73);
