@@ -97,10 +97,15 @@ def whole_model(d):
 
 
 def op_ms(cell, name):
-    """The breakdown's GPU time of op `name` in a cell (ms), or None."""
-    for o in cell.get("breakdown", {}).get("ops", []):
-        if o["op"] == name:
-            return o["gpu_ms"]
+    """The breakdown's GPU time of op `name` in a cell (ms), or None. For the W4A8 experts' ops
+    ("... (w4a8)", "... (w4a8 tiled)") also their wgmma kernels' ("... (w4a8 wgmma ...)")."""
+    names = [name]
+    if "(w4a8" in name:
+        names.append(name.replace("(w4a8", "(w4a8 wgmma"))
+    for n in names:
+        for o in cell.get("breakdown", {}).get("ops", []):
+            if o["op"] == n:
+                return o["gpu_ms"]
     return None
 
 

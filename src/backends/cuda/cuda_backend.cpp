@@ -1010,6 +1010,7 @@ class CudaBackend final : public Backend {
     DevWeight first1{};
     DeviceBuffer w1, w3, w2;
     bool weights_vectorizable = false;  // every expert's weights pass linear_vectorizable's weight checks
+    bool wgmma_ok = false;  // every expert's weights fit the W4A8 wgmma kernels (GroupedW4A8Args::wgmma)
   };
   std::unordered_map<const void*, ExpertTables> expert_tables_;
 
@@ -1025,12 +1026,18 @@ class CudaBackend final : public Backend {
       if (!same_shape(w.w1, routed[0].w1) || !same_shape(w.w3, routed[0].w3) || !same_shape(w.w2, routed[0].w2))
         return nullptr;
     std::vector<DevWeight> w1s, w3s, w2s;
-    bool vec = true;
+    bool vec = true, wg = true;
+    const auto wgmma_fits = [](const DevWeight& d) {
+      return d.format == WeightFormat::kFp4Packed && d.block_in == 32 && d.in % 128 == 0 &&
+             d.scale_dtype == DType::kF8E8M0 && d.scale_cols % 4 == 0 && d.scale_cols >= d.in / 32 &&
+             reinterpret_cast<uintptr_t>(d.scale) % 4 == 0 && reinterpret_cast<uintptr_t>(d.data) % 16 == 0;
+    };
     alignas(16) static const float kAligned[4] = {};  // stands in for an aligned input in the weight checks
     for (const ExpertWeights& w : routed) {
       w1s.push_back(dev_weight(w.w1));
       w3s.push_back(dev_weight(w.w3));
       w2s.push_back(dev_weight(w.w2));
+      for (const DevWeight* d : {&w1s.back(), &w3s.back(), &w2s.back()}) wg = wg && wgmma_fits(*d);
       for (const DevWeight* d : {&w1s.back(), &w3s.back(), &w2s.back()})
         vec = vec && linear_vectorizable({.out = nullptr, .in = kAligned, .in_rows = nullptr, .w = *d, .T = 1,
                                           .in_stride = 4, .rows_per_group = 1});
@@ -1042,6 +1049,7 @@ class CudaBackend final : public Backend {
     t.w3 = upload_vector(w3s);
     t.w2 = upload_vector(w2s);
     t.weights_vectorizable = vec;
+    t.wgmma_ok = wg;
     return &t;
   }
 
@@ -1150,11 +1158,20 @@ class CudaBackend final : public Backend {
     // that stages tiles in shared memory; the same bits as the small one (kernels.h GroupedW4A8Args).
     constexpr int64_t kTiledRowsPerExpert = 32;
     const bool tiled = w4a8 && w4a8_tiled_ && total >= kTiledRowsPerExpert * static_cast<int64_t>(p.routed->size());
+    // On wgmma (the FP8 tensor cores) where the shapes and scales allow: K multiples of 128, packed
+    // e8m0 scales (unless SPARROW_CUDA_DISABLE=w4a8_wgmma); the tiled and the decode kernel there
+    // give the same bits as each other, not as the mma.sync kernels.
+    const bool wgmma = w4a8 && w4a8_wgmma_ && tab.wgmma_ok && D % 128 == 0 && F % 128 == 0;
     // The tiled kernel's grid: sum over experts of ceil(R_e / 64) <= total / 64 + min(E, total) + 1.
     const int64_t E = static_cast<int64_t>(p.routed->size());
     const int64_t max_tiles = total / kW4A8TileRows + std::min(E, total) + 1;
     SPARROW_CHECK_LE(max_tiles, kMaxMoeItems);
     DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
+    // The decode wgmma kernel split over K's quarters for few rows (GroupedW4A8Args::partial): at
+    // batch 1 an unsplit block walks all of K alone. The same bits split or not.
+    const bool split = wgmma && !tiled &&
+                       (w4a8_wgmma_split_ == 2 || (w4a8_wgmma_split_ == 0 && total <= kSplitRows));
+    DeviceBuffer partial(split ? 4 * total * std::max(D, F) * sizeof(float) : 0);
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned(h1.get());
@@ -1165,12 +1182,13 @@ class CudaBackend final : public Backend {
       DeviceBuffer codes, scales;
       int64_t rows = 0, k_pad = 0;
     };
-    const auto quantise = [](const float* in, int64_t n, int64_t K) {
+    const auto quantise = [wgmma](const float* in, int64_t n, int64_t K) {
       Codes c{.rows = n, .k_pad = (K + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock};
       c.codes = DeviceBuffer(static_cast<size_t>(n * c.k_pad));
       c.scales = DeviceBuffer(static_cast<size_t>(c.k_pad / kFp8ActBlock * n) * sizeof(float));
       launch_act_quant_fp8({.codes = static_cast<uint8_t*>(c.codes.get()), .scales = c.scales.f32(), .in = in,
-                            .in_dtype = DType::kF32, .rows = n, .K = K, .in_stride = K, .rows_pad = n, .k_pad = c.k_pad});
+                            .in_dtype = DType::kF32, .rows = n, .K = K, .in_stride = K, .rows_pad = n, .k_pad = c.k_pad,
+                            .w4a8_order = wgmma});
       launch_check("experts act_quant (w4a8)");
       return c;
     };
@@ -1186,7 +1204,9 @@ class CudaBackend final : public Backend {
                              .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
                              .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
                              .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled,
-                             .experts = E, .max_tiles = max_tiles, .small_tiles = w4a8_small_tiles_});
+                             .experts = E, .max_tiles = max_tiles, .small_tiles = w4a8_small_tiles_,
+                             .wgmma = wgmma, .wgmma_warpgroups = w4a8_wgmma_warpgroups_,
+                             .partial = split ? partial.f32() : nullptr, .rows_total = total});
       } else {
         launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                       .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
@@ -1194,8 +1214,11 @@ class CudaBackend final : public Backend {
       }
     };
     std::optional<OpProfiler::Scope> part(std::in_place, profiler_,
-                                          !w4a8 ? "moe/experts w1, w3" : tiled ? "moe/experts w1, w3 (w4a8 tiled)"
-                                                                                : "moe/experts w1, w3 (w4a8)");
+                                          !w4a8                ? "moe/experts w1, w3"
+                                          : wgmma && tiled     ? "moe/experts w1, w3 (w4a8 wgmma tiled)"
+                                          : wgmma              ? "moe/experts w1, w3 (w4a8 wgmma)"
+                                          : tiled              ? "moe/experts w1, w3 (w4a8 tiled)"
+                                                               : "moe/experts w1, w3 (w4a8)");
     {
       // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
       const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
@@ -1213,8 +1236,11 @@ class CudaBackend final : public Backend {
       if (w4a8) hc = quantise(h1.f32(), total, F);
       else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
     }
-    part.emplace(profiler_, !w4a8 ? "moe/experts w2, scatter" : tiled ? "moe/experts w2, scatter (w4a8 tiled)"
-                                                                     : "moe/experts w2, scatter (w4a8)");
+    part.emplace(profiler_, !w4a8                ? "moe/experts w2, scatter"
+                            : wgmma && tiled     ? "moe/experts w2, scatter (w4a8 wgmma tiled)"
+                            : wgmma              ? "moe/experts w2, scatter (w4a8 wgmma)"
+                            : tiled              ? "moe/experts w2, scatter (w4a8 tiled)"
+                                                 : "moe/experts w2, scatter (w4a8)");
     project(tab.w2, f.w2, y.f32(), h1.f32(), hc, nullptr);
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
@@ -1295,6 +1321,10 @@ class CudaBackend final : public Backend {
   bool fp8_gemm_in_linear_ = false;
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
+  bool w4a8_wgmma_ = cuda_feature_on("w4a8_wgmma");
+  int w4a8_wgmma_warpgroups_ = 0;
+  int w4a8_wgmma_split_ = 0;           // 0: by the rows (kSplitRows), 1: never, 2: always
+  static constexpr int64_t kSplitRows = 64;
   int w4a8_small_tiles_ = 0;
   bool last_indexer_mma_ = false;  // test support
   bool last_attention_mma_ = false;  // test support
@@ -1305,6 +1335,9 @@ class CudaBackend final : public Backend {
  public:
   void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
   void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
+  void set_w4a8_wgmma(bool on) { w4a8_wgmma_ = on; }
+  void set_w4a8_wgmma_warpgroups(int n) { w4a8_wgmma_warpgroups_ = n; }
+  void set_w4a8_wgmma_split(int mode) { w4a8_wgmma_split_ = mode; }
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   bool last_indexer_mma() const { return last_indexer_mma_; }
   bool last_attention_mma() const { return last_attention_mma_; }
@@ -1392,6 +1425,15 @@ bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).l
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
+void set_w4a8_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_wgmma(on); }
+void set_w4a8_wgmma_split(Backend& backend, int mode) {
+  SPARROW_CHECK(mode >= 0 && mode <= 2);
+  cuda_backend(backend).set_w4a8_wgmma_split(mode);
+}
+void set_w4a8_wgmma_warpgroups(Backend& backend, int n) {
+  SPARROW_CHECK(n >= 0 && n <= 2);
+  cuda_backend(backend).set_w4a8_wgmma_warpgroups(n);
+}
 bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16) {
   static const bool indexer_mma_on = cuda_feature_on("indexer_mma");
   static const bool attn_bf16_on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_bf16_kv");
@@ -1411,7 +1453,8 @@ void set_w4a8_small_tiles(Backend& backend, int tiles) {
   cuda_backend(backend).set_w4a8_small_tiles(tiles);
 }
 
-ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad) {
+ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad,
+                                   bool w4a8_order) {
   SPARROW_CHECK(dtype == DType::kF32 || dtype == DType::kBF16);
   SPARROW_CHECK(n >= 0 && K > 0 && rows_pad >= n);
   ActQuantFp8Rows r;
@@ -1422,7 +1465,8 @@ ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int
       scales(static_cast<size_t>(r.k_pad / kFp8ActBlock * rows_pad) * sizeof(float));
   if (in_bytes > 0) SPARROW_CUDA_CHECK(cudaMemcpy(in.get(), rows, in_bytes, cudaMemcpyHostToDevice));
   launch_act_quant_fp8({.codes = static_cast<uint8_t*>(codes.get()), .scales = scales.f32(), .in = in.get(),
-                        .in_dtype = dtype, .rows = n, .K = K, .in_stride = K, .rows_pad = rows_pad, .k_pad = r.k_pad});
+                        .in_dtype = dtype, .rows = n, .K = K, .in_stride = K, .rows_pad = rows_pad, .k_pad = r.k_pad,
+                        .w4a8_order = w4a8_order});
   launch_check("act_quant_fp8_rows");
   r.codes.resize(codes.bytes());
   r.scales.resize(scales.bytes() / sizeof(float));

@@ -81,6 +81,16 @@ void set_w4a8_experts(Backend& backend, bool on);
 // Whether those take the tiled W4A8 kernel when an expert averages 32 rows or more (on unless
 // SPARROW_CUDA_DISABLE=w4a8_tiled); the same bits as the small kernel, which runs otherwise.
 void set_w4a8_tiled(Backend& backend, bool on);
+// Whether those run on wgmma, the FP8 tensor cores (kernels.h GroupedW4A8Args::wgmma), where every
+// K is a multiple of 128 and the scales are packed e8m0 (on unless SPARROW_CUDA_DISABLE=w4a8_wgmma).
+// Its decode and tiled kernels give the same bits as each other, not the mma.sync kernels' bits.
+void set_w4a8_wgmma(Backend& backend, bool on);
+// The tiled wgmma kernel's warpgroups a block (64 columns each): 1 or 2; 0 (the default) chooses.
+// The same bits either way.
+void set_w4a8_wgmma_warpgroups(Backend& backend, int n);
+// Whether the decode wgmma kernel splits K's quarters over blocks: 0 (the default) for 64 rows or
+// fewer, 1 never, 2 always. The same bits either way.
+void set_w4a8_wgmma_split(Backend& backend, int mode);
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);
@@ -117,7 +127,8 @@ struct ActQuantFp8Rows {
   std::vector<float> scales;
   int64_t rows_pad = 0, k_pad = 0;
 };
-ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad);
+ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int64_t K, int64_t rows_pad,
+                                   bool w4a8_order = false);
 
 }  // namespace cuda
 }  // namespace sparrow

@@ -39,7 +39,8 @@ struct DevView {
 // instead of tiles of tokens x mixes over many blocks), "compressor_parallel" (the compressors' entries one block
 // each instead of one block walking each sequence), "attn_split" (flash-decoding attention: the candidates
 // split over blocks), "w4a8" (the routed MXFP4 experts on the tensor cores), "w4a8_tiled" (their
-// shared-memory tiled kernel for many rows an expert), "indexer_tiled" (the indexer's scores from
+// shared-memory tiled kernel for many rows an expert), "w4a8_wgmma" (their kernels on the FP8
+// wgmma instead of the f16 mma.sync), "indexer_tiled" (the indexer's scores from
 // register tiles of 4 heads x 8 entries a thread), "indexer_mma" (the fast profile's scores on the
 // bf16 tensor cores, from a bf16 copy of the keys), "attn_mma" (the fast profiles' attention on the
 // bf16 tensor cores), "attn_bf16_kv" (that attention reading bf16 copies of the KV state rather
@@ -235,6 +236,21 @@ struct GroupedW4A8Args {
   // (small kernel) m16 tiles of output columns a block, 1 or 2; 0 chooses (w4a8_small_tiles). The
   // outputs are the same bits either way (test support).
   int small_tiles = 0;
+  // The wgmma kernels (kernels_linear.cu): 64 columns x 8 rows (decode items) or x 64 rows (tiled)
+  // a block on the FP8 tensor cores, each output's arithmetic the same in both: per group of 128
+  // inputs one wgmma sum (block scales folded into the weights), acc = fma(d, cs * sa, acc) group by
+  // group within each quarter of the groups (w4a8_quarter), the quarters added in order. REQUIRES K % 128 == 0,
+  // every expert's scales packed e8m0 (scale_cols % 4 == 0) and 4-byte aligned, the codes in
+  // ActQuantFp8Args::w4a8_order.
+  bool wgmma = false;
+  // (tiled wgmma kernel) warpgroups a block, 1 or 2 (64 columns each); 0 chooses. The outputs are
+  // the same bits either way (test support).
+  int wgmma_warpgroups = 0;
+  // (decode wgmma kernel) scratch [4, rows_total, N] fp32, or null: when given, the four quarters of
+  // K's groups run in separate blocks (more blocks for small batches) and a second kernel adds them
+  // in order; the same bits either way. rows_total = offsets[E].
+  float* partial = nullptr;
+  int64_t rows_total = 0;
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
@@ -272,6 +288,10 @@ struct ActQuantFp8Args {
   const void* in;     // [rows, in_stride], F32 or BF16
   DType in_dtype;
   int64_t rows, K, in_stride, rows_pad, k_pad;
+  // The codes of each 128-input block in the order the W4A8 wgmma kernels read them: input
+  // 32 t + 8 i + r (t, i < 4, r < 8) at 32 i + 4 t + r for r < 4, at 32 i + 16 + 4 t + r - 4 otherwise.
+  // The scales are unchanged.
+  bool w4a8_order = false;
 };
 void launch_act_quant_fp8(const ActQuantFp8Args& a);
 

@@ -33,7 +33,10 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
   if (pair >= a.rows_pad * nblocks) return;
   const int64_t m = pair / nblocks, b = pair % nblocks;
   const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane;  // < k_pad
-  uint8_t* dst = a.codes + m * a.k_pad + k0;
+  // The lane's 4 codes: inputs 32 t + 8 i + 4 h + 0..3 with t = lane / 8, i = lane % 8 / 2, h = lane % 2;
+  // in the W4A8 order (ActQuantFp8Args::w4a8_order) at 32 i + 16 h + 4 t of the block.
+  const int64_t at_code = a.w4a8_order ? b * kFp8ActBlock + 32 * (lane % 8 / 2) + 16 * (lane % 2) + 4 * (lane / 8) : k0;
+  uint8_t* dst = a.codes + m * a.k_pad + at_code;
   if (m >= a.rows) {  // padding row: zero codes, scale 1
     *reinterpret_cast<uint32_t*>(dst) = 0u;
     if (lane == 0) a.scales[b * a.rows_pad + m] = 1.0f;

@@ -185,6 +185,30 @@ TEST_F(CudaFp8Linear, ActQuantIsTheCpuOneBitForBit) {
   }
 }
 
+// The W4A8 wgmma kernels' code order (ActQuantFp8Args::w4a8_order): within each block of 128, input
+// 32 t + 8 i + r at 32 i + 4 t + r (r < 4) or 32 i + 16 + 4 t + r - 4; the same codes and scales as
+// the plain layout otherwise, padding included.
+TEST_F(CudaFp8Linear, ActQuantW4A8OrderPermutesEachBlock) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  Rng rng(602);
+  for (auto [rows, K] : {std::pair<int64_t, int64_t>{3, 256}, {5, 200}, {1, 128}}) {
+    const std::vector<float> v = edge_rows(rng, rows, K);
+    const int64_t rows_pad = rows + 3;
+    const cuda::ActQuantFp8Rows plain = cuda::act_quant_fp8_rows(v.data(), DType::kF32, rows, K, rows_pad);
+    const cuda::ActQuantFp8Rows perm = cuda::act_quant_fp8_rows(v.data(), DType::kF32, rows, K, rows_pad, true);
+    ASSERT_EQ(perm.codes.size(), plain.codes.size());
+    EXPECT_EQ(perm.scales, plain.scales) << "rows " << rows << " K " << K;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows_pad; ++r)
+      for (int64_t k = 0; k < plain.k_pad; ++k) {
+        const int64_t b = k / 128, t = k % 128 / 32, i = k % 32 / 8, q = k % 8;
+        const int64_t at = 128 * b + 32 * i + (q < 4 ? 4 * t + q : 16 + 4 * t + q - 4);
+        bad += perm.codes[r * plain.k_pad + at] != plain.codes[r * plain.k_pad + k];
+      }
+    EXPECT_EQ(bad, 0) << "rows " << rows << " K " << K;
+  }
+}
+
 TEST_F(CudaFp8Linear, ActQuantOfNoRows) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   // Zero rows: only padding is written.

@@ -43,7 +43,7 @@ class CudaOps : public ::testing::Test {
   struct IndexerBoth indexer_both_bf16(const std::pair<Tensor, Tensor>& q, const std::pair<Tensor, Tensor>& w,
                                        const BatchInfo& bc, const BatchInfo& bg, int64_t m, int64_t k, int64_t C);
   // Defined with the W4A8 MoE tests below.
-  struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K);
+  struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F = 96);
   // Defined with the attention tests below.
   void check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
                                   std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed,
@@ -1699,7 +1699,11 @@ void expect_mostly_identical(const std::vector<float>& got, const std::vector<fl
   int64_t same = 0;
   for (size_t i = 0; i < got.size(); ++i) same += f32_to_bits(got[i]) == f32_to_bits(want[i]) ? 1 : 0;
   const double frac = static_cast<double>(same) / static_cast<double>(got.size());
-  const CompareResult r = compare_f32(got, want, {.max_cosine_distance = max_cosine});
+  // The elements that differ are bounded through the cosine and, each, by 1/64 of the largest
+  // |want| (a few bf16 roundings of the largest values); no bound of their own (atol infinite).
+  const CompareResult r = compare_f32(
+      got, want,
+      {.atol = std::numeric_limits<double>::infinity(), .max_cosine_distance = max_cosine, .max_rel_to_max = 1.0 / 64});
   std::printf("[cuda-fast-op] %-40s identical %.4f  %s\n", what.c_str(), frac, r.summary().c_str());
   EXPECT_GE(frac, min_identical) << what;
   EXPECT_TRUE(r.ok) << what << ": " << r.message;
@@ -1829,8 +1833,8 @@ struct W4A8Inputs {
   MoeParams gpu_params(const Tensor& out) const { return w4a8_moe_params(mc, out, xg, eg, wg); }
 };
 
-W4A8Inputs CudaOps::w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K) {
-  W4A8Inputs in{.mc = make_moe(rng, 6, 256, 96, true)};
+W4A8Inputs CudaOps::w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F) {
+  W4A8Inputs in{.mc = make_moe(rng, 6, 256, F, true)};
   in.D = in.mc.D;
   std::tie(in.ec, in.eg) = both_i32(experts, {T, K});
   std::tie(in.wc, in.wg) = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
@@ -1932,6 +1936,143 @@ TEST_F(CudaOps, MoeW4A8SmallKernelWidthGivesTheSameBits) {
   expect_same_bits(out[0], out[2], "moe w4a8 chosen width vs 32 columns");
   // Not all zero: the comparison saw real outputs.
   EXPECT_GT(std::count_if(out[2].begin(), out[2].end(), [](float v) { return v != 0.0f; }), T * D / 2);
+}
+
+// The W4A8 experts on wgmma (K multiples of 128: D = 256, F = 384, so 2 and 3 groups a row) against
+// the CPU's reference numerics and against the mma.sync W4A8 kernels. The two differ in how a group's
+// products are summed (one wgmma chain of 128 products with the block scales folded into e5m2
+// weights, against f16 mma steps of 16 and a scale per block of 32), so both comparisons are
+// "mostly the same bf16 bits" with the cosine bound the other W4A8 tests use. The profile shows the
+// wgmma kernel ran.
+TEST_F(CudaOps, MoeW4A8WgmmaMatchesCpuAndTheMmaKernels) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(211);
+  const int64_t T = 40, K = 2;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>(i % 5);  // 16 rows each, expert 5 idle
+  const W4A8Inputs in = w4a8_inputs(rng, experts, T, K, 384);
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+  cpu->moe(in.cpu_params(oc));
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, false);
+  const Tensor mma = gpu->alloc(ElemType::kF32, {T, in.D});
+  gpu->moe(in.gpu_params(mma));
+  cuda::set_w4a8_wgmma(*gpu, true);
+  const bool ran = moe_ran(*gpu, in.gpu_params(og), "moe/experts w1, w3 (w4a8 wgmma)");
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  cuda::set_w4a8_wgmma(*gpu, cuda::cuda_feature_on("w4a8_wgmma"));
+  EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the wgmma W4A8 path ran: " << ran;
+  const std::vector<float> g = gpu->download_f32(og);
+  for (float v : g) ASSERT_EQ(v, bf16_round(v)) << "moe output is bf16";
+  expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 wgmma vs cpu");
+  expect_mostly_identical(g, gpu->download_f32(mma), 0.6, 1e-4, "moe w4a8 wgmma vs mma.sync");
+}
+
+// The wgmma path's prefill kernel (64 rows a block) and decode kernel (8 rows a block) give every
+// output the same arithmetic: the MoE's output is the same bits with the tiled kernel on and off.
+// Expert 0 gets 100 rows (a full tile of 64 and a partial one), the others 50, expert 5 none.
+TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(212);
+  const int64_t T = 150, K = 2;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t t = 0; t < T; ++t) {
+    experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
+    experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
+  }
+  const W4A8Inputs in = w4a8_inputs(rng, experts, T, K, 384);
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+  cpu->moe(in.cpu_params(oc));
+  const Tensor small = gpu->alloc(ElemType::kF32, {T, in.D});
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  cuda::set_w4a8_tiled(*gpu, false);
+  gpu->moe(in.gpu_params(small));
+  cuda::set_w4a8_tiled(*gpu, true);
+  const bool ran = moe_ran(*gpu, in.gpu_params(og), "moe/experts w1, w3 (w4a8 wgmma tiled)");
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  cuda::set_w4a8_tiled(*gpu, cuda::cuda_feature_on("w4a8_tiled"));
+  cuda::set_w4a8_wgmma(*gpu, cuda::cuda_feature_on("w4a8_wgmma"));
+  EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the tiled wgmma kernel ran: " << ran;
+  const std::vector<float> g = gpu->download_f32(og);
+  expect_same_bits(g, gpu->download_f32(small), "moe w4a8 wgmma tiled vs decode kernel");
+  expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 wgmma tiled vs cpu");
+  // The tiled kernel's width (1 or 2 warpgroups of 64 columns a block) is not part of the
+  // arithmetic either.
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  for (int wg : {1, 2}) {
+    cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
+    const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
+    gpu->moe(in.gpu_params(o));
+    expect_same_bits(gpu->download_f32(o), g, "moe w4a8 wgmma tiled, warpgroups " + std::to_string(wg));
+  }
+  cuda::set_w4a8_wgmma_warpgroups(*gpu, 0);
+  // The decode kernel with K's quarters in separate blocks (then added in order) or in one.
+  cuda::set_w4a8_tiled(*gpu, false);
+  for (int split : {1, 2}) {
+    cuda::set_w4a8_wgmma_split(*gpu, split);
+    const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
+    gpu->moe(in.gpu_params(o));
+    expect_same_bits(gpu->download_f32(o), g, "moe w4a8 wgmma decode kernel, split " + std::to_string(split));
+  }
+  cuda::set_w4a8_wgmma_split(*gpu, 0);
+  cuda::set_w4a8_tiled(*gpu, cuda::cuda_feature_on("w4a8_tiled"));
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  cuda::set_w4a8_wgmma(*gpu, cuda::cuda_feature_on("w4a8_wgmma"));
+}
+
+// Scales the wgmma kernels' e5m2 tables treat apart. Expert 0's w1: block 0 of every group all
+// zero codes at scale byte 127, blocks 1..3 at 100, 99 and 101, so its outputs come only from
+// blocks 2^-27 and 2^-28 below the group's largest scale (the table's rounded path, here exact e5m2
+// subnormals) and 2^-26 below it (the direct path). Expert 1's w2: output column 3's block 2 at
+// scale byte 255 (NaN): that column is NaN for expert 1's rows, on the CPU too. Everything else must
+// agree with the CPU as in the tests above.
+TEST_F(CudaOps, MoeW4A8WgmmaFarAndNanScales) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(213);
+  const int64_t T = 24, K = 2;
+  std::vector<int32_t> experts(T * K);
+  for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>(i % 3);
+  W4A8Inputs in = w4a8_inputs(rng, experts, T, K, 128);
+  const int64_t D = in.D, F = in.mc.F;
+  {
+    auto& codes = *in.mc.store[0].data.bytes;  // expert 0's w1: [F, D / 2]
+    auto& scales = *in.mc.store[0].scale.bytes;  // [F, D / 32]
+    for (int64_t n = 0; n < F; ++n)
+      for (int64_t grp = 0; grp < D / 128; ++grp) {
+        std::fill_n(codes.begin() + n * (D / 2) + 64 * grp, 16, uint8_t{0});
+        const uint8_t s[4] = {127, 100, 99, 101};
+        std::copy_n(s, 4, scales.begin() + n * (D / 32) + 4 * grp);
+      }
+    (*in.mc.store[4].scale.bytes)[3 * (F / 32) + 2] = 255;  // expert 1's w2: [D, F / 32]
+  }
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+  cpu->moe(in.cpu_params(oc));
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  const bool ran = moe_ran(*gpu, in.gpu_params(og), "moe/experts w1, w3 (w4a8 wgmma)");
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  cuda::set_w4a8_wgmma(*gpu, cuda::cuda_feature_on("w4a8_wgmma"));
+  EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the wgmma W4A8 path ran: " << ran;
+  std::vector<float> g = gpu->download_f32(og), c = cpu->download_f32(oc);
+  int64_t nan_rows = 0;
+  for (int64_t tk = 0; tk < T; ++tk)
+    for (int64_t d = 0; d < D; ++d) {
+      const bool routed_to_1 = experts[tk * K] == 1 || experts[tk * K + 1] == 1;
+      const bool want_nan = routed_to_1 && d == 3;
+      ASSERT_EQ(std::isnan(c[tk * D + d]), want_nan) << "cpu token " << tk << " column " << d;
+      ASSERT_EQ(std::isnan(g[tk * D + d]), want_nan) << "gpu token " << tk << " column " << d;
+      if (want_nan) g[tk * D + d] = c[tk * D + d] = 0.0f, nan_rows += d == 3;
+    }
+  EXPECT_GT(nan_rows, 0);
+  expect_mostly_identical(g, c, 0.6, 1e-4, "moe w4a8 wgmma far and NaN scales vs cpu");
+  // Expert 0's rows are not all zero: the far blocks counted.
+  int64_t nonzero = 0;
+  for (int64_t tk = 0; tk < T; ++tk)
+    if (experts[tk * K] == 0 || experts[tk * K + 1] == 0)
+      for (int64_t d = 0; d < D; ++d) nonzero += g[tk * D + d] != 0.0f;
+  EXPECT_GT(nonzero, 0);
 }
 
 // A prefill long enough for more work items than grid y's 65,535 (90,000 tokens, 6 experts each,
