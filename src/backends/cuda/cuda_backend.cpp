@@ -1037,10 +1037,11 @@ class CudaBackend final : public Backend {
       w1s.push_back(dev_weight(w.w1));
       w3s.push_back(dev_weight(w.w3));
       w2s.push_back(dev_weight(w.w2));
-      for (const DevWeight* d : {&w1s.back(), &w3s.back(), &w2s.back()}) wg = wg && wgmma_fits(*d);
-      for (const DevWeight* d : {&w1s.back(), &w3s.back(), &w2s.back()})
+      for (const DevWeight* d : {&w1s.back(), &w3s.back(), &w2s.back()}) {
+        wg = wg && wgmma_fits(*d);
         vec = vec && linear_vectorizable({.out = nullptr, .in = kAligned, .in_rows = nullptr, .w = *d, .T = 1,
                                           .in_stride = 4, .rows_per_group = 1});
+      }
     }
     ExpertTables& t = expert_tables_[routed.data()];
     t.E = E;
@@ -1158,10 +1159,10 @@ class CudaBackend final : public Backend {
     // that stages tiles in shared memory; the same bits as the small one (kernels.h GroupedW4A8Args).
     constexpr int64_t kTiledRowsPerExpert = 32;
     const bool tiled = w4a8 && w4a8_tiled_ && total >= kTiledRowsPerExpert * static_cast<int64_t>(p.routed->size());
-    // On wgmma (the FP8 tensor cores) where the shapes and scales allow: K multiples of 128, packed
-    // e8m0 scales (unless SPARROW_CUDA_DISABLE=w4a8_wgmma); the tiled and the decode kernel there
-    // give the same bits as each other, not as the mma.sync kernels.
-    const bool wgmma = w4a8 && w4a8_wgmma_ && tab.wgmma_ok && D % 128 == 0 && F % 128 == 0;
+    // On wgmma (the FP8 tensor cores) where every expert's weights allow (ExpertTables::wgmma_ok: K a
+    // multiple of 128, packed e8m0 scales; unless SPARROW_CUDA_DISABLE=w4a8_wgmma); the tiled and the
+    // decode kernel there give the same bits as each other, not as the mma.sync kernels.
+    const bool wgmma = w4a8 && w4a8_wgmma_ && tab.wgmma_ok;
     // The tiled kernel's grid: sum over experts of ceil(R_e / 64) <= total / 64 + min(E, total) + 1.
     const int64_t E = static_cast<int64_t>(p.routed->size());
     const int64_t max_tiles = total / kW4A8TileRows + std::min(E, total) + 1;
@@ -1213,12 +1214,16 @@ class CudaBackend final : public Backend {
                                       .in_stride = shape.in, .format = shape.format, .vectorized = vec});
       }
     };
-    std::optional<OpProfiler::Scope> part(std::in_place, profiler_,
-                                          !w4a8                ? "moe/experts w1, w3"
-                                          : wgmma && tiled     ? "moe/experts w1, w3 (w4a8 wgmma tiled)"
-                                          : wgmma              ? "moe/experts w1, w3 (w4a8 wgmma)"
-                                          : tiled              ? "moe/experts w1, w3 (w4a8 tiled)"
-                                                               : "moe/experts w1, w3 (w4a8)");
+    // The profile's names of the two projection steps, by path: CUDA cores, then W4A8 (mma.sync or
+    // wgmma, small or tiled kernel).
+    static constexpr const char* kW13[] = {"moe/experts w1, w3", "moe/experts w1, w3 (w4a8)",
+                                           "moe/experts w1, w3 (w4a8 tiled)", "moe/experts w1, w3 (w4a8 wgmma)",
+                                           "moe/experts w1, w3 (w4a8 wgmma tiled)"};
+    static constexpr const char* kW2[] = {"moe/experts w2, scatter", "moe/experts w2, scatter (w4a8)",
+                                          "moe/experts w2, scatter (w4a8 tiled)", "moe/experts w2, scatter (w4a8 wgmma)",
+                                          "moe/experts w2, scatter (w4a8 wgmma tiled)"};
+    const int path = w4a8 ? 1 + (tiled ? 1 : 0) + (wgmma ? 2 : 0) : 0;
+    std::optional<OpProfiler::Scope> part(std::in_place, profiler_, kW13[path]);
     {
       // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
       const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
@@ -1236,11 +1241,7 @@ class CudaBackend final : public Backend {
       if (w4a8) hc = quantise(h1.f32(), total, F);
       else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
     }
-    part.emplace(profiler_, !w4a8                ? "moe/experts w2, scatter"
-                            : wgmma && tiled     ? "moe/experts w2, scatter (w4a8 wgmma tiled)"
-                            : wgmma              ? "moe/experts w2, scatter (w4a8 wgmma)"
-                            : tiled              ? "moe/experts w2, scatter (w4a8 tiled)"
-                                                 : "moe/experts w2, scatter (w4a8)");
+    part.emplace(profiler_, kW2[path]);
     project(tab.w2, f.w2, y.f32(), h1.f32(), hc, nullptr);
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,

@@ -508,10 +508,9 @@ constexpr size_t kTiledSmemBytes = sizeof(TiledSmem);
 // lane counts the tiles of E / 32 consecutive experts, a scan over the lanes, the lane whose range
 // holds b walks its experts. (A grid over the plan's 8-row items had 7 of every 8 blocks leave at
 // once: 180,000 empty blocks a projection in an 8K prefill.)
-template <int kRows = kTiledRows>
 __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& e_out, int64_t& t0_out) {
   const int lane = threadIdx.x % 32, per = static_cast<int>((g.experts + 31) / 32);
-  const auto tiles = [&](int64_t e) { return (g.offsets[e + 1] - g.offsets[e] + kRows - 1) / kRows; };
+  const auto tiles = [&](int64_t e) { return (g.offsets[e + 1] - g.offsets[e] + kTiledRows - 1) / kTiledRows; };
   int64_t count = 0;
   for (int i = 0; i < per; ++i) {
     const int64_t e = static_cast<int64_t>(lane) * per + i;
@@ -530,7 +529,7 @@ __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& 
     for (int i = 0; i < per; ++i) {
       const int64_t e = static_cast<int64_t>(lane) * per + i, n = tiles(e);
       if (b < c + n) {
-        found_e = static_cast<int>(e), found_t0 = (b - c) * kRows;
+        found_e = static_cast<int>(e), found_t0 = (b - c) * kTiledRows;
         break;
       }
       c += n;
@@ -834,7 +833,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 64 ? 4 / kWG : 1) grou
     if (tid < 32) {
       int e;
       int64_t t0;
-      w4a8_find_tile<kN>(g, blockIdx.x, e, t0);
+      w4a8_find_tile(g, blockIdx.x, e, t0);
       if (tid == 0) s_e = e, s_t0 = t0;
     }
   }
@@ -875,7 +874,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 64 ? 4 / kWG : 1) grou
   const int64_t arow = tid < kN ? s_src[tid] : -1;
   const bool arow_ok = arow >= 0;
   const float* asrc = g.scales + static_cast<int64_t>(g_lo) * g.rows_pad + (arow_ok ? arow : 0);
-  // Code piece i: its place in a stage and its source at group 0 (g.codes when the row is past R).
+  // Code piece i: its place in a stage and its source at group g_lo (g.codes when the row is past R).
   int xdst[kXPieces];
   const uint8_t* xsrc[kXPieces];
   bool xok[kXPieces];
@@ -1002,21 +1001,20 @@ __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64
   out[i] = s;
 }
 
-template <int kN>
 constexpr int kWgStages = 4;
 template <int kN, int kWG>
-constexpr size_t wg_smem_bytes() {
-  return sizeof(WgStage<kN, kWG>) * kWgStages<kN> + sizeof(float) * (kN / 2) * kWgThreads * kWG;
+constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
+  return sizeof(WgStage<kN, kWG>) * kWgStages + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
 template <int kN, int kWG>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
   static const bool smem_set = [] {
-    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kWgStages<kN>>,
+    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kWgStages>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(wg_smem_bytes<kN, kWG>())) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
-  grouped_w4a8_wgmma_kernel<kN, kWG, kWgStages<kN>>
+  grouped_w4a8_wgmma_kernel<kN, kWG, kWgStages>
       <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
          kWgThreads * kWG, wg_smem_bytes<kN, kWG>()>>>(g);
 }
@@ -1078,7 +1076,8 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
       return;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
-    // 6.6 ms with two, 9.5 with one (each block reads its tile's codes once for all its columns).
+    // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
+    // all its columns).
     if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(g, g.max_tiles);
     return launch_w4a8_wgmma<64, 2>(g, g.max_tiles);
   }
