@@ -811,8 +811,14 @@ struct WgStage {
 };
 
 // kWG warpgroups a block, warpgroup v the block's columns 64 v .. 64 v + 63, all of them the same rows.
+// Each kernel in the loop form measured faster for it (H200, layer 0 of the synthetic V4-Flash): the
+// decode kernel advances its copy sources a group at a time under a bound of one block an SM (78
+// registers; with sources from the group and ptxas's default, 52 registers, w1 + w3 at batch 256 took
+// 1.18 ms against 1.04 on 2026-12-01); the prefill kernel offsets them by the group number under a
+// bound of two blocks (128 registers, 8 bytes spilled; w1 + w3 of an 8K prefill 6.84 ms against 7.54
+// for the advancing form on 2026-12-02, w2 4.26 against 4.49).
 template <int kN, int kWG, int kStages>
-__global__ void __launch_bounds__(kWgThreads * kWG, kN == 64 ? 4 / kWG : 1) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
+__global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
   using Stage = WgStage<kN, kWG>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
   static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
@@ -844,8 +850,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 64 ? 4 / kWG : 1) grou
   const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
   const int n0 = static_cast<int>(blockIdx.y) * kCols;
   const DevWeight W = g.w[e];
-  // Split (grid z = 4): this block computes quarter blockIdx.z of the groups only, into g.partial.
-  const bool split = gridDim.z == kW4A8Warps;
+  // Split (grid z = 4, the decode kernel only): this block computes quarter blockIdx.z of the groups
+  // only, into g.partial.
+  const bool split = kN == 8 && gridDim.z == kW4A8Warps;
   const int g_lo = split ? w4a8_quarter(blockIdx.z, groups) : 0;
   const int g_hi = split ? w4a8_quarter(blockIdx.z + 1, groups) : groups;
   if (tid < kN) {
@@ -886,29 +893,35 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 64 ? 4 / kWG : 1) grou
     xdst[i] = ((chunk * (kN / 8)) + row / 8) * 128 + (row % 8) * 16;
     xsrc[i] = (xok[i] ? g.codes + src * g.k_pad + 16 * chunk : g.codes) + kW4A8GroupK * g_lo;
   }
-  // Copies the next group (g_lo, g_lo + 1, ...) into the next stage, the sources advancing a group a
-  // call (a source whose copy is off is not read: cp.async with no source bytes).
+  // Copies the next group (g_lo, g_lo + 1, ...) into the next stage (a source whose copy is off is
+  // not read: cp.async with no source bytes). The decode kernel advances its sources a group a call;
+  // the prefill kernel (g_lo = 0) offsets them by the group, into stage group % kStages (see the
+  // launch bounds).
+  constexpr bool kAdvance = kN == 8;
   int next_group = g_lo, next_stage_index = 0;
   auto issue = [&] {
     if (next_group < g_hi) {
-      Stage& st = ring[next_stage_index];
+      const int64_t dg = kAdvance ? 0 : next_group - g_lo;
+      Stage& st = ring[kAdvance ? next_stage_index : static_cast<int>(dg % kStages)];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        cp_async(st.w + 16 * (tid + kThreads * i), wsrc[i], wok[i], 16);
-        wsrc[i] += 64;
+        cp_async(st.w + 16 * (tid + kThreads * i), wsrc[i] + 64 * dg, wok[i], 16);
+        if constexpr (kAdvance) wsrc[i] += 64;
       }
 #pragma unroll
       for (int i = 0; i < kXPieces; ++i)
         if (tid + kThreads * i < 8 * kN) {
-          cp_async(st.x + xdst[i], xsrc[i], xok[i], 16);
-          xsrc[i] += kW4A8GroupK;
+          cp_async(st.x + xdst[i], xsrc[i] + kW4A8GroupK * dg, xok[i], 16);
+          if constexpr (kAdvance) xsrc[i] += kW4A8GroupK;
         }
-      if (tid < kCols) cp_async(&st.ws[tid], ssrc, scol_ok, 4);
-      if (tid < kN) cp_async(&st.sa[tid], asrc, arow_ok, 4);
-      ssrc += 4;
-      asrc += g.rows_pad;
+      if (tid < kCols) cp_async(&st.ws[tid], ssrc + 4 * dg, scol_ok, 4);
+      if (tid < kN) cp_async(&st.sa[tid], asrc + dg * g.rows_pad, arow_ok, 4);
+      if constexpr (kAdvance) {
+        ssrc += 4;
+        asrc += g.rows_pad;
+        next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
+      }
       ++next_group;
-      next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
     }
     cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
   };
@@ -943,8 +956,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 64 ? 4 / kWG : 1) grou
     fence_proxy_async_smem();      // and are visible to wgmma's reads
     __syncthreads();               // everyone's; and everyone is done with the stage refilled next
     issue();                       // group kg + kStages - 1
-    const Stage& st = ring[stage_index];
-    stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+    const Stage& st = ring[kAdvance ? stage_index : (kg - g_lo) % kStages];
+    if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
     uint32_t tab[2][2];
     float cs[2];
     w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
@@ -1001,6 +1014,8 @@ __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64
   out[i] = s;
 }
 
+// The ring's depth (6 or 8 groups for the decode kernel measured slower on the H200, 2026-12-02:
+// w1 + w3 at batch 256 1.04 -> 1.20 / 1.18 ms).
 constexpr int kWgStages = 4;
 template <int kN, int kWG>
 constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
