@@ -131,8 +131,8 @@ std::pair<double, double> op_sums(const std::vector<cuda::OpTime>& ops) {
 void print_breakdown(const CellTiming& t) {
   if (t.breakdown.empty()) return;
   const auto [gpu, host] = op_sums(t.breakdown);
-  std::printf("         profiled step %.3f ms: ops %.3f ms on the GPU, %.3f ms in the host calls\n", t.breakdown_step_ms,
-              gpu, host);
+  std::printf("         profiled step %.3f ms%s: ops %.3f ms on the GPU, %.3f ms in the host calls\n", t.breakdown_step_ms,
+              t.breakdown_queued ? " (queued ahead: GPU time)" : "", gpu, host);
   const size_t shown = std::min<size_t>(t.breakdown.size(), 16);
   for (size_t i = 0; i < shown; ++i) {
     const cuda::OpTime& op = t.breakdown[i];
@@ -477,6 +477,11 @@ Status run_bench(const BenchOptions& o) {
         cell["time_ms"] = t.median_ms;
         cell["min_ms"] = t.min_ms;
         cell["max_ms"] = t.max_ms;
+        cell["host_ms"] = t.host_median_ms;
+        if (t.queued_reps > 0 || t.queued_median_ms < 0) {
+          cell["queued_ms"] = t.queued_median_ms;
+          cell["queued_reps"] = t.queued_reps;
+        }
         cell["reps"] = t.reps;
         cell["ratio"] = t.median_ms / (ft.floor_s * 1e3);
         cell["tokens_per_s"] = f.tokens / (t.median_ms * 1e-3);
@@ -488,13 +493,23 @@ Status run_bench(const BenchOptions& o) {
           for (const cuda::OpTime& op : t.breakdown)
             ops.push_back({{"op", op.op}, {"part", op.part}, {"calls", op.calls}, {"gpu_ms", op.gpu_ms}, {"host_ms", op.host_ms}});
           const auto [gpu, host] = op_sums(t.breakdown);
-          cell["breakdown"] = {{"step_ms", t.breakdown_step_ms}, {"ops_gpu_ms", gpu}, {"ops_host_ms", host}, {"ops", ops}};
+          cell["breakdown"] = {{"step_ms", t.breakdown_step_ms}, {"queued", t.breakdown_queued}, {"ops_gpu_ms", gpu},
+                               {"ops_host_ms", host}, {"ops", ops}};
+        }
+        {
+          char buf[48];
+          std::snprintf(buf, sizeof buf, "host %.3f ms", t.host_median_ms);
+          note = buf;
+          if (t.queued_reps > 0) {
+            std::snprintf(buf, sizeof buf, ", queued %.3f ms", t.queued_median_ms);
+            note += buf;
+          }
         }
         if (t.experts_touched >= 0) {
           cell["experts_touched_measured"] = t.experts_touched;
           char buf[64];
-          std::snprintf(buf, sizeof buf, "experts %.0f (exp. %.1f)", t.experts_touched, f.experts_touched);
-          note = buf;
+          std::snprintf(buf, sizeof buf, ", experts %.0f (exp. %.1f)", t.experts_touched, f.experts_touched);
+          note += buf;
         }
         std::printf("%-6lld %-10s %5lld %6s %11.3f %11.4f %8.1f %7s  %s\n", static_cast<long long>(l), kind.c_str(),
                     static_cast<long long>(B), ctx.c_str(), t.median_ms, ft.floor_s * 1e3,

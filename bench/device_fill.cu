@@ -26,17 +26,38 @@ __global__ void fill_normal_kernel(float* p, int64_t n, uint64_t seed, float sca
   }
 }
 
+__device__ inline uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void spin_kernel(uint64_t ns) {
+  const uint64_t t0 = global_ns();
+  while (global_ns() - t0 < ns) {
+  }
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "sparrow bench: %s kernel failed: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
 }  // namespace
+
+void device_spin(uint64_t ns) {
+  spin_kernel<<<1, 1>>>(ns);
+  check_launch("spin");
+}
 
 void device_fill_normal(float* p, int64_t n, uint64_t seed, float scale) {
   if (n <= 0) return;
   const int64_t blocks = (n + 255) / 256;
   fill_normal_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), 256>>>(p, n, seed, scale);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "sparrow bench: fill kernel failed: %s\n", cudaGetErrorString(e));
-    std::abort();
-  }
+  check_launch("fill");
 }
 
 }  // namespace sparrow::bench

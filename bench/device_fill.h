@@ -11,4 +11,9 @@ namespace sparrow::bench {
 // p[0 .. n) = approx N(0, scale^2). Asynchronous on the default stream; aborts on a launch error.
 void device_fill_normal(float* p, int64_t n, uint64_t seed, float scale);
 
+// One thread that spins on the device's global timer for `ns` nanoseconds: work queued behind it on
+// the default stream waits, so the host can enqueue a whole step before the GPU starts it.
+// Asynchronous; aborts on a launch error.
+void device_spin(uint64_t ns);
+
 }  // namespace sparrow::bench

@@ -171,15 +171,20 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
 
 // Times `step` with events: warm-up, then repetitions until min_reps and target_s (or max_reps).
 // `step(i)` runs step i; `before(i)` runs untimed before it (restores, resets).
+// With `queued`, then up to 10 more steps each queued behind a spin kernel long enough for the host
+// to enqueue the whole step first (CellTiming::queued_median_ms).
 template <class Before, class Step, class After>
-void time_steps(const TimingOptions& o, Before before, Step step, After after, CellTiming& out) {
+void time_steps(const TimingOptions& o, Before before, Step step, After after, CellTiming& out, bool queued = false) {
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
+  std::vector<double> host_times;
   auto one = [&](int i) {
     before(i);
     BENCH_CUDA(cudaEventRecord(start));
+    const auto h0 = std::chrono::steady_clock::now();
     step(i);
+    host_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count());
     BENCH_CUDA(cudaEventRecord(stop));
     BENCH_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
@@ -192,6 +197,7 @@ void time_steps(const TimingOptions& o, Before before, Step step, After after, C
     const double ms = one(i++);
     if (ms * 1e-3 > o.target_s) break;  // a slow step: one warm-up is enough
   }
+  host_times.clear();
   std::vector<double> times;
   double total_s = 0;
   while (static_cast<int>(times.size()) < o.max_reps &&
@@ -199,11 +205,35 @@ void time_steps(const TimingOptions& o, Before before, Step step, After after, C
     times.push_back(one(i++));
     total_s += times.back() * 1e-3;
   }
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
   out.ok = true;
   out.reps = static_cast<int>(times.size());
   out.median_ms = median_of(times);
+  out.host_median_ms = median_of(host_times);
+  if (queued) {
+    // The spin lasts three times the host's median enqueue time (at least 1 ms); a step whose
+    // enqueue outlasted it (the GPU may have caught up with the host) is not counted.
+    const double spin_ms = std::max(1.0, 3.0 * out.host_median_ms);
+    std::vector<double> queued_times;
+    const int n = std::min<int>(static_cast<int>(times.size()), 10);
+    for (int q = 0; q < n; ++q) {
+      before(i);
+      const auto h0 = std::chrono::steady_clock::now();
+      device_spin(static_cast<uint64_t>(spin_ms * 1e6));
+      BENCH_CUDA(cudaEventRecord(start));
+      step(i);
+      BENCH_CUDA(cudaEventRecord(stop));
+      const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
+      BENCH_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      after(i++);
+      if (enqueue_ms < 0.9 * spin_ms) queued_times.push_back(ms);
+    }
+    out.queued_reps = static_cast<int>(queued_times.size());
+    out.queued_median_ms = queued_times.empty() ? -1 : median_of(queued_times);
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
   out.min_ms = *std::min_element(times.begin(), times.end());
   out.max_ms = *std::max_element(times.begin(), times.end());
 }
@@ -245,14 +275,28 @@ Expected<double> LayerBench::warm(int64_t l, int64_t tokens, uint64_t seed) {
 
 // TimingOptions::breakdown: one more step, untimed, with per-op profiling.
 template <class Before, class Step, class After>
-void profile_step(Backend& backend, Before before, Step step, After after, CellTiming& out) {
+void profile_step(Backend& backend, Before before, Step step, After after, CellTiming& out, double spin_ms = 0) {
   before(0);
   BENCH_CUDA(cudaDeviceSynchronize());
   cuda::set_op_profiling(backend, true);
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
   const auto t0 = std::chrono::steady_clock::now();
+  if (spin_ms > 0) device_spin(static_cast<uint64_t>(spin_ms * 1e6));
+  BENCH_CUDA(cudaEventRecord(start));
   step(0);
+  BENCH_CUDA(cudaEventRecord(stop));
+  const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   BENCH_CUDA(cudaDeviceSynchronize());
-  out.breakdown_step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  float gpu_ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&gpu_ms, start, stop));
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  // Queued (the whole step enqueued behind the spin): the step's GPU time; else its wall time.
+  out.breakdown_queued = spin_ms > 0 && enqueue_ms < 0.9 * spin_ms;
+  out.breakdown_step_ms = out.breakdown_queued ? gpu_ms : wall_ms;
   cuda::set_op_profiling(backend, false);
   out.breakdown = cuda::take_op_profile(backend);
   after(0);
@@ -336,7 +380,7 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
         restore(i);
         batch = batch_for(i);
       },
-      [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out);
+      [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out, /*queued=*/true);
   if (o.breakdown && out.ok)
     profile_step(
         backend_,
@@ -344,7 +388,8 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
           restore(i);
           batch = batch_for(i);
         },
-        [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out);
+        [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out,
+        /*spin_ms=*/std::max(1.0, 4.0 * out.host_median_ms));  // (profiling adds host time)
   return out;
 }
 

@@ -56,12 +56,25 @@ struct CellTiming {
   bool ok = false;
   std::string skipped;  // why, when !ok
   double median_ms = 0, min_ms = 0, max_ms = 0;
+  // The host's time to enqueue a step (the call's wall time, before the wait for the GPU), median:
+  // near median_ms, the GPU waited on the host (launches, planning, uploads) for most of the step.
+  double host_median_ms = 0;
+  // Decode cells: the median step time with the step's work queued ahead on the GPU (behind a spin
+  // kernel that outlasts the host's enqueue), so no launch or planning gap is in it: the GPU's own
+  // time for the step, what it would take were the host not the bound (CUDA graphs aim there).
+  // -1 when no such step could be timed; queued_reps steps counted.
+  double queued_median_ms = 0;
+  int queued_reps = 0;
   int reps = 0;
   int state_sets = 0;
   double state_bytes = 0;       // device bytes of the fp32 decode state built for the cell (all sets)
   double experts_touched = -1;  // distinct routed experts of one untimed step, measured (-1: not)
   std::vector<cuda::OpTime> breakdown;  // TimingOptions::breakdown: per op of one extra step
-  double breakdown_step_ms = 0;         // that step's wall time, host clock, synchronised at both ends
+  // That step's wall time, host clock, synchronised at both ends; for decode cells, where its work
+  // was queued behind a spin kernel (breakdown_queued, as queued_median_ms), its GPU time instead,
+  // and the ops' GPU times hold no wait for the host.
+  double breakdown_step_ms = 0;
+  bool breakdown_queued = false;
 };
 
 class LayerBench {
