@@ -44,7 +44,8 @@ struct DevView {
 // register tiles of 4 heads x 8 entries a thread), "indexer_mma" (the fast profile's scores on the
 // bf16 tensor cores, from a bf16 copy of the keys), "attn_mma" (the fast profiles' attention on the
 // bf16 tensor cores), "attn_bf16_kv" (that attention reading bf16 copies of the KV state rather
-// than converting the fp32 state), "fp8_gemm" (the
+// than converting the fp32 state), "sim_warp" (the fp8 / fp4 block roundings of quant_sim and the
+// entry and MoE input passes a warp a scale block instead of a thread a block), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt), "bf16_gemm" (their grouped wo_a and the BF16 weights
 // fed bf16 values as bf16 cuBLASLt GEMMs) and "alloc_nofill" (tensors left unfilled at allocation;
 // off: zero-filled). Read once per process.
