@@ -7,7 +7,8 @@ Prints the measured ceilings, then per layer the median step time in ms with the
 in brackets, one row per (batch, context) decode cell and one for the prefill; then the FP8 GEMM
 section's fractions of the peaks, and the whole model scaled per layer to V4-Flash's 43 layers the
 way docs/perf.md states the targets: each cell's time as the mean of its CSA layers' mean and its
-HCA layers' mean, times 43 (SGLang's 4,550 tok/s/GPU beside batch 256 at 8K); last, from the
+HCA layers' mean, times 43 (SGLang's 4,550 tok/s/GPU beside batch 256 at 8K; at batch 1, where the
+record has them, the same means of the GPU's own step time and of the host's enqueue time); last, from the
 per-op breakdown (`--breakdown`), the figures the issue-6 targets name: the indexer scan, the
 sparse prefill attention and the routed experts. Standard library only.
 """
@@ -55,11 +56,11 @@ V4_FLASH_LAYERS = 43
 SGLANG_TOKS_PER_GPU = 4550  # V4-Flash on 4xH200, concurrency 4096, 8K in / 1K out (issue 6)
 
 
-def csa_hca_mean(cells):
-    """Mean over the CSA layers' times and over the HCA layers', then of the two; None if a kind is missing."""
+def csa_hca_mean(cells, key="time_ms"):
+    """Mean over the CSA layers' `key` and over the HCA layers', then of the two; None if a kind is missing."""
     means = []
     for kind in ("csa", "hca"):
-        t = [c["time_ms"] for c in cells if c.get("status") == "ok" and c["kind"].startswith(kind)]
+        t = [c[key] for c in cells if c.get("status") == "ok" and c["kind"].startswith(kind) and c.get(key, -1) >= 0]
         if not t:
             return None
         means.append(sum(t) / len(t))
@@ -88,6 +89,10 @@ def whole_model(d):
         line = f"- decode {b} × {ctx(n)}: {m:.2f} ms a layer, {step:.1f} ms a step, {b / step * 1e3:.0f} tok/s"
         if b == 256:
             line += f" ({b / step * 1e3 / SGLANG_TOKS_PER_GPU:.2f}× SGLang's {SGLANG_TOKS_PER_GPU:,} tok/s/GPU)"
+        queued, host = csa_hca_mean(row, "queued_ms"), csa_hca_mean(row, "host_ms")
+        if b == 1 and queued is not None and host is not None:  # (records from 2026-12-02 on)
+            line += (f"; the GPU's own time (work queued ahead) {queued:.2f} ms a layer, "
+                     f"{V4_FLASH_LAYERS * queued:.1f} ms a step; the host's enqueue {host:.2f} ms a layer")
         print(line)
     m = csa_hca_mean(d["prefill"])
     if m is not None and d["prefill"]:
