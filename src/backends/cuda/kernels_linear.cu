@@ -1056,9 +1056,10 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
 // memory on rows 128 v .. 128 v + 127 of the tile (n128; a consumer with no rows idles) and
 // folds them as the register kernels do: acc = fma(d, cs * sa, acc), quarters added in order. So
 // every output has the decode kernel's arithmetic, and a converted weight serves up to 256 rows
-// instead of 64. Not the default: measured slower than the 64-row kernel (launch_grouped_w4a8), it
-// is kept, with its bits test, as the base for moving the copies off the producer (TMA, or the
-// consumers issuing the codes' copies). Hand-offs by named barriers: kWsFull + b (producer arrives, consumers wait: A
+// instead of 64. Not the default: measured slower than the 64-row kernel (launch_grouped_w4a8; a
+// deeper ring and the codes' copies moved to the consumers did not help), it is kept, with its bits
+// test, as the base for the next suspect: its operands' no-swizzle layout (docs/perf.md, Next).
+// Hand-offs by named barriers: kWsFull + b (producer arrives, consumers wait: A
 // buffer b holds a group) and kWsEmpty + b (consumers arrive, producer waits: group g - 2, which
 // used A buffer b and raw stage (g - 2) % kWsStages, is done with).
 constexpr int kWsRows = 256, kWsConsumerRows = 128, kWsStages = 5, kWsThreads = 3 * kWgThreads;
@@ -1316,8 +1317,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
     // The warp-specialised kernel (256-row tiles) only when asked for (3): the same bits, but slower
-    // (an 8K prefill's w1 + w3 9.4 ms against 6.8 on the H200, 2026-12-02: its one producer
-    // warpgroup issues every copy, 2,048 of 16 bytes a group for the codes, and converts).
+    // (an 8K prefill's w1 + w3 9.4 ms against 6.8 on the H200, 2026-12-02).
     if (g.wgmma_warpgroups == 3) return launch_w4a8_ws(g);
     if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(g, g.max_tiles);
     return launch_w4a8_wgmma<64, 2>(g, g.max_tiles);
