@@ -294,9 +294,11 @@ void profile_step(Backend& backend, Before before, Step step, After after, CellT
   BENCH_CUDA(cudaEventElapsedTime(&gpu_ms, start, stop));
   BENCH_CUDA(cudaEventDestroy(start));
   BENCH_CUDA(cudaEventDestroy(stop));
-  // Queued (the whole step enqueued behind the spin): the step's GPU time; else its wall time.
+  // With a spin: the step's GPU time (its events bracket the step, not the spin; queued when the
+  // whole step was enqueued before the spin ended, else it holds waits for the host); without one,
+  // the wall time.
   out.breakdown_queued = spin_ms > 0 && enqueue_ms < 0.9 * spin_ms;
-  out.breakdown_step_ms = out.breakdown_queued ? gpu_ms : wall_ms;
+  out.breakdown_step_ms = spin_ms > 0 ? gpu_ms : wall_ms;
   cuda::set_op_profiling(backend, false);
   out.breakdown = cuda::take_op_profile(backend);
   after(0);

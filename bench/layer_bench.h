@@ -70,9 +70,10 @@ struct CellTiming {
   double state_bytes = 0;       // device bytes of the fp32 decode state built for the cell (all sets)
   double experts_touched = -1;  // distinct routed experts of one untimed step, measured (-1: not)
   std::vector<cuda::OpTime> breakdown;  // TimingOptions::breakdown: per op of one extra step
-  // That step's wall time, host clock, synchronised at both ends; for decode cells, where its work
-  // was queued behind a spin kernel (breakdown_queued, as queued_median_ms), its GPU time instead,
-  // and the ops' GPU times hold no wait for the host.
+  // That step's wall time, host clock, synchronised at both ends; for decode cells, whose step runs
+  // behind a spin kernel, its GPU time (events around the step) instead: with breakdown_queued (the
+  // whole step enqueued before the spin ended, as for queued_median_ms) neither it nor the ops' GPU
+  // times hold a wait for the host.
   double breakdown_step_ms = 0;
   bool breakdown_queued = false;
 };

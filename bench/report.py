@@ -89,8 +89,10 @@ def whole_model(d):
         line = f"- decode {b} × {ctx(n)}: {m:.2f} ms a layer, {step:.1f} ms a step, {b / step * 1e3:.0f} tok/s"
         if b == 256:
             line += f" ({b / step * 1e3 / SGLANG_TOKS_PER_GPU:.2f}× SGLang's {SGLANG_TOKS_PER_GPU:,} tok/s/GPU)"
+        ok = [c for c in row if c.get("status") == "ok"]
+        timed = all(c.get("queued_ms", -1) >= 0 and c.get("host_ms", -1) >= 0 for c in ok)
         queued, host = csa_hca_mean(row, "queued_ms"), csa_hca_mean(row, "host_ms")
-        if b == 1 and queued is not None and host is not None:  # (records from 2026-12-02 on)
+        if b == 1 and timed and queued is not None and host is not None:  # (records from 2026-12-02 on)
             line += (f"; the GPU's own time (work queued ahead) {queued:.2f} ms a layer, "
                      f"{V4_FLASH_LAYERS * queued:.1f} ms a step; the host's enqueue {host:.2f} ms a layer")
         print(line)

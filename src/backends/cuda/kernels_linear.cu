@@ -704,9 +704,10 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
 
 // ---- W4A8 routed experts on wgmma (FP8 tensor cores, sm_90a) --------------------------------------
 //
-// Both kernels below compute a block of 64 output columns (wgmma's M) x kN rows (its N: 8 for decode
-// items, 64 for prefill tiles) with one warpgroup, group by group of 128 inputs, and every output
-// through the same arithmetic, so decode and prefill give the same bits:
+// The register kernel below computes a block of 64 output columns (wgmma's M) x kN rows (its N: 8
+// for decode items, 64 for prefill tiles) with one warpgroup, group by group of 128 inputs, and
+// every output through the same arithmetic, so decode and prefill give the same bits (the
+// warp-specialised kernel after it too, with the same weight fragments stored in shared memory):
 //
 //   per group g: d = the group's 128 products summed by four wgmma.m64nNk32 (the first with
 //   scale-d = 0, so each group starts from zero; the tensor core's own sum order and rounding),
@@ -1078,6 +1079,10 @@ struct WsSmem {
 };
 static_assert(sizeof(WsStage) % 16 == 0 && offsetof(WsSmem, a) % 16 == 0, "stages and buffers stay 16-byte aligned");
 constexpr size_t kWsSmemBytes = sizeof(WsSmem);
+static_assert(kWsSmemBytes <= 227 * 1024, "one block's shared memory on sm_90");
+// The producer's and consumers' register budgets (setmaxnreg below) must fit what one block of
+// kWsThreads gets under __launch_bounds__(kWsThreads, 1): 65536 / 384 = 170, rounded down to 168.
+static_assert(kWgThreads * 56 + 2 * kWgThreads * 224 <= kWsThreads * 168, "setmaxnreg budgets fit the block's registers");
 
 __device__ inline void named_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void named_bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }

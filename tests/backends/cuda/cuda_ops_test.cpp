@@ -2012,14 +2012,15 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   cuda::set_w4a8_wgmma_split(*gpu, 0);
   // The warp-specialised kernel's tiles of 256 rows: expert 0 with 280 rows (two tiles, the first
   // with both consumers full, the second with 24 rows and an idle consumer), experts 1..4 about 80
-  // rows each; against the decode kernel and the 64-row tiled kernel, bit for bit.
+  // rows each; F = 1152, so w2's K is 9 groups and every kernel's ring wraps (the case above has 2
+  // or 3 groups); against the decode kernel, bit for bit.
   const int64_t T2 = 300;
   std::vector<int32_t> experts2(T2 * K);
   for (int64_t t = 0; t < T2; ++t) {
     experts2[t * K] = t < 280 ? 0 : static_cast<int32_t>(1 + t % 4);
     experts2[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
   }
-  const W4A8Inputs in2 = w4a8_inputs(rng, experts2, T2, K, 384);
+  const W4A8Inputs in2 = w4a8_inputs(rng, experts2, T2, K, 1152);
   const Tensor decode2 = gpu->alloc(ElemType::kF32, {T2, in2.D});
   gpu->moe(in2.gpu_params(decode2));  // (tiled off)
   const std::vector<float> want2 = gpu->download_f32(decode2);
