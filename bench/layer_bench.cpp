@@ -169,73 +169,98 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
+// One step timed by a pair of events. With spin_ms > 0 the step is queued behind a spin kernel
+// (device_spin) that long: the host enqueues it while the GPU spins, and `queued` says whether the
+// enqueue, counted from the spin's launch, ended within 90 % of the spin (else the GPU may have
+// caught up with the host). gpu_ms is the step's (the events bracket the step, not the spin),
+// host_ms the host's time in the step call (from the spin's launch when there is one).
+struct StepTime {
+  double gpu_ms = 0, host_ms = 0;
+  bool queued = false;
+};
+class StepTimer {
+ public:
+  StepTimer() {
+    BENCH_CUDA(cudaEventCreate(&start_));
+    BENCH_CUDA(cudaEventCreate(&stop_));
+  }
+  ~StepTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  StepTimer(const StepTimer&) = delete;
+  StepTimer& operator=(const StepTimer&) = delete;
+  template <class Step>
+  StepTime time(Step step, double spin_ms = 0) {
+    StepTime t;
+    std::chrono::steady_clock::time_point h0;
+    if (spin_ms > 0) {
+      h0 = std::chrono::steady_clock::now();
+      device_spin(static_cast<uint64_t>(spin_ms * 1e6));
+      BENCH_CUDA(cudaEventRecord(start_));
+    } else {
+      BENCH_CUDA(cudaEventRecord(start_));
+      h0 = std::chrono::steady_clock::now();
+    }
+    step();
+    t.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
+    BENCH_CUDA(cudaEventRecord(stop_));
+    BENCH_CUDA(cudaEventSynchronize(stop_));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    t.gpu_ms = ms;
+    t.queued = spin_ms > 0 && t.host_ms < 0.9 * spin_ms;
+    return t;
+  }
+
+ private:
+  cudaEvent_t start_, stop_;
+};
+
 // Times `step` with events: warm-up, then repetitions until min_reps and target_s (or max_reps).
 // `step(i)` runs step i; `before(i)` runs untimed before it (restores, resets).
-// With `queued`, then up to 10 more steps each queued behind a spin kernel long enough for the host
-// to enqueue the whole step first (CellTiming::queued_median_ms).
+// With `queued`, then up to 10 more steps each queued behind a spin kernel of three times the
+// host's median enqueue time, at least 1 ms (CellTiming::queued_median_ms; a step whose enqueue
+// outlasted it is not counted).
 template <class Before, class Step, class After>
 void time_steps(const TimingOptions& o, Before before, Step step, After after, CellTiming& out, bool queued = false) {
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
+  StepTimer timer;
   std::vector<double> host_times;
-  auto one = [&](int i) {
+  auto one = [&](int i, double spin_ms) {
     before(i);
-    BENCH_CUDA(cudaEventRecord(start));
-    const auto h0 = std::chrono::steady_clock::now();
-    step(i);
-    host_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count());
-    BENCH_CUDA(cudaEventRecord(stop));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const StepTime t = timer.time([&] { step(i); }, spin_ms);
     after(i);
-    return static_cast<double>(ms);
+    return t;
   };
   int i = 0;
   for (int w = 0; w < o.warmup; ++w) {
-    const double ms = one(i++);
+    const double ms = one(i++, 0).gpu_ms;
     if (ms * 1e-3 > o.target_s) break;  // a slow step: one warm-up is enough
   }
-  host_times.clear();
   std::vector<double> times;
   double total_s = 0;
   while (static_cast<int>(times.size()) < o.max_reps &&
          (static_cast<int>(times.size()) < o.min_reps || total_s < o.target_s)) {
-    times.push_back(one(i++));
-    total_s += times.back() * 1e-3;
+    const StepTime t = one(i++, 0);
+    times.push_back(t.gpu_ms);
+    host_times.push_back(t.host_ms);
+    total_s += t.gpu_ms * 1e-3;
   }
   out.ok = true;
   out.reps = static_cast<int>(times.size());
   out.median_ms = median_of(times);
   out.host_median_ms = median_of(host_times);
+  out.min_ms = *std::min_element(times.begin(), times.end());
+  out.max_ms = *std::max_element(times.begin(), times.end());
   if (queued) {
-    // The spin lasts three times the host's median enqueue time (at least 1 ms); a step whose
-    // enqueue outlasted it (the GPU may have caught up with the host) is not counted.
     const double spin_ms = std::max(1.0, 3.0 * out.host_median_ms);
     std::vector<double> queued_times;
     const int n = std::min<int>(static_cast<int>(times.size()), 10);
-    for (int q = 0; q < n; ++q) {
-      before(i);
-      const auto h0 = std::chrono::steady_clock::now();
-      device_spin(static_cast<uint64_t>(spin_ms * 1e6));
-      BENCH_CUDA(cudaEventRecord(start));
-      step(i);
-      BENCH_CUDA(cudaEventRecord(stop));
-      const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
-      BENCH_CUDA(cudaEventSynchronize(stop));
-      float ms = 0;
-      BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      after(i++);
-      if (enqueue_ms < 0.9 * spin_ms) queued_times.push_back(ms);
-    }
+    for (int q = 0; q < n; ++q)
+      if (const StepTime t = one(i++, spin_ms); t.queued) queued_times.push_back(t.gpu_ms);
     out.queued_reps = static_cast<int>(queued_times.size());
     out.queued_median_ms = queued_times.empty() ? -1 : median_of(queued_times);
   }
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  out.min_ms = *std::min_element(times.begin(), times.end());
-  out.max_ms = *std::max_element(times.begin(), times.end());
 }
 
 }  // namespace
@@ -273,32 +298,22 @@ Expected<double> LayerBench::warm(int64_t l, int64_t tokens, uint64_t seed) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// TimingOptions::breakdown: one more step, untimed, with per-op profiling.
+// TimingOptions::breakdown: one more step, untimed, with per-op profiling; with spin_ms > 0 queued
+// behind a spin kernel as StepTimer does it.
 template <class Before, class Step, class After>
 void profile_step(Backend& backend, Before before, Step step, After after, CellTiming& out, double spin_ms = 0) {
   before(0);
   BENCH_CUDA(cudaDeviceSynchronize());
   cuda::set_op_profiling(backend, true);
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
+  StepTimer timer;
   const auto t0 = std::chrono::steady_clock::now();
-  if (spin_ms > 0) device_spin(static_cast<uint64_t>(spin_ms * 1e6));
-  BENCH_CUDA(cudaEventRecord(start));
-  step(0);
-  BENCH_CUDA(cudaEventRecord(stop));
-  const double enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const StepTime t = timer.time([&] { step(0); }, spin_ms);
   BENCH_CUDA(cudaDeviceSynchronize());
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  float gpu_ms = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&gpu_ms, start, stop));
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  // With a spin: the step's GPU time (its events bracket the step, not the spin; queued when the
-  // whole step was enqueued before the spin ended, else it holds waits for the host); without one,
-  // the wall time.
-  out.breakdown_queued = spin_ms > 0 && enqueue_ms < 0.9 * spin_ms;
-  out.breakdown_step_ms = spin_ms > 0 ? gpu_ms : wall_ms;
+  // With a spin: the step's GPU time (it holds waits for the host unless queued); without one, the
+  // wall time.
+  out.breakdown_queued = t.queued;
+  out.breakdown_step_ms = spin_ms > 0 ? t.gpu_ms : wall_ms;
   cuda::set_op_profiling(backend, false);
   out.breakdown = cuda::take_op_profile(backend);
   after(0);

@@ -1432,7 +1432,7 @@ void set_w4a8_wgmma_split(Backend& backend, int mode) {
   cuda_backend(backend).set_w4a8_wgmma_split(mode);
 }
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n) {
-  SPARROW_CHECK(n >= 0 && n <= 3);
+  SPARROW_CHECK(n >= 0 && n <= 2);
   cuda_backend(backend).set_w4a8_wgmma_warpgroups(n);
 }
 bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16) {

@@ -85,8 +85,7 @@ void set_w4a8_tiled(Backend& backend, bool on);
 // K is a multiple of 128 and the scales are packed e8m0 (on unless SPARROW_CUDA_DISABLE=w4a8_wgmma).
 // Its decode and tiled kernels give the same bits as each other, not the mma.sync kernels' bits.
 void set_w4a8_wgmma(Backend& backend, bool on);
-// The tiled wgmma kernel's warpgroups a block (64 columns each): 1 or 2, or 3 for the
-// warp-specialised kernel (kernels.h GroupedW4A8Args::wgmma_warpgroups); 0 (the default) chooses.
+// The tiled wgmma kernel's warpgroups a block (64 columns each): 1 or 2; 0 (the default) chooses.
 // The same bits either way.
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n);
 // Whether the decode wgmma kernel splits K's quarters over blocks: 0 (the default) for 64 rows or

@@ -244,9 +244,7 @@ struct GroupedW4A8Args {
   // every expert's scales packed e8m0 (scale_cols % 4 == 0) and 4-byte aligned, the codes in
   // ActQuantFp8Args::w4a8_order.
   bool wgmma = false;
-  // (tiled wgmma kernel) warpgroups a block, 1 or 2 (64 columns each), or 3: the warp-specialised
-  // kernel (a producer warpgroup converting each group's weights once into shared memory for two
-  // consumer warpgroups of 128 rows; slower so far, never chosen); 0 chooses (2). The outputs are
+  // (tiled wgmma kernel) warpgroups a block, 1 or 2 (64 columns each); 0 chooses. The outputs are
   // the same bits either way (test support).
   int wgmma_warpgroups = 0;
   // (decode wgmma kernel) scratch [4, rows_total, N] fp32, or null: when given, the four quarters of

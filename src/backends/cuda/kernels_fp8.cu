@@ -90,6 +90,21 @@ __global__ void act_dequant_fp8_kernel(ActDequantFp8Args a) {
 constexpr int kRowSimThreads = 128;
 constexpr int kElementThreads = 256;
 
+// The block-scaled roundings of fp8_pow2_quant_sim (e4m3, code range ±448, amax floored at 1e-4)
+// and the fp4 pow2 simulation (e2m1, ±6, floored at 6 * 2^-126): a block's scale from its amax
+// (fmaxf-accumulated, which skips NaN as std::max(amax, |x|) does), s = 2^ceil(log2(amax / max)),
+// then each value x <- code(clamp(x / s, ±max)) * s, the clamp in std::clamp's order (NaN passes).
+__device__ inline float sim_amax_floor(bool fp8) { return fp8 ? 1e-4f : 6.0f * 0x1p-126f; }
+__device__ inline float sim_scale(float amax, bool fp8) {
+  return dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, fp8 ? 448.0f : 6.0f) + 127));
+}
+__device__ inline float sim_round(float x, float s, bool fp8) {
+  const float m = fp8 ? 448.0f : 6.0f;
+  float q = x / s;
+  q = q < -m ? -m : (m < q ? m : q);
+  return fp8 ? dev_e4m3(dev_f32_to_e4m3(q)) * s : dev_e2m1(dev_f32_to_e2m1(q)) * s;
+}
+
 // grid (n), block kRowSimThreads: block r rounds row r. Threads own disjoint values (bf16: a
 // strided channel each; fp8/fp4: whole scale blocks; Hadamard: thread 0 the whole row), so no
 // barrier is needed and nothing is read that another thread writes.
@@ -100,35 +115,16 @@ __global__ void row_sim_kernel(RowSimArgs a) {
     case RowSimKind::kBf16:
       for (int64_t c = threadIdx.x; c < dims; c += blockDim.x) row[c] = dev_bf16_round(row[c]);
       return;
-    case RowSimKind::kFp8Pow2: {
-      // fp8_pow2_quant_sim: amax floored at 1e-4 (fmaxf skips NaN as std::max(amax, |x|) does),
-      // s = 2^ceil(log2(amax/448)), x <- e4m3(clamp(x / s, ±448)) * s.
-      const int64_t block = a.block;
+    case RowSimKind::kFp8Pow2:
+    case RowSimKind::kFp4Pow2Block32: {
+      const bool fp8 = a.kind == RowSimKind::kFp8Pow2;
+      const int64_t block = fp8 ? a.block : 32;
       for (int64_t b = threadIdx.x * block; b < dims; b += static_cast<int64_t>(blockDim.x) * block) {
         const int64_t e = b + block < dims ? b + block : dims;
-        float amax = 1e-4f;
+        float amax = sim_amax_floor(fp8);
         for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(row[i]));
-        const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 448.0f) + 127));
-        for (int64_t i = b; i < e; ++i) {
-          float q = row[i] / s;
-          q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);  // std::clamp's order
-          row[i] = dev_e4m3(dev_f32_to_e4m3(q)) * s;
-        }
-      }
-      return;
-    }
-    case RowSimKind::kFp4Pow2Block32: {
-      constexpr int64_t kBlock = 32;
-      for (int64_t b = threadIdx.x * kBlock; b < dims; b += static_cast<int64_t>(blockDim.x) * kBlock) {
-        const int64_t e = b + kBlock < dims ? b + kBlock : dims;
-        float amax = 6.0f * 0x1p-126f;
-        for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(row[i]));
-        const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, 6.0f) + 127));
-        for (int64_t i = b; i < e; ++i) {
-          float v = row[i] / s;
-          v = v < -6.0f ? -6.0f : (6.0f < v ? 6.0f : v);
-          row[i] = dev_e2m1(dev_f32_to_e2m1(v)) * s;
-        }
+        const float s = sim_scale(amax, fp8);
+        for (int64_t i = b; i < e; ++i) row[i] = sim_round(row[i], s, fp8);
       }
       return;
     }
@@ -155,8 +151,8 @@ __global__ void row_sim_kernel(RowSimArgs a) {
 // The block-scaled kinds (fp8 / fp4 pow2) with a warp a scale block: grid over (row, block) pairs,
 // kRowSimThreads / 32 a CTA. Lane l holds the block's values l, l + 32, ... (at most
 // kSimBlockMax / 32), the block's amax is their fmaxf over the warp (max is exact in any order, and
-// fmaxf skips NaN as the one-thread loop does), and every value is rounded with the same operations
-// as row_sim_kernel's: the same bits. (A thread a block, row_sim_kernel's way, left a batch-1 row of
+// fmaxf skips NaN as the one-thread loop does), and every value goes through sim_round as in
+// row_sim_kernel: the same bits. (A thread a block, row_sim_kernel's way, left a batch-1 row of
 // 4096 to 32 threads each walking 128 values in turn: the MoE input's pass took 35 us on the H200.)
 constexpr int64_t kSimBlockMax = 128;
 __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
@@ -169,27 +165,18 @@ __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
   const bool fp8 = a.kind == RowSimKind::kFp8Pow2;
   constexpr int kPer = static_cast<int>(kSimBlockMax / 32);
   float v[kPer];
-  float amax = fp8 ? 1e-4f : 6.0f * 0x1p-126f;
+  float amax = sim_amax_floor(fp8);
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int64_t i = b + lane + 32 * u;
     v[u] = i < e ? row[i] : 0.0f;
     if (i < e) amax = fmaxf(amax, fabsf(v[u]));
   }
-  amax = warp_max(amax);
-  const float s = dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, fp8 ? 448.0f : 6.0f) + 127));
+  const float s = sim_scale(warp_max(amax), fp8);
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int64_t i = b + lane + 32 * u;
-    if (i >= e) continue;
-    float q = v[u] / s;
-    if (fp8) {
-      q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);  // std::clamp's order
-      row[i] = dev_e4m3(dev_f32_to_e4m3(q)) * s;
-    } else {
-      q = q < -6.0f ? -6.0f : (6.0f < q ? 6.0f : q);
-      row[i] = dev_e2m1(dev_f32_to_e2m1(q)) * s;
-    }
+    if (i < e) row[i] = sim_round(v[u], s, fp8);
   }
 }
 

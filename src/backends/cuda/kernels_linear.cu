@@ -5,7 +5,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -504,15 +503,14 @@ struct TiledSmem {
 static_assert(sizeof(TiledStage) % 16 == 0, "stages stay 16-byte aligned");
 constexpr size_t kTiledSmemBytes = sizeof(TiledSmem);
 
-// Block b's kRows-row tile: expert e with c(e) <= b < c(e + 1), c(e) = sum over f < e of
-// ceil(R_f / kRows), and its first row kRows (b - c(e)); e = -1 past the last tile. Warp 0 finds it: each
+// Block b's 64-row tile: expert e with c(e) <= b < c(e + 1), c(e) = sum over f < e of
+// ceil(R_f / 64), and its first row 64 (b - c(e)); e = -1 past the last tile. Warp 0 finds it: each
 // lane counts the tiles of E / 32 consecutive experts, a scan over the lanes, the lane whose range
 // holds b walks its experts. (A grid over the plan's 8-row items had 7 of every 8 blocks leave at
 // once: 180,000 empty blocks a projection in an 8K prefill.)
-template <int kRows = kTiledRows>
 __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& e_out, int64_t& t0_out) {
   const int lane = threadIdx.x % 32, per = static_cast<int>((g.experts + 31) / 32);
-  const auto tiles = [&](int64_t e) { return (g.offsets[e + 1] - g.offsets[e] + kRows - 1) / kRows; };
+  const auto tiles = [&](int64_t e) { return (g.offsets[e + 1] - g.offsets[e] + kTiledRows - 1) / kTiledRows; };
   int64_t count = 0;
   for (int i = 0; i < per; ++i) {
     const int64_t e = static_cast<int64_t>(lane) * per + i;
@@ -531,7 +529,7 @@ __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& 
     for (int i = 0; i < per; ++i) {
       const int64_t e = static_cast<int64_t>(lane) * per + i, n = tiles(e);
       if (b < c + n) {
-        found_e = static_cast<int>(e), found_t0 = (b - c) * kRows;
+        found_e = static_cast<int>(e), found_t0 = (b - c) * kTiledRows;
         break;
       }
       c += n;
@@ -704,10 +702,9 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
 
 // ---- W4A8 routed experts on wgmma (FP8 tensor cores, sm_90a) --------------------------------------
 //
-// The register kernel below computes a block of 64 output columns (wgmma's M) x kN rows (its N: 8
-// for decode items, 64 for prefill tiles) with one warpgroup, group by group of 128 inputs, and
-// every output through the same arithmetic, so decode and prefill give the same bits (the
-// warp-specialised kernel after it too, with the same weight fragments stored in shared memory):
+// Both kernels below compute a block of 64 output columns (wgmma's M) x kN rows (its N: 8 for decode
+// items, 64 for prefill tiles) with one warpgroup, group by group of 128 inputs, and every output
+// through the same arithmetic, so decode and prefill give the same bits:
 //
 //   per group g: d = the group's 128 products summed by four wgmma.m64nNk32 (the first with
 //   scale-d = 0, so each group starts from zero; the tensor core's own sum order and rounding),
@@ -763,14 +760,6 @@ template <int kN>
 __device__ inline void wgmma_w4a8(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
   if constexpr (kN == 8) wgmma_m64n8k32_e5m2_e4m3(d, a, b_desc, accumulate);
   else wgmma_m64n64k32_e5m2_e4m3(d, a, b_desc, accumulate);
-}
-// Both operands from shared memory (descriptors), for the warp-specialised kernel.
-__device__ inline void wgmma_m64n128k32_e5m2_e4m3_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
 // The table of block `blk` of a column's group (its packed e8m0 word): bytes 0..7 the e5m2 of the e2m1
@@ -1045,223 +1034,6 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
          kWgThreads * kWG, wg_smem_bytes<kN, kWG>()>>>(g);
 }
 
-// ---- Warp-specialised prefill kernel: weights converted once for 256 rows ------------------------
-// A block is one producer warpgroup and two consumer warpgroups over 64 output columns and a tile of
-// kWsRows = 256 rows of one expert (w4a8_find_tile<256>). The producer copies each group's raw bytes
-// (the columns' e2m1 bytes and packed scales, the rows' codes and activation scales) through a
-// kWsStages-deep cp.async ring, converts the weights to e5m2 exactly as the register kernels do
-// (the same per-thread fragments: thread (warp w, gid, tig) columns 16 w + gid and + 8, k-slots
-// 4 tig.. and 16 + 4 tig.. of each of the four k32 steps) and stores those fragments into shared
-// memory in wgmma's no-swizzle K-major layout at the slots they occupy in registers, with each
-// column's cs beside them; consumer v then runs the group's four wgmma with both operands in shared
-// memory on rows 128 v .. 128 v + 127 of the tile (n128; a consumer with no rows idles) and
-// folds them as the register kernels do: acc = fma(d, cs * sa, acc), quarters added in order. So
-// every output has the decode kernel's arithmetic, and a converted weight serves up to 256 rows
-// instead of 64. Not the default: measured slower than the 64-row kernel (launch_grouped_w4a8; a
-// deeper ring and the codes' copies moved to the consumers did not help), it is kept, with its bits
-// test, as the base for the next suspect: its operands' no-swizzle layout (docs/perf.md, Next).
-// Hand-offs by named barriers: kWsFull + b (producer arrives, consumers wait: A
-// buffer b holds a group) and kWsEmpty + b (consumers arrive, producer waits: group g - 2, which
-// used A buffer b and raw stage (g - 2) % kWsStages, is done with).
-constexpr int kWsRows = 256, kWsConsumerRows = 128, kWsStages = 5, kWsThreads = 3 * kWgThreads;
-constexpr int kWsFull = 1, kWsEmpty = 3, kWsProducerBar = 5;
-struct WsStage {
-  uint8_t x[kWsRows * kW4A8GroupK];  // the rows' codes: chunk c of row n at ((c * kWsRows / 8) + n / 8) * 128 + (n % 8) * 16
-  uint8_t w[kWgCols * 64];           // column c's 64 bytes of the group at 64 c
-  uint32_t ws[kWgCols];              // packed e8m0 scales: a column's 4 blocks
-  float sa[kWsRows];                 // activation scales of the group
-};
-struct WsSmem {
-  WsStage ring[kWsStages];
-  uint8_t a[2][4 * kWgCols * 32];  // converted weights: step i's 64 x 32 bytes at 2048 i, chunk c of row m at (8 c + m / 8) * 128 + (m % 8) * 16
-  float cs[2][kWgCols];
-  int64_t src[kWsRows];
-};
-static_assert(sizeof(WsStage) % 16 == 0 && offsetof(WsSmem, a) % 16 == 0, "stages and buffers stay 16-byte aligned");
-constexpr size_t kWsSmemBytes = sizeof(WsSmem);
-static_assert(kWsSmemBytes <= 227 * 1024, "one block's shared memory on sm_90");
-// The producer's and consumers' register budgets (setmaxnreg below) must fit what one block of
-// kWsThreads gets under __launch_bounds__(kWsThreads, 1): 65536 / 384 = 170, rounded down to 168.
-static_assert(kWgThreads * 56 + 2 * kWgThreads * 224 <= kWsThreads * 168, "setmaxnreg budgets fit the block's registers");
-
-__device__ inline void named_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-__device__ inline void named_bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-
-__global__ void __launch_bounds__(kWsThreads, 1) grouped_w4a8_ws_kernel(GroupedW4A8Args g) {
-  extern __shared__ __align__(128) uint8_t ws_smem[];
-  WsSmem& sm = *reinterpret_cast<WsSmem*>(ws_smem);
-  __shared__ int s_e;
-  __shared__ int64_t s_t0;
-  const int tid = threadIdx.x;
-  if (tid < 32) {
-    int e;
-    int64_t t0;
-    w4a8_find_tile<kWsRows>(g, blockIdx.x, e, t0);
-    if (tid == 0) s_e = e, s_t0 = t0;
-  }
-  __syncthreads();
-  if (s_e < 0) return;  // past the last tile (the grid is a bound)
-  const int64_t e = s_e, t0 = s_t0;
-  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
-  const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
-  const int n0 = static_cast<int>(blockIdx.y) * kWgCols;
-  for (int r = tid; r < kWsRows; r += kWsThreads) {
-    const int64_t tr = t0 + r;
-    sm.src[r] = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
-  }
-  __syncthreads();
-  const int wg = tid / kWgThreads, t = tid % kWgThreads, warp = t / 32, lane = t % 32, gid = lane / 4, tig = lane % 4;
-  const int c0 = 16 * warp + gid;  // this thread's first column (producer) / accumulator row (consumer)
-
-  if (wg == 0) {
-    // ---- producer ---- (its registers go to the consumers: 128 x 56 + 256 x 224 <= 64K; no spills)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-    const DevWeight W = g.w[e];
-    const auto* wdata = static_cast<const uint8_t*>(W.data);
-    const int64_t col_bytes = K / 2;
-    // Copies of group kg into stage kg % kWsStages: weight pieces p = t, t + 128 (column p / 4, block
-    // p % 4), code pieces p = t + 128 i (row p / 8, chunk p % 8), column t's scales (t < 64), rows
-    // t and t + 128's activation scales.
-    auto issue = [&](int kg) {
-      if (kg < groups) {
-        WsStage& st = sm.ring[kg % kWsStages];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int p = t + kWgThreads * i, col = p / 4;
-          const bool ok = n0 + col < N;
-          cp_async(st.w + 16 * p, wdata + (ok ? (n0 + col) * col_bytes : 0) + 16 * (p % 4) + 64 * kg, ok, 16);
-        }
-#pragma unroll 4
-        for (int i = 0; i < kWsRows * 8 / kWgThreads; ++i) {
-          const int p = t + kWgThreads * i, row = p / 8, chunk = p % 8;
-          const int64_t src = sm.src[row];
-          cp_async(st.x + ((chunk * (kWsRows / 8)) + row / 8) * 128 + (row % 8) * 16,
-                   g.codes + (src >= 0 ? src * g.k_pad + 16 * chunk : 0) + kW4A8GroupK * kg, src >= 0, 16);
-        }
-        if (t < kWgCols) {
-          const bool ok = n0 + t < N;
-          cp_async(&st.ws[t], static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(ok ? n0 + t : 0) * W.scale_cols + 4 * kg,
-                   ok, 4);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = t + kWgThreads * i;
-          const int64_t src = sm.src[row];
-          cp_async(&st.sa[row], g.scales + static_cast<int64_t>(kg) * g.rows_pad + (src >= 0 ? src : 0), src >= 0, 4);
-        }
-      }
-      cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
-    };
-    for (int i = 0; i < kWsStages - 2; ++i) issue(i);
-    for (int kg = 0; kg < groups; ++kg) {
-      const int b = kg & 1;
-      if (kg >= 2) named_bar_sync(kWsEmpty + b, kWsThreads);  // group kg - 2 is done with
-      issue(kg + kWsStages - 2);                               // into its raw stage
-      cp_async_wait<kWsStages - 2>();                          // this thread's copies of group kg landed
-      named_bar_sync(kWsProducerBar, kWgThreads);              // and every producer thread's
-      const WsStage& st = sm.ring[kg % kWsStages];
-      uint32_t tab[2][2];
-      float cs[2];
-      w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-      w4a8_e5m2_table(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
-      const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
-      const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
-      const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
-      uint8_t* a = sm.a[b];
-      // Fragment (row m, k-slots 4 tig .. 4 tig + 3 of chunk c) of step i at 2048 i + (8 c + m / 8) * 128
-      // + (m % 8) * 16 + 4 tig: rows c0 and c0 + 8 are row groups 2 warp and 2 warp + 1, row gid in each.
-      const int base = (2 * warp) * 128 + gid * 16 + 4 * tig;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint32_t f[4];
-        e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], f[0], f[2]);
-        e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], f[1], f[3]);
-        *reinterpret_cast<uint32_t*>(a + 2048 * i + base) = f[0];                  // row c0, chunk 0
-        *reinterpret_cast<uint32_t*>(a + 2048 * i + base + 128) = f[1];            // row c0 + 8, chunk 0
-        *reinterpret_cast<uint32_t*>(a + 2048 * i + 1024 + base) = f[2];           // row c0, chunk 1
-        *reinterpret_cast<uint32_t*>(a + 2048 * i + 1024 + base + 128) = f[3];     // row c0 + 8, chunk 1
-      }
-      if (tig == 0) sm.cs[b][c0] = cs[0], sm.cs[b][c0 + 8] = cs[1];
-      fence_proxy_async_smem();                 // the converted weights and the copies, for wgmma
-      named_bar_arrive(kWsFull + b, kWsThreads);  // A buffer b holds group kg
-    }
-    cp_async_wait<0>();
-    return;
-  }
-
-  // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-  const int v = wg - 1;
-  const int64_t left = R - t0 - static_cast<int64_t>(kWsConsumerRows) * v;
-  const int64_t rows_here = left <= 0 ? 0 : (left < kWsConsumerRows ? left : kWsConsumerRows);
-  constexpr int kAcc = kWsConsumerRows / 2;
-  float acc[kAcc], d[kAcc], total[kAcc];  // (the finished quarters' sums in registers)
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f, total[i] = 0.0f;
-  int quarter = 0;
-  const auto finish_quarter = [&] {
-#pragma unroll
-    for (int r = 0; r < kAcc; ++r) {
-      total[r] = quarter == 0 ? acc[r] : total[r] + acc[r];
-      acc[r] = 0.0f;
-    }
-    ++quarter;
-  };
-  int quarter_end = w4a8_quarter(1, groups);
-  for (int kg = 0; kg < groups; ++kg) {
-    while (kg >= quarter_end) {
-      finish_quarter();
-      quarter_end = w4a8_quarter(quarter + 1, groups);
-    }
-    const int b = kg & 1;
-    const WsStage& st = sm.ring[kg % kWsStages];
-    named_bar_sync(kWsFull + b, kWsThreads);  // A buffer b holds group kg; its codes have landed
-    if (rows_here > 0) {
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-      wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        wgmma_m64n128k32_e5m2_e4m3_ss(d, wgmma_desc(sm.a[b] + 2048 * i, 1024, 128),
-                                      wgmma_desc(st.x + 2048 * v + 32 * kWsRows * i, 16 * kWsRows, 128), i > 0 ? 1 : 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-      const float cs[2] = {sm.cs[b][c0], sm.cs[b][c0 + 8]};
-      const float* sa_rows = st.sa + kWsConsumerRows * v;
-#pragma unroll
-      for (int j = 0; j < kWsConsumerRows / 8; ++j) {
-        const float2 sa = *reinterpret_cast<const float2*>(&sa_rows[8 * j + 2 * tig]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sa.y : sa.x), acc[4 * j + c]);
-      }
-    }
-    if (kg + 2 < groups) named_bar_arrive(kWsEmpty + b, kWsThreads);  // (the producer waits for it)
-  }
-  while (quarter < kW4A8Warps) finish_quarter();
-  if (rows_here == 0) return;
-#pragma unroll
-  for (int j = 0; j < kWsConsumerRows / 8; ++j)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tr = t0 + kWsConsumerRows * v + 8 * j + 2 * tig + (c & 1);
-      const int n = n0 + c0 + (c < 2 ? 0 : 8);
-      if (tr < R && n < N) g.out[(r0 + tr) * g.N + n] = total[4 * j + c];
-    }
-}
-
-void launch_w4a8_ws(const GroupedW4A8Args& g) {
-  static const bool smem_set = [] {
-    return cudaFuncSetAttribute(grouped_w4a8_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kWsSmemBytes)) == cudaSuccess;
-  }();
-  (void)smem_set;  // a failure shows as the launch's error (launch_check)
-  grouped_w4a8_ws_kernel<<<dim3(static_cast<unsigned>(g.max_tiles), static_cast<unsigned>(blocks_for(g.N, kWgCols))),
-                           kWsThreads, kWsSmemBytes>>>(g);
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 __device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
@@ -1321,9 +1093,6 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
-    // The warp-specialised kernel (256-row tiles) only when asked for (3): the same bits, but slower
-    // (an 8K prefill's w1 + w3 9.4 ms against 6.8 on the H200, 2026-12-02).
-    if (g.wgmma_warpgroups == 3) return launch_w4a8_ws(g);
     if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(g, g.max_tiles);
     return launch_w4a8_wgmma<64, 2>(g, g.max_tiles);
   }
