@@ -862,8 +862,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   __syncthreads();
 
   // This thread's copies a group: weight pieces p = tid, tid + kThreads (column p / 4, block p % 4),
-  // code pieces p = tid + kThreads i < 8 kN (row p / 8, chunk p % 8), column tid's packed scales
-  // (tid < kCols), row tid's activation scale (tid < kN).
+  // code pieces p = tid + kThreads i < 8 kN (row p % kN, chunk p / kN: a quarter-warp fills one
+  // chunk of 8 rows, 128 contiguous bytes of the stage; a row's 8 chunks, the earlier mapping, fell
+  // in one bank group), column tid's packed scales (tid < kCols), row tid's activation scale (tid < kN).
   const auto* wdata = static_cast<const uint8_t*>(W.data);
   const int64_t col_bytes = K / 2;
   const uint8_t* wsrc[2];
@@ -887,7 +888,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   bool xok[kXPieces];
 #pragma unroll
   for (int i = 0; i < kXPieces; ++i) {
-    const int p = tid + kThreads * i, row = (p / 8) % kN, chunk = p % 8;
+    const int p = tid + kThreads * i, row = p % kN, chunk = (p / kN) % 8;
     const int64_t src = s_src[row];
     xok[i] = p < 8 * kN && src >= 0;
     xdst[i] = ((chunk * (kN / 8)) + row / 8) * 128 + (row % 8) * 16;
