@@ -422,11 +422,16 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), (2 + S) * S * S * D);
     const DeviceBuffer mix = hc_mix_scratch(T * (2 + S) * S);
-    launch_hc_pre({.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
-                   .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
-                   .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
-                   .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
-                   .mix = mix.f32(), .round_bf16 = p.round_bf16});
+    const HcPreArgs args{.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
+                         .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
+                         .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
+                         .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
+                         .mix = mix.f32(), .round_bf16 = p.round_bf16};
+    {
+      OpProfiler::Scope part(profiler_, "hc_pre/mix");
+      launch_hc_pre_mix(args);
+    }
+    launch_hc_pre(args);
     launch_check("hc_pre");
   }
 

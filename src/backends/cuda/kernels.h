@@ -92,6 +92,9 @@ struct HcPreArgs {
   float* mix = nullptr;
   bool round_bf16 = false;  // out_input stored rounded to bf16
 };
+// launch_hc_pre_mix makes the mix values into a.mix (nothing when it is null), launch_hc_pre the
+// rest (the mix values made per token when a.mix is null); hc_pre is both, in that order.
+void launch_hc_pre_mix(const HcPreArgs& a);
 void launch_hc_pre(const HcPreArgs& a);
 
 struct HcPostArgs {

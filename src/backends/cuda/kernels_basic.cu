@@ -3,6 +3,7 @@
 // element otherwise. Formulas: spec §3.0-§3.2, §3.6; they mirror src/backends/cpu/cpu_backend.cpp.
 #include <cuda_bf16.h>
 
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
 
 namespace sparrow::cuda {
@@ -42,6 +43,40 @@ __device__ void hc_mix(const float* X, int64_t width, const DevView& fn, int64_t
 // Loads a thread issues before it adds them, in order (the hc mix at small batches, rms_norm).
 constexpr int kMixUnroll = 8;
 
+// The block sums of a tile: each value's warp_sum, then a thread per (token, mix) adds the 8 warp
+// partials in warp order (block_sum's order), all values at once (one barrier). Every thread of the
+// block calls it; tokens from nt on are not written.
+template <int kTok, int kMix>
+__device__ inline void hc_mix_tile_reduce(const float (&ss)[kTok], const float (&acc)[kMix][kTok], int nt, int64_t t0,
+                                          int64_t m0, int64_t width, int64_t nmix, float norm_eps, float* mix_out) {
+  constexpr int kValues = kTok * (kMix + 1), kWarps = kThreads / 32;
+  static_assert(kThreads >= kTok * kMix, "a thread per (token, mix) of the tile");
+  __shared__ float part[kValues][kWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < kTok; ++k) {
+    const float s = warp_sum(ss[k]);
+    if (lane == 0) part[k * (kMix + 1)][warp] = s;
+#pragma unroll
+    for (int mm = 0; mm < kMix; ++mm) {
+      const float v = warp_sum(acc[mm][k]);
+      if (lane == 0) part[k * (kMix + 1) + 1 + mm][warp] = v;
+    }
+  }
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < kTok * kMix && q / kMix < nt) {
+    const int k = q / kMix, mm = q % kMix;
+    float s2 = 0.0f, a2 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s2 += part[k * (kMix + 1)][w];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a2 += part[k * (kMix + 1) + 1 + mm][w];
+    const float r = 1.0f / sqrtf(s2 / static_cast<float>(width) + norm_eps);
+    mix_out[(t0 + k) * nmix + m0 + mm] = a2 * r;
+  }
+}
+
 // The mix values of T tokens into mix_out [T, nmix], with the sums hc_mix makes: each (token, mix)
 // value is thread i's elements i, i + 256, ... in increasing order, then the block's sum as
 // block_sum forms it (each warp's warp_sum, the 8 warp partials added in warp order), so every value
@@ -60,9 +95,6 @@ constexpr int kMixUnroll = 8;
 template <int kTok, int kMix, int kUnroll>
 __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* streams, int64_t T, int64_t width, DevView fn,
                                                               int64_t nmix, float norm_eps, float* mix_out) {
-  constexpr int kValues = kTok * (kMix + 1), kWarps = kThreads / 32;
-  static_assert(kThreads >= kTok * kMix, "a thread per (token, mix) of the tile");
-  __shared__ float part[kValues][kWarps];
   const int64_t groups = nmix / kMix;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
   const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
@@ -91,46 +123,101 @@ __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* stre
       }
     }
   }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  hc_mix_tile_reduce<kTok, kMix>(ss, acc, nt, t0, m0, width, nmix, norm_eps, mix_out);
+}
+
+// hc_mix_tile_kernel's tile and sums (each thread's elements i, i + 256, ... in the same order, the
+// same reduction: the same bits) with the tile's rows, kTok tokens' streams and kMix weight rows
+// (f32), staged through shared memory with cp.async, kStages chunks of kChunk = 256 kUnroll
+// elements a row in a ring. With the loads in registers an 8K prefill's tile kept 32 loads a thread
+// in flight at two blocks an SM (128 registers), about 64 KB an SM: the mix took 1.25 of hc_pre's
+// 2.27 ms for its two calls; staged, 0.78 (H200). REQUIRES width % kChunk == 0, 16-byte aligned rows.
+template <int kTok, int kMix, int kUnroll, int kStages>
+__global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float* streams, int64_t T, int64_t width,
+                                                                   const float* fn, int64_t nmix, float norm_eps,
+                                                                   float* mix_out) {
+  constexpr int kChunk = kUnroll * kThreads, kRows = kTok + kMix, kQuads = kChunk / 4;
+  static_assert((kRows * kQuads) % kThreads == 0 && kThreads % kQuads == 0, "whole rows of 16-byte pieces a pass");
+  constexpr int kRowsPerPass = kThreads / kQuads;
+  extern __shared__ float4 hc_stage4[];
+  float* stage = reinterpret_cast<float*>(hc_stage4);
+  const int64_t groups = nmix / kMix;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
+  const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
+  const int64_t chunks = width / kChunk;
+  // This thread's pieces: quad q of rows r0, r0 + kRowsPerPass, ... (rows past the tile's tokens
+  // repeat its last token: their sums are never written).
+  const int q = threadIdx.x % kQuads, r0 = threadIdx.x / kQuads;
+  const auto row_src = [&](int r) {
+    return r < kTok ? streams + (t0 + (r < nt ? r : nt - 1)) * width : fn + (m0 + r - kTok) * width;
+  };
+  const auto issue = [&](int64_t c) {
+    if (c < chunks) {
+      float* dst = stage + (c % kStages) * (kRows * kChunk);
 #pragma unroll
-  for (int k = 0; k < kTok; ++k) {
-    const float s = warp_sum(ss[k]);
-    if (lane == 0) part[k * (kMix + 1)][warp] = s;
+      for (int r = r0; r < kRows; r += kRowsPerPass) cp_async(dst + r * kChunk + 4 * q, row_src(r) + c * kChunk + 4 * q, true, 16);
+    }
+    cp_async_commit();
+  };
 #pragma unroll
-    for (int mm = 0; mm < kMix; ++mm) {
-      const float v = warp_sum(acc[mm][k]);
-      if (lane == 0) part[k * (kMix + 1) + 1 + mm][warp] = v;
+  for (int c = 0; c < kStages - 1; ++c) issue(c);
+  float ss[kTok] = {}, acc[kMix][kTok] = {};
+  for (int64_t c = 0; c < chunks; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk c landed for every thread; every thread is done with chunk c - 1's slot
+    issue(c + kStages - 1);
+    const float* src = stage + (c % kStages) * (kRows * kChunk) + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float xs[kTok], ws[kMix];
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) xs[k] = src[k * kChunk + u * kThreads];
+#pragma unroll
+      for (int mm = 0; mm < kMix; ++mm) ws[mm] = src[(kTok + mm) * kChunk + u * kThreads];
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) {
+        ss[k] += xs[k] * xs[k];
+#pragma unroll
+        for (int mm = 0; mm < kMix; ++mm) acc[mm][k] += ws[mm] * xs[k];
+      }
     }
   }
-  __syncthreads();
-  const int q = threadIdx.x;
-  if (q < kTok * kMix && q / kMix < nt) {
-    const int k = q / kMix, mm = q % kMix;
-    float s2 = 0.0f, a2 = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s2 += part[k * (kMix + 1)][w];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) a2 += part[k * (kMix + 1) + 1 + mm][w];
-    const float r = 1.0f / sqrtf(s2 / static_cast<float>(width) + norm_eps);
-    mix_out[(t0 + k) * nmix + m0 + mm] = a2 * r;
-  }
+  cp_async_wait<0>();
+  hc_mix_tile_reduce<kTok, kMix>(ss, acc, nt, t0, m0, width, nmix, norm_eps, mix_out);
 }
 
 // The tile by T: under kMixTileTokens one mix a block of 4 tokens, 8 loads a thread in flight (the
 // weights' reads spread over nmix blocks; batch 1); from there 4 tokens x 8 mixes a block, from
-// kMixManyTokens 8 x 8 (the weights read half as often).
+// kMixManyTokens 8 x 8 (the weights read half as often), staged through shared memory where the
+// weights are f32 and the rows whole chunks (hc_mix_staged_kernel; `hc_staged` off: registers).
 constexpr int64_t kMixTileTokens = 16, kMixManyTokens = 2048;
+constexpr int kStagedTok = 8, kStagedMix = 8, kStagedUnroll = 2, kStagedStages = 3;
 void launch_hc_mix(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
                         float* mix) {
-  if (nmix % 8 == 0 && T >= kMixManyTokens)
+  static const bool staged_on = cuda_feature_on("hc_staged");
+  constexpr int64_t chunk = kStagedUnroll * kThreads;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (staged_on && nmix % kStagedMix == 0 && T >= kMixManyTokens && fn.dtype == DType::kF32 && width % chunk == 0 &&
+      aligned(streams) && aligned(fn.data)) {
+    auto* kernel = hc_mix_staged_kernel<kStagedTok, kStagedMix, kStagedUnroll, kStagedStages>;
+    constexpr int smem = kStagedStages * (kStagedTok + kStagedMix) * static_cast<int>(chunk) * 4;
+    static const bool attr = [&] {
+      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      return true;
+    }();
+    (void)attr;
+    kernel<<<blocks_for(T, kStagedTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem>>>(
+        streams, T, width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
+  } else if (nmix % 8 == 0 && T >= kMixManyTokens) {
     hc_mix_tile_kernel<8, 8, 2><<<blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
                                                                                                 norm_eps, mix);
-  else if (nmix % 8 == 0 && T >= kMixTileTokens)
+  } else if (nmix % 8 == 0 && T >= kMixTileTokens) {
     hc_mix_tile_kernel<4, 8, 2><<<blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
                                                                                                 norm_eps, mix);
-  else
+  } else {
     hc_mix_tile_kernel<4, 1, kMixUnroll><<<blocks_for(T, 4) * static_cast<unsigned>(nmix), kThreads>>>(streams, T, width, fn, nmix,
                                                                                             norm_eps, mix);
+  }
 }
 
 // The token's nmix mix values into shared `mix`: computed here (hc_mix) or read from
@@ -287,6 +374,57 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
   __syncthreads();
   if (S == 4) hc_collapse<4>(X, pre, S, D, a.out_input + t * D, a.round_bf16);
   else hc_collapse<0>(X, pre, S, D, a.out_input + t * D, a.round_bf16);
+}
+
+// S = 4 with the mix values made beforehand (HcPreArgs::mix): `per_block` (at most kPre4Tokens)
+// tokens a block, warp w the Sinkhorn of the block's token w (hc_pre_weights_s4), then the block's
+// tokens' weighted stream sums 4 columns a thread (16-byte loads and stores, kPre4Unroll float4
+// columns' loads before the adds). Each value's operations and their order are hc_pre_kernel's (the
+// same bits). A block a token kept seven warps waiting on the eighth's Sinkhorn, at one block an SM
+// (142 registers): an 8K prefill's hc_pre without its mix 1.01 -> 0.36 ms (two calls, H200); at 8
+// and 256 tokens, 8 tokens a block left most SMs idle (0.033 -> 0.052 ms, 0.049 -> 0.056), so
+// launch_hc_pre takes fewer tokens a block there. REQUIRES D % 4 == 0, 16-byte aligned streams and
+// out_input.
+constexpr int kPre4Tokens = kThreads / 32, kPre4Unroll = 4;
+__global__ void __launch_bounds__(kThreads, 3) hc_pre4_kernel(HcPreArgs a, int per_block) {
+  constexpr int S = 4, nmix = (2 + S) * S;
+  __shared__ float pre[kPre4Tokens][S];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * per_block;
+  const int w = threadIdx.x / 32;
+  const int nt = a.T - t0 < per_block ? static_cast<int>(a.T - t0) : per_block;
+  if (w < nt) hc_pre_weights_s4(a, a.mix + (t0 + w) * nmix, pre[w], t0 + w);
+  __syncthreads();
+  const int64_t D4 = a.D / 4, total = nt * D4;
+  for (int64_t i0 = threadIdx.x; i0 < total; i0 += kPre4Unroll * kThreads) {
+    float4 x[kPre4Unroll][S];
+#pragma unroll
+    for (int u = 0; u < kPre4Unroll; ++u) {
+      const int64_t i = i0 + u * kThreads;
+      const int64_t t = t0 + (i < total ? i : 0) / D4, d = 4 * ((i < total ? i : 0) % D4);
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        x[u][j] = i < total ? *reinterpret_cast<const float4*>(a.streams + (t * S + j) * a.D + d) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kPre4Unroll; ++u) {
+      const int64_t i = i0 + u * kThreads;
+      if (i >= total) break;
+      const int k = static_cast<int>(i / D4);
+      const int64_t d = 4 * (i % D4);
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int j = 0; j < S; ++j) {
+        const float p = pre[k][j];
+        acc.x += p * x[u][j].x;
+        acc.y += p * x[u][j].y;
+        acc.z += p * x[u][j].z;
+        acc.w += p * x[u][j].w;
+      }
+      if (a.round_bf16)
+        acc = make_float4(dev_bf16_round(acc.x), dev_bf16_round(acc.y), dev_bf16_round(acc.z), dev_bf16_round(acc.w));
+      *reinterpret_cast<float4*>(a.out_input + (t0 + k) * a.D + d) = acc;
+    }
+  }
 }
 
 // One thread per (t, d): X'[k] = post_k y + sum_j comb[j][k] X[j] (comb applied transposed). The
@@ -469,10 +607,21 @@ void launch_embed(const EmbedArgs& a) {
   if (a.T > 0) embed_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
 }
 
+void launch_hc_pre_mix(const HcPreArgs& a) {
+  if (a.T > 0 && a.mix) launch_hc_mix(a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
+}
+
 void launch_hc_pre(const HcPreArgs& a) {
   if (a.T <= 0) return;
-  if (a.mix) launch_hc_mix(a.streams, a.T, a.S * a.D, a.fn, (2 + a.S) * a.S, a.norm_eps, a.mix);
-  hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  static const bool pre4_on = cuda_feature_on("hc_pre4");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (pre4_on && a.S == 4 && a.mix && a.D % 4 == 0 && aligned(a.streams) && aligned(a.out_input)) {
+    // 8 tokens a block where that still gives every SM a few blocks (an 8K prefill), else fewer.
+    const int per_block = a.T >= 4096 ? kPre4Tokens : a.T >= 2048 ? 4 : a.T >= 1024 ? 2 : 1;
+    hc_pre4_kernel<<<blocks_for(a.T, per_block), kThreads>>>(a, per_block);
+  } else {
+    hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  }
 }
 
 void launch_hc_post(const HcPostArgs& a) {

@@ -123,10 +123,12 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
 
 TEST_F(CudaOps, HcPreMatchesCpu) {
   Rng rng(21);
-  // The last case has V4-Flash's width (4 streams x 4096): 24 mix rows of 16384 per token.
+  // V4-Flash's width (4 streams x 4096): 24 mix rows of 16384 per token; from 2048 tokens the mix
+  // tiles (2050: registers, the rows not whole chunks of the shared-memory ring; 2049: the ring,
+  // a partial tile of one token at the end).
   for (auto [S, D, T, iters] :
        {std::tuple{3, 37, 5, 20}, std::tuple{4, 29, 3, 1}, std::tuple{2, 64, 1, 20}, std::tuple{4, 4096, 3, 20},
-        std::tuple{4, 64, 2050, 20}}) {
+        std::tuple{4, 64, 2050, 20}, std::tuple{4, 1024, 2049, 20}}) {
     const int64_t mix = (2 + S) * S;
     Stored fn = stored_floats(DType::kF32, {mix, S * D}, rng.normal(mix * S * D, 0.1));
     Stored base = stored_floats(DType::kF32, {mix}, rng.normal(mix));
@@ -148,14 +150,17 @@ TEST_F(CudaOps, HcPreMatchesCpu) {
 }
 
 // The mix dot products run one mix a block for a few tokens, 4 tokens x 8 mixes a block from 16
-// tokens on, 8 x 8 from 2048: each (token, mix) sum is the same either way, so a token's outputs are
-// the same bits in calls of 2050 tokens (a partial tile of 2 at the end), 21 (a partial tile of 1)
-// and 3; S = 4 (24 mixes) and S = 2 (8).
+// tokens on, 8 x 8 from 2048 (through a shared-memory ring where the rows are whole chunks of 512:
+// D = 256 and 4096 with S = 4; in registers for D = 96), and the rest of hc_pre a block a token or,
+// for S = 4, 1 to 8 tokens a block by T: each (token, mix) sum is the same either way, so a token's
+// outputs are the same bits in calls of 4100 tokens (partial tiles of 4 at the end), 21 (a partial
+// tile of 1) and 3; S = 4 (24 mixes) and S = 2 (8).
 TEST_F(CudaOps, HcPreIsBatchInvariant) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(24);
-  for (auto [S, D] : {std::pair<int64_t, int64_t>{4, 256}, std::pair<int64_t, int64_t>{2, 96}}) {
-    const int64_t mix = (2 + S) * S, sizes[3] = {2050, 21, 3};
+  for (auto [S, D] : {std::pair<int64_t, int64_t>{4, 256}, std::pair<int64_t, int64_t>{2, 96},
+                      std::pair<int64_t, int64_t>{4, 4096}}) {
+    const int64_t mix = (2 + S) * S, sizes[3] = {4100, 21, 3};
     const int64_t T = sizes[0];
     Stored fn = stored_floats(DType::kF32, {mix, S * D}, rng.normal(mix * S * D, 0.1));
     Stored base = stored_floats(DType::kF32, {mix}, rng.normal(mix));
