@@ -238,6 +238,28 @@ TEST_F(CudaOps, RmsNormWeightedUnweightedAndOutOfPlace) {
   }
 }
 
+// Every row kernel rms_norm picks by the group (a warp a row in registers up to 512 and 1024, with
+// loops up to 2048; a block a row in registers up to 4096, with loops beyond) and by the call's
+// size (loops past 2^23 values: 2100 rows of 4096), weighted and rounded to bf16, at one row and at
+// several, against the CPU.
+TEST_F(CudaOps, RmsNormEveryRowKernel) {
+  Rng rng(32);
+  for (int64_t group : {53, 700, 1500, 3000, 4096, 5000}) {
+    Stored w = stored_floats(DType::kBF16, {group}, rng.normal(group, 0.5, 1.0));
+    for (int64_t rows : {int64_t{1}, int64_t{9}, group == 4096 ? int64_t{2100} : int64_t{2}}) {
+      for (bool round : {false, true}) {
+        auto [xc, xg] = both_f32(rng.normal(rows * group, 2.0), {rows, group});
+        auto [oc, og] = both_alloc(ElemType::kF32, {rows, group});
+        cpu->rms_norm({.out = oc, .in = xc, .weight = w.view, .group = group, .eps = 1e-6, .round_bf16 = round});
+        gpu->rms_norm({.out = og, .in = xg, .weight = w.view, .group = group, .eps = 1e-6, .round_bf16 = round});
+        expect_close(*gpu, og, *cpu, oc, round ? kBf16Tol : kOpTol,
+                     "rms_norm group " + std::to_string(group) + " rows " + std::to_string(rows) +
+                         (round ? " bf16" : ""));
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, LinearEveryWeightFormat) {
   Rng rng(41);
   std::vector<std::pair<std::string, StoredMatrix>> ws;
@@ -1423,26 +1445,34 @@ TEST_F(CudaOps, MoeMatchesCpuWithUnpickedExpertClampAndPlacements) {
 // Many choices for the device plan (4200 of them over 40 experts: several counting blocks, an expert
 // with one row, one with none, one with 8 rows exactly, the rest tens of rows in tiles of 8): the
 // grouping must put each expert's rows in (token, slot) order, or outputs land in the wrong slots.
+// Then 300 experts (the plan's scan of the counts in two chunks of 256), the choices spread past 256.
 TEST_F(CudaOps, MoePlanOfManyChoicesMatchesCpu) {
   Rng rng(102);
-  const MoeCase mc = make_moe(rng, 40, 24, 16, false);
-  const int64_t T = 700, K = 6, D = mc.D;
-  std::vector<int32_t> experts(T * K);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < K; ++i) experts[t * K + i] = static_cast<int32_t>(1 + (t * 7 + i * 5 + t / 3) % 36);
-  experts[5 * K + 2] = 37;  // expert 37: one row
-  for (int64_t t = 100; t < 108; ++t) experts[t * K + 4] = 38;  // expert 38: eight rows; 39 and 0: none
-  auto [ec, eg] = both_i32(experts, {T, K});
-  auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
-  auto [xc, xg] = both_f32(rng.normal(T * D, 1.0), {T, D});
-  auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
-  auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
-    return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
-                     .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine};
-  };
-  cpu->moe(params(oc, xc, ec, wc));
-  gpu->moe(params(og, xg, eg, wg));
-  expect_close(*gpu, og, *cpu, oc, kOpTol, "moe 4200 choices over 40 experts");
+  for (const int64_t E : {40, 300}) {
+    const MoeCase mc = make_moe(rng, E, 24, 16, false);
+    const int64_t T = E == 40 ? 700 : 120, K = 6, D = mc.D;
+    std::vector<int32_t> experts(T * K);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < K; ++i) {
+        experts[t * K + i] = E == 40 ? static_cast<int32_t>(1 + (t * 7 + i * 5 + t / 3) % 36)
+                                     : static_cast<int32_t>((t * 53 + i * 47) % E);
+      }
+    if (E == 40) {
+      experts[5 * K + 2] = 37;  // expert 37: one row
+      for (int64_t t = 100; t < 108; ++t) experts[t * K + 4] = 38;  // expert 38: eight rows; 39 and 0: none
+    }
+    auto [ec, eg] = both_i32(experts, {T, K});
+    auto [wc, wg] = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
+    auto [xc, xg] = both_f32(rng.normal(T * D, 1.0), {T, D});
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
+    auto params = [&](const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
+      return MoeParams{.out = o, .x = x, .experts = e, .weights = w, .routed = &mc.routed, .shared = &mc.shared,
+                       .swiglu_limit = 7.0, .routed_scale = 1.5, .placement = RoutedScalePlacement::kInExpertCombine};
+    };
+    cpu->moe(params(oc, xc, ec, wc));
+    gpu->moe(params(og, xg, eg, wg));
+    expect_close(*gpu, og, *cpu, oc, kOpTol, "moe " + std::to_string(T * K) + " choices over " + std::to_string(E) + " experts");
+  }
 }
 
 // The routed scale is applied exactly once: router + experts on the GPU with the scale folded into
