@@ -1236,9 +1236,22 @@ class CudaBackend final : public Backend {
       project(tab.w3, f.w3, h3.f32(), x, xc, rows);
     }
     part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
-    launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
     Codes hc;
-    if (p.ref_numerics) {
+    // W4A8: the three steps in one kernel (the same bits; SPARROW_CUDA_DISABLE=moe_fused_act: in turn).
+    if (w4a8 && moe_fused_act_) {
+      hc = Codes{.rows = total, .k_pad = (F + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock};
+      hc.codes = DeviceBuffer(static_cast<size_t>(total * hc.k_pad));
+      hc.scales = DeviceBuffer(static_cast<size_t>(hc.k_pad / kFp8ActBlock * total) * sizeof(float));
+      launch_swiglu_quant_fp8({.h1 = h1.f32(), .h3 = h3.f32(), .limit = static_cast<float>(p.swiglu_limit),
+                               .slots = slots, .weights = p.weights.f32(), .scale = combine_scale,
+                               .q = {.codes = static_cast<uint8_t*>(hc.codes.get()), .scales = hc.scales.f32(),
+                                     .in = nullptr, .in_dtype = DType::kF32, .rows = total, .K = F, .in_stride = F,
+                                     .rows_pad = total, .k_pad = hc.k_pad, .w4a8_order = wgmma}});
+      launch_check("experts swiglu, routing weight, act_quant (w4a8)");
+    } else {
+      launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
+    }
+    if (p.ref_numerics && !hc.codes.get()) {
       launch_check("experts swiglu");
       launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
                                .scale = combine_scale});
@@ -1327,6 +1340,7 @@ class CudaBackend final : public Backend {
   bool fp8_gemm_in_linear_ = false;
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
+  bool moe_fused_act_ = cuda_feature_on("moe_fused_act");
   bool w4a8_wgmma_ = cuda_feature_on("w4a8_wgmma");
   int w4a8_wgmma_warpgroups_ = 0;
   int w4a8_wgmma_split_ = 0;           // 0: by the rows (kSplitRows), 1: never, 2: always
@@ -1341,6 +1355,7 @@ class CudaBackend final : public Backend {
  public:
   void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
   void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
+  void set_moe_fused_act(bool on) { moe_fused_act_ = on; }
   void set_w4a8_wgmma(bool on) { w4a8_wgmma_ = on; }
   void set_w4a8_wgmma_warpgroups(int n) { w4a8_wgmma_warpgroups_ = n; }
   void set_w4a8_wgmma_split(int mode) { w4a8_wgmma_split_ = mode; }
@@ -1431,6 +1446,7 @@ bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).l
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
+void set_moe_fused_act(Backend& backend, bool on) { cuda_backend(backend).set_moe_fused_act(on); }
 void set_w4a8_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_wgmma(on); }
 void set_w4a8_wgmma_split(Backend& backend, int mode) {
   SPARROW_CHECK(mode >= 0 && mode <= 2);

@@ -81,6 +81,9 @@ void set_w4a8_experts(Backend& backend, bool on);
 // Whether those take the tiled W4A8 kernel when an expert averages 32 rows or more (on unless
 // SPARROW_CUDA_DISABLE=w4a8_tiled); the same bits as the small kernel, which runs otherwise.
 void set_w4a8_tiled(Backend& backend, bool on);
+// Whether the W4A8 experts' swiglu, routing weight and act_quant run as one kernel (on unless
+// SPARROW_CUDA_DISABLE=moe_fused_act); the same bits as the three kernels in turn.
+void set_moe_fused_act(Backend& backend, bool on);
 // Whether those run on wgmma, the FP8 tensor cores (kernels.h GroupedW4A8Args::wgmma), where every
 // K is a multiple of 128 and the scales are packed e8m0 (on unless SPARROW_CUDA_DISABLE=w4a8_wgmma).
 // Its decode and tiled kernels give the same bits as each other, not the mma.sync kernels' bits.

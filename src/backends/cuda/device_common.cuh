@@ -193,6 +193,20 @@ __device__ inline void rope_rotate_pair(float* rope_part, int i, double pos, con
   rope_part[2 * i + 1] = r.y;
 }
 
+// The routed experts' activation h = silu(min(x, L)) * clamp(y, -L, L) (no clamp when L <= 0), and
+// the reference numerics' routing-weight step bf16(g h) (g in double, rounded once to float): one
+// definition for the separate kernels and the fused one (kernels_fp8.cu), so their bits agree.
+__device__ inline float dev_swiglu(float x, float y, float limit) {
+  if (limit > 0.0f) {
+    x = fminf(x, limit);
+    y = fminf(fmaxf(y, -limit), limit);
+  }
+  return x / (1.0f + expf(-x)) * y;
+}
+__device__ inline float dev_route_scale_bf16(float h, double g) {
+  return dev_bf16_round(__double2float_rn(g * static_cast<double>(h)));
+}
+
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // cp.async of `bytes` (4, 8 or 16) from global to shared memory, zero-filled when !ok (the source is

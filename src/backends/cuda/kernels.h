@@ -347,6 +347,20 @@ struct RouteScaleArgs {
 };
 void launch_route_scale_bf16(const RouteScaleArgs& a);
 
+// launch_swiglu, launch_route_scale_bf16 and launch_act_quant_fp8 on h = swiglu(h1, h3) in one
+// kernel, the same bits, h not written: q's codes and scales from h1 [R, F], h3 [R, F] (q.in unused,
+// q.rows = R, q.K = q.in_stride = F).
+struct SwigluQuantArgs {
+  const float* h1;
+  const float* h3;
+  float limit;
+  const int32_t* slots;   // [R] (ignored when weights is null)
+  const float* weights;   // [T*K] or null (g = 1)
+  double scale;
+  ActQuantFp8Args q;
+};
+void launch_swiglu_quant_fp8(const SwigluQuantArgs& a);
+
 // ---- compressor, indexer, attention (kernels_attention.cu) --------------------------------------
 
 // One sequence's compressor buffer and its share of the batch (mirrors cpu_state.h).

@@ -22,39 +22,23 @@ __device__ inline float load_input(const ActQuantFp8Args& a, int64_t i) {
                                     : static_cast<const float*>(a.in)[i];
 }
 
-// grid ceil(rows_pad * nblocks / kQuantWarps), block 32 * kQuantWarps: warp w of CTA c quantises
-// block b of row m, pair = c * kQuantWarps + w = m * nblocks + b; lane l holds inputs
-// b*128 + 4l .. 4l+3. Every branch below is uniform across a warp (m and b are per warp), so the
-// warp_max shuffle sees all 32 lanes.
-__global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
-  const int lane = threadIdx.x % 32;
-  const int64_t nblocks = a.k_pad / kFp8ActBlock;
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
-  if (pair >= a.rows_pad * nblocks) return;
-  const int64_t m = pair / nblocks, b = pair % nblocks;
+// Where lane's 4 codes of block b go in a row: inputs 32 t + 8 i + 4 h + 0..3 with t = lane / 8,
+// i = lane % 8 / 2, h = lane % 2; in the W4A8 order (ActQuantFp8Args::w4a8_order) at 32 i + 16 h + 4 t
+// of the block.
+__device__ inline int64_t act_quant_code_at(const ActQuantFp8Args& a, int64_t b, int lane) {
+  return a.w4a8_order ? b * kFp8ActBlock + 32 * (lane % 8 / 2) + 16 * (lane % 2) + 4 * (lane / 8)
+                      : b * kFp8ActBlock + lane * kValuesPerLane;
+}
+
+// The (row m, block b) pair's codes and scale from lane's inputs v (columns k0 .. k0 + 3 of the block,
+// 0 past K), all 32 lanes of the warp calling it.
+__device__ inline void act_quant_pair(const ActQuantFp8Args& a, int64_t m, int64_t b, int lane,
+                                      const float (&v)[kValuesPerLane]) {
   const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane;  // < k_pad
-  // The lane's 4 codes: inputs 32 t + 8 i + 4 h + 0..3 with t = lane / 8, i = lane % 8 / 2, h = lane % 2;
-  // in the W4A8 order (ActQuantFp8Args::w4a8_order) at 32 i + 16 h + 4 t of the block.
-  const int64_t at_code = a.w4a8_order ? b * kFp8ActBlock + 32 * (lane % 8 / 2) + 16 * (lane % 2) + 4 * (lane / 8) : k0;
-  uint8_t* dst = a.codes + m * a.k_pad + at_code;
-  if (m >= a.rows) {  // padding row: zero codes, scale 1
-    *reinterpret_cast<uint32_t*>(dst) = 0u;
-    if (lane == 0) a.scales[b * a.rows_pad + m] = 1.0f;
-    return;
-  }
-  float v[kValuesPerLane];
+  uint8_t* dst = a.codes + m * a.k_pad + act_quant_code_at(a, b, lane);
   // The reference's floor: an all-zero block still gets a finite scale. fmaxf skips NaN exactly as
   // the host's std::max(amax, |x|) with amax first does; columns past K hold 0 and change nothing.
   float amax = 1e-4f;
-  const int64_t at = m * a.in_stride + k0;
-  if (a.in_dtype == DType::kF32 && k0 + kValuesPerLane <= a.K && a.in_stride % 4 == 0 &&
-      reinterpret_cast<uintptr_t>(a.in) % 16 == 0) {
-    const float4 q = *reinterpret_cast<const float4*>(static_cast<const float*>(a.in) + at);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else {
-#pragma unroll
-    for (int i = 0; i < kValuesPerLane; ++i) v[i] = k0 + i < a.K ? load_input(a, at + i) : 0.0f;
-  }
 #pragma unroll
   for (int i = 0; i < kValuesPerLane; ++i) amax = fmaxf(amax, fabsf(v[i]));
   amax = warp_max(amax);
@@ -77,6 +61,72 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
   }
   *reinterpret_cast<uint32_t*>(dst) = packed;
   if (lane == 0) a.scales[b * a.rows_pad + m] = s;
+}
+
+// A padding row's pair (m >= rows): zero codes, scale 1.
+__device__ inline void act_quant_pad(const ActQuantFp8Args& a, int64_t m, int64_t b, int lane) {
+  *reinterpret_cast<uint32_t*>(a.codes + m * a.k_pad + act_quant_code_at(a, b, lane)) = 0u;
+  if (lane == 0) a.scales[b * a.rows_pad + m] = 1.0f;
+}
+
+// grid ceil(rows_pad * nblocks / kQuantWarps), block 32 * kQuantWarps: warp w of CTA c quantises
+// block b of row m, pair = c * kQuantWarps + w = m * nblocks + b; lane l holds inputs
+// b*128 + 4l .. 4l+3. Every branch below is uniform across a warp (m and b are per warp), so the
+// warp_max shuffle sees all 32 lanes.
+__global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t nblocks = a.k_pad / kFp8ActBlock;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  if (pair >= a.rows_pad * nblocks) return;
+  const int64_t m = pair / nblocks, b = pair % nblocks;
+  if (m >= a.rows) return act_quant_pad(a, m, b, lane);
+  const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane;
+  float v[kValuesPerLane];
+  const int64_t at = m * a.in_stride + k0;
+  if (a.in_dtype == DType::kF32 && k0 + kValuesPerLane <= a.K && a.in_stride % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(a.in) % 16 == 0) {
+    const float4 q = *reinterpret_cast<const float4*>(static_cast<const float*>(a.in) + at);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kValuesPerLane; ++i) v[i] = k0 + i < a.K ? load_input(a, at + i) : 0.0f;
+  }
+  act_quant_pair(a, m, b, lane, v);
+}
+
+// The routed experts' h = bf16(g silu(min(h1, L)) clamp(h3, -L, L)) quantised as act_quant_fp8_kernel
+// quantises its input, in one pass: swiglu_kernel, route_scale_bf16_kernel and act_quant_fp8_kernel
+// in turn wrote and read h [R, F] in fp32 twice more (an 8K prefill: 1.08 ms a layer on the H200).
+// The same operations on the same values (dev_swiglu, dev_route_scale_bf16, act_quant_pair): the
+// same bits. h itself is not written (the W4A8 kernels read the codes).
+__global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
+  const ActQuantFp8Args& a = s.q;
+  const int lane = threadIdx.x % 32;
+  const int64_t nblocks = a.k_pad / kFp8ActBlock;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  if (pair >= a.rows_pad * nblocks) return;
+  const int64_t m = pair / nblocks, b = pair % nblocks;
+  if (m >= a.rows) return act_quant_pad(a, m, b, lane);
+  const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane, at = m * a.K + k0;
+  float x[kValuesPerLane], y[kValuesPerLane];
+  if (k0 + kValuesPerLane <= a.K && a.K % 4 == 0 && reinterpret_cast<uintptr_t>(s.h1) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(s.h3) % 16 == 0) {
+    const float4 p = *reinterpret_cast<const float4*>(s.h1 + at), q = *reinterpret_cast<const float4*>(s.h3 + at);
+    x[0] = p.x, x[1] = p.y, x[2] = p.z, x[3] = p.w;
+    y[0] = q.x, y[1] = q.y, y[2] = q.z, y[3] = q.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kValuesPerLane; ++i) {
+      x[i] = k0 + i < a.K ? s.h1[at + i] : 0.0f;
+      y[i] = k0 + i < a.K ? s.h3[at + i] : 0.0f;
+    }
+  }
+  const double g = s.weights ? static_cast<double>(s.weights[s.slots[m]]) * s.scale : 1.0;
+  float v[kValuesPerLane];
+#pragma unroll
+  for (int i = 0; i < kValuesPerLane; ++i)
+    v[i] = k0 + i < a.K ? dev_route_scale_bf16(dev_swiglu(x[i], y[i], s.limit), g) : 0.0f;
+  act_quant_pair(a, m, b, lane, v);
 }
 
 // grid ceil(rows * K / kDequantThreads): thread per (t, k).
@@ -190,7 +240,7 @@ __global__ void route_scale_bf16_kernel(RouteScaleArgs a) {
   if (i >= a.R * a.F) return;
   const int64_t r = i / a.F;
   const double g = a.weights ? static_cast<double>(a.weights[a.slots[r]]) * a.scale : 1.0;
-  a.h[i] = dev_bf16_round(__double2float_rn(g * static_cast<double>(a.h[i])));
+  a.h[i] = dev_route_scale_bf16(a.h[i], g);
 }
 
 }  // namespace
@@ -220,6 +270,11 @@ void launch_route_scale_bf16(const RouteScaleArgs& a) {
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {
   const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);
   if (pairs > 0) act_quant_fp8_kernel<<<blocks_for(pairs, kQuantWarps), 32 * kQuantWarps>>>(a);
+}
+
+void launch_swiglu_quant_fp8(const SwigluQuantArgs& a) {
+  const int64_t pairs = a.q.rows_pad * (a.q.k_pad / kFp8ActBlock);
+  if (pairs > 0) swiglu_quant_fp8_kernel<<<blocks_for(pairs, kQuantWarps), 32 * kQuantWarps>>>(a);
 }
 
 void launch_act_dequant_fp8(const ActDequantFp8Args& a) {

@@ -68,12 +68,7 @@ __global__ void router_kernel(RouterArgs a) {
 __global__ void swiglu_kernel(SwigluArgs a) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n) return;
-  float x = a.a[i], y = a.b[i];
-  if (a.limit > 0.0f) {
-    x = fminf(x, a.limit);
-    y = fminf(fmaxf(y, -a.limit), a.limit);
-  }
-  a.a[i] = x / (1.0f + expf(-x)) * y;
+  a.a[i] = dev_swiglu(a.a[i], a.b[i], a.limit);
 }
 
 __global__ void expert_scatter_kernel(ScatterArgs a) {

@@ -1945,6 +1945,40 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
   expect_mostly_identical(g, cpu->download_f32(oc), 0.8, 1e-4, "moe w4a8 tiled vs cpu");
 }
 
+// The W4A8 experts' swiglu, routing weight and act_quant in one kernel give the three kernels' bits:
+// the MoE's output with the fused kernel on and off, for F = 96 (a partial block of 128 inputs) and
+// 256 (mma.sync and wgmma: 0.6 of the values identical to the CPU, as the wgmma tests), with the
+// small kernels (few rows) and the tiled ones (an expert of 100 rows).
+TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  Rng rng(209);
+  for (const int64_t F : {96, 256}) {
+    for (const int64_t T : {5, 150}) {
+      const int64_t K = 2;
+      std::vector<int32_t> experts(T * K);
+      for (int64_t t = 0; t < T; ++t) {
+        experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
+        experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
+      }
+      const W4A8Inputs in = w4a8_inputs(rng, experts, T, K, F);
+      const Tensor fused = gpu->alloc(ElemType::kF32, {T, in.D}), apart = gpu->alloc(ElemType::kF32, {T, in.D});
+      auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+      cpu->moe(in.cpu_params(oc));
+      cuda::set_w4a8_experts(*gpu, true);
+      cuda::set_moe_fused_act(*gpu, false);
+      gpu->moe(in.gpu_params(apart));
+      cuda::set_moe_fused_act(*gpu, true);
+      gpu->moe(in.gpu_params(fused));
+      cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+      cuda::set_moe_fused_act(*gpu, cuda::cuda_feature_on("moe_fused_act"));
+      const std::string tag = " F=" + std::to_string(F) + " T=" + std::to_string(T);
+      const std::vector<float> g = gpu->download_f32(fused);
+      expect_same_bits(g, gpu->download_f32(apart), "moe w4a8 fused activation vs three kernels" + tag);
+      expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 fused activation vs cpu" + tag);
+    }
+  }
+}
+
 // The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
 // of its arithmetic: the MoE's output is the same bits at either width, for the CUDA test's shapes
 // (N = 96 and 256: a partial 32-column block and a 16-column one past N), 7 to 16 rows an expert
