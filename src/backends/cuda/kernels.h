@@ -45,7 +45,11 @@ struct DevView {
 // bf16 tensor cores, from a bf16 copy of the keys), "attn_mma" (the fast profiles' attention on the
 // bf16 tensor cores), "attn_bf16_kv" (that attention reading bf16 copies of the KV state rather
 // than converting the fp32 state), "sim_warp" (the fp8 / fp4 block roundings of quant_sim and the
-// entry and MoE input passes a warp a scale block instead of a thread a block), "fp8_gemm" (the
+// entry and MoE input passes a warp a scale block instead of a thread a block), "hc_staged" (the
+// hc mix of 2048 or more tokens through a shared-memory ring), "hc_pre4" (the rest of hc_pre for S =
+// 4 in blocks of 1-8 tokens), "norm_regs" (rms_norm rows in registers for calls of at most 2^23
+// values), "moe_fused_act" (the W4A8 experts' SwiGLU, routing weight and act_quant in one kernel;
+// each of these four gives the same bits as the path it replaces), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt), "bf16_gemm" (their grouped wo_a and the BF16 weights
 // fed bf16 values as bf16 cuBLASLt GEMMs) and "alloc_nofill" (tensors left unfilled at allocation;
 // off: zero-filled). Read once per process.
