@@ -1178,9 +1178,8 @@ class CudaBackend final : public Backend {
     const bool split = wgmma && !tiled &&
                        (w4a8_wgmma_split_ == 2 || (w4a8_wgmma_split_ == 0 && total <= kSplitRows));
     DeviceBuffer partial(split ? 4 * total * std::max(D, F) * sizeof(float) : 0);
-    const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned(x) && D % 4 == 0 && F % 4 == 0 &&
-                     aligned(h1.get());
+    const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
+                     aligned16(h1.get());
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());
     const auto* slots = static_cast<const int32_t*>(plan.slots.get());
     // w4a8: an input [n, K] of float rows as e4m3 codes [n, k_pad] and scales [k_pad / 128, n].
@@ -1188,13 +1187,21 @@ class CudaBackend final : public Backend {
       DeviceBuffer codes, scales;
       int64_t rows = 0, k_pad = 0;
     };
-    const auto quantise = [wgmma](const float* in, int64_t n, int64_t K) {
+    // Codes for n rows of K inputs, and the act_quant arguments that fill them from `in` (f32 rows).
+    const auto new_codes = [](int64_t n, int64_t K) {
       Codes c{.rows = n, .k_pad = (K + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock};
       c.codes = DeviceBuffer(static_cast<size_t>(n * c.k_pad));
       c.scales = DeviceBuffer(static_cast<size_t>(c.k_pad / kFp8ActBlock * n) * sizeof(float));
-      launch_act_quant_fp8({.codes = static_cast<uint8_t*>(c.codes.get()), .scales = c.scales.f32(), .in = in,
-                            .in_dtype = DType::kF32, .rows = n, .K = K, .in_stride = K, .rows_pad = n, .k_pad = c.k_pad,
-                            .w4a8_order = wgmma});
+      return c;
+    };
+    const auto quant_args = [wgmma](Codes& c, const float* in, int64_t K) {
+      return ActQuantFp8Args{.codes = static_cast<uint8_t*>(c.codes.get()), .scales = c.scales.f32(), .in = in,
+                             .in_dtype = DType::kF32, .rows = c.rows, .K = K, .in_stride = K, .rows_pad = c.rows,
+                             .k_pad = c.k_pad, .w4a8_order = wgmma};
+    };
+    const auto quantise = [&](const float* in, int64_t n, int64_t K) {
+      Codes c = new_codes(n, K);
+      launch_act_quant_fp8(quant_args(c, in, K));
       launch_check("experts act_quant (w4a8)");
       return c;
     };
@@ -1237,27 +1244,23 @@ class CudaBackend final : public Backend {
     }
     part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
     Codes hc;
-    // W4A8: the three steps in one kernel (the same bits; SPARROW_CUDA_DISABLE=moe_fused_act: in turn).
     if (w4a8 && moe_fused_act_) {
-      hc = Codes{.rows = total, .k_pad = (F + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock};
-      hc.codes = DeviceBuffer(static_cast<size_t>(total * hc.k_pad));
-      hc.scales = DeviceBuffer(static_cast<size_t>(hc.k_pad / kFp8ActBlock * total) * sizeof(float));
+      // The three steps below in one kernel, the same bits (SPARROW_CUDA_DISABLE=moe_fused_act: in turn).
+      hc = new_codes(total, F);
       launch_swiglu_quant_fp8({.h1 = h1.f32(), .h3 = h3.f32(), .limit = static_cast<float>(p.swiglu_limit),
                                .slots = slots, .weights = p.weights.f32(), .scale = combine_scale,
-                               .q = {.codes = static_cast<uint8_t*>(hc.codes.get()), .scales = hc.scales.f32(),
-                                     .in = nullptr, .in_dtype = DType::kF32, .rows = total, .K = F, .in_stride = F,
-                                     .rows_pad = total, .k_pad = hc.k_pad, .w4a8_order = wgmma}});
+                               .q = quant_args(hc, nullptr, F)});
       launch_check("experts swiglu, routing weight, act_quant (w4a8)");
     } else {
       launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
-    }
-    if (p.ref_numerics && !hc.codes.get()) {
-      launch_check("experts swiglu");
-      launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
-                               .scale = combine_scale});
-      launch_check("experts routing weight");
-      if (w4a8) hc = quantise(h1.f32(), total, F);
-      else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
+      if (p.ref_numerics) {
+        launch_check("experts swiglu");
+        launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
+                                 .scale = combine_scale});
+        launch_check("experts routing weight");
+        if (w4a8) hc = quantise(h1.f32(), total, F);
+        else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
+      }
     }
     part.emplace(profiler_, kW2[path]);
     project(tab.w2, f.w2, y.f32(), h1.f32(), hc, nullptr);

@@ -115,6 +115,29 @@ __device__ inline float dev_load(const DevView& v, int64_t i) {
   return __uint_as_float(0x7fc00000u);  // the host refuses these dtypes before a launch
 }
 
+// out[u] = element first + u * step of v for the u with first + u * step < n, `fill` for the rest
+// (and for all of them when v is empty). dev_load in a loop converts each value right after its
+// load behind the dtype's switch, so the loads go out one at a time; here the switch is taken once
+// and all kN loads go out before any conversion (a batch-1 norm row of 1024 weights: 15 us that
+// way in ncu on the H200). The same values as dev_load.
+template <int kN>
+__device__ inline void dev_load_many(const DevView& v, int first, int step, int n, float fill, float (&out)[kN]) {
+  if (v.data && v.dtype == DType::kBF16) {
+    const auto* p = static_cast<const uint16_t*>(v.data);
+    uint16_t raw[kN];
+#pragma unroll
+    for (int u = 0; u < kN; ++u) raw[u] = first + u * step < n ? p[first + u * step] : 0;
+#pragma unroll
+    for (int u = 0; u < kN; ++u) out[u] = first + u * step < n ? dev_bf16(raw[u]) : fill;
+  } else if (v.data && v.dtype == DType::kF32) {
+#pragma unroll
+    for (int u = 0; u < kN; ++u) out[u] = first + u * step < n ? static_cast<const float*>(v.data)[first + u * step] : fill;
+  } else {
+#pragma unroll
+    for (int u = 0; u < kN; ++u) out[u] = v.data && first + u * step < n ? dev_load(v, first + u * step) : fill;
+  }
+}
+
 __device__ inline int64_t dev_load_index(const DevView& v, int64_t i) {
   return v.dtype == DType::kI64 ? static_cast<const int64_t*>(v.data)[i] : static_cast<const int32_t*>(v.data)[i];
 }

@@ -22,6 +22,9 @@ inline constexpr int kMaxStreams = 8;       // S (mHC): per-thread stream regist
 inline constexpr int kMaxRopePairs = 64;    // rope_dim / 2, passed by value in RopeTableArg
 inline constexpr int kMaxRouterTopk = 64;   // K of the router
 
+// Whether p is 16-byte aligned (the vectorised kernels' 16-byte loads and stores).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // A float/index tensor in device memory, decoded by its stored dtype.
 struct DevView {
   const void* data = nullptr;

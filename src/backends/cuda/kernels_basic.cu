@@ -196,9 +196,8 @@ void launch_hc_mix(const float* streams, int64_t T, int64_t width, const DevView
                         float* mix) {
   static const bool staged_on = cuda_feature_on("hc_staged");
   constexpr int64_t chunk = kStagedUnroll * kThreads;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (staged_on && nmix % kStagedMix == 0 && T >= kMixManyTokens && fn.dtype == DType::kF32 && width % chunk == 0 &&
-      aligned(streams) && aligned(fn.data)) {
+      aligned16(streams) && aligned16(fn.data)) {
     auto* kernel = hc_mix_staged_kernel<kStagedTok, kStagedMix, kStagedUnroll, kStagedStages>;
     constexpr int smem = kStagedStages * (kStagedTok + kStagedMix) * static_cast<int>(chunk) * 4;
     static const bool attr = [&] {
@@ -527,23 +526,7 @@ __device__ inline void rms_norm_row_regs(const RmsNormArgs& a, const float* x, f
   float xs[kPer], ws[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) xs[u] = first + u * step < n ? x[first + u * step] : 0.0f;
-  // The weights' loads by their dtype outside the loop: dev_load's switch converted each value right
-  // after its load, so the loads went out one at a time (a batch-1 row of 1024: 15 us, ncu, H200).
-  if (a.weight.data && a.weight.dtype == DType::kBF16) {
-    const auto* w16 = static_cast<const uint16_t*>(a.weight.data);
-    uint16_t raw[kPer];
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) raw[u] = first + u * step < n ? w16[first + u * step] : 0;
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) ws[u] = dev_bf16(raw[u]);
-  } else if (a.weight.data && a.weight.dtype == DType::kF32) {
-#pragma unroll
-    for (int u = 0; u < kPer; ++u)
-      ws[u] = first + u * step < n ? static_cast<const float*>(a.weight.data)[first + u * step] : 1.0f;
-  } else {
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) ws[u] = a.weight.data && first + u * step < n ? dev_load(a.weight, first + u * step) : 1.0f;
-  }
+  dev_load_many(a.weight, first, step, n, 1.0f, ws);  // (the weights' loads all at once)
   float ss = 0.0f;
 #pragma unroll
   for (int u = 0; u < kPer; ++u)
@@ -674,8 +657,7 @@ void launch_hc_pre_mix(const HcPreArgs& a) {
 void launch_hc_pre(const HcPreArgs& a) {
   if (a.T <= 0) return;
   static const bool pre4_on = cuda_feature_on("hc_pre4");
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (pre4_on && a.S == 4 && a.mix && a.D % 4 == 0 && aligned(a.streams) && aligned(a.out_input)) {
+  if (pre4_on && a.S == 4 && a.mix && a.D % 4 == 0 && aligned16(a.streams) && aligned16(a.out_input)) {
     // 8 tokens a block where that still gives every SM a few blocks (an 8K prefill), else fewer.
     const int per_block = a.T >= 4096 ? kPre4Tokens : a.T >= 2048 ? 4 : a.T >= 1024 ? 2 : 1;
     hc_pre4_kernel<<<blocks_for(a.T, per_block), kThreads>>>(a, per_block);
@@ -686,8 +668,7 @@ void launch_hc_pre(const HcPreArgs& a) {
 
 void launch_hc_post(const HcPostArgs& a) {
   if (a.T * a.D <= 0) return;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (a.S == 4 && a.D % 4 == 0 && aligned(a.streams) && aligned(a.sublayer))
+  if (a.S == 4 && a.D % 4 == 0 && aligned16(a.streams) && aligned16(a.sublayer))
     hc_post4_kernel<4><<<blocks_for(a.T * a.D / 4, kThreads), kThreads>>>(a);
   else
     hc_post_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);

@@ -71,16 +71,31 @@ __device__ inline void act_quant_pad(const ActQuantFp8Args& a, int64_t m, int64_
 
 // grid ceil(rows_pad * nblocks / kQuantWarps), block 32 * kQuantWarps: warp w of CTA c quantises
 // block b of row m, pair = c * kQuantWarps + w = m * nblocks + b; lane l holds inputs
-// b*128 + 4l .. 4l+3. Every branch below is uniform across a warp (m and b are per warp), so the
-// warp_max shuffle sees all 32 lanes.
-__global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
-  const int lane = threadIdx.x % 32;
+// b*128 + 4l .. 4l+3. Every branch is uniform across a warp (m and b are per warp), so the
+// warp_max shuffle sees all 32 lanes. act_quant_warp_pair gives this warp's pair; false when the
+// warp has none or the row is padding (then written here).
+struct QuantPair {
+  int lane;
+  int64_t m, b, k0;  // k0: the lane's first input column
+};
+__device__ inline bool act_quant_warp_pair(const ActQuantFp8Args& a, QuantPair& p) {
+  p.lane = threadIdx.x % 32;
   const int64_t nblocks = a.k_pad / kFp8ActBlock;
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
-  if (pair >= a.rows_pad * nblocks) return;
-  const int64_t m = pair / nblocks, b = pair % nblocks;
-  if (m >= a.rows) return act_quant_pad(a, m, b, lane);
-  const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane;
+  if (pair >= a.rows_pad * nblocks) return false;
+  p.m = pair / nblocks, p.b = pair % nblocks;
+  if (p.m >= a.rows) {
+    act_quant_pad(a, p.m, p.b, p.lane);
+    return false;
+  }
+  p.k0 = p.b * kFp8ActBlock + p.lane * kValuesPerLane;
+  return true;
+}
+
+__global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
+  QuantPair p;
+  if (!act_quant_warp_pair(a, p)) return;
+  const int64_t m = p.m, k0 = p.k0;
   float v[kValuesPerLane];
   const int64_t at = m * a.in_stride + k0;
   if (a.in_dtype == DType::kF32 && k0 + kValuesPerLane <= a.K && a.in_stride % 4 == 0 &&
@@ -91,7 +106,7 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
 #pragma unroll
     for (int i = 0; i < kValuesPerLane; ++i) v[i] = k0 + i < a.K ? load_input(a, at + i) : 0.0f;
   }
-  act_quant_pair(a, m, b, lane, v);
+  act_quant_pair(a, m, p.b, p.lane, v);
 }
 
 // The routed experts' h = bf16(g silu(min(h1, L)) clamp(h3, -L, L)) quantised as act_quant_fp8_kernel
@@ -101,19 +116,15 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
 // same bits. h itself is not written (the W4A8 kernels read the codes).
 __global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
   const ActQuantFp8Args& a = s.q;
-  const int lane = threadIdx.x % 32;
-  const int64_t nblocks = a.k_pad / kFp8ActBlock;
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
-  if (pair >= a.rows_pad * nblocks) return;
-  const int64_t m = pair / nblocks, b = pair % nblocks;
-  if (m >= a.rows) return act_quant_pad(a, m, b, lane);
-  const int64_t k0 = b * kFp8ActBlock + lane * kValuesPerLane, at = m * a.K + k0;
+  QuantPair p;
+  if (!act_quant_warp_pair(a, p)) return;
+  const int64_t m = p.m, k0 = p.k0, at = m * a.K + k0;
   float x[kValuesPerLane], y[kValuesPerLane];
   if (k0 + kValuesPerLane <= a.K && a.K % 4 == 0 && reinterpret_cast<uintptr_t>(s.h1) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(s.h3) % 16 == 0) {
-    const float4 p = *reinterpret_cast<const float4*>(s.h1 + at), q = *reinterpret_cast<const float4*>(s.h3 + at);
-    x[0] = p.x, x[1] = p.y, x[2] = p.z, x[3] = p.w;
-    y[0] = q.x, y[1] = q.y, y[2] = q.z, y[3] = q.w;
+    const float4 g1 = *reinterpret_cast<const float4*>(s.h1 + at), g3 = *reinterpret_cast<const float4*>(s.h3 + at);
+    x[0] = g1.x, x[1] = g1.y, x[2] = g1.z, x[3] = g1.w;
+    y[0] = g3.x, y[1] = g3.y, y[2] = g3.z, y[3] = g3.w;
   } else {
 #pragma unroll
     for (int i = 0; i < kValuesPerLane; ++i) {
@@ -126,7 +137,7 @@ __global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
 #pragma unroll
   for (int i = 0; i < kValuesPerLane; ++i)
     v[i] = k0 + i < a.K ? dev_route_scale_bf16(dev_swiglu(x[i], y[i], s.limit), g) : 0.0f;
-  act_quant_pair(a, m, b, lane, v);
+  act_quant_pair(a, m, p.b, p.lane, v);
 }
 
 // grid ceil(rows * K / kDequantThreads): thread per (t, k).

@@ -1035,8 +1035,6 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
          kWgThreads * kWG, wg_smem_bytes<kN, kWG>()>>>(g);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 __device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {

@@ -1877,6 +1877,17 @@ W4A8Inputs CudaOps::w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, i
   return in;
 }
 
+// Two choices a token for T tokens: the first `heavy` tokens' first choice expert 0, the others'
+// 1 + t % 4; every second choice 1 + 7t % 4 (expert 5 idle): one expert with many rows.
+std::vector<int32_t> expert0_heavy_choices(int64_t T, int64_t heavy) {
+  std::vector<int32_t> experts(2 * T);
+  for (int64_t t = 0; t < T; ++t) {
+    experts[2 * t] = t < heavy ? 0 : static_cast<int32_t>(1 + t % 4);
+    experts[2 * t + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
+  }
+  return experts;
+}
+
 // The GPU's moe with the op profile on: whether the profile names `op`.
 bool moe_ran(Backend& gpu, const MoeParams& p, const std::string& op) {
   cuda::set_op_profiling(gpu, true);
@@ -1923,11 +1934,7 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(208);
   const int64_t T = 150, K = 2;
-  std::vector<int32_t> experts(T * K);
-  for (int64_t t = 0; t < T; ++t) {
-    experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
-    experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
-  }
+  const std::vector<int32_t> experts = expert0_heavy_choices(T, 100);
   const W4A8Inputs in = w4a8_inputs(rng, experts, T, K);
   auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
   cpu->moe(in.cpu_params(oc));
@@ -1946,32 +1953,31 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
 }
 
 // The W4A8 experts' swiglu, routing weight and act_quant in one kernel give the three kernels' bits:
-// the MoE's output with the fused kernel on and off, for F = 96 (a partial block of 128 inputs) and
-// 256 (mma.sync and wgmma: 0.6 of the values identical to the CPU, as the wgmma tests), with the
-// small kernels (few rows) and the tiled ones (an expert of 100 rows).
+// the MoE's output with the fused kernel on and off, for F = 96 (a partial block of 128 inputs: the
+// mma.sync kernels) and 256 (wgmma: 0.6 of the values identical to the CPU, as the wgmma tests), with
+// the small kernels (5 tokens) and the tiled ones (150: expert 0 with 100 rows); the profile shows
+// the W4A8 path ran (where the experts are grouped: SPARROW_CUDA_DISABLE=grouped_moe takes the
+// per-expert path, which has no fused kernel). (Each test has its own backend: no switch restored.)
 TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(209);
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_tiled(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
   for (const int64_t F : {96, 256}) {
     for (const int64_t T : {5, 150}) {
       const int64_t K = 2;
-      std::vector<int32_t> experts(T * K);
-      for (int64_t t = 0; t < T; ++t) {
-        experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
-        experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
-      }
-      const W4A8Inputs in = w4a8_inputs(rng, experts, T, K, F);
+      const W4A8Inputs in = w4a8_inputs(rng, expert0_heavy_choices(T, 100), T, K, F);
       const Tensor fused = gpu->alloc(ElemType::kF32, {T, in.D}), apart = gpu->alloc(ElemType::kF32, {T, in.D});
-      auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+      const Tensor oc = cpu->alloc(ElemType::kF32, {T, in.D});
       cpu->moe(in.cpu_params(oc));
-      cuda::set_w4a8_experts(*gpu, true);
       cuda::set_moe_fused_act(*gpu, false);
       gpu->moe(in.gpu_params(apart));
       cuda::set_moe_fused_act(*gpu, true);
-      gpu->moe(in.gpu_params(fused));
-      cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
-      cuda::set_moe_fused_act(*gpu, cuda::cuda_feature_on("moe_fused_act"));
+      const std::string path = std::string(F % 128 == 0 ? "w4a8 wgmma" : "w4a8") + (T == 150 ? " tiled" : "");
+      const bool ran = moe_ran(*gpu, in.gpu_params(fused), "moe/experts w1, w3 (" + path + ")");
       const std::string tag = " F=" + std::to_string(F) + " T=" + std::to_string(T);
+      EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the " << path << " path ran: " << ran << tag;
       const std::vector<float> g = gpu->download_f32(fused);
       expect_same_bits(g, gpu->download_f32(apart), "moe w4a8 fused activation vs three kernels" + tag);
       expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 fused activation vs cpu" + tag);
@@ -2042,11 +2048,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
   Rng rng(212);
   const int64_t T = 150, K = 2;
-  std::vector<int32_t> experts(T * K);
-  for (int64_t t = 0; t < T; ++t) {
-    experts[t * K] = t < 100 ? 0 : static_cast<int32_t>(1 + t % 4);
-    experts[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
-  }
+  const std::vector<int32_t> experts = expert0_heavy_choices(T, 100);
   const W4A8Inputs in = w4a8_inputs(rng, experts, T, K, 384);
   auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
   cpu->moe(in.cpu_params(oc));
@@ -2083,11 +2085,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   // partial), experts 1..4 about 80 rows each; the tiled kernel at both widths against the decode
   // kernel, bit for bit.
   const int64_t T2 = 300;
-  std::vector<int32_t> experts2(T2 * K);
-  for (int64_t t = 0; t < T2; ++t) {
-    experts2[t * K] = t < 280 ? 0 : static_cast<int32_t>(1 + t % 4);
-    experts2[t * K + 1] = static_cast<int32_t>(1 + (t * 7) % 4);
-  }
+  const std::vector<int32_t> experts2 = expert0_heavy_choices(T2, 280);
   const W4A8Inputs in2 = w4a8_inputs(rng, experts2, T2, K, 1152);
   const Tensor decode2 = gpu->alloc(ElemType::kF32, {T2, in2.D});
   gpu->moe(in2.gpu_params(decode2));  // (tiled off)
