@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo '/.gpu-carry/' >> .git/info/exclude
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARROW_CUDA=ON >/dev/null
-cmake --build build --target sparrow sparrow_cuda_tests sparrow_npy_compare
+cmake --build build --target sparrow sparrow_cuda_tests sparrow_npy_compare sparrow_host_overhead
 rm -rf .gpu-carry
 mkdir -p .gpu-carry/lib
-cp build/bin/sparrow build/bin/sparrow_cuda_tests build/bin/sparrow_npy_compare .gpu-carry/
+cp build/bin/sparrow build/bin/sparrow_cuda_tests build/bin/sparrow_npy_compare build/bin/sparrow_host_overhead .gpu-carry/
 for b in .gpu-carry/sparrow .gpu-carry/sparrow_cuda_tests; do
   ldd "$b" | awk '/=> \// {print $3}' | grep -E 'httplib|brotli|pcre2' || true
 done | sort -u | while read -r lib; do cp -L "$lib" .gpu-carry/lib/; done
