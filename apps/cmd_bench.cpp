@@ -48,6 +48,9 @@ void add_bench_command(CLI::App& app) {
                   "M of the FP8 GEMM section (the model's FP8 matrices through linear_fp8_block against the FP8 peaks; 0: none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_flag("--graphs", opts->b.timing.graphs,
+                "Decode cells: run each step as a backend step, which the CUDA backend captures as a CUDA graph "
+                "(the timed figure then holds the host's capture before the GPU's work; \"queued\" the graph's GPU time)");
   cmd->add_flag("--breakdown", opts->b.timing.breakdown,
                 "After each cell's timing, profile one more step per op (CUDA events and host time per op; "
                 "printed under the row, \"breakdown\" in the JSON)");
@@ -83,7 +86,7 @@ void add_bench_command(CLI::App& app) {
                      (b.model_dir.empty() ? "" : " --model " + b.model_dir) + " --layers " + opts->layers +
                      " --batches " + opts->batches + " --contexts " + opts->contexts + " --prefill " + opts->prefill +
                      " --precision " + b.precision + " --index-keys " + opts->index_keys +
-                     " --gemm-tokens " + std::to_string(b.gemm_tokens) + (b.timing.breakdown ? " --breakdown" : "") + " --time-budget " + std::to_string(b.time_budget_s);
+                     " --gemm-tokens " + std::to_string(b.gemm_tokens) + (b.timing.breakdown ? " --breakdown" : "") + (b.timing.graphs ? " --graphs" : "") + " --time-budget " + std::to_string(b.time_budget_s);
     const Status st = bench::run_bench(b);
     if (!st.is_ok()) fail(st);
   });

@@ -1,4 +1,5 @@
 // `sparrow generate`: greedy continuation of a prompt given as token ids.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -24,13 +25,27 @@ void add_generate_command(CLI::App& app) {
     auto [ids, backend, model] = load_run_or_fail(opts->ids, opts->backend, opts->model, opts->run);
     Session session(*model, *backend);
     const auto t0 = std::chrono::steady_clock::now();
-    auto out = session.generate(ids, opts->n);
+    std::vector<double> steps;
+    auto out = session.generate(ids, opts->n, &steps);
     if (!out.is_ok()) fail(out.status());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t i = 0; i < out->size(); ++i) std::printf("%s%d", i ? "," : "", (*out)[i]);
     std::printf("\n");
     std::fprintf(stderr, "sparrow: %zu prompt + %lld generated tokens in %.2f s (%s backend)\n", ids.size(),
                  static_cast<long long>(opts->n), s, backend->name());
+    // The prompt's forward, then the decode steps (each a forward of one token and its logits'
+    // download): their median and range, the first two left out as warm-up when there are more.
+    if (!steps.empty()) {
+      std::fprintf(stderr, "sparrow: prompt forward %.2f ms\n", 1e3 * steps[0]);
+      std::vector<double> decode(steps.begin() + 1, steps.end());
+      if (decode.size() > 4) decode.erase(decode.begin(), decode.begin() + 2);
+      if (!decode.empty()) {
+        std::sort(decode.begin(), decode.end());
+        const double median = decode[decode.size() / 2];
+        std::fprintf(stderr, "sparrow: decode step median %.3f ms (%.1f tokens/s), min %.3f, max %.3f over %zu steps\n",
+                     1e3 * median, 1.0 / median, 1e3 * decode.front(), 1e3 * decode.back(), decode.size());
+      }
+    }
   });
 }
 

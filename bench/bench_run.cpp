@@ -419,6 +419,7 @@ Status run_bench(const BenchOptions& o) {
                   {"target_s", o.timing.target_s},
                   {"input_sets", o.timing.input_sets},
                   {"breakdown", o.timing.breakdown},
+                  {"graphs", o.timing.graphs},
                   {"time_budget_s", o.time_budget_s}};
   r["floor_assumptions"] = {
       {"kv_record_bytes", kv_record_bytes(c)},

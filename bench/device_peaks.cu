@@ -205,7 +205,7 @@ Status time_gemm(const Lt& lt, cublasLtHandle_t handle, GemmKind kind, int64_t m
     auto op = [&](int rep) -> Status {
       const int s = rep % sets;
       LT_OK(lt.matmul(handle, desc, &alpha, a[s].p, la, b[s].p, lb, &beta, d[s].p, ld, d[s].p, ld, algo, workspace.p,
-                      workspace_bytes, /*stream=*/0),
+                      workspace_bytes, cudaStreamPerThread),
             "cublasLtMatmul");
       return Status::ok();
     };

@@ -397,7 +397,7 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
         restore(i);
         batch = batch_for(i);
       },
-      [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out, /*queued=*/true);
+      [&](int) { decode_step(batch, l, streams, o.graphs); }, reset, out, /*queued=*/true);
   if (o.breakdown && out.ok)
     profile_step(
         backend_,
@@ -405,7 +405,7 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
           restore(i);
           batch = batch_for(i);
         },
-        [&](int) { model_.forward_layer(backend_, batch, l, streams); }, reset, out,
+        [&](int) { decode_step(batch, l, streams, o.graphs); }, reset, out,
         /*spin_ms=*/std::max(1.0, 4.0 * out.host_median_ms));  // (profiling adds host time)
   return out;
 }

@@ -50,6 +50,11 @@ struct TimingOptions {
   // After the timed steps, one more step with the backend's per-op profiling on
   // (cuda::set_op_profiling), kept in CellTiming::breakdown. Not part of the timing.
   bool breakdown = false;
+  // Decode cells: each step a Backend step (begin_step / end_step), which the CUDA backend captures
+  // as a CUDA graph (docs/cuda.md); off, the ops run one by one. A one-layer step captured whole
+  // serialises the host's capture and the GPU's work, which a model step overlaps a layer at a time,
+  // so the timed figure then overstates a step's share; `queued` shows the graph's GPU time.
+  bool graphs = false;
 };
 
 struct CellTiming {
@@ -93,6 +98,13 @@ class LayerBench {
   static double layer_weight_bytes(const ModelConfig& c, int64_t layer);
 
  private:
+  // One decode step of layer `layer`; with `graphs` a Backend step (TimingOptions::graphs).
+  void decode_step(const BatchInfo& batch, int64_t layer, Tensor& streams, bool graphs) {
+    if (!graphs) return model_.forward_layer(backend_, batch, layer, streams);
+    const StepScope step(backend_, batch.num_tokens(), /*capturable=*/true);
+    model_.forward_layer(backend_, batch, layer, streams);
+  }
+
   const Model& model_;
   Backend& backend_;
 };

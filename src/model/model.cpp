@@ -129,12 +129,18 @@ Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions&
   const ModelConfig& c = config_;
   const bool ref = numerics_of(precision_).round_bf16;
   const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
+  // One step for the backend: it may record the ops and run them as one unit (CUDA graphs) unless
+  // a tap reads tensors back in between.
+  const StepScope step(be, T, opt.tap == nullptr);
   // streams is (T, S, D)
   Tensor streams = be.alloc(ElemType::kF32, {T, S, D});
   be.embed({.out = streams, .table = &weights_.embed}, batch);
   if (ref) be.quant_sim({.x = streams, .row = D, .dims = D, .kind = QuantSimKind::kBf16});
   if (opt.tap) (*opt.tap)("embed", streams);
-  for (int64_t l = 0; l < c.num_layers; ++l) layer_forward(be, batch, l, streams, opt);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    layer_forward(be, batch, l, streams, opt);
+    be.step_segment();
+  }
   // hidden is (T, D)
   Tensor hidden = be.alloc(ElemType::kF32, {T, D});
   be.hc_head({.out = hidden, .streams = streams, .weights = &weights_.hc_head, .hc_eps = c.hc_eps,

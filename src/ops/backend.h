@@ -354,6 +354,31 @@ class Backend {
   // quant_sim and the *_bf16 rounding flags are implemented (the deepseek-ref profile).
   // CompressorParams::key_precision is not covered by this: every backend implements it.
   virtual bool supports_reference_numerics() const { return false; }
+
+  // The ops called between begin_step and end_step are one step of the model over `tokens` tokens.
+  // A backend may record them and run them as one unit at end_step (the CUDA backend's graphs,
+  // docs/cuda.md); `capturable` false says the caller reads tensors back within the step (taps), so
+  // the ops must run as they are called. What the step computed can be downloaded after end_step.
+  // Steps do not nest (an inner pair is ignored). The default runs every op as it is called.
+  virtual void begin_step(int64_t tokens, bool capturable) {}
+  // Within a step (the model calls it after each layer): the work called so far may start on the
+  // device while the rest is being called.
+  virtual void step_segment() {}
+  virtual void end_step() {}
+};
+
+// begin_step on construction, end_step on destruction.
+class StepScope {
+ public:
+  StepScope(Backend& backend, int64_t tokens, bool capturable) : backend_(backend) {
+    backend_.begin_step(tokens, capturable);
+  }
+  ~StepScope() { backend_.end_step(); }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+ private:
+  Backend& backend_;
 };
 
 inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>& rows) {

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/check.h"
@@ -52,7 +53,8 @@ Expected<std::vector<float>> Session::logits(std::span<const int32_t> ids, int64
   return all;
 }
 
-Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt, int64_t n) const {
+Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt, int64_t n,
+                                                 std::vector<double>* step_seconds) const {
   SPARROW_RETURN_IF_ERROR(model_.check_backend(backend_));
   SPARROW_RETURN_IF_ERROR(token_ids_check(prompt, model_.config().vocab_size));
   if (prompt.empty()) return Status::invalid_argument("generation needs at least one prompt token");
@@ -62,6 +64,7 @@ Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt
   std::vector<int32_t> out;
   std::vector<int32_t> next(prompt.begin(), prompt.end());
   while (static_cast<int64_t>(out.size()) < n) {
+    const auto t0 = std::chrono::steady_clock::now();
     BatchInfo batch = batch_build({{state.get(), next}});
     const std::vector<int64_t> last_row = {batch.num_tokens() - 1};
     ForwardOptions opt = options_;
@@ -69,6 +72,8 @@ Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt
     Tensor logits = model_.forward(backend_, batch, opt);
     state->advance(static_cast<int64_t>(next.size()));
     std::vector<float> host = backend_.download_f32(logits);
+    if (step_seconds)
+      step_seconds->push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     const float* last = host.data();
     const int32_t best = static_cast<int32_t>(std::max_element(last, last + V) - last);  // first max wins
     out.push_back(best);

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/step_graph.h"
 #include "core/check.h"
 #include "core/dtype.h"
 
@@ -99,6 +100,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
     const uint64_t fp = view_fingerprint(w.data) * 31 + view_fingerprint(w.scale);
     const DeviceBuffer* wb = weights_.find(w.data, fp);
     if (!wb) {
+      const LongLived weight;
       DeviceBuffer b(static_cast<size_t>(N * K) * sizeof(uint16_t));
       launch_weight_to_bf16(device_weight(), static_cast<uint16_t*>(b.get()));
       SPARROW_CUDA_CHECK(cudaGetLastError());
@@ -122,7 +124,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
   const float alpha = 1.0f, beta = 0.0f;
   if (o)
     s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o->desc, &alpha, a_bf16, o->a, xb_.get(), o->b, &beta, out,
-                  o->d, out, o->d, &pl.algo, nullptr, 0, cudaStream_t{nullptr});
+                  o->d, out, o->d, &pl.algo, nullptr, 0, cudaStreamPerThread);
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");
   return true;

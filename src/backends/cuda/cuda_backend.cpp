@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -24,6 +25,7 @@
 #include "backends/cuda/cuda_state.h"
 #include "backends/cuda/fp8_linear.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/step_graph.h"
 #include "core/check.h"
 
 namespace sparrow {
@@ -76,9 +78,18 @@ bool cuda_feature_on(const char* name) {
 // frees its activations op by op. make_cuda_backend raises the default pool's release threshold so
 // freed blocks stay cached for the next allocation instead of going back to the driver at every
 // synchronisation (cudaMemGetInfo then counts them as used; trim_device_pool gives them back).
+//
+// While a step is captured into a CUDA graph (step_graph.h), memory comes from the capture's arena
+// (cudaMalloc for LongLived memory and what does not fit), and pool memory freed in the step is
+// freed after the graph's launch.
 void* device_alloc(size_t bytes, bool zero) {
   static const bool pool = cuda_feature_on("pool");
   void* p = nullptr;
+  if (StepGraphs* g = capturing_step()) {
+    p = g->arena_alloc(bytes, long_lived_now());
+    if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+    return p;
+  }
   if (pool) {
     SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
     if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
@@ -92,7 +103,8 @@ void* device_alloc(size_t bytes, bool zero) {
 // Errors are ignored here: at process exit the runtime may already be unloading.
 void device_free(void* p) {
   static const bool pool = cuda_feature_on("pool");
-  if (!p) return;
+  if (!p || arena_release_any(p) || side_release(p)) return;
+  if (StepGraphs* g = capturing_step()) return g->defer_free(p);
   if (pool) cudaFreeAsync(p, 0);
   else cudaFree(p);
 }
@@ -113,6 +125,12 @@ DeviceBuffer::DeviceBuffer(size_t bytes, bool zero) : bytes_(bytes) {
 
 DeviceBuffer::~DeviceBuffer() { device_free(ptr_); }
 
+void DeviceBuffer::ensure(size_t bytes) {
+  if (bytes_ >= bytes) return;
+  const LongLived kept;  // scratch kept between calls, not a step's
+  *this = DeviceBuffer(bytes);
+}
+
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     device_free(ptr_);
@@ -125,6 +143,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 void CompressorBuffer::init(int64_t r, int64_t d, bool ov) {
+  const LongLived state;
   ratio = r;
   dim = d;
   overlap = ov;
@@ -140,10 +159,12 @@ void CompressorBuffer::init(int64_t r, int64_t d, bool ov) {
 void CompressorBuffer::reserve(int64_t n) {
   SPARROW_CHECK_LE(count, capacity);
   if (n <= capacity) return;
+  const LongLived state;
   const int64_t cap = std::max<int64_t>({n, 2 * capacity, 16});
   DeviceBuffer grown(cap * dim * sizeof(float));
   if (count > 0)
-    SPARROW_CUDA_CHECK(cudaMemcpy(grown.get(), entries.get(), count * dim * sizeof(float), cudaMemcpyDeviceToDevice));
+    SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown.get(), entries.get(), count * dim * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
   entries = std::move(grown);
   if (entries_bf16.get()) {
     DeviceBuffer grown16(cap * dim * sizeof(uint16_t));
@@ -156,6 +177,7 @@ void CompressorBuffer::reserve(int64_t n) {
 }
 
 CudaSequenceState::CudaSequenceState(const ModelConfig& c) : layers_(c.num_layers) {
+  const LongLived state;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerState& s = layers_[l];
     s.window = c.sliding_window;
@@ -176,14 +198,6 @@ LayerState& CudaSequenceState::layer(int64_t l) {
   return layers_[l];
 }
 
-namespace {
-
-CudaSequenceState& cuda_state(SequenceState* s) {
-  auto* cs = dynamic_cast<CudaSequenceState*>(s);
-  SPARROW_CHECK(cs != nullptr && "a SequenceState from another backend was passed to the CUDA backend");
-  return *cs;
-}
-
 // Small host-to-device copies (per-op plans, uploads of activations): cudaMemcpyAsync on the
 // default stream. A synchronous cudaMemcpy from pageable memory first waits for all queued GPU work,
 // so every op with a plan drained the device; the asynchronous form stages the pageable bytes
@@ -192,8 +206,18 @@ CudaSequenceState& cuda_state(SequenceState* s) {
 void host_to_device(void* dst, const void* src, size_t bytes) {
   static const bool async = cuda_feature_on("async_upload");
   if (bytes == 0) return;
-  if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+  if (StepGraphs* g = capturing_step())  // a captured copy reads pinned bytes when the graph runs
+    SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, g->stage(src, bytes), bytes, cudaMemcpyHostToDevice, 0));
+  else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
   else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+namespace {
+
+CudaSequenceState& cuda_state(SequenceState* s) {
+  auto* cs = dynamic_cast<CudaSequenceState*>(s);
+  SPARROW_CHECK(cs != nullptr && "a SequenceState from another backend was passed to the CUDA backend");
+  return *cs;
 }
 
 template <class T>
@@ -294,6 +318,7 @@ class OpProfiler {
   };
 
   void set_enabled(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
 
   std::vector<cuda::OpTime> take() {
     SPARROW_CUDA_CHECK(cudaDeviceSynchronize());
@@ -491,7 +516,7 @@ class CudaBackend final : public Backend {
     if (p.act_quant_fp8 && T * w.in > 0) {
       // The CPU's act_quant_fp8: a copy of the input, each token's row in blocks of 128.
       quantised = DeviceBuffer(static_cast<size_t>(T * w.in) * sizeof(float));
-      SPARROW_CUDA_CHECK(cudaMemcpy(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice));
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice, 0));
       fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
       in = quantised.f32();
     }
@@ -546,6 +571,49 @@ class CudaBackend final : public Backend {
   // Every flag of the fast and deepseek-ref profiles is simulated on the device (docs/cuda.md).
   bool supports_reference_numerics() const override { return true; }
 
+  // On the device: the default goes through the host, which a captured step cannot.
+  Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows) override {
+    OpProfiler::Scope op_scope(profiler_, "gather_rows");
+    SPARROW_CHECK(in.type() == ElemType::kF32 && in.rank() >= 1);
+    const int64_t T = in.dim(0), width = T == 0 ? 0 : in.numel() / T, n = static_cast<int64_t>(rows.size());
+    for (int64_t r : rows) SPARROW_CHECK(r >= 0 && r < T);
+    Tensor out = alloc(ElemType::kF32, {n, width});
+    const DeviceBuffer d_rows = upload_vector(rows);
+    launch_gather_rows(out.f32(), in.f32(), static_cast<const int64_t*>(d_rows.get()), n, width);
+    launch_check("gather_rows");
+    return out;
+  }
+
+  // A step is captured into a CUDA graph (step_graph.h) when graphs are on (SPARROW_CUDA_DISABLE=graphs
+  // or set_step_graphs turn them off), the caller reads nothing back within it, no per-op profiling
+  // or SPARROW_CUDA_SYNC asks for ops one at a time, the MoE plans on the device (its host plan
+  // downloads), allocations and uploads are stream-ordered (`pool`, `async_upload`), it has at most
+  // kMaxGraphTokens tokens, and a step of that many tokens has run op by op before (so the weights
+  // and the kept scratch are on the device already).
+  void begin_step(int64_t tokens, bool capturable) override {
+    if (step_depth_++ > 0) return;
+    batch_.in_step = false;
+    static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("pool") &&
+                               cuda_feature_on("async_upload") && [] {
+                                 const char* v = std::getenv("SPARROW_CUDA_SYNC");
+                                 return !(v && *v && std::strcmp(v, "0") != 0);
+                               }();
+    const bool warm = warm_steps_.count(tokens) > 0;
+    warm_steps_.insert(tokens);
+    if (step_graphs_on_ && capturable && env_ok && warm && !profiler_.enabled() && tokens > 0 &&
+        tokens <= kMaxGraphTokens && step_graphs_.begin())
+      return;
+    if (!step_graphs_.capturing()) step_graphs_.count_eager();
+  }
+  void step_segment() override {
+    if (step_depth_ == 1 && step_graphs_.capturing()) step_graphs_.segment();
+  }
+  void end_step() override {
+    SPARROW_CHECK(step_depth_ > 0);
+    if (--step_depth_ > 0) return;
+    if (step_graphs_.capturing()) step_graphs_.end();
+  }
+
   void linear_fp8_block(const LinearFp8BlockParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "linear_fp8_block");
     fp8_.run(p, [&] { return dev_weight(*p.weight); });
@@ -592,7 +660,10 @@ class CudaBackend final : public Backend {
       // A sequence's bf16 copy starts with its first entry and continues while every batch has
       // made one (CompressorBuffer::entries_bf16).
       const bool mirror = mirror_keys && (buf.count == 0 || buf.mirror_complete());
-      if (mirror && !buf.entries_bf16.get()) buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
+      if (mirror && !buf.entries_bf16.get()) {
+        const LongLived state;
+        buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
+      }
       buf.reserve(buf.count + emitted);
       if (post_pass)
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
@@ -703,8 +774,8 @@ class CudaBackend final : public Backend {
                          .mma_tiles = indexer_mma_tiles_});
     launch_check("indexer_topk");
     if (out_C > 0)
-      SPARROW_CUDA_CHECK(cudaMemcpy2D(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
-                                      out_C * sizeof(float), T, cudaMemcpyDeviceToDevice));
+      SPARROW_CUDA_CHECK(cudaMemcpy2DAsync(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
+                                           out_C * sizeof(float), T, cudaMemcpyDeviceToDevice, 0));
   }
 
   void attention(const AttentionParams& p) override {
@@ -863,7 +934,7 @@ class CudaBackend final : public Backend {
     if (p.ref_numerics && D > 0) {
       OpProfiler::Scope part(profiler_, "moe/input act_quant");
       xq = DeviceBuffer(static_cast<size_t>(T * D) * sizeof(float));
-      SPARROW_CUDA_CHECK(cudaMemcpy(xq.get(), x, xq.bytes(), cudaMemcpyDeviceToDevice));
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(xq.get(), x, xq.bytes(), cudaMemcpyDeviceToDevice, 0));
       fp8_rows(xq.f32(), T, D, D, kFp8ActBlock, "moe input act_quant_fp8");
       x = xq.f32();
     }
@@ -931,6 +1002,7 @@ class CudaBackend final : public Backend {
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
     const uint64_t fp = view_fingerprint(v);
     if (const DeviceBuffer* hit = weights_.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
+    const LongLived weight;
     DeviceBuffer b(bytes);
     host_to_device(b.get(), v.data, bytes);
     return weights_.put(v, fp, std::move(b)).get();
@@ -940,22 +1012,30 @@ class CudaBackend final : public Backend {
   struct DeviceBatch {
     std::vector<int64_t> host_positions;
     std::vector<int32_t> host_ids;
-    DeviceBuffer d_positions, d_ids;
+    DeviceBuffer d_positions, d_ids;  // kept between batches (grown, never shrunk)
     const int64_t* positions = nullptr;
     const int32_t* ids = nullptr;
+    bool in_step = false;  // uploaded in the step being captured
   };
 
-  // The batch's positions and ids on the device; uploaded again only when they change.
+  // The batch's positions and ids on the device; uploaded again when they change, and once in
+  // every captured step (whose graph then carries the copy). The buffers stay where they are while
+  // they are large enough, so a step's graph finds them at the same addresses.
   const DeviceBatch& device_batch(const BatchInfo& b) {
-    if (!batch_.positions || batch_.host_positions != b.positions || batch_.host_ids != b.token_ids) {
+    const bool capture = step_graphs_.capturing();
+    if (!batch_.positions || batch_.host_positions != b.positions || batch_.host_ids != b.token_ids ||
+        (capture && !batch_.in_step)) {
       batch_.host_positions = b.positions;
       batch_.host_ids = b.token_ids;
-      batch_.d_positions = upload_vector(b.positions);
-      batch_.d_ids = upload_vector(b.token_ids);
+      batch_.d_positions.ensure(b.positions.size() * sizeof(int64_t));
+      batch_.d_ids.ensure(b.token_ids.size() * sizeof(int32_t));
+      host_to_device(batch_.d_positions.get(), b.positions.data(), b.positions.size() * sizeof(int64_t));
+      host_to_device(batch_.d_ids.get(), b.token_ids.data(), b.token_ids.size() * sizeof(int32_t));
       // A non-null pointer even for an empty batch marks the cache as filled.
       static const int64_t kNoPositions = 0;
       batch_.positions = b.positions.empty() ? &kNoPositions : static_cast<const int64_t*>(batch_.d_positions.get());
       batch_.ids = static_cast<const int32_t*>(batch_.d_ids.get());
+      batch_.in_step = capture;
     }
     return batch_;
   }
@@ -1049,6 +1129,7 @@ class CudaBackend final : public Backend {
       }
     }
     ExpertTables& t = expert_tables_[routed.data()];
+    const LongLived tables;
     t.E = E;
     t.first1 = w1s[0];
     t.w1 = upload_vector(w1s);
@@ -1335,6 +1416,11 @@ class CudaBackend final : public Backend {
 
   WeightCache<DeviceBuffer> weights_;
   DeviceBatch batch_;
+  StepGraphs step_graphs_;
+  bool step_graphs_on_ = cuda_feature_on("graphs");
+  int step_depth_ = 0;
+  std::set<int64_t> warm_steps_;  // token counts of steps run so far
+  static constexpr int64_t kMaxGraphTokens = 512;
   Fp8Linear fp8_;
   Bf16GroupedLinear bf16_;
   OpProfiler profiler_;
@@ -1374,6 +1460,8 @@ class CudaBackend final : public Backend {
     fp8_.set_batch_invariant(on);
   }
   OpProfiler& profiler() { return profiler_; }
+  void set_step_graphs(bool on) { step_graphs_on_ = on; }
+  StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
   bool last_linear_vectorized() const { return last_linear_ == LinearPath::kVectorized; }
   bool last_linear_tensor_cores() const { return last_linear_ == LinearPath::kTensorCores; }
 };
@@ -1442,6 +1530,8 @@ void fp8_linear_force_fallback(Backend& backend, bool force) { cuda_backend(back
 void set_op_profiling(Backend& backend, bool on) { cuda_backend(backend).profiler().set_enabled(on); }
 
 std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(backend).profiler().take(); }
+void set_step_graphs(Backend& backend, bool on) { cuda_backend(backend).set_step_graphs(on); }
+StepGraphStats step_graph_stats(Backend& backend) { return cuda_backend(backend).step_graph_stats(); }
 
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
 bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).last_linear_tensor_cores(); }

@@ -4,8 +4,10 @@
 // Weights are uploaded on first use and cached by TensorView::id (checkpoint tensors) or by the
 // address of their stored bytes checked against a fingerprint, so
 // REQUIRES: a weight's bytes stay alive and unchanged while the backend is in use (the mmap'd
-// checkpoint of a loaded Model satisfies this). All work runs on the default stream, in order;
-// downloads synchronise. Not thread-safe: one backend per thread.
+// checkpoint of a loaded Model satisfies this). All work runs on the calling thread's default
+// stream (the build's `--default-stream per-thread`, CMakeLists.txt), in order; downloads
+// synchronise. Not thread-safe: one backend per thread, and a backend's work all from that thread
+// (another thread's default stream is not ordered with it).
 #pragma once
 
 #include <cstdint>
@@ -68,6 +70,20 @@ struct OpTime {
 };
 void set_op_profiling(Backend& backend, bool on);
 std::vector<OpTime> take_op_profile(Backend& backend);
+
+// CUDA graphs for steps (Backend::begin_step; backends/cuda/step_graph.h): on by default, off with
+// SPARROW_CUDA_DISABLE=graphs or this call; the same bits either way. The counters say how the
+// backend's steps ran (eager, captured, through a kept graph updated in place, ...).
+struct StepGraphStats {
+  int64_t eager = 0;         // steps run op by op (not capturable, first of their token count, no free slot)
+  int64_t captured = 0;      // steps captured and launched as graphs, one a segment
+  int64_t segments = 0;      // graphs launched: of these,
+  int64_t updated = 0;       // through a kept executable graph updated in place,
+  int64_t instantiated = 0;  // as a new kept executable graph (a new shape, or an update refused),
+  int64_t one_off = 0;       // run once and dropped (the capture used side memory or outgrew the staging)
+};
+void set_step_graphs(Backend& backend, bool on);
+StepGraphStats step_graph_stats(Backend& backend);
 
 // The fast profiles' FP8-stored linears (LinearParams::act_quant_fp8, 128x128 FP8 weights) through
 // linear_fp8_block's tensor-core GEMM with one cuBLASLt algorithm per weight shape for every M

@@ -84,6 +84,9 @@ class WeightCache {
 // zero-filled unless `zero` is false (then left as they come).
 void* device_alloc(size_t bytes, bool zero = true);
 void device_free(void* p);
+// `bytes` from host memory `src` to device memory `dst`, in stream order (cuda_backend.cpp); `src`
+// may be reused as soon as it returns.
+void host_to_device(void* dst, const void* src, size_t bytes);
 // Synchronises and returns the pool's cached free blocks to the driver (so that cudaMemGetInfo
 // counts them as free).
 void trim_device_pool();
@@ -105,9 +108,7 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
   // Scratch reused across calls: at least `bytes` (grown, never shrunk; the contents are then not
   // kept). Work is in stream order on one stream, so the previous user's kernels have read it first.
-  void ensure(size_t bytes) {
-    if (bytes_ < bytes) *this = DeviceBuffer(bytes);
-  }
+  void ensure(size_t bytes);
 
  private:
   void* ptr_ = nullptr;

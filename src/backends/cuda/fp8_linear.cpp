@@ -15,6 +15,7 @@
 
 #include "backends/cuda/cublaslt_api.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/step_graph.h"
 #include "core/check.h"
 #include "core/dtype.h"
 
@@ -102,10 +103,11 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
     return *hit;
   const Fp8WeightLayout l = fp8_weight_layout(w);
   PaddedWeight pw;
+  const LongLived weight;
   pw.codes = DeviceBuffer(l.codes.size());
   pw.scales = DeviceBuffer(l.scales.size() * sizeof(float));
-  SPARROW_CUDA_CHECK(cudaMemcpy(pw.codes.get(), l.codes.data(), l.codes.size(), cudaMemcpyHostToDevice));
-  SPARROW_CUDA_CHECK(cudaMemcpy(pw.scales.get(), l.scales.data(), l.scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  host_to_device(pw.codes.get(), l.codes.data(), l.codes.size());
+  host_to_device(pw.scales.get(), l.scales.data(), l.scales.size() * sizeof(float));
   pw.n_pad = l.n_pad;
   pw.k_pad = l.k_pad;
   pw.l4 = l.l4;
@@ -123,6 +125,7 @@ bool Fp8Linear::ensure_handle() {
       return false;
     }
     handle_ = h;
+    const LongLived kept;
     workspace_ = DeviceBuffer(kWorkspaceBytes);
   }
   auto o = std::make_unique<LtObjects>();
@@ -223,7 +226,7 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
   }
   const float alpha = 1.0f, beta = 0.0f;
   s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), desc_->desc, &alpha, pw.codes.get(), o->a, codes, o->b, &beta, d,
-                o->d, d, o->d, &plan->algo, workspace_.get(), kWorkspaceBytes, cudaStream_t{nullptr});
+                o->d, d, o->d, &plan->algo, workspace_.get(), kWorkspaceBytes, cudaStreamPerThread);
   if (s != CUBLAS_STATUS_SUCCESS) {
     last_detail_ = "cublasLtMatmul failed for " + dims(n_pad, m_pad, k_pad) + ": " + cublaslt_status_text(s);
     return false;

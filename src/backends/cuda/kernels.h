@@ -54,7 +54,9 @@ struct DevView {
 // values), "moe_fused_act" (the W4A8 experts' SwiGLU, routing weight and act_quant in one kernel;
 // each of these four gives the same bits as the path it replaces), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt), "bf16_gemm" (their grouped wo_a and the BF16 weights
-// fed bf16 values as bf16 cuBLASLt GEMMs) and "alloc_nofill" (tensors left unfilled at allocation;
+// fed bf16 values as bf16 cuBLASLt GEMMs), "graphs" (a step's ops captured and launched as a CUDA
+// graph, step_graph.h; the same bits), "graph_update" (kept graphs updated in place; off: every
+// capture instantiated, run once and dropped) and "alloc_nofill" (tensors left unfilled at allocation;
 // off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
@@ -155,6 +157,9 @@ struct WindowAppendArgs {
   uint16_t* const* dst_bf16 = nullptr;  // [T] the slot in the ring's bf16 copy (null with dst), or null
 };
 void launch_window_append(const WindowAppendArgs& a);
+
+// out[i, :] = in[rows[i], :] for i < n, rows of `width` floats (Backend::gather_rows).
+void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width);
 
 // ---- linear layers (kernels_linear.cu) ----------------------------------------------------------
 

@@ -644,7 +644,18 @@ __global__ void window_append_kernel(WindowAppendArgs a) {
   if (a.dst_bf16 && a.dst_bf16[t]) a.dst_bf16[t][d] = __bfloat16_as_ushort(__float2bfloat16_rn(a.kv[i]));
 }
 
+__global__ void gather_rows_kernel(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t r = i / width;
+  out[i] = in[rows[r] * width + i % width];
+}
+
 }  // namespace
+
+void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width) {
+  if (n * width > 0) gather_rows_kernel<<<blocks_for(n * width, kThreads), kThreads>>>(out, in, rows, n, width);
+}
 
 void launch_embed(const EmbedArgs& a) {
   if (a.T > 0) embed_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);

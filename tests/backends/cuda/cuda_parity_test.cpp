@@ -371,5 +371,73 @@ TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
   EXPECT_TRUE(cuda::take_op_profile(*gpu).empty()) << "take_op_profile forgets what it returned";
 }
 
+
+// ---- CUDA graphs for steps (docs/cuda.md, "CUDA graphs") ----------------------------------------
+
+// Token-by-token decode and chunks of 3 give the same bits with step graphs on as with them off,
+// under fp32 and fast, on the model with every layer kind (130 tokens: the window wraps, the CSA
+// layers emit every few steps and hold more entries than top-k), and the steps did run as graphs,
+// mostly through kept executable graphs updated in place. A run that reads taps back runs op by op.
+TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  for (Precision precision : {Precision::kFp32, Precision::kFast}) {
+    auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = precision});
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    const Model& model = **loaded;
+    const std::vector<int32_t> ids = random_ids(130, model.config().vocab_size, 91);
+    cuda::set_step_graphs(*gpu, false);
+    auto off1 = Session(model, *gpu).logits(ids, 1);
+    auto off3 = Session(model, *gpu).logits(ids, 3);
+    cuda::set_step_graphs(*gpu, true);
+    const cuda::StepGraphStats before = cuda::step_graph_stats(*gpu);
+    auto on1 = Session(model, *gpu).logits(ids, 1);
+    auto on3 = Session(model, *gpu).logits(ids, 3);
+    const cuda::StepGraphStats after = cuda::step_graph_stats(*gpu);
+    ASSERT_TRUE(off1.is_ok() && off3.is_ok() && on1.is_ok() && on3.is_ok());
+    EXPECT_EQ(*on1, *off1) << precision_name(precision) << ": token by token, graphs changed the logits";
+    EXPECT_EQ(*on3, *off3) << precision_name(precision) << ": chunks of 3, graphs changed the logits";
+    const int64_t captured = after.captured - before.captured, segments = after.segments - before.segments,
+                  updated = after.updated - before.updated, made = after.instantiated - before.instantiated,
+                  one_off = after.one_off - before.one_off;
+    std::printf("[step-graphs] %-5s steps %lld: captured %lld in %lld graphs (updated %lld, instantiated %lld, "
+                "one-off %lld), eager %lld\n",
+                precision_name(precision), static_cast<long long>(130 + 44), static_cast<long long>(captured),
+                static_cast<long long>(segments), static_cast<long long>(updated), static_cast<long long>(made),
+                static_cast<long long>(one_off), static_cast<long long>(after.eager - before.eager));
+    EXPECT_GE(captured, 160) << "of 174 steps (130 of one token, 43 of three, one of one)";
+    const int64_t layers = model.config().num_layers;
+    EXPECT_EQ(segments, captured * (layers + 1)) << "a graph a layer and one for the head";
+    EXPECT_EQ(updated + made + one_off, segments);
+    EXPECT_GE(updated, segments * 3 / 4) << "kept graphs were seldom reused";
+    // Segments run once only while the arena or staging memory grows, or the state's entries do
+    // (each growth once in one segment).
+    EXPECT_LE(one_off, 24);
+
+    // A step whose taps read tensors back runs op by op, and the taps see what they saw without graphs.
+    const cuda::StepGraphStats t0 = cuda::step_graph_stats(*gpu);
+    auto tapped = taps_run(model, *gpu, ids, "*.moe.router.experts");
+    const cuda::StepGraphStats t1 = cuda::step_graph_stats(*gpu);
+    ASSERT_TRUE(tapped.is_ok());
+    EXPECT_EQ(t1.captured, t0.captured) << "a step with taps was captured";
+    EXPECT_GT(t1.eager, t0.eager);
+  }
+}
+
+// gather_rows on the device (the engine's last-token logits): rows picked, repeated and reordered.
+TEST(CudaGatherRows, PicksTheRows) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  Rng rng(5);
+  const std::vector<float> values = rng.normal(5 * 7);
+  const Tensor in = gpu->upload_f32(values, {5, 7});
+  const std::vector<int64_t> rows = {4, 0, 4, 2};
+  const std::vector<float> got = gpu->download_f32(gpu->gather_rows(in, rows));
+  ASSERT_EQ(got.size(), rows.size() * 7);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t j = 0; j < 7; ++j) EXPECT_EQ(got[i * 7 + j], values[rows[i] * 7 + j]) << i << "," << j;
+}
+
 }  // namespace
 }  // namespace sparrow

@@ -1,0 +1,327 @@
+// CUDA graphs for a step's work: see step_graph.h.
+#include "backends/cuda/step_graph.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels.h"
+#include "core/check.h"
+
+namespace sparrow::cuda {
+
+namespace {
+
+thread_local StepGraphs* t_capturing = nullptr;
+thread_local int t_long_lived = 0;
+
+// Every StepGraphs, so that device_free finds the arena a pointer came from.
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<StepGraphs*>& registry() {
+  static std::vector<StepGraphs*> r;
+  return r;
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void mix(uint64_t& h, uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+
+// What a kept executable graph must share with a new capture for an in-place update: the nodes in
+// order with their types, each kernel's function, grid, block and shared memory, each copy's and
+// fill's extent. An update then changes only addresses and kernel arguments (an update across
+// other changes is allowed by the API, but a step of another shape is rare enough to get its own).
+uint64_t graph_signature(cudaGraph_t graph, size_t* count) {
+  size_t n = 0;
+  SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  uint64_t h = 1469598103934665603ull ^ n;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    SPARROW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    mix(h, static_cast<uint64_t>(type));
+    // (A kernel launched through the driver API, as cuBLASLt's are, has no runtime function to
+    // report: its node is known by its type alone, and the query's error is cleared.)
+    if (cudaKernelNodeParams k{}; type == cudaGraphNodeTypeKernel) {
+      if (cudaGraphKernelNodeGetParams(node, &k) == cudaSuccess) {
+        mix(h, reinterpret_cast<uintptr_t>(k.func));
+        for (unsigned v : {k.gridDim.x, k.gridDim.y, k.gridDim.z, k.blockDim.x, k.blockDim.y, k.blockDim.z,
+                           k.sharedMemBytes})
+          mix(h, v);
+      } else {
+        cudaGetLastError();
+      }
+    } else if (cudaMemcpy3DParms c{}; type == cudaGraphNodeTypeMemcpy) {
+      if (cudaGraphMemcpyNodeGetParams(node, &c) == cudaSuccess)
+        for (size_t v : {c.extent.width, c.extent.height, c.extent.depth, static_cast<size_t>(c.kind)}) mix(h, v);
+      else
+        cudaGetLastError();
+    } else if (cudaMemsetParams m{}; type == cudaGraphNodeTypeMemset) {
+      if (cudaGraphMemsetNodeGetParams(node, &m) == cudaSuccess)
+        for (size_t v : {m.width, m.height, m.pitch, static_cast<size_t>(m.elementSize), static_cast<size_t>(m.value)})
+          mix(h, v);
+      else
+        cudaGetLastError();
+    }
+  }
+  *count = n;
+  return h;
+}
+
+}  // namespace
+
+StepGraphs* capturing_step() { return t_capturing; }
+LongLived::LongLived() { ++t_long_lived; }
+LongLived::~LongLived() { --t_long_lived; }
+bool long_lived_now() { return t_long_lived > 0; }
+
+// Memory a capture took with cudaMalloc (side_alloc): freed with cudaFree, not the pool.
+std::mutex& side_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_set<void*>& side_set() {
+  static std::unordered_set<void*> s;
+  return s;
+}
+
+bool side_release(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(side_mutex());
+    if (side_set().erase(p) == 0) return false;
+  }
+  if (StepGraphs* g = t_capturing) g->defer_side_free(p);
+  else SPARROW_CUDA_CHECK(cudaFree(p));  // (waits for the device: these are rare)
+  return true;
+}
+
+// Arena slots of destroyed StepGraphs that still held tensors: freed when the last one goes.
+struct Orphan {
+  char* dev;
+  size_t cap;
+  int64_t live;
+};
+std::vector<Orphan>& orphans() {
+  static std::vector<Orphan> o;
+  return o;
+}
+
+bool arena_release_any(void* p) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (StepGraphs* g : registry())
+    if (g->arena_release(p)) return true;
+  auto& o = orphans();
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    if (p < it->dev || p >= it->dev + it->cap) continue;
+    if (--it->live == 0) {
+      cudaFree(it->dev);  // (errors ignored: at process exit the runtime may be unloading)
+      o.erase(it);
+    }
+    return true;
+  }
+  return false;
+}
+
+StepGraphs::StepGraphs() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back(this);
+}
+
+StepGraphs::~StepGraphs() {
+  // Errors are ignored: at process exit the runtime may already be unloading.
+  for (auto& kept : kept_)
+    for (Kept& k : kept) cudaGraphExecDestroy(k.exec);
+  cudaStreamSynchronize(cudaStreamPerThread);
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto& r = registry();
+    r.erase(std::remove(r.begin(), r.end(), this), r.end());
+    // A slot whose tensors outlive the backend stays allocated until the last of them is freed.
+    for (Slot& s : slots_)
+      if (s.live > 0) orphans().push_back({s.dev, s.dev_cap, s.live});
+  }
+  for (Slot& s : slots_) {
+    if (s.live == 0 && s.dev) cudaFree(s.dev);
+    if (s.pinned) cudaFreeHost(s.pinned);
+    for (void* p : s.extra_pinned) cudaFreeHost(p);
+    if (s.done) cudaEventDestroy(s.done);
+  }
+}
+
+bool StepGraphs::begin() {
+  SPARROW_CHECK(!capturing_);
+  // The slot after the last one used, else the last one itself, if no tensor of it is alive.
+  int s = 1 - cur_;
+  if (slots_[s].live > 0) s = cur_;
+  if (slots_[s].live > 0) return false;
+  Slot& slot = slots_[s];
+  // The staging memory may still be read by the slot's last graph.
+  if (slot.launched) SPARROW_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  slot.launched = false;
+  for (void* p : slot.extra_pinned) SPARROW_CUDA_CHECK(cudaFreeHost(p));
+  slot.extra_pinned.clear();
+  if (!slot.done) SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+  if (slot.dev_cap < want_dev_) {
+    if (slot.dev) SPARROW_CUDA_CHECK(cudaFree(slot.dev));
+    slot.dev = nullptr;
+    SPARROW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot.dev), want_dev_));
+    slot.dev_cap = want_dev_;
+  }
+  if (slot.pinned_cap < want_pinned_) {
+    if (slot.pinned) SPARROW_CUDA_CHECK(cudaFreeHost(slot.pinned));
+    slot.pinned = nullptr;
+    SPARROW_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.pinned), want_pinned_));
+    slot.pinned_cap = want_pinned_;
+  }
+  slot.dev_used = slot.pinned_used = 0;
+  demand_dev_ = demand_pinned_ = 0;
+  cur_ = s;
+  segment_ = 0;
+  start_capture();
+  return true;
+}
+
+void StepGraphs::start_capture() {
+  clean_ = true;
+  // Relaxed: a one-off staging buffer (cudaMallocHost) may be made during the capture.
+  SPARROW_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+  t_capturing = this;
+}
+
+void StepGraphs::segment() {
+  SPARROW_CHECK(capturing_);
+  finish_capture();
+  ++segment_;
+  start_capture();
+}
+
+void* StepGraphs::side_alloc(size_t bytes) {
+  clean_ = false;
+  void* p = nullptr;
+  SPARROW_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+  std::lock_guard<std::mutex> lock(side_mutex());
+  side_set().insert(p);
+  return p;
+}
+
+void* StepGraphs::arena_alloc(size_t bytes, bool long_lived) {
+  const size_t b = round_up(std::max<size_t>(bytes, 1), 256);
+  if (long_lived) return side_alloc(bytes);
+  demand_dev_ += b;
+  Slot& slot = slots_[cur_];
+  if (slot.dev_used + b > slot.dev_cap) return side_alloc(bytes);
+  void* p = slot.dev + slot.dev_used;
+  slot.dev_used += b;
+  ++slot.live;
+  return p;
+}
+
+const void* StepGraphs::stage(const void* src, size_t bytes) {
+  const size_t b = round_up(std::max<size_t>(bytes, 1), 16);
+  demand_pinned_ += b;
+  Slot& slot = slots_[cur_];
+  void* dst;
+  if (slot.pinned_used + b <= slot.pinned_cap) {
+    dst = slot.pinned + slot.pinned_used;
+    slot.pinned_used += b;
+  } else {
+    clean_ = false;
+    SPARROW_CUDA_CHECK(cudaMallocHost(&dst, bytes));
+    slot.extra_pinned.push_back(dst);
+  }
+  std::memcpy(dst, src, bytes);
+  return dst;
+}
+
+bool StepGraphs::arena_release(void* p) {
+  for (Slot& s : slots_) {
+    if (s.dev && p >= s.dev && p < s.dev + s.dev_cap) {
+      SPARROW_CHECK(s.live > 0);
+      --s.live;
+      return true;
+    }
+  }
+  return false;
+}
+
+void StepGraphs::end() {
+  SPARROW_CHECK(capturing_);
+  finish_capture();
+  // The next steps' slot sizes: this step's needs with a quarter to spare.
+  want_dev_ = std::max(want_dev_, round_up(demand_dev_ + demand_dev_ / 4, size_t{1} << 20));
+  want_pinned_ = std::max(want_pinned_, round_up(demand_pinned_ + demand_pinned_ / 4, size_t{64} << 10));
+  Slot& slot = slots_[cur_];
+  SPARROW_CUDA_CHECK(cudaEventRecord(slot.done, cudaStreamPerThread));
+  slot.launched = true;
+  ++stats_.captured;
+}
+
+void StepGraphs::finish_capture() {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+  capturing_ = false;
+  t_capturing = nullptr;
+  if (err != cudaSuccess) {
+    std::fprintf(stderr,
+                 "sparrow: a step's CUDA graph capture failed: %s (an op synchronised or used the legacy stream "
+                 "inside the step; SPARROW_CUDA_DISABLE=graphs runs steps without graphs)\n",
+                 cudaGetErrorString(err));
+    std::abort();
+  }
+  cudaGraphExec_t exec = nullptr;
+  // SPARROW_CUDA_DISABLE=graph_update: every capture instantiated anew and dropped (to bisect).
+  static const bool update_on = cuda_feature_on("graph_update");
+  const bool keep = clean_ && update_on;
+  if (keep) {
+    if (kept_.size() <= static_cast<size_t>(segment_)) kept_.resize(segment_ + 1);
+    std::vector<Kept>& kept = kept_[segment_];
+    size_t nodes = 0;
+    const uint64_t signature = graph_signature(graph, &nodes);
+    auto it = std::find_if(kept.begin(), kept.end(),
+                           [&](const Kept& k) { return k.nodes == nodes && k.signature == signature; });
+    if (it != kept.end()) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(it->exec, graph, &info) == cudaSuccess) {
+        exec = it->exec;
+        it->last_use = ++tick_;
+        ++stats_.updated;
+      } else {
+        cudaGetLastError();  // (the refusal is not an error of the step)
+        SPARROW_CUDA_CHECK(cudaGraphExecDestroy(it->exec));  // freed once any launch of it has finished
+        kept.erase(it);
+      }
+    }
+    if (!exec) {
+      SPARROW_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      if (static_cast<int>(kept.size()) >= kKept) {
+        auto lru = std::min_element(kept.begin(), kept.end(),
+                                    [](const Kept& a, const Kept& b) { return a.last_use < b.last_use; });
+        SPARROW_CUDA_CHECK(cudaGraphExecDestroy(lru->exec));
+        kept.erase(lru);
+      }
+      kept.push_back({exec, nodes, signature, ++tick_});
+      ++stats_.instantiated;
+    }
+  } else {
+    SPARROW_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    ++stats_.one_off;
+  }
+  SPARROW_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
+  if (!keep) SPARROW_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  SPARROW_CUDA_CHECK(cudaGraphDestroy(graph));
+  ++stats_.segments;
+  for (void* p : deferred_frees_) SPARROW_CUDA_CHECK(cudaFreeAsync(p, cudaStreamPerThread));
+  deferred_frees_.clear();
+  for (void* p : deferred_side_frees_) SPARROW_CUDA_CHECK(cudaFree(p));  // (after the launch: waits for it)
+  deferred_side_frees_.clear();
+}
+
+}  // namespace sparrow::cuda
