@@ -16,7 +16,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -31,17 +30,21 @@
 namespace sparrow {
 namespace cuda {
 
+bool sync_every_launch() {
+  static const bool sync = [] {
+    const char* v = std::getenv("SPARROW_CUDA_SYNC");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return sync;
+}
+
 void launch_check(const char* what) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     std::fprintf(stderr, "sparrow: CUDA launch failed in %s: %s\n", what, cudaGetErrorString(err));
     std::abort();
   }
-  static const bool sync = [] {
-    const char* v = std::getenv("SPARROW_CUDA_SYNC");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
-  if (sync && (err = cudaDeviceSynchronize()) != cudaSuccess) {
+  if (sync_every_launch() && (err = cudaDeviceSynchronize()) != cudaSuccess) {
     std::fprintf(stderr, "sparrow: CUDA kernel failed in %s: %s\n", what, cudaGetErrorString(err));
     std::abort();
   }
@@ -87,23 +90,21 @@ void* device_alloc(size_t bytes, bool zero) {
   void* p = nullptr;
   if (StepGraphs* g = capturing_step()) {
     p = g->arena_alloc(bytes, long_lived_now());
-    if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
-    return p;
-  }
-  if (pool) {
+  } else if (pool) {
     SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
-    if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
   } else {
     SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
     if (zero) SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return p;
   }
+  if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
   return p;
 }
 
 // Errors are ignored here: at process exit the runtime may already be unloading.
 void device_free(void* p) {
   static const bool pool = cuda_feature_on("pool");
-  if (!p || arena_release_any(p) || side_release(p)) return;
+  if (!p || release_step_memory(p)) return;
   if (StepGraphs* g = capturing_step()) return g->defer_free(p);
   if (pool) cudaFreeAsync(p, 0);
   else cudaFree(p);
@@ -594,15 +595,15 @@ class CudaBackend final : public Backend {
     if (step_depth_++ > 0) return;
     batch_.in_step = false;
     static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("pool") &&
-                               cuda_feature_on("async_upload") && [] {
-                                 const char* v = std::getenv("SPARROW_CUDA_SYNC");
-                                 return !(v && *v && std::strcmp(v, "0") != 0);
-                               }();
-    const bool warm = warm_steps_.count(tokens) > 0;
-    warm_steps_.insert(tokens);
-    if (step_graphs_on_ && capturable && env_ok && warm && !profiler_.enabled() && tokens > 0 &&
-        tokens <= kMaxGraphTokens && step_graphs_.begin())
-      return;
+                               cuda_feature_on("async_upload") && !sync_every_launch();
+    // A token count seen before: its weights and kept scratch are on the device (only counts that
+    // can be captured are remembered).
+    bool warm = false;
+    if (tokens > 0 && tokens <= kMaxGraphTokens) {
+      warm = warm_steps_[tokens];
+      warm_steps_[tokens] = true;
+    }
+    if (step_graphs_on_ && capturable && env_ok && warm && !profiler_.enabled() && step_graphs_.begin()) return;
     if (!step_graphs_.capturing()) step_graphs_.count_eager();
   }
   void step_segment() override {
@@ -1419,12 +1420,12 @@ class CudaBackend final : public Backend {
   StepGraphs step_graphs_;
   bool step_graphs_on_ = cuda_feature_on("graphs");
   int step_depth_ = 0;
-  std::set<int64_t> warm_steps_;  // token counts of steps run so far
   // The arena hands out memory a step frees only to the next step (a bump allocator), so a
   // captured step holds the sum of its temporaries, not their peak: about 25 MB a layer at 16 tokens
   // and 128K of context under fast, ten times that at 256 (estimated from the op shapes, not
   // measured). Larger steps (prefill chunks, big decode batches) run op by op.
   static constexpr int64_t kMaxGraphTokens = 16;
+  std::vector<bool> warm_steps_ = std::vector<bool>(kMaxGraphTokens + 1);  // by token count: run before
   Fp8Linear fp8_;
   Bf16GroupedLinear bf16_;
   OpProfiler profiler_;

@@ -23,5 +23,7 @@ namespace sparrow::cuda {
 
 // Checks the last launch (and, with SPARROW_CUDA_SYNC=1, its completion). `what` names the op.
 void launch_check(const char* what);
+// SPARROW_CUDA_SYNC set (and not 0): launch_check synchronises after every launch.
+bool sync_every_launch();
 
 }  // namespace sparrow::cuda

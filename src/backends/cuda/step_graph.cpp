@@ -9,7 +9,6 @@
 #include <unordered_set>
 
 #include "backends/cuda/cuda_check.h"
-#include "backends/cuda/kernels.h"
 #include "core/check.h"
 
 namespace sparrow::cuda {
@@ -19,14 +18,23 @@ namespace {
 thread_local StepGraphs* t_capturing = nullptr;
 thread_local int t_long_lived = 0;
 
-// Every StepGraphs, so that device_free finds the arena a pointer came from.
-std::mutex& registry_mutex() {
-  static std::mutex m;
+// The memory device_free may be handed that is not the pool's, under one mutex: every StepGraphs
+// (its arena slots), the slots of destroyed ones whose tensors are still alive, and what captures
+// took with cudaMalloc (side_alloc).
+struct Orphan {
+  char* dev;
+  size_t cap;
+  int64_t live;
+};
+struct StepMemory {
+  std::mutex mu;
+  std::vector<StepGraphs*> graphs;
+  std::vector<Orphan> orphans;
+  std::unordered_set<void*> side;
+};
+StepMemory& step_memory() {
+  static StepMemory m;
   return m;
-}
-std::vector<StepGraphs*>& registry() {
-  static std::vector<StepGraphs*> r;
-  return r;
 }
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -37,7 +45,7 @@ void mix(uint64_t& h, uint64_t v) { h = (h ^ v) * 1099511628211ull; }
 // order with their types, each kernel's function, grid, block and shared memory, each copy's and
 // fill's extent. An update then changes only addresses and kernel arguments (an update across
 // other changes is allowed by the API, but a step of another shape is rare enough to get its own).
-uint64_t graph_signature(cudaGraph_t graph, size_t* count) {
+uint64_t graph_signature(cudaGraph_t graph) {
   size_t n = 0;
   SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
@@ -71,7 +79,6 @@ uint64_t graph_signature(cudaGraph_t graph, size_t* count) {
         cudaGetLastError();
     }
   }
-  *count = n;
   return h;
 }
 
@@ -82,56 +89,30 @@ LongLived::LongLived() { ++t_long_lived; }
 LongLived::~LongLived() { --t_long_lived; }
 bool long_lived_now() { return t_long_lived > 0; }
 
-// Memory a capture took with cudaMalloc (side_alloc): freed with cudaFree, not the pool.
-std::mutex& side_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::unordered_set<void*>& side_set() {
-  static std::unordered_set<void*> s;
-  return s;
-}
-
-bool side_release(void* p) {
-  {
-    std::lock_guard<std::mutex> lock(side_mutex());
-    if (side_set().erase(p) == 0) return false;
+bool release_step_memory(void* p) {
+  StepMemory& m = step_memory();
+  std::unique_lock<std::mutex> lock(m.mu);
+  for (StepGraphs* g : m.graphs)
+    if (g->arena_release(p)) return true;
+  for (auto it = m.orphans.begin(); it != m.orphans.end(); ++it) {
+    if (p < it->dev || p >= it->dev + it->cap) continue;
+    if (--it->live == 0) {
+      cudaFree(it->dev);  // (errors ignored: at process exit the runtime may be unloading)
+      m.orphans.erase(it);
+    }
+    return true;
   }
+  if (m.side.erase(p) == 0) return false;
+  lock.unlock();
   if (StepGraphs* g = t_capturing) g->defer_side_free(p);
   else SPARROW_CUDA_CHECK(cudaFree(p));  // (waits for the device: these are rare)
   return true;
 }
 
-// Arena slots of destroyed StepGraphs that still held tensors: freed when the last one goes.
-struct Orphan {
-  char* dev;
-  size_t cap;
-  int64_t live;
-};
-std::vector<Orphan>& orphans() {
-  static std::vector<Orphan> o;
-  return o;
-}
-
-bool arena_release_any(void* p) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  for (StepGraphs* g : registry())
-    if (g->arena_release(p)) return true;
-  auto& o = orphans();
-  for (auto it = o.begin(); it != o.end(); ++it) {
-    if (p < it->dev || p >= it->dev + it->cap) continue;
-    if (--it->live == 0) {
-      cudaFree(it->dev);  // (errors ignored: at process exit the runtime may be unloading)
-      o.erase(it);
-    }
-    return true;
-  }
-  return false;
-}
-
 StepGraphs::StepGraphs() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().push_back(this);
+  StepMemory& m = step_memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.graphs.push_back(this);
 }
 
 StepGraphs::~StepGraphs() {
@@ -140,12 +121,12 @@ StepGraphs::~StepGraphs() {
     for (Kept& k : kept) cudaGraphExecDestroy(k.exec);
   cudaStreamSynchronize(cudaStreamPerThread);
   {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    auto& r = registry();
-    r.erase(std::remove(r.begin(), r.end(), this), r.end());
+    StepMemory& m = step_memory();
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.graphs.erase(std::remove(m.graphs.begin(), m.graphs.end(), this), m.graphs.end());
     // A slot whose tensors outlive the backend stays allocated until the last of them is freed.
     for (Slot& s : slots_)
-      if (s.live > 0) orphans().push_back({s.dev, s.dev_cap, s.live});
+      if (s.live > 0) m.orphans.push_back({s.dev, s.dev_cap, s.live});
   }
   for (Slot& s : slots_) {
     if (s.live == 0 && s.dev) cudaFree(s.dev);
@@ -207,8 +188,9 @@ void* StepGraphs::side_alloc(size_t bytes) {
   clean_ = false;
   void* p = nullptr;
   SPARROW_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-  std::lock_guard<std::mutex> lock(side_mutex());
-  side_set().insert(p);
+  StepMemory& m = step_memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.side.insert(p);
   return p;
 }
 
@@ -283,10 +265,8 @@ void StepGraphs::finish_capture() {
   if (keep) {
     if (kept_.size() <= static_cast<size_t>(segment_)) kept_.resize(segment_ + 1);
     std::vector<Kept>& kept = kept_[segment_];
-    size_t nodes = 0;
-    const uint64_t signature = graph_signature(graph, &nodes);
-    auto it = std::find_if(kept.begin(), kept.end(),
-                           [&](const Kept& k) { return k.nodes == nodes && k.signature == signature; });
+    const uint64_t signature = graph_signature(graph);
+    auto it = std::find_if(kept.begin(), kept.end(), [&](const Kept& k) { return k.signature == signature; });
     if (it != kept.end()) {
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(it->exec, graph, &info) == cudaSuccess) {
@@ -307,7 +287,7 @@ void StepGraphs::finish_capture() {
         SPARROW_CUDA_CHECK(cudaGraphExecDestroy(lru->exec));
         kept.erase(lru);
       }
-      kept.push_back({exec, nodes, signature, ++tick_});
+      kept.push_back({exec, signature, ++tick_});
       ++stats_.instantiated;
     }
   } else {

@@ -69,7 +69,8 @@ class StepGraphs {
   const void* stage(const void* src, size_t bytes);
   // Pool memory freed during the capture: freed on the stream after the graph's launch.
   void defer_free(void* p) { deferred_frees_.push_back(p); }
-  // Whether `p` lies in this object's arena; if so its slot counts one tensor fewer. Any thread state.
+  // Whether `p` lies in this object's arena; if so its slot counts one tensor fewer
+  // (release_step_memory calls it under its lock).
   bool arena_release(void* p);
 
  private:
@@ -85,8 +86,7 @@ class StepGraphs {
   };
   struct Kept {
     cudaGraphExec_t exec = nullptr;
-    size_t nodes = 0;
-    uint64_t signature = 0;  // graph_signature (step_graph.cpp): what an update may not change
+    uint64_t signature = 0;  // graph_signature (step_graph.cpp, the node count in it): what an update may not change
     uint64_t last_use = 0;
   };
   static constexpr int kKept = 4;  // executable graphs kept a segment, by signature (least recently used goes)
@@ -106,10 +106,9 @@ class StepGraphs {
   StepGraphStats stats_;
 };
 
-// Whether `p` lies in the arena of some StepGraphs (which then counts one tensor fewer).
-bool arena_release_any(void* p);
-// Whether `p` came from side_alloc; if so it is freed (after the launch when freed in a capture).
-bool side_release(void* p);
+// device_free's first question: whether `p` is a step arena's memory (its slot then counts one
+// tensor fewer) or a capture's cudaMalloc (freed, after the launch when freed in a capture).
+bool release_step_memory(void* p);
 
 // The StepGraphs capturing on this thread, or null.
 StepGraphs* capturing_step();
