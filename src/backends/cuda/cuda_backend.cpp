@@ -1420,11 +1420,10 @@ class CudaBackend final : public Backend {
   StepGraphs step_graphs_;
   bool step_graphs_on_ = cuda_feature_on("graphs");
   int step_depth_ = 0;
-  // The arena hands out memory a step frees only to the next step (a bump allocator), so a
-  // captured step holds the sum of its temporaries, not their peak: about 25 MB a layer at 16 tokens
-  // and 128K of context under fast, ten times that at 256 (estimated from the op shapes, not
-  // measured). Larger steps (prefill chunks, big decode batches) run op by op.
-  static constexpr int64_t kMaxGraphTokens = 16;
+  // The arena hands blocks a step frees out again within the step (arena_blocks.h), so a captured
+  // step holds about the peak of its temporaries, as op by op; the engine's 256-token prefill
+  // chunks are captured too.
+  static constexpr int64_t kMaxGraphTokens = 512;
   std::vector<bool> warm_steps_ = std::vector<bool>(kMaxGraphTokens + 1);  // by token count: run before
   Fp8Linear fp8_;
   Bf16GroupedLinear bf16_;

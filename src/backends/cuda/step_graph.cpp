@@ -126,10 +126,10 @@ StepGraphs::~StepGraphs() {
     m.graphs.erase(std::remove(m.graphs.begin(), m.graphs.end(), this), m.graphs.end());
     // A slot whose tensors outlive the backend stays allocated until the last of them is freed.
     for (Slot& s : slots_)
-      if (s.live > 0) m.orphans.push_back({s.dev, s.dev_cap, s.live});
+      if (s.blocks.live() > 0) m.orphans.push_back({s.dev, s.dev_cap, static_cast<int64_t>(s.blocks.live())});
   }
   for (Slot& s : slots_) {
-    if (s.live == 0 && s.dev) cudaFree(s.dev);
+    if (s.blocks.live() == 0 && s.dev) cudaFree(s.dev);
     if (s.pinned) cudaFreeHost(s.pinned);
     for (void* p : s.extra_pinned) cudaFreeHost(p);
     if (s.done) cudaEventDestroy(s.done);
@@ -140,8 +140,8 @@ bool StepGraphs::begin() {
   SPARROW_CHECK(!capturing_);
   // The slot after the last one used, else the last one itself, if no tensor of it is alive.
   int s = 1 - cur_;
-  if (slots_[s].live > 0) s = cur_;
-  if (slots_[s].live > 0) return false;
+  if (slots_[s].blocks.live() > 0) s = cur_;
+  if (slots_[s].blocks.live() > 0) return false;
   Slot& slot = slots_[s];
   // The staging memory may still be read by the slot's last graph.
   if (slot.launched) SPARROW_CUDA_CHECK(cudaEventSynchronize(slot.done));
@@ -161,7 +161,8 @@ bool StepGraphs::begin() {
     SPARROW_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.pinned), want_pinned_));
     slot.pinned_cap = want_pinned_;
   }
-  slot.dev_used = slot.pinned_used = 0;
+  slot.blocks.reset(slot.dev_cap);
+  slot.pinned_used = 0;
   demand_dev_ = demand_pinned_ = 0;
   cur_ = s;
   segment_ = 0;
@@ -197,13 +198,13 @@ void* StepGraphs::side_alloc(size_t bytes) {
 void* StepGraphs::arena_alloc(size_t bytes, bool long_lived) {
   const size_t b = round_up(std::max<size_t>(bytes, 1), 256);
   if (long_lived) return side_alloc(bytes);
-  demand_dev_ += b;
   Slot& slot = slots_[cur_];
-  if (slot.dev_used + b > slot.dev_cap) return side_alloc(bytes);
-  void* p = slot.dev + slot.dev_used;
-  slot.dev_used += b;
-  ++slot.live;
-  return p;
+  const size_t off = slot.blocks.take(b);
+  if (off == ArenaBlocks::kNone) {
+    demand_dev_ += b;  // (beyond the arena's high water: what it lacked)
+    return side_alloc(bytes);
+  }
+  return slot.dev + off;
 }
 
 const void* StepGraphs::stage(const void* src, size_t bytes) {
@@ -226,8 +227,7 @@ const void* StepGraphs::stage(const void* src, size_t bytes) {
 bool StepGraphs::arena_release(void* p) {
   for (Slot& s : slots_) {
     if (s.dev && p >= s.dev && p < s.dev + s.dev_cap) {
-      SPARROW_CHECK(s.live > 0);
-      --s.live;
+      s.blocks.give(static_cast<size_t>(static_cast<char*>(p) - s.dev));
       return true;
     }
   }
@@ -238,7 +238,8 @@ void StepGraphs::end() {
   SPARROW_CHECK(capturing_);
   finish_capture();
   // The next steps' slot sizes: this step's needs with a quarter to spare.
-  want_dev_ = std::max(want_dev_, round_up(demand_dev_ + demand_dev_ / 4, size_t{1} << 20));
+  const size_t need_dev = slots_[cur_].blocks.high_water() + demand_dev_;
+  want_dev_ = std::max(want_dev_, round_up(need_dev + need_dev / 4, size_t{1} << 20));
   want_pinned_ = std::max(want_pinned_, round_up(demand_pinned_ + demand_pinned_ / 4, size_t{64} << 10));
   Slot& slot = slots_[cur_];
   SPARROW_CUDA_CHECK(cudaEventRecord(slot.done, cudaStreamPerThread));

@@ -13,8 +13,9 @@
 // back to back.
 //
 // What a capture needs from the rest of the backend, provided through the hooks below:
-// - memory: allocations inside the step come from a bump arena (two slots used in turn, each kept
-//   until every tensor in it is freed), so that a step of the same shape gets the same addresses;
+// - memory: allocations inside the step come from an arena (two slots used in turn, each kept
+//   until every tensor in it is freed; blocks freed in the step are handed out again, first fit:
+//   arena_blocks.h), so that a step of the same shape gets the same addresses;
 //   allocations that outlive the step (weights, sequence state, kept scratch: a LongLived scope),
 //   or that do not fit the arena, come from cudaMalloc ("side" memory, freed with cudaFree). No
 //   allocation node enters a graph: such an allocation's address belongs to its graph, and the
@@ -35,6 +36,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cuda/arena_blocks.h"
 #include "backends/cuda/cuda_backend.h"
 
 namespace sparrow::cuda {
@@ -76,8 +78,8 @@ class StepGraphs {
  private:
   struct Slot {
     char* dev = nullptr;
-    size_t dev_cap = 0, dev_used = 0;
-    int64_t live = 0;  // arena allocations not yet freed
+    size_t dev_cap = 0;
+    ArenaBlocks blocks;  // the arena's blocks in dev (arena_blocks.h)
     char* pinned = nullptr;
     size_t pinned_cap = 0, pinned_used = 0;
     std::vector<void*> extra_pinned;  // one-off staging of a capture that outgrew pinned
@@ -98,7 +100,7 @@ class StepGraphs {
   int cur_ = 0;
   bool capturing_ = false, clean_ = true;
   size_t want_dev_ = size_t{16} << 20, want_pinned_ = size_t{1} << 20;  // slot sizes for the next step
-  size_t demand_dev_ = 0, demand_pinned_ = 0;                            // this capture's needs
+  size_t demand_dev_ = 0, demand_pinned_ = 0;  // this step's needs beyond the slot (device), all of it (pinned)
   std::vector<void*> deferred_frees_, deferred_side_frees_;
   int segment_ = 0;                       // of the step being captured
   std::vector<std::vector<Kept>> kept_;   // by segment
