@@ -329,12 +329,14 @@ TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
 // The fast profiles' FP8 linears on the tensor cores (cuda::set_fp8_gemm_in_linear, on by default): linear
 // with act_quant_fp8 on a 128x128 FP8 weight takes cuBLASLt's GEMM, stays within the tensor-core
 // bound of the CPU twin, and is batch invariant: a token's row is the same bits alone, in a batch of
-// 37 (M_pad 48) and in a batch of 300 (M_pad 304), because one algorithm serves every M.
+// 37 (M_pad 48), of 300 (M_pad 304) and of 4100 (M_pad 4112, past the M the plan is chosen for),
+// because one algorithm serves every M.
 TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   cuda::set_fp8_gemm_in_linear(*gpu, true);
   Rng rng(614);
-  for (auto [N, K] : {std::pair<int64_t, int64_t>{129, 1152}, std::pair<int64_t, int64_t>{1000, 4096}}) {
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{129, 1152}, std::pair<int64_t, int64_t>{1000, 4096},
+                      std::pair<int64_t, int64_t>{2048, 4096}}) {
     StoredMatrix w = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
     const int64_t T = 300;
     const std::vector<float> x = rng.normal(T * K);
@@ -363,6 +365,20 @@ TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
       const std::vector<float> alone = run(t, 1);
       for (int64_t n = 0; n < N; ++n)
         ASSERT_EQ(alone[n], all[t * N + n]) << "N=" << N << " K=" << K << ": token " << t << " alone differs";
+    }
+    // And in a batch of 4100 (M_pad 4112, past the size the plan is chosen for): the first 300 rows.
+    {
+      std::vector<float> big(static_cast<size_t>(4100 * K));
+      for (int64_t r = 0; r < 4100; ++r) std::copy(x.begin() + (r % T) * K, x.begin() + (r % T + 1) * K, big.begin() + r * K);
+      const Tensor xg = gpu->upload_f32(big, {4100, K});
+      const Tensor og = gpu->alloc(ElemType::kF32, {4100, N});
+      gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
+      const std::vector<float> o = gpu->download_f32(og);
+      for (int64_t i = 0; i < T * N; ++i)
+        ASSERT_EQ(o[i], all[i]) << "N=" << N << " K=" << K << ": row " << i / N << " differs in batches of 4100 and 300";
+      for (int64_t r = T; r < 4100; r += 997)
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(o[r * N + n], all[(r % T) * N + n]) << "N=" << N << " K=" << K << ": row " << r << " of 4100";
     }
   }
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
