@@ -203,9 +203,13 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   const int64_t T = batch.num_tokens(), H = c.num_heads, Dh = c.head_dim, D = c.hidden_size;
   const double eps = c.rms_norm_eps;
 
-  // Q path: qr = q_norm(wq_a x); q = per-head unweighted norm(wq_b qr), rotated.
+  // Q path: qr = q_norm(wq_a x); q = per-head unweighted norm(wq_b qr), rotated. wq_a and wkv
+  // read the same x: one call, which a backend may run as one GEMM.
   Tensor qr = be.alloc(ElemType::kF32, {T, c.q_lora_rank});
-  be.linear({.out = qr, .in = x, .weight = &L.wq_a, .act_quant_fp8 = aq, .round_bf16 = ref});
+  Tensor kv = be.alloc(ElemType::kF32, {T, 1, Dh});
+  const LinearParams x_proj[] = {{.out = qr, .in = x, .weight = &L.wq_a, .act_quant_fp8 = aq, .round_bf16 = ref},
+                                 {.out = kv, .in = x, .weight = &L.wkv, .act_quant_fp8 = aq, .round_bf16 = ref}};
+  be.linears(x_proj);
   be.rms_norm({.out = qr, .in = qr, .weight = L.q_norm, .group = c.q_lora_rank, .eps = eps, .round_bf16 = ref});
   tap(opt, l, "attn.qr", qr);
   Tensor q = be.alloc(ElemType::kF32, {T, H, Dh});
@@ -215,8 +219,6 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   tap(opt, l, "attn.q", q);
 
   // KV path: one shared head, K = V. The reference stores its nope dims FP8-simulated.
-  Tensor kv = be.alloc(ElemType::kF32, {T, 1, Dh});
-  be.linear({.out = kv, .in = x, .weight = &L.wkv, .act_quant_fp8 = aq, .round_bf16 = ref});
   be.rms_norm({.out = kv, .in = kv, .weight = L.kv_norm, .group = Dh, .eps = eps, .round_bf16 = ref});
   be.rope({.x = kv, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
   kv = kv.reshaped({T, Dh});

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -336,6 +337,13 @@ class Backend {
   virtual void hc_head(const HcHeadParams& p) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void linear(const LinearParams& p) = 0;
+  // Several linears of one input (every p.in the same tensor, the same flags): by default linear()
+  // of each in order. A backend may run them as one GEMM over the weights stacked row-wise, each
+  // output then computed as its linear computes a weight of the stacked shape (CUDA: the fast FP8
+  // linears, docs/cuda.md).
+  virtual void linears(std::span<const LinearParams> ps) {
+    for (const LinearParams& p : ps) linear(p);
+  }
   virtual void grouped_linear(const GroupedLinearParams& p) = 0;
   // Only tests use it for now; a backend without it aborts (see LinearFp8BlockParams).
   virtual void linear_fp8_block(const LinearFp8BlockParams& p);

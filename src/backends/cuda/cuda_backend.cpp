@@ -530,6 +530,38 @@ class CudaBackend final : public Backend {
     round_bf16_if(p.round_bf16, p.out, "linear bf16");
   }
 
+  // The fast profiles' FP8 linears of one input (wq_a and wkv) as one GEMM over the stacked weights
+  // (Fp8Linear::run_stacked), its columns handed out to the outputs and rounded in one pass
+  // (`fp8_stack`; else, or where the stack cannot run, linear() of each).
+  void linears(std::span<const LinearParams> ps) override {
+    static const bool stack_on = cuda_feature_on("fp8_stack");
+    bool stack = stack_on && fp8_gemm_in_linear_ && ps.size() >= 2 && ps.size() <= 4;
+    std::vector<const WeightMatrix*> ws;
+    for (const LinearParams& p : ps) {
+      stack = stack && p.act_quant_fp8 && p.in.f32() == ps[0].in.f32() && p.round_bf16 == ps[0].round_bf16 &&
+              p.weight->format == WeightFormat::kFp8Block;
+      ws.push_back(p.weight);
+    }
+    if (stack) {
+      OpProfiler::Scope op_scope(profiler_, "linears (stacked)", ps[0].weight);
+      const int64_t T = ps[0].in.dim(0);
+      if (const float* d = fp8_.run_stacked(ps[0].in, ws)) {
+        SplitColsArgs a{.src = d, .rows = T, .parts = static_cast<int>(ps.size()), .dst = {}, .cols = {},
+                        .round_bf16 = ps[0].round_bf16};
+        for (size_t i = 0; i < ps.size(); ++i) {
+          SPARROW_CHECK_EQ(ps[i].out.numel(), T * ps[i].weight->out);
+          a.dst[i] = ps[i].out.f32();
+          a.cols[i] = ps[i].weight->out;
+        }
+        launch_split_cols(a);
+        launch_check("linears (stacked) split");
+        last_linear_ = LinearPath::kTensorCores;
+        return;
+      }
+    }
+    for (const LinearParams& p : ps) linear(p);
+  }
+
   void grouped_linear(const GroupedLinearParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "grouped_linear", p.weight);
     const WeightMatrix& w = *p.weight;
@@ -1379,9 +1411,22 @@ class CudaBackend final : public Backend {
         launch_linear({.out = out, .in = in, .in_rows = in_rows, .w = dev_weight(m), .T = R, .in_stride = in_stride,
                        .rows_per_group = rows_per_group, .vectorized = ref.on});
     };
-    project(h1, x, rows, x_stride, F, w.w1);
-    project(h3, x, rows, x_stride, F, w.w3);
-    launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
+    // The shared expert's w1 and w3 as one GEMM over the two stacked (`fp8_stack`), SwiGLU reading
+    // both halves of each row.
+    static const bool stack_on = cuda_feature_on("fp8_stack");
+    const float* stacked = nullptr;
+    if (stack_on && tensor_cores && fp8_gemm_in_linear_ && F % 128 == 0) {
+      const WeightMatrix* ws[] = {&w.w1, &w.w3};
+      stacked = fp8_.run_stacked(Tensor(nullptr, const_cast<float*>(x), ElemType::kF32, {R, x_stride}), ws);
+    }
+    if (stacked) {
+      launch_swiglu({.a = const_cast<float*>(stacked), .b = stacked + F, .n = R * F, .limit = static_cast<float>(limit),
+                     .out = h1, .cols = F, .stride = 2 * F});
+    } else {
+      project(h1, x, rows, x_stride, F, w.w1);
+      project(h3, x, rows, x_stride, F, w.w3);
+      launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
+    }
     if (ref.on) {
       launch_check("expert swiglu");
       launch_route_scale_bf16({.h = h1, .slots = ref.slots, .weights = ref.weights, .R = R, .F = F, .scale = ref.scale});

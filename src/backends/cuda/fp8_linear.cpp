@@ -114,6 +114,31 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   return weights_.put(w.data, fp, std::move(pw));
 }
 
+const Fp8Linear::PaddedWeight& Fp8Linear::stacked_weight(std::span<const WeightMatrix* const> ws) {
+  uint64_t fp = ws.size();
+  for (const WeightMatrix* w : ws) fp = (fp * 31 + view_fingerprint(w->data)) * 31 + view_fingerprint(w->scale);
+  if (const PaddedWeight* hit = stacked_.find(ws[0]->data, fp)) return *hit;
+  // Each weight's padded layout (its N a multiple of 128: no padded rows, whole scale blocks), one
+  // after the other: the codes' rows and the scales' block rows.
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  PaddedWeight pw;
+  for (const WeightMatrix* w : ws) {
+    const Fp8WeightLayout l = fp8_weight_layout(*w);
+    codes.insert(codes.end(), l.codes.begin(), l.codes.end());
+    scales.insert(scales.end(), l.scales.begin(), l.scales.end());
+    pw.n_pad += l.n_pad;
+    pw.k_pad = l.k_pad;
+    pw.l4 = l.l4;
+  }
+  const LongLived weight;
+  pw.codes = DeviceBuffer(codes.size());
+  pw.scales = DeviceBuffer(scales.size() * sizeof(float));
+  host_to_device(pw.codes.get(), codes.data(), codes.size());
+  host_to_device(pw.scales.get(), scales.data(), scales.size() * sizeof(float));
+  return stacked_.put(ws[0]->data, fp, std::move(pw));
+}
+
 bool Fp8Linear::ensure_handle() {
   if (desc_) return true;
   const CublasLtApi& lt = cublaslt_api();
@@ -248,6 +273,40 @@ void Fp8Linear::set_batch_invariant(bool on) {
   batch_invariant_ = on;
 }
 
+int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
+  const int64_t T = in.dim(0);
+  // in is [T, K]; codes [m_pad, k_pad], scales [k_pad / 128, m_pad] (kernels.h ActQuantFp8Args).
+  const int64_t m_pad = round_up(T, 16), k_pad = round_up(K, kFp8ActBlock);
+  // act_quant writes every padded code and scale, so the kept buffers need no clearing.
+  act_codes_.ensure(static_cast<size_t>(m_pad * k_pad));
+  act_scales_.ensure(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
+  launch_act_quant_fp8({.codes = static_cast<uint8_t*>(act_codes_.get()), .scales = act_scales_.f32(), .in = in.f32(),
+                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad});
+  launch_check("linear_fp8_block activation quantisation");
+  return m_pad;
+}
+
+const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws) {
+  if (force_fallback_ || ws.empty()) return nullptr;
+  const int64_t K = ws[0]->in, T = in.dim(0);
+  int64_t N = 0;
+  for (const WeightMatrix* w : ws) {
+    if (w->in != K || w->out % 128 != 0 || !tensor_core_refusal(*w).empty()) return nullptr;
+    N += w->out;
+  }
+  SPARROW_CHECK(K > 0 && in.type() == ElemType::kF32);
+  SPARROW_CHECK_EQ(in.numel(), T * K);
+  if (T == 0) return nullptr;
+  const PaddedWeight& pw = stacked_weight(ws);
+  const int64_t m_pad = quantise(in, K);
+  out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
+  if (!run_cublaslt(out_scratch_.f32(), static_cast<const uint8_t*>(act_codes_.get()), act_scales_.f32(), pw, m_pad))
+    return nullptr;
+  launch_check("linear_fp8_block cuBLASLt (stacked)");
+  last_path_ = Fp8GemmPath::kTensorCores;
+  return out_scratch_.f32();
+}
+
 void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original) {
   const WeightMatrix& w = *p.weight;
   const int64_t T = p.in.dim(0), K = w.in, N = w.out;
@@ -259,16 +318,9 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
     last_detail_ = "empty";
     return;
   }
-  // in is [T, K]; codes [m_pad, k_pad], scales [k_pad / 128, m_pad] (kernels.h ActQuantFp8Args).
-  const int64_t m_pad = round_up(T, 16), k_pad = round_up(K, kFp8ActBlock);
-  // act_quant writes every padded code and scale, so the kept buffers need no clearing.
-  act_codes_.ensure(static_cast<size_t>(m_pad * k_pad));
-  act_scales_.ensure(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
+  const int64_t m_pad = quantise(p.in, K), k_pad = round_up(K, kFp8ActBlock);
   const auto* codes = static_cast<const uint8_t*>(act_codes_.get());
   const float* scales = act_scales_.f32();
-  launch_act_quant_fp8({.codes = static_cast<uint8_t*>(act_codes_.get()), .scales = act_scales_.f32(), .in = p.in.f32(),
-                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad});
-  launch_check("linear_fp8_block activation quantisation");
 
   std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
   if (why.empty()) {

@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -63,6 +64,13 @@ class Fp8Linear {
   // (the fallback's weight); it is called only when the fallback runs.
   void run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original);
 
+  // in [T, K] times several weights stacked row-wise ([N1 + N2 + ..., K], each FP8 with 128x128
+  // blocks, each N a multiple of 128, one K) as one tensor-core GEMM: a pointer to the product
+  // [M_pad, N1 + N2 + ...] row-major (kept scratch, valid until the next call; rows past T are
+  // padding), or null when the stack cannot run that way (any weight refused, shapes, the
+  // fallback forced, or cuBLASLt failing: run the linears one by one then). The stacked copy is
+  // made on first use and cached like a single weight.
+  const float* run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws);
   // Test support: always take the fallback (false: choose as described above).
   void set_force_fallback(bool force) { force_fallback_ = force; }
   // One cuBLASLt algorithm per weight shape for every M (chosen for kInvariantM rows, no split-K
@@ -85,6 +93,9 @@ class Fp8Linear {
   // Empty string when the tensor-core path can take w; otherwise the reason it cannot.
   std::string tensor_core_refusal(const WeightMatrix& w) const;
   const PaddedWeight& padded_weight(const WeightMatrix& w);
+  const PaddedWeight& stacked_weight(std::span<const WeightMatrix* const> ws);
+  // act_quant of in [T, K] into the kept codes and scales; returns M_pad.
+  int64_t quantise(const Tensor& in, int64_t K);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
   // The handle, workspace and matmul descriptor (its fixed attributes set), made on first use.
@@ -105,6 +116,7 @@ class Fp8Linear {
   // three buffers each): the quantised input's codes and scales, and the padded output.
   DeviceBuffer act_codes_, act_scales_, out_scratch_;
   WeightCache<PaddedWeight> weights_;
+  WeightCache<PaddedWeight> stacked_;  // keyed by the first weight, fingerprinted by all
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtObjects>> layouts_;
 };

@@ -347,6 +347,18 @@ void launch_row_sim(const RowSimArgs& a);
 // x[i] = bf16(x[i]) for i < n (the round_bf16 flags: an op's fp32 output rounded once).
 void launch_bf16_round(float* x, int64_t n);
 
+// The columns of src [rows, sum of cols] row-major handed out to parts: dst[p] [rows, cols[p]] gets
+// the p-th run of columns, rounded to bf16 (as launch_bf16_round) when round_bf16. At most 4 parts.
+struct SplitColsArgs {
+  const float* src;
+  int64_t rows;
+  int parts;
+  float* dst[4];
+  int64_t cols[4];
+  bool round_bf16;
+};
+void launch_split_cols(const SplitColsArgs& a);
+
 // deepseek-ref/fast MoE (MoeParams::ref_numerics): h[r, f] = bf16(fp32(g_r * h[r, f])) with
 // g_r = fp64(weights[slots[r]]) * scale, or g_r = 1 when weights is null (shared expert), as the
 // CPU's swiglu_ffn computes it in fp64.
@@ -529,6 +541,10 @@ struct SwigluArgs {
   const float* b;    // [n] up (w3) outputs
   int64_t n;
   float limit;
+  // Strided form (cols > 0): n / cols rows; row r's values at a + r * stride and b + r * stride, h
+  // written to out [n / cols, cols] (a and b then unchanged).
+  float* out = nullptr;
+  int64_t cols = 0, stride = 0;
 };
 void launch_swiglu(const SwigluArgs& a);
 

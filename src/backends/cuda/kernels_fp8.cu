@@ -246,6 +246,17 @@ __global__ void bf16_round_kernel(float* x, int64_t n) {
   if (i < n) x[i] = dev_bf16_round(x[i]);
 }
 
+__global__ void split_cols_kernel(SplitColsArgs a, int64_t width) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
+  if (i >= a.rows * width) return;
+  const int64_t r = i / width;
+  int64_t c = i % width;
+  int p = 0;
+  while (p + 1 < a.parts && c >= a.cols[p]) c -= a.cols[p++];
+  const float v = a.src[i];
+  a.dst[p][r * a.cols[p] + c] = a.round_bf16 ? dev_bf16_round(v) : v;
+}
+
 __global__ void route_scale_bf16_kernel(RouteScaleArgs a) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
   if (i >= a.R * a.F) return;
@@ -272,6 +283,12 @@ void launch_row_sim(const RowSimArgs& a) {
 
 void launch_bf16_round(float* x, int64_t n) {
   if (n > 0) bf16_round_kernel<<<blocks_for(n, kElementThreads), kElementThreads>>>(x, n);
+}
+
+void launch_split_cols(const SplitColsArgs& a) {
+  int64_t width = 0;
+  for (int p = 0; p < a.parts; ++p) width += a.cols[p];
+  if (a.rows * width > 0) split_cols_kernel<<<blocks_for(a.rows * width, kElementThreads), kElementThreads>>>(a, width);
 }
 
 void launch_route_scale_bf16(const RouteScaleArgs& a) {

@@ -68,7 +68,12 @@ __global__ void router_kernel(RouterArgs a) {
 __global__ void swiglu_kernel(SwigluArgs a) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n) return;
-  a.a[i] = dev_swiglu(a.a[i], a.b[i], a.limit);
+  if (a.cols > 0) {
+    const int64_t j = i / a.cols * a.stride + i % a.cols;
+    a.out[i] = dev_swiglu(a.a[j], a.b[j], a.limit);
+  } else {
+    a.a[i] = dev_swiglu(a.a[i], a.b[i], a.limit);
+  }
 }
 
 __global__ void expert_scatter_kernel(ScatterArgs a) {

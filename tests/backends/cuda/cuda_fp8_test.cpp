@@ -384,6 +384,85 @@ TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
+// linears() of one input (the model's wq_a and wkv): the CUDA backend runs FP8 weights whose N are
+// multiples of 128 as one GEMM over the weights stacked (fp8_stack). Each output must be exactly
+// the matching columns of one linear over the stacked matrix built here by hand (which also checks
+// the stacked scales' rows), rounded to bf16 under round_bf16, within the tensor-core bound of the
+// CPU twin, and batch invariant; a stack it cannot take (an N of 129) must give each linear's own
+// bits.
+TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  Rng rng(615);
+  const int64_t K = 1000, T = 300;
+  const std::vector<float> x = rng.normal(T * K);
+  for (const bool round : {false, true})
+    for (const int64_t N1 : {int64_t{256}, int64_t{129}}) {
+      const int64_t N2 = 128;
+      SCOPED_TRACE("N1=" + std::to_string(N1) + (round ? " round_bf16" : ""));
+      const StoredMatrix a = fp8_matrix(rng, N1, K, 128, 128, DType::kF8E8M0);
+      const StoredMatrix b = fp8_matrix(rng, N2, K, 128, 128, DType::kF8E8M0);
+      // The stacked matrix: a's rows then b's, a's scale rows then b's (N1 = 256: whole blocks).
+      std::vector<uint8_t> codes(*a.data.bytes), scales(*a.scale.bytes);
+      codes.insert(codes.end(), b.data.bytes->begin(), b.data.bytes->end());
+      scales.insert(scales.end(), b.scale.bytes->begin(), b.scale.bytes->end());
+      const int64_t L = (K + 127) / 128;
+      StoredMatrix st;
+      st.data = stored_raw(DType::kF8E4M3, {N1 + N2, K}, codes);
+      st.scale = stored_raw(DType::kF8E8M0, {(N1 + 127) / 128 + 1, L}, scales);
+      st.w = {.format = WeightFormat::kFp8Block, .out = N1 + N2, .in = K, .data = st.data.view, .scale = st.scale.view,
+              .block_out = 128, .block_in = 128};
+      auto run_pair = [&](int64_t t0, int64_t n) {
+        const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
+        const Tensor oa = gpu->alloc(ElemType::kF32, {n, N1}), ob = gpu->alloc(ElemType::kF32, {n, N2});
+        const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round},
+                                   {.out = ob, .in = xg, .weight = &b.w, .act_quant_fp8 = true, .round_bf16 = round}};
+        gpu->linears(ps);
+        return std::pair{gpu->download_f32(oa), gpu->download_f32(ob)};
+      };
+      auto run_one = [&](const WeightMatrix& w, int64_t n) {
+        const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin(), x.begin() + n * K), {n, K});
+        const Tensor o = gpu->alloc(ElemType::kF32, {n, w.out});
+        gpu->linear({.out = o, .in = xg, .weight = &w, .act_quant_fp8 = true, .round_bf16 = round});
+        return gpu->download_f32(o);
+      };
+      const auto [ga, gb] = run_pair(0, T);
+      if (N1 % 128 == 0) {
+        const std::vector<float> whole = run_one(st.w, T);  // rounded by linear() under round_bf16
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t n = 0; n < N1; ++n)
+            ASSERT_TRUE(same_float(ga[t * N1 + n], whole[t * (N1 + N2) + n])) << "row " << t << " col " << n;
+          for (int64_t n = 0; n < N2; ++n)
+            ASSERT_TRUE(same_float(gb[t * N2 + n], whole[t * (N1 + N2) + N1 + n])) << "row " << t << " col " << N1 + n;
+        }
+      } else {
+        const std::vector<float> sa = run_one(a.w, T), sb = run_one(b.w, T);
+        for (size_t i = 0; i < sa.size(); ++i) ASSERT_TRUE(same_float(ga[i], sa[i])) << "first output, value " << i;
+        for (size_t i = 0; i < sb.size(); ++i) ASSERT_TRUE(same_float(gb[i], sb[i])) << "second output, value " << i;
+      }
+      // Within the tensor-core bound of the CPU twin (37 rows), without the rounding.
+      if (!round) {
+        const std::vector<float> x37(x.begin(), x.begin() + 37 * K);
+        for (const auto* m : {&a, &b}) {
+          const Tensor xc = cpu->upload_f32(x37, {37, K});
+          const Tensor oc = cpu->alloc(ElemType::kF32, {37, m->w.out});
+          cpu->linear({.out = oc, .in = xc, .weight = &m->w, .act_quant_fp8 = true});
+          const std::vector<float>& got = m == &a ? ga : gb;
+          const BoundCheck bc = check_bound(std::vector<float>(got.begin(), got.begin() + 37 * m->w.out),
+                                            cpu->download_f32(oc), abs_products(x37, m->w, 37), std::ldexp(1.0, -9));
+          EXPECT_EQ(bc.failures, 0) << bc.report;
+        }
+      }
+      // Batch invariance: a token alone and the first 37.
+      for (const auto& [t0, n] : {std::pair<int64_t, int64_t>{0, 37}, std::pair<int64_t, int64_t>{123, 1}}) {
+        const auto [pa, pb] = run_pair(t0, n);
+        for (int64_t i = 0; i < n * N1; ++i) ASSERT_TRUE(same_float(pa[i], ga[t0 * N1 + i])) << "rows from " << t0;
+        for (int64_t i = 0; i < n * N2; ++i) ASSERT_TRUE(same_float(pb[i], gb[t0 * N2 + i])) << "rows from " << t0;
+      }
+    }
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // The device weight caches are keyed by host address: new contents at the same address and of the
 // same size (what a freed model's storage reused by the next one looks like) must be uploaded again,
 // on the FP8 tensor-core path, its fallback and the plain linear. Found on the H200 on 2026-11-30:
