@@ -232,8 +232,9 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
     // The compressor's projections run in fp32 in the reference too (spec §4 row 8).
     Tensor ckv = be.alloc(ElemType::kF32, {T, width});
     Tensor cgate = be.alloc(ElemType::kF32, {T, width});
-    be.linear({.out = ckv, .in = x, .weight = &L.compressor.wkv, .input_bf16 = ref});
-    be.linear({.out = cgate, .in = x, .weight = &L.compressor.wgate, .input_bf16 = ref});
+    const LinearParams c_proj[] = {{.out = ckv, .in = x, .weight = &L.compressor.wkv, .input_bf16 = ref},
+                                   {.out = cgate, .in = x, .weight = &L.compressor.wgate, .input_bf16 = ref}};
+    be.linears(c_proj);
     std::vector<QuantSimKind> kv_sim, key_sim;
     if (nx.kv_fp8) kv_sim = {QuantSimKind::kFp8Pow2Block64};
     if (nx.index_hadamard_fp4) key_sim = {QuantSimKind::kHadamardBf16, QuantSimKind::kFp4Pow2Block32};
@@ -246,8 +247,9 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       const int64_t Hi = c.index_heads, di = c.index_head_dim;
       Tensor ikv = be.alloc(ElemType::kF32, {T, 2 * di});
       Tensor igate = be.alloc(ElemType::kF32, {T, 2 * di});
-      be.linear({.out = ikv, .in = x, .weight = &L.index_compressor.wkv, .input_bf16 = ref});
-      be.linear({.out = igate, .in = x, .weight = &L.index_compressor.wgate, .input_bf16 = ref});
+      const LinearParams i_proj[] = {{.out = ikv, .in = x, .weight = &L.index_compressor.wkv, .input_bf16 = ref},
+                                     {.out = igate, .in = x, .weight = &L.index_compressor.wgate, .input_bf16 = ref}};
+      be.linears(i_proj);
       be.compressor({.kv = ikv, .gate = igate, .ape = L.index_compressor.ape,
                      .norm_weight = L.index_compressor.norm, .batch = &batch, .rope = &rope, .layer = l,
                      .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,

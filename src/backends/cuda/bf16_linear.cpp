@@ -81,14 +81,47 @@ const Bf16GroupedLinear::Plan& Bf16GroupedLinear::plan(int64_t R, int64_t K, int
   return *p;
 }
 
+bool Bf16GroupedLinear::takes(const WeightMatrix& w) {
+  return (w.format == WeightFormat::kFp8Block && dtype_size(w.data.dtype) == 1) ||
+         (w.format == WeightFormat::kFloat && w.data.dtype == DType::kBF16);
+}
+
+bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std::span<const WeightMatrix* const> ws,
+                                    const std::function<DevWeight(const WeightMatrix&)>& device_weight) {
+  if (ws.empty()) return false;
+  const int64_t K = ws[0]->in;
+  int64_t N = 0;
+  uint64_t fp = ws.size();
+  for (const WeightMatrix* w : ws) {
+    // Each part's rows start 16-byte aligned in the stack (N a multiple of 8).
+    if (!takes(*w) || w->in != K || w->out % 8 != 0) return false;
+    N += w->out;
+    fp = (fp * 31 + view_fingerprint(w->data)) * 31 + view_fingerprint(w->scale);
+  }
+  if (K % 8 != 0 || !plan(N, K, 1).ok) return false;
+  if (T == 0) return true;
+  const DeviceBuffer* st = stacked_.find(ws[0]->data, fp);
+  if (!st) {
+    const LongLived weight;
+    DeviceBuffer b(static_cast<size_t>(N * K) * sizeof(uint16_t));
+    int64_t row = 0;
+    for (const WeightMatrix* w : ws) {
+      launch_weight_to_bf16(device_weight(*w), static_cast<uint16_t*>(b.get()) + row * K);
+      SPARROW_CUDA_CHECK(cudaGetLastError());
+      row += w->out;
+    }
+    st = &stacked_.put(ws[0]->data, fp, std::move(b));
+  }
+  gemm(out, in, T, 1, N, K, st->get());
+  return true;
+}
+
 bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
                             const std::function<DevWeight()>& device_weight) {
   SPARROW_CHECK(G > 0 && w.out % G == 0);
   const int64_t N = w.out, K = w.in, R = N / G;
-  const bool bf16_exact = (w.format == WeightFormat::kFp8Block && dtype_size(w.data.dtype) == 1) ||
-                          (w.format == WeightFormat::kFloat && w.data.dtype == DType::kBF16);
   // 16-byte aligned leading dimensions and batch strides for every operand.
-  if (!bf16_exact || K % 8 != 0 || R % 8 != 0) return false;
+  if (!takes(w) || K % 8 != 0 || R % 8 != 0) return false;
   const Plan& pl = plan(R, K, G);
   if (!pl.ok) return false;
   if (T == 0 || N == 0) return true;
@@ -108,6 +141,12 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
     }
     a_bf16 = wb->get();
   }
+  gemm(out, in, T, G, R, K, a_bf16);
+  return true;
+}
+
+void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16) {
+  const Plan& pl = plan(R, K, G);
   xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
   launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
   SPARROW_CUDA_CHECK(cudaGetLastError());
@@ -127,7 +166,6 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
                   o->d, out, o->d, &pl.algo, nullptr, 0, cudaStreamPerThread);
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");
-  return true;
 }
 
 }  // namespace sparrow::cuda

@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <tuple>
 
 #include "backends/cuda/cuda_state.h"
@@ -50,13 +51,22 @@ class Bf16GroupedLinear {
   bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
            const std::function<DevWeight()>& device_weight);
   static constexpr int64_t kInvariantM = 4096;
+  // out [T, N1 + N2 + ...] from in [T, K] and the weights stacked row-wise (each one run() takes
+  // with G = 1, one K), as one GEMM over the stack (decoded to bf16 once and cached): true when it
+  // ran, false (nothing run) otherwise. `device_weight` uploads a weight as stored.
+  bool run_stacked(float* out, const float* in, int64_t T, std::span<const WeightMatrix* const> ws,
+                   const std::function<DevWeight(const WeightMatrix&)>& device_weight);
 
  private:
+  static bool takes(const WeightMatrix& w);  // FP8-block or BF16: exact bf16 values
+  // The grouped GEMM of a bf16 weight already on the device (the plan of (R, K, G) must be ok).
+  void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16);
   struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
   const Plan& plan(int64_t R, int64_t K, int64_t G);
 
   void* handle_ = nullptr;  // cublasLtHandle_t, created on first use
   WeightCache<DeviceBuffer> weights_;  // bf16 [N, K]
+  WeightCache<DeviceBuffer> stacked_;  // bf16 stacks, keyed by the first weight
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
   static constexpr size_t kMaxDescribed = 1024;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<LtObjects>> described_;  // (R, K, G, T)

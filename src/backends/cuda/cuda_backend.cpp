@@ -530,26 +530,43 @@ class CudaBackend final : public Backend {
     round_bf16_if(p.round_bf16, p.out, "linear bf16");
   }
 
-  // The fast profiles' FP8 linears of one input (wq_a and wkv) as one GEMM over the stacked weights
-  // (Fp8Linear::run_stacked), its columns handed out to the outputs and rounded in one pass
-  // (`fp8_stack`; else, or where the stack cannot run, linear() of each).
+  // Linears of one input as one GEMM over their weights stacked row-wise (`fp8_stack`), its columns
+  // handed out to the outputs and rounded in one pass: the fast profiles' FP8 linears (wq_a and
+  // wkv: Fp8Linear::run_stacked) and bf16 GEMMs of bf16-valued inputs (a compressor's wkv and
+  // wgate: Bf16GroupedLinear::run_stacked). Else, or where the stack cannot run, linear() of each.
   void linears(std::span<const LinearParams> ps) override {
-    static const bool stack_on = cuda_feature_on("fp8_stack");
-    bool stack = stack_on && fp8_gemm_in_linear_ && ps.size() >= 2 && ps.size() <= 4;
+    static const bool stack_on = cuda_feature_on("fp8_stack"), bf16_on = cuda_feature_on("bf16_gemm");
+    const LinearParams& p0 = ps.empty() ? LinearParams{} : ps[0];
+    bool fp8 = stack_on && fp8_gemm_in_linear_ && ps.size() >= 2 && ps.size() <= 4;
+    bool bf16 = stack_on && bf16_on && ps.size() >= 2 && ps.size() <= 4;
     std::vector<const WeightMatrix*> ws;
     for (const LinearParams& p : ps) {
-      stack = stack && p.act_quant_fp8 && p.in.f32() == ps[0].in.f32() && p.round_bf16 == ps[0].round_bf16 &&
-              p.weight->format == WeightFormat::kFp8Block;
+      const bool same = p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.round_bf16 == p0.round_bf16;
+      fp8 = fp8 && same && p.act_quant_fp8 && p.weight->format == WeightFormat::kFp8Block;
+      bf16 = bf16 && same && !p.act_quant_fp8 && p.input_bf16;
       ws.push_back(p.weight);
     }
-    if (stack) {
-      OpProfiler::Scope op_scope(profiler_, "linears (stacked)", ps[0].weight);
-      const int64_t T = ps[0].in.dim(0);
-      if (const float* d = fp8_.run_stacked(ps[0].in, ws)) {
+    if (fp8 || bf16) {
+      OpProfiler::Scope op_scope(profiler_, "linears (stacked)", p0.weight);
+      const int64_t T = p0.in.dim(0);
+      int64_t N = 0;
+      for (const LinearParams& p : ps) {
+        SPARROW_CHECK_EQ(p.out.numel(), T * p.weight->out);
+        N += p.weight->out;
+      }
+      const float* d = nullptr;
+      DeviceBuffer scratch;
+      if (fp8) {
+        d = fp8_.run_stacked(p0.in, ws);
+      } else {
+        scratch = DeviceBuffer(static_cast<size_t>(T * N) * sizeof(float));
+        if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); }))
+          d = scratch.f32();
+      }
+      if (d) {
         SplitColsArgs a{.src = d, .rows = T, .parts = static_cast<int>(ps.size()), .dst = {}, .cols = {},
-                        .round_bf16 = ps[0].round_bf16};
+                        .round_bf16 = p0.round_bf16};
         for (size_t i = 0; i < ps.size(); ++i) {
-          SPARROW_CHECK_EQ(ps[i].out.numel(), T * ps[i].weight->out);
           a.dst[i] = ps[i].out.f32();
           a.cols[i] = ps[i].weight->out;
         }

@@ -463,6 +463,64 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
+// linears() of one bf16-valued input without act_quant (a compressor's wkv and wgate): BF16 weights
+// whose N are multiples of 8 run as one bf16 GEMM over the stack; each output must be exactly the
+// matching columns of one linear over the stacked matrix, and batch invariant; an N of 129 (not
+// stackable) must give each linear's own bits.
+TEST_F(CudaFp8Linear, Bf16LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  Rng rng(616);
+  const int64_t K = 1000, T = 300;
+  std::vector<float> x = rng.normal(T * K);
+  for (float& v : x) v = bf16_round(v);
+  for (const int64_t N1 : {int64_t{200}, int64_t{129}}) {
+    const int64_t N2 = 56;
+    SCOPED_TRACE("N1=" + std::to_string(N1));
+    const std::vector<float> va = rng.normal(N1 * K), vb = rng.normal(N2 * K);
+    std::vector<float> vs = va;
+    vs.insert(vs.end(), vb.begin(), vb.end());
+    const StoredMatrix a = float_matrix(DType::kBF16, N1, K, va), b = float_matrix(DType::kBF16, N2, K, vb),
+                       st = float_matrix(DType::kBF16, N1 + N2, K, vs);
+    auto run_pair = [&](int64_t t0, int64_t n) {
+      const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
+      const Tensor oa = gpu->alloc(ElemType::kF32, {n, N1}), ob = gpu->alloc(ElemType::kF32, {n, N2});
+      const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a.w, .input_bf16 = true},
+                                 {.out = ob, .in = xg, .weight = &b.w, .input_bf16 = true}};
+      gpu->linears(ps);
+      return std::pair{gpu->download_f32(oa), gpu->download_f32(ob)};
+    };
+    auto run_one = [&](const WeightMatrix& w) {
+      const Tensor xg = gpu->upload_f32(x, {T, K});
+      const Tensor o = gpu->alloc(ElemType::kF32, {T, w.out});
+      gpu->linear({.out = o, .in = xg, .weight = &w, .input_bf16 = true});
+      return gpu->download_f32(o);
+    };
+    const auto [ga, gb] = run_pair(0, T);
+    std::vector<float> ea, eb;
+    if (N1 % 8 == 0) {
+      const std::vector<float> whole = run_one(st.w);
+      for (int64_t t = 0; t < T; ++t) {
+        ea.insert(ea.end(), whole.begin() + t * (N1 + N2), whole.begin() + t * (N1 + N2) + N1);
+        eb.insert(eb.end(), whole.begin() + t * (N1 + N2) + N1, whole.begin() + (t + 1) * (N1 + N2));
+      }
+    } else {
+      ea = run_one(a.w);
+      eb = run_one(b.w);
+    }
+    for (size_t i = 0; i < ea.size(); ++i) ASSERT_TRUE(same_float(ga[i], ea[i])) << "first output, value " << i;
+    for (size_t i = 0; i < eb.size(); ++i) ASSERT_TRUE(same_float(gb[i], eb[i])) << "second output, value " << i;
+    // Close to the fp64 product (bf16 values, fp32 sums).
+    for (int64_t n = 0; n < N1; n += 17) {
+      double ref = 0;
+      for (int64_t k = 0; k < K; ++k) ref += static_cast<double>(x[5 * K + k]) * bf16_round(va[n * K + k]);
+      EXPECT_NEAR(ga[5 * N1 + n], ref, 1e-3 * (1 + std::fabs(ref))) << "col " << n;
+    }
+    const auto [pa, pb] = run_pair(123, 1);
+    for (int64_t i = 0; i < N1; ++i) ASSERT_TRUE(same_float(pa[i], ga[123 * N1 + i])) << "token 123 alone";
+    for (int64_t i = 0; i < N2; ++i) ASSERT_TRUE(same_float(pb[i], gb[123 * N2 + i])) << "token 123 alone";
+  }
+}
+
 // The device weight caches are keyed by host address: new contents at the same address and of the
 // same size (what a freed model's storage reused by the next one looks like) must be uploaded again,
 // on the FP8 tensor-core path, its fallback and the plain linear. Found on the H200 on 2026-11-30:
