@@ -10,6 +10,7 @@ void add_bench_command(CLI::App& app) {
   struct Opts {
     bench::BenchOptions b;
     std::string layers = "all", batches = "1,8,32,128,256", contexts = "4k,32k,128k", prefill = "8k";
+    std::string model_step = "4k";
     std::string index_keys = "fp8";
     double copy_gib = 2.0;
   };
@@ -48,6 +49,14 @@ void add_bench_command(CLI::App& app) {
                   "M of the FP8 GEMM section (the model's FP8 matrices through linear_fp8_block against the FP8 peaks; 0: none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--model-step", opts->model_step,
+                  "Prompt lengths after which the whole model's decode step is timed (every layer and the head, one "
+                  "sequence, as `sparrow generate` runs it: CUDA graphs), against the layers' floors summed and the "
+                  "head's bytes (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--model-step-tokens", opts->b.model_step_tokens, "Timed decode steps of each model-step cell")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--graphs", opts->b.timing.graphs,
                 "Decode cells: run each step as a backend step, which the CUDA backend captures as a CUDA graph "
                 "(the timed figure then holds the host's capture before the GPU's work; \"queued\" the graph's GPU time)");
@@ -74,6 +83,13 @@ void add_bench_command(CLI::App& app) {
       if (prefill->size() != 1) fail(Status::invalid_argument("--prefill takes one length"));
       b.prefill_tokens = prefill->front();
     }
+    if (opts->model_step == "0") {
+      b.model_step_contexts.clear();
+    } else {
+      auto steps = bench::parse_sizes(opts->model_step, "--model-step");
+      if (!steps.is_ok()) fail(steps.status());
+      b.model_step_contexts = *steps;
+    }
     b.index_keys = opts->index_keys == "fp4"    ? bench::IndexKeyFormat::kFp4
                    : opts->index_keys == "bf16" ? bench::IndexKeyFormat::kBf16
                                                 : bench::IndexKeyFormat::kFp8;
@@ -86,7 +102,7 @@ void add_bench_command(CLI::App& app) {
                      (b.model_dir.empty() ? "" : " --model " + b.model_dir) + " --layers " + opts->layers +
                      " --batches " + opts->batches + " --contexts " + opts->contexts + " --prefill " + opts->prefill +
                      " --precision " + b.precision + " --index-keys " + opts->index_keys +
-                     " --gemm-tokens " + std::to_string(b.gemm_tokens) + (b.timing.breakdown ? " --breakdown" : "") + (b.timing.graphs ? " --graphs" : "") + " --time-budget " + std::to_string(b.time_budget_s);
+                     " --gemm-tokens " + std::to_string(b.gemm_tokens) + " --model-step " + opts->model_step + (b.timing.breakdown ? " --breakdown" : "") + (b.timing.graphs ? " --graphs" : "") + " --time-budget " + std::to_string(b.time_budget_s);
     const Status st = bench::run_bench(b);
     if (!st.is_ok()) fail(st);
   });

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "runtime/backend_factory.h"
+#include "runtime/session.h"
 
 namespace sparrow::bench {
 
@@ -420,6 +421,8 @@ Status run_bench(const BenchOptions& o) {
                   {"input_sets", o.timing.input_sets},
                   {"breakdown", o.timing.breakdown},
                   {"graphs", o.timing.graphs},
+                  {"model_step_contexts", o.model_step_contexts},
+                  {"model_step_tokens", o.model_step_tokens},
                   {"time_budget_s", o.time_budget_s}};
   r["floor_assumptions"] = {
       {"kv_record_bytes", kv_record_bytes(c)},
@@ -453,7 +456,8 @@ Status run_bench(const BenchOptions& o) {
   std::map<int64_t, std::map<std::pair<int64_t, int64_t>, std::string>> summary;  // layer -> (B, C) -> ratio
   std::map<int64_t, std::string> prefill_summary;
 
-  LayerBench bench(*model, *backend);
+  auto layer_bench = std::make_unique<LayerBench>(*model, *backend);
+  LayerBench& bench = *layer_bench;
   for (int64_t l : priority_order(c, layers)) {
     const std::string kind = std::string(attention_name(c.attention[l])) + "/" + moe_name(c.moe[l]);
     json lj = {{"layer", l}, {"kind", kind}, {"weights_bytes", LayerBench::layer_weight_bytes(c, l)}};
@@ -575,6 +579,69 @@ Status run_bench(const BenchOptions& o) {
     if (o.prefill_tokens > 0) std::printf(" %9s", prefill_summary[l].c_str());
     std::printf("\n");
   }
+  // The whole model's decode step, as `sparrow generate` runs it (the prompt in one forward, then a
+  // token a step, each step's forward and its logits' download timed on the host), against the
+  // layers' batch-1 floors summed and the head's bytes.
+  layer_bench.reset();  // its states and inputs
+  r["model_step"] = json::array();
+  if (!o.model_step_contexts.empty())
+    std::printf("\n%-26s %6s %11s %11s %8s  %s\n", "model step (B = 1)", "ctx", "time ms", "floor ms", "ratio", "note");
+  const double head_bytes =
+      static_cast<double>(model->weights().head.data.nbytes + model->weights().head.scale.nbytes);
+  for (int64_t C : o.model_step_contexts) {
+    const ModelStepFloor f = model_step_floor(c, C, head_bytes, fo, used);
+    json cell = {{"context", C},
+                 {"layers", c.num_layers},
+                 {"floor_ms", f.total_s() * 1e3},
+                 {"floor_layers_ms", f.layers_s * 1e3},
+                 {"floor_head_ms", f.head_s * 1e3},
+                 {"head_bytes", head_bytes}};
+    std::string status;
+    std::vector<double> steps;
+    double prompt_s = 0;
+    if (deadline_passed()) {
+      status = budget_reason;
+    } else {
+      std::vector<int32_t> prompt(static_cast<size_t>(C));
+      for (int64_t i = 0; i < C; ++i)
+        prompt[i] = static_cast<int32_t>((i * 7919 + 13 + static_cast<int64_t>(o.timing.seed)) % c.vocab_size);
+      constexpr int64_t kUntimed = 3;  // the first step of a size runs op by op; captures follow
+      std::vector<double> secs;
+      Session session(*model, *backend);
+      auto ids = session.generate(prompt, kUntimed + o.model_step_tokens, &secs);
+      if (!ids.is_ok()) {
+        status = "skipped: " + ids.status().message();
+      } else {
+        prompt_s = secs.front();
+        steps.assign(secs.begin() + 1 + kUntimed, secs.end());
+      }
+    }
+    if (steps.empty()) {
+      cell["status"] = status.empty() ? "skipped: no steps timed" : status;
+      std::printf("%-26s %6s %11s %11.4f %8s  %s\n", "all layers + head", human_size(C).c_str(), "-", f.total_s() * 1e3,
+                  "-", cell["status"].get<std::string>().c_str());
+    } else {
+      std::vector<double> sorted = steps;
+      std::sort(sorted.begin(), sorted.end());
+      const double med = sorted[sorted.size() / 2] * 1e3;
+      cell["status"] = "ok";
+      cell["time_ms"] = med;
+      cell["min_ms"] = sorted.front() * 1e3;
+      cell["max_ms"] = sorted.back() * 1e3;
+      cell["reps"] = sorted.size();
+      cell["prompt_s"] = prompt_s;
+      cell["ratio"] = med / (f.total_s() * 1e3);
+      cell["ratio_layers_only"] = med / (f.layers_s * 1e3);
+      cell["tokens_per_s"] = 1e3 / med;
+      std::printf("%-26s %6s %11.3f %11.4f %8.1f  %zu steps (min %.3f), floor: layers %.4f + head %.4f ms; prompt %.2f s\n",
+                  "all layers + head", human_size(C).c_str(), med, f.total_s() * 1e3, med / (f.total_s() * 1e3),
+                  sorted.size(), sorted.front() * 1e3, f.layers_s * 1e3, f.head_s * 1e3, prompt_s);
+    }
+    std::fflush(stdout);
+    r["model_step"].push_back(cell);
+    SPARROW_RETURN_IF_ERROR(report.write());
+  }
+
   r["finished_utc"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
   r["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   SPARROW_RETURN_IF_ERROR(report.write());

@@ -22,6 +22,10 @@ struct BenchOptions {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t prefill_tokens = 8192;                 // 0: no prefill cells
   int64_t gemm_tokens = 8192;                    // M of the FP8 GEMM section (0: none)
+  // The whole model's decode step (every layer and the head, one sequence, the engine's own
+  // forward: CUDA graphs where the backend captures) after a prompt of each of these lengths.
+  std::vector<int64_t> model_step_contexts = {4096};
+  int64_t model_step_tokens = 32;                // timed decode steps of that cell (after 3 untimed)
   std::string backend = "cuda";
   std::string precision = "fp32";
   IndexKeyFormat index_keys = IndexKeyFormat::kFp8;  // the floor's indexer key format

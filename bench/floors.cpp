@@ -210,4 +210,12 @@ FloorTime floor_time(const StepFloor& f, const Peaks& p) {
   return t;
 }
 
+ModelStepFloor model_step_floor(const ModelConfig& c, int64_t context, double head_bytes, const FloorOptions& o,
+                                const Peaks& p) {
+  ModelStepFloor f;
+  for (int64_t l = 0; l < c.num_layers; ++l) f.layers_s += floor_time(decode_floor(c, l, 1, context, o), p).floor_s;
+  f.head_s = head_bytes / p.hbm_bytes_per_s;
+  return f;
+}
+
 }  // namespace sparrow::bench

@@ -122,4 +122,15 @@ struct FloorTime {
 };
 FloorTime floor_time(const StepFloor& f, const Peaks& p);
 
+// A whole model's one-token decode step (`sparrow bench --model-step`): each layer's batch-1 floor
+// at `context`, summed (each the larger of its bytes and FLOPs terms), plus the output head's
+// stored bytes over the bandwidth (its 2 V D FLOPs are far below its bytes' time).
+struct ModelStepFloor {
+  double layers_s = 0;
+  double head_s = 0;
+  double total_s() const { return layers_s + head_s; }
+};
+ModelStepFloor model_step_floor(const ModelConfig& c, int64_t context, double head_bytes, const FloorOptions& o,
+                                const Peaks& p);
+
 }  // namespace sparrow::bench

@@ -101,6 +101,15 @@ def whole_model(d):
         tokens = d["prefill"][0]["tokens"]
         total = V4_FLASH_LAYERS * m / 1e3
         print(f"- prefill {ctx(tokens)}: {m:.1f} ms a layer, {total:.2f} s, {tokens / total:.0f} tok/s")
+    # The engine's own whole-model step (records since 2026-12-02's thirteenth session).
+    steps = [c for c in d.get("model_step", []) if c.get("status") == "ok"]
+    if steps:
+        print(f"\nThe model's decode step as the engine runs it (all {steps[0]['layers']} loaded layers and the head, "
+              "one sequence):")
+        for c in steps:
+            print(f"- after {ctx(c['context'])}: {c['time_ms']:.2f} ms (median of {c['reps']}), {c['ratio']:.1f}× its floor "
+                  f"({c['floor_layers_ms']:.3f} ms for the layers + {c['floor_head_ms']:.3f} for the head), "
+                  f"{c['tokens_per_s']:.0f} tok/s")
 
 
 def op_ms(cell, name):

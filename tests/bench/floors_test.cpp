@@ -4,6 +4,7 @@
 // wrong preset cannot pass unnoticed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "bench/floors.h"
@@ -269,6 +270,30 @@ TEST(BenchFloors, FlashWholeModelPerTokenMatchesSpecSection8) {
       EXPECT_DOUBLE_EQ(attention + indexer, 16177430528.0);
     }
   }
+}
+
+// The whole model's decode step: the layers' batch-1 floors summed, each the larger of its own
+// terms (so not the larger of the summed terms), plus the head's bytes.
+TEST(BenchFloors, ModelStepSumsTheLayersFloorsAndTheHead) {
+  const ModelConfig c = tiny_config();
+  const FloorOptions o = floor_options_for(c);
+  // Peaks that make the CSA layer compute-bound at 64 (its compressors' bf16 FLOPs) and the other
+  // two memory-bound.
+  const Peaks p{.hbm_bytes_per_s = 1e12, .bf16_flops_per_s = 5e11, .fp8_flops_per_s = 1e13};
+  EXPECT_FALSE(floor_time(decode_floor(c, 1, 1, 64, o), p).memory_bound);
+  EXPECT_TRUE(floor_time(decode_floor(c, 0, 1, 64, o), p).memory_bound);
+  double sum = 0, mem = 0, comp = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const FloorTime t = floor_time(decode_floor(c, l, 1, 64, o), p);
+    sum += t.floor_s;
+    mem += t.memory_s;
+    comp += t.compute_s;
+  }
+  const ModelStepFloor f = model_step_floor(c, 64, 512000.0, o, p);
+  EXPECT_DOUBLE_EQ(f.layers_s, sum);
+  EXPECT_DOUBLE_EQ(f.head_s, 512000.0 / 1e12);
+  EXPECT_DOUBLE_EQ(f.total_s(), sum + 512000.0 / 1e12);
+  EXPECT_GT(f.layers_s, std::max(mem, comp) * (1 + 1e-12)) << "the layers' floors must be summed one by one";
 }
 
 TEST(BenchFloors, FlashBatchScalesKvButSharesWeights) {
