@@ -608,7 +608,8 @@ Status run_bench(const BenchOptions& o) {
       constexpr int64_t kUntimed = 3;  // the first step of a size runs op by op; captures follow
       std::vector<double> secs;
       Session session(*model, *backend);
-      auto ids = session.generate(prompt, kUntimed + o.model_step_tokens, &secs);
+      // n tokens are n forwards: the prompt's, then n - 1 decode steps.
+      auto ids = session.generate(prompt, 1 + kUntimed + o.model_step_tokens, &secs);
       if (!ids.is_ok()) {
         status = "skipped: " + ids.status().message();
       } else {

@@ -47,7 +47,8 @@ def main(path):
         c = pre.get(l)
         vals.append("—" if not c or c.get("status") != "ok" else
                     f"{c['time_ms']:.0f} ms, {c['tokens_per_s']:.0f} tok/s ({c['ratio']:.0f}×)")
-    print(f"| prefill {ctx(d['prefill'][0]['tokens'])} | " + " | ".join(vals) + " |")
+    if d["prefill"]:  # a run with --prefill 0 has none
+        print(f"| prefill {ctx(d['prefill'][0]['tokens'])} | " + " | ".join(vals) + " |")
     whole_model(d)
     targets(d)
 
