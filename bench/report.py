@@ -11,6 +11,12 @@ HCA layers' mean, times 43 (SGLang's 4,550 tok/s/GPU beside batch 256 at 8K; at 
 record has them, the same means of the GPU's own step time and of the host's enqueue time); last, from the
 per-op breakdown (`--breakdown`), the figures the issue-6 targets name: the indexer scan, the
 sparse prefill attention and the routed experts. Standard library only.
+
+    python3 bench/report.py --compare BEFORE.json AFTER.json
+
+Compares two records cell by cell (the cells both hold, matched by layer, batch and context or
+prefill length): the timed median and the GPU's own time (queued ahead) before -> after with the
+change in percent, and the model-step cells; a line per cell, then the median change of each kind.
 """
 import json
 import sys
@@ -181,7 +187,59 @@ def targets(d):
         print("\n".join(lines))
 
 
+def pct(a, b):
+    return f"{100.0 * (b - a) / a:+.1f} %"
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else None
+
+
+def compare(before_path, after_path):
+    a, b = json.load(open(before_path)), json.load(open(after_path))
+    print(f"{before_path} ({a['date']}) -> {after_path} ({b['date']})\n")
+    print("| cell | timed ms | change | GPU's own ms | change |")
+    print("|---|---|---|---|---|")
+    timed, queued = {}, {}
+
+    def key(c):
+        return (c["layer"], c.get("batch", 0), c.get("context", c.get("tokens", 0)))
+
+    for part in ("decode", "prefill"):
+        old = {key(c): c for c in a.get(part, []) if c.get("status") == "ok"}
+        for c in b.get(part, []):
+            o = old.get(key(c))
+            if c.get("status") != "ok" or o is None:
+                continue
+            name = (f"L{c['layer']} {c['kind']} decode {c['batch']} × {ctx(c['context'])}" if part == "decode"
+                    else f"L{c['layer']} {c['kind']} prefill {ctx(c['tokens'])}")
+            kind = (1, 0) if part == "prefill" else (0, c["batch"])  # decode by batch, then prefill
+            timed.setdefault(kind, []).append((c["time_ms"] - o["time_ms"]) / o["time_ms"])
+            q = "—", "—"
+            if o.get("queued_ms", -1) > 0 and c.get("queued_ms", -1) > 0:
+                q = f"{o['queued_ms']:.3f} → {c['queued_ms']:.3f}", pct(o["queued_ms"], c["queued_ms"])
+                queued.setdefault(kind, []).append((c["queued_ms"] - o["queued_ms"]) / o["queued_ms"])
+            print(f"| {name} | {o['time_ms']:.3f} → {c['time_ms']:.3f} | {pct(o['time_ms'], c['time_ms'])} | {q[0]} | {q[1]} |")
+    old_steps = {c["context"]: c for c in a.get("model_step", []) if c.get("status") == "ok"}
+    for c in b.get("model_step", []):
+        o = old_steps.get(c["context"])
+        if c.get("status") == "ok" and o is not None:
+            print(f"| model step after {ctx(c['context'])} | {o['time_ms']:.3f} → {c['time_ms']:.3f} | "
+                  f"{pct(o['time_ms'], c['time_ms'])} | — | — |")
+    print()
+    for kind in sorted(timed):
+        label = "prefill" if kind[0] else f"decode batch {kind[1]}"
+        line = f"- {label}: median change timed {100 * median(timed[kind]):+.1f} % over {len(timed[kind])} cells"
+        if kind in queued:
+            line += f", GPU's own {100 * median(queued[kind]):+.1f} % over {len(queued[kind])}"
+        print(line)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        compare(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])
