@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A/B of one switchable CUDA path on a lent GPU (bench/README.md, "A/B of a switch"): `sparrow bench`
+# on the same synthetic model with SPARROW_CUDA_DISABLE=$SWITCH ("off") and without ("on"),
+# alternated ROUNDS times in one call (the lent machines differ more between calls than most
+# changes), then `bench/report.py --compare` of each off record against the on record of its round.
+#
+#   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but SWITCH:)
+#     SWITCH=name          the SPARROW_CUDA_DISABLE name compared (docs/cuda.md lists them)
+#     BIN=.gpu-carry       folder holding sparrow built on the CPU machine (+ lib/)
+#     MODEL=/tmp/sparrow-v4f1   where the synthetic model goes; written when missing
+#     LAYERS=1             its layers (1: layer 0, SWA; 4: SWA, SWA, CSA, HCA)
+#     ROUNDS=2             off/on pairs
+#     BENCH_ARGS="..."     the cells (default: every layer, batch 1, 8 and 256 at 4K, prefill 8K,
+#                          no GEMM section, the model step after 4K)
+#     OUT=/tmp/ab          where the records and compare tables go
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${SWITCH:?SWITCH=<name> (a SPARROW_CUDA_DISABLE name) is required}"
+bin=${BIN:-.gpu-carry}
+layers=${LAYERS:-1}
+model=${MODEL:-/tmp/sparrow-v4f$layers}
+rounds=${ROUNDS:-2}
+out=${OUT:-/tmp/ab}
+args=${BENCH_ARGS:---batches 1,8,256 --contexts 4k --prefill 8k --gemm-tokens 0 --model-step 4k}
+mkdir -p "$out"
+[ -x "$bin/sparrow" ] || { echo "ab_device: no $bin/sparrow (scripts/prepare-gpu-carry.sh)" >&2; exit 1; }
+case $bin in /*) lib=$bin/lib ;; *) lib=$PWD/$bin/lib ;; esac
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ ! -f "$model/config.json" ]; then
+  "$bin/sparrow" synth --preset v4-flash --layers "$layers" --experts 256 --out "$model" >"$out/synth.log" 2>&1 ||
+    { echo "ab_device: synth failed ($out/synth.log)" >&2; exit 1; }
+fi
+status=0
+for r in $(seq 1 "$rounds"); do
+  for side in off on; do
+    disable=""
+    [ "$side" = off ] && disable=$SWITCH
+    # shellcheck disable=SC2086
+    SPARROW_CUDA_DISABLE=$disable "$bin/sparrow" bench --model "$model" --precision fast --peak-reps 3 \
+      --copy-gib 0.5 --out "$out/ab-$side-$r.json" $args >"$out/ab-$side-$r.txt" 2>&1 ||
+      { echo "ab_device: round $r $side failed ($out/ab-$side-$r.txt)" >&2; status=1; }
+  done
+  if [ -f "$out/ab-off-$r.json" ] && [ -f "$out/ab-on-$r.json" ]; then
+    echo "== round $r: $SWITCH off -> on"
+    python3 bench/report.py --compare "$out/ab-off-$r.json" "$out/ab-on-$r.json" | tee "$out/ab-compare-$r.md"
+  fi
+done
+exit "$status"
