@@ -24,7 +24,8 @@ say() { echo "[run_device $(( $(date +%s) - t0 ))s] $*" | tee -a "$log"; }
 
 [ -x "$bin/sparrow" ] || { say "no $bin/sparrow: build it on the CPU machine and carry $bin (bench/README.md)"; exit 1; }
 # The shared libraries sparrow links (cpp-httplib, brotli), carried in $bin/lib (docs/cuda.md).
-export LD_LIBRARY_PATH="$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+case $bin in /*) lib=$bin/lib ;; *) lib=$PWD/$bin/lib ;; esac
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # cuBLASLt for the GEMM peaks (opened with dlopen): the CUDA toolkit's, or the pip wheel's.
 if [ -z "${SPARROW_CUBLASLT:-}" ]; then
   lt=""
