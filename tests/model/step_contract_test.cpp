@@ -5,6 +5,7 @@
 // records the calls and forwards every op; the wrapper's logits must be the CPU's own.
 #include <gtest/gtest.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,24 @@ class StepRecorder final : public Backend {
   void hc_head(const HcHeadParams& p) override { op(), inner_.hc_head(p); }
   void rms_norm(const RmsNormParams& p) override { op(), inner_.rms_norm(p); }
   void linear(const LinearParams& p) override { op(), inner_.linear(p); }
+  // Each linears() call's weights, and whether its params share one input and one set of flags
+  // (what lets a backend run them as one GEMM).
+  std::vector<std::vector<const WeightMatrix*>> linears_calls;
+  std::vector<bool> linears_alike;
+  void linears(std::span<const LinearParams> ps) override {
+    op();
+    std::vector<const WeightMatrix*> ws;
+    bool alike = true;
+    for (const LinearParams& p : ps) {
+      ws.push_back(p.weight);
+      alike = alike && p.in.f32() == ps[0].in.f32() && p.in.numel() == ps[0].in.numel() &&
+              p.act_quant_fp8 == ps[0].act_quant_fp8 && p.round_bf16 == ps[0].round_bf16 &&
+              p.input_bf16 == ps[0].input_bf16;
+    }
+    linears_calls.push_back(std::move(ws));
+    linears_alike.push_back(alike);
+    inner_.linears(ps);
+  }
   void grouped_linear(const GroupedLinearParams& p) override { op(), inner_.grouped_linear(p); }
   void linear_fp8_block(const LinearFp8BlockParams& p) override { op(), inner_.linear_fp8_block(p); }
   void rope(const RopeParams& p, const BatchInfo& b) override { op(), inner_.rope(p, b); }
@@ -133,6 +152,39 @@ TEST_F(ModelStep, AForwardIsOneStepCutAfterEveryLayer) {
   auto plain = Session(**model, *cpu).logits(ids, 3);
   ASSERT_TRUE(plain.is_ok());
   EXPECT_EQ(*got, *plain);
+}
+
+// The projections that read one input reach the backend as one linears() call, which the CUDA
+// backend runs as one GEMM over the stacked weights (docs/cuda.md, "Stacked linears"): wq_a and wkv
+// in every layer, a compressor's wkv and wgate in CSA and HCA layers, the indexer's compressor's in
+// CSA layers; each call's params share their input and flags. A model that stopped grouping them
+// would lose those GEMMs silently (the results stay right), so it is checked here, under fp32 and
+// fast, with the logits unchanged by the wrapper.
+TEST_F(ModelStep, ProjectionsOfOneInputAreOneLinearsCall) {
+  for (const Precision precision : {Precision::kFp32, Precision::kFast}) {
+    SCOPED_TRACE(precision_name(precision));
+    auto model = Model::load(*dir_, {.precision = precision});
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    const ModelConfig& c = (*model)->config();
+    const ModelWeights& w = (*model)->weights();
+    auto cpu = make_cpu_backend();
+    StepRecorder rec(*cpu);
+    const std::vector<int32_t> ids = testing::random_ids(6, c.vocab_size, 5);
+    auto got = Session(**model, rec).logits(ids, 0);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    std::vector<std::vector<const WeightMatrix*>> want;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LayerWeights& L = w.layers[l];
+      want.push_back({&L.wq_a, &L.wkv});
+      if (c.attention[l] != AttentionKind::kSliding) want.push_back({&L.compressor.wkv, &L.compressor.wgate});
+      if (c.attention[l] == AttentionKind::kCsa) want.push_back({&L.index_compressor.wkv, &L.index_compressor.wgate});
+    }
+    EXPECT_EQ(rec.linears_calls, want);
+    EXPECT_EQ(rec.linears_alike, std::vector<bool>(want.size(), true));
+    auto plain = Session(**model, *cpu).logits(ids, 0);
+    ASSERT_TRUE(plain.is_ok());
+    EXPECT_EQ(*got, *plain);
+  }
 }
 
 TEST_F(ModelStep, ATappedForwardIsNotCapturable) {
