@@ -91,15 +91,14 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
   if (ws.empty()) return false;
   const int64_t K = ws[0]->in;
   int64_t N = 0;
-  uint64_t fp = ws.size();
   for (const WeightMatrix* w : ws) {
     // Each part's rows start 16-byte aligned in the stack (N a multiple of 8).
     if (!takes(*w) || w->in != K || w->out % 8 != 0) return false;
     N += w->out;
-    fp = (fp * 31 + view_fingerprint(w->data)) * 31 + view_fingerprint(w->scale);
   }
   if (K % 8 != 0 || !plan(N, K, 1).ok) return false;
   if (T == 0) return true;
+  const uint64_t fp = stack_fingerprint(ws);
   const DeviceBuffer* st = stacked_.find(ws[0]->data, fp);
   if (!st) {
     const LongLived weight;

@@ -535,10 +535,11 @@ class CudaBackend final : public Backend {
   // wkv: Fp8Linear::run_stacked) and bf16 GEMMs of bf16-valued inputs (a compressor's wkv and
   // wgate: Bf16GroupedLinear::run_stacked). Else, or where the stack cannot run, linear() of each.
   void linears(std::span<const LinearParams> ps) override {
-    static const bool stack_on = cuda_feature_on("fp8_stack"), bf16_on = cuda_feature_on("bf16_gemm");
-    const LinearParams& p0 = ps.empty() ? LinearParams{} : ps[0];
-    bool fp8 = stack_on && fp8_gemm_in_linear_ && ps.size() >= 2 && ps.size() <= 4;
-    bool bf16 = stack_on && bf16_on && ps.size() >= 2 && ps.size() <= 4;
+    static const bool bf16_on = cuda_feature_on("bf16_gemm");
+    if (ps.empty()) return;
+    const LinearParams& p0 = ps[0];
+    const bool stack = fp8_stack_ && ps.size() >= 2 && ps.size() <= kSplitColsParts;
+    bool fp8 = stack && fp8_gemm_in_linear_, bf16 = stack && bf16_on;
     std::vector<const WeightMatrix*> ws;
     for (const LinearParams& p : ps) {
       const bool same = p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.round_bf16 == p0.round_bf16;
@@ -1430,9 +1431,8 @@ class CudaBackend final : public Backend {
     };
     // The shared expert's w1 and w3 as one GEMM over the two stacked (`fp8_stack`), SwiGLU reading
     // both halves of each row.
-    static const bool stack_on = cuda_feature_on("fp8_stack");
     const float* stacked = nullptr;
-    if (stack_on && tensor_cores && fp8_gemm_in_linear_ && F % 128 == 0) {
+    if (fp8_stack_ && tensor_cores && fp8_gemm_in_linear_) {
       const WeightMatrix* ws[] = {&w.w1, &w.w3};
       stacked = fp8_.run_stacked(Tensor(nullptr, const_cast<float*>(x), ElemType::kF32, {R, x_stride}), ws);
     }
@@ -1496,6 +1496,7 @@ class CudaBackend final : public Backend {
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
   bool moe_fused_act_ = cuda_feature_on("moe_fused_act");
+  bool fp8_stack_ = cuda_feature_on("fp8_stack");  // linears of one input as one GEMM (linears, swiglu_ffn)
   bool w4a8_wgmma_ = cuda_feature_on("w4a8_wgmma");
   int w4a8_wgmma_warpgroups_ = 0;
   int w4a8_wgmma_split_ = 0;           // 0: by the rows (kSplitRows), 1: never, 2: always

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -44,6 +45,21 @@ inline uint64_t host_fingerprint(const void* p, size_t bytes) {
 // change), else host_fingerprint of its bytes.
 inline uint64_t view_fingerprint(const TensorView& v) {
   return v.id != 0 ? 0 : host_fingerprint(v.data, static_cast<size_t>(v.numel()) * dtype_size(v.dtype));
+}
+
+// The fingerprint of a device copy made from several weights (a stack, cached under its first
+// weight's view): every weight's identity (its views' ids, else their addresses) and
+// view_fingerprint, so that two stacks sharing a first weight are told apart (view_fingerprint
+// alone is 0 for every view with an id).
+inline uint64_t stack_fingerprint(std::span<const WeightMatrix* const> ws) {
+  uint64_t h = 1469598103934665603ull ^ ws.size();
+  const auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (const WeightMatrix* w : ws)
+    for (const TensorView* v : {&w->data, &w->scale}) {
+      mix(v->id != 0 ? v->id : reinterpret_cast<uintptr_t>(v->data));
+      mix(view_fingerprint(*v));
+    }
+  return h;
 }
 
 // Device copies made from stored tensors, keyed as above: by the view's id when it has one, else by

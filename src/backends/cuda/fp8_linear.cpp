@@ -95,13 +95,7 @@ Fp8WeightLayout fp8_weight_layout(const WeightMatrix& w) {
   return l;
 }
 
-const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
-  const int64_t n_pad = round_up(w.out, 16), k_pad = round_up(w.in, kFp8ActBlock);
-  // Keyed by the codes' view (cuda_state.h WeightCache); the fingerprint covers the scales too.
-  const uint64_t fp = view_fingerprint(w.data) * 31 + view_fingerprint(w.scale);
-  if (const PaddedWeight* hit = weights_.find(w.data, fp); hit && hit->n_pad == n_pad && hit->k_pad == k_pad)
-    return *hit;
-  const Fp8WeightLayout l = fp8_weight_layout(w);
+Fp8Linear::PaddedWeight Fp8Linear::upload(const Fp8WeightLayout& l) {
   PaddedWeight pw;
   const LongLived weight;
   pw.codes = DeviceBuffer(l.codes.size());
@@ -111,32 +105,33 @@ const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
   pw.n_pad = l.n_pad;
   pw.k_pad = l.k_pad;
   pw.l4 = l.l4;
-  return weights_.put(w.data, fp, std::move(pw));
+  return pw;
+}
+
+const Fp8Linear::PaddedWeight& Fp8Linear::padded_weight(const WeightMatrix& w) {
+  const int64_t n_pad = round_up(w.out, 16), k_pad = round_up(w.in, kFp8ActBlock);
+  // Keyed by the codes' view (cuda_state.h WeightCache); the fingerprint covers the scales too.
+  const uint64_t fp = view_fingerprint(w.data) * 31 + view_fingerprint(w.scale);
+  if (const PaddedWeight* hit = weights_.find(w.data, fp); hit && hit->n_pad == n_pad && hit->k_pad == k_pad)
+    return *hit;
+  return weights_.put(w.data, fp, upload(fp8_weight_layout(w)));
 }
 
 const Fp8Linear::PaddedWeight& Fp8Linear::stacked_weight(std::span<const WeightMatrix* const> ws) {
-  uint64_t fp = ws.size();
-  for (const WeightMatrix* w : ws) fp = (fp * 31 + view_fingerprint(w->data)) * 31 + view_fingerprint(w->scale);
+  const uint64_t fp = stack_fingerprint(ws);
   if (const PaddedWeight* hit = stacked_.find(ws[0]->data, fp)) return *hit;
   // Each weight's padded layout (its N a multiple of 128: no padded rows, whole scale blocks), one
   // after the other: the codes' rows and the scales' block rows.
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
-  PaddedWeight pw;
+  Fp8WeightLayout st;
   for (const WeightMatrix* w : ws) {
     const Fp8WeightLayout l = fp8_weight_layout(*w);
-    codes.insert(codes.end(), l.codes.begin(), l.codes.end());
-    scales.insert(scales.end(), l.scales.begin(), l.scales.end());
-    pw.n_pad += l.n_pad;
-    pw.k_pad = l.k_pad;
-    pw.l4 = l.l4;
+    st.codes.insert(st.codes.end(), l.codes.begin(), l.codes.end());
+    st.scales.insert(st.scales.end(), l.scales.begin(), l.scales.end());
+    st.n_pad += l.n_pad;
+    st.k_pad = l.k_pad;
+    st.l4 = l.l4;
   }
-  const LongLived weight;
-  pw.codes = DeviceBuffer(codes.size());
-  pw.scales = DeviceBuffer(scales.size() * sizeof(float));
-  host_to_device(pw.codes.get(), codes.data(), codes.size());
-  host_to_device(pw.scales.get(), scales.data(), scales.size() * sizeof(float));
-  return stacked_.put(ws[0]->data, fp, std::move(pw));
+  return stacked_.put(ws[0]->data, fp, upload(st));
 }
 
 bool Fp8Linear::ensure_handle() {

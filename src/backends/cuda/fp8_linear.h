@@ -94,6 +94,7 @@ class Fp8Linear {
   std::string tensor_core_refusal(const WeightMatrix& w) const;
   const PaddedWeight& padded_weight(const WeightMatrix& w);
   const PaddedWeight& stacked_weight(std::span<const WeightMatrix* const> ws);
+  static PaddedWeight upload(const Fp8WeightLayout& l);  // to the device, kept (LongLived)
   // act_quant of in [T, K] into the kept codes and scales; returns M_pad.
   int64_t quantise(const Tensor& in, int64_t K);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.

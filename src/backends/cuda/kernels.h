@@ -348,13 +348,14 @@ void launch_row_sim(const RowSimArgs& a);
 void launch_bf16_round(float* x, int64_t n);
 
 // The columns of src [rows, sum of cols] row-major handed out to parts: dst[p] [rows, cols[p]] gets
-// the p-th run of columns, rounded to bf16 (as launch_bf16_round) when round_bf16. At most 4 parts.
+// the p-th run of columns, rounded to bf16 (as launch_bf16_round) when round_bf16.
+inline constexpr int kSplitColsParts = 4;  // at most
 struct SplitColsArgs {
   const float* src;
   int64_t rows;
   int parts;
-  float* dst[4];
-  int64_t cols[4];
+  float* dst[kSplitColsParts];
+  int64_t cols[kSplitColsParts];
   bool round_bf16;
 };
 void launch_split_cols(const SplitColsArgs& a);

@@ -196,12 +196,11 @@ void* StepGraphs::side_alloc(size_t bytes) {
 }
 
 void* StepGraphs::arena_alloc(size_t bytes, bool long_lived) {
-  const size_t b = round_up(std::max<size_t>(bytes, 1), 256);
   if (long_lived) return side_alloc(bytes);
   Slot& slot = slots_[cur_];
-  const size_t off = slot.blocks.take(b);
+  const size_t off = slot.blocks.take(bytes);
   if (off == ArenaBlocks::kNone) {
-    demand_dev_ += b;  // (beyond the arena's high water: what it lacked)
+    demand_dev_ += ArenaBlocks::rounded(bytes);  // (beyond the arena's high water: what it lacked)
     return side_alloc(bytes);
   }
   return slot.dev + off;

@@ -521,6 +521,50 @@ TEST_F(CudaFp8Linear, Bf16LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
   }
 }
 
+// Stacks are cached under their first weight: two stacks sharing it must get their own entries,
+// also when the views carry ids as a checkpoint's do (view_fingerprint is 0 for those, so the
+// stack's fingerprint mixes every weight's identity: cuda_state.h stack_fingerprint). {a, b} then
+// {a, c}, FP8 and BF16: c's output must be c's (close to its own linear), not b's again.
+TEST_F(CudaFp8Linear, StacksSharingAFirstWeightAreToldApart) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  Rng rng(617);
+  const int64_t K = 256, T = 5, N = 128;
+  std::vector<float> x = rng.normal(T * K);
+  for (float& v : x) v = bf16_round(v);
+  for (const bool fp8 : {true, false}) {
+    SCOPED_TRACE(fp8 ? "FP8" : "BF16");
+    std::vector<StoredMatrix> m;
+    for (uint64_t i = 0; i < 3; ++i) {
+      m.push_back(fp8 ? fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0)
+                      : float_matrix(DType::kBF16, N, K, rng.normal(N * K)));
+      m.back().w.data.id = (fp8 ? 7100 : 7200) + 2 * i;
+      if (fp8) m.back().w.scale.id = 7101 + 2 * i;
+    }
+    const Tensor xg = gpu->upload_f32(x, {T, K});
+    auto stack = [&](const StoredMatrix& a, const StoredMatrix& b) {
+      const Tensor oa = gpu->alloc(ElemType::kF32, {T, N}), ob = gpu->alloc(ElemType::kF32, {T, N});
+      const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a.w, .act_quant_fp8 = fp8, .input_bf16 = !fp8},
+                                 {.out = ob, .in = xg, .weight = &b.w, .act_quant_fp8 = fp8, .input_bf16 = !fp8}};
+      gpu->linears(ps);
+      return gpu->download_f32(ob);
+    };
+    const std::vector<float> second_b = stack(m[0], m[1]), second_c = stack(m[0], m[2]);
+    const Tensor oc = gpu->alloc(ElemType::kF32, {T, N});
+    gpu->linear({.out = oc, .in = xg, .weight = &m[2].w, .act_quant_fp8 = fp8, .input_bf16 = !fp8});
+    const std::vector<float> alone_c = gpu->download_f32(oc);
+    double scale = 0, to_c = 0, b_to_c = 0;
+    for (size_t i = 0; i < alone_c.size(); ++i) {
+      scale = std::max(scale, std::fabs(static_cast<double>(alone_c[i])));
+      to_c = std::max(to_c, std::fabs(static_cast<double>(second_c[i]) - alone_c[i]));
+      b_to_c = std::max(b_to_c, std::fabs(static_cast<double>(second_b[i]) - alone_c[i]));
+    }
+    EXPECT_LE(to_c, 1e-3 * scale) << "the stack {a, c} gave something other than c's product";
+    EXPECT_GT(b_to_c, 0.1 * scale) << "b and c too alike for the test to tell them apart";
+  }
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // The device weight caches are keyed by host address: new contents at the same address and of the
 // same size (what a freed model's storage reused by the next one looks like) must be uploaded again,
 // on the FP8 tensor-core path, its fallback and the plain linear. Found on the H200 on 2026-11-30:
