@@ -1526,6 +1526,7 @@ class CudaBackend final : public Backend {
     fp8_gemm_in_linear_ = on;
     fp8_.set_batch_invariant(on);
   }
+  void set_fp8_wgmma(bool on) { fp8_.set_wgmma(on); }
   OpProfiler& profiler() { return profiler_; }
   void set_step_graphs(bool on) { step_graphs_on_ = on; }
   StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
@@ -1604,6 +1605,7 @@ bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).las
 bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).last_linear_tensor_cores(); }
 
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
+void set_fp8_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_fp8_wgmma(on); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 void set_moe_fused_act(Backend& backend, bool on) { cuda_backend(backend).set_moe_fused_act(on); }

@@ -258,6 +258,7 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
 
 std::string Fp8Linear::last_detail() const {
   if (last_path_ != Fp8GemmPath::kTensorCores) return last_detail_;
+  if (last_wgmma_) return "wgmma kernel (launch_fp8_wgmma_linear), " + dims(last_n_, last_m_, last_k_);
   const CublasLtApi& lt = cublaslt_api();
   return "cuBLASLt " + std::to_string(lt.version) + " (" + lt.library + "), " + dims(last_n_, last_m_, last_k_) +
          ", workspace " + std::to_string(last_workspace_) + " B";
@@ -268,7 +269,7 @@ void Fp8Linear::set_batch_invariant(bool on) {
   batch_invariant_ = on;
 }
 
-int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
+int64_t Fp8Linear::quantise(const Tensor& in, int64_t K, bool w4a8_order) {
   const int64_t T = in.dim(0);
   // in is [T, K]; codes [m_pad, k_pad], scales [k_pad / 128, m_pad] (kernels.h ActQuantFp8Args).
   const int64_t m_pad = round_up(T, 16), k_pad = round_up(K, kFp8ActBlock);
@@ -276,9 +277,35 @@ int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
   act_codes_.ensure(static_cast<size_t>(m_pad * k_pad));
   act_scales_.ensure(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
   launch_act_quant_fp8({.codes = static_cast<uint8_t*>(act_codes_.get()), .scales = act_scales_.f32(), .in = in.f32(),
-                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad});
+                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad,
+                        .w4a8_order = w4a8_order});
   launch_check("linear_fp8_block activation quantisation");
   return m_pad;
+}
+
+void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw) {
+  GroupedW4A8Args g{};
+  g.out = d;
+  g.codes = static_cast<const uint8_t*>(act_codes_.get());
+  g.scales = act_scales_.f32();
+  g.rows_pad = m_pad;
+  g.k_pad = pw.k_pad;
+  g.N = n;
+  g.K = pw.k_pad;
+  g.rows_total = T;
+  g.w_codes = static_cast<const uint8_t*>(pw.codes.get());
+  g.w_scales = static_cast<const float*>(pw.scales.get());
+  g.w_scale_ld = pw.l4;
+  g.wgmma = true;
+  if (T <= 64) {  // the decode form, K's quarters in separate blocks
+    partial_.ensure(static_cast<size_t>(4 * T * n) * sizeof(float));
+    g.partial = partial_.f32();
+  }
+  launch_fp8_wgmma_linear(g);
+  launch_check("linear_fp8_block wgmma");
+  last_path_ = Fp8GemmPath::kTensorCores;
+  last_wgmma_ = true;
+  last_m_ = m_pad, last_n_ = pw.n_pad, last_k_ = pw.k_pad;
 }
 
 const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws) {
@@ -293,12 +320,19 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   SPARROW_CHECK_EQ(in.numel(), T * K);
   if (T == 0) return nullptr;
   const PaddedWeight& pw = stacked_weight(ws);
+  if (wgmma_path()) {
+    const int64_t m_pad = quantise(in, K, true);
+    out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
+    run_wgmma(out_scratch_.f32(), T, N, m_pad, pw);
+    return out_scratch_.f32();
+  }
   const int64_t m_pad = quantise(in, K);
   out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
   if (!run_cublaslt(out_scratch_.f32(), static_cast<const uint8_t*>(act_codes_.get()), act_scales_.f32(), pw, m_pad))
     return nullptr;
   launch_check("linear_fp8_block cuBLASLt (stacked)");
   last_path_ = Fp8GemmPath::kTensorCores;
+  last_wgmma_ = false;
   return out_scratch_.f32();
 }
 
@@ -313,11 +347,16 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
     last_detail_ = "empty";
     return;
   }
+  std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
+  if (why.empty() && wgmma_path()) {
+    const PaddedWeight& pw = padded_weight(w);
+    run_wgmma(p.out.f32(), T, N, quantise(p.in, K, true), pw);
+    return;
+  }
   const int64_t m_pad = quantise(p.in, K), k_pad = round_up(K, kFp8ActBlock);
   const auto* codes = static_cast<const uint8_t*>(act_codes_.get());
   const float* scales = act_scales_.f32();
 
-  std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
   if (why.empty()) {
     const PaddedWeight& pw = padded_weight(w);
     // D is [m_pad, n_pad] row-major: the output itself when nothing is padded.
@@ -333,6 +372,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
                                              N * sizeof(float), T, cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
       launch_check("linear_fp8_block cuBLASLt");
       last_path_ = Fp8GemmPath::kTensorCores;
+      last_wgmma_ = false;
       return;
     }
     why = last_detail_;

@@ -77,6 +77,9 @@ class Fp8Linear {
   // reduction), so that each row's result is independent of the other rows: what the model's fast
   // linears need (batch invariance, chunking invariance). Off: an algorithm per (M, N, K).
   void set_batch_invariant(bool on);
+  // The batch-invariant linears on the project's wgmma kernel (kernels.h launch_fp8_wgmma_linear:
+  // the W4A8 kernels' arithmetic with e4m3 weights) instead of cuBLASLt; `fp8_wgmma` (test support).
+  void set_wgmma(bool on) { wgmma_ = on; }
   static constexpr int64_t kInvariantM = 4096;
   Fp8GemmPath last_path() const { return last_path_; }
   // What ran, or why the fallback did (built on demand: the hot path keeps no strings).
@@ -95,8 +98,14 @@ class Fp8Linear {
   const PaddedWeight& padded_weight(const WeightMatrix& w);
   const PaddedWeight& stacked_weight(std::span<const WeightMatrix* const> ws);
   static PaddedWeight upload(const Fp8WeightLayout& l);  // to the device, kept (LongLived)
-  // act_quant of in [T, K] into the kept codes and scales; returns M_pad.
-  int64_t quantise(const Tensor& in, int64_t K);
+  // act_quant of in [T, K] into the kept codes and scales (in the wgmma kernels' order when
+  // w4a8_order); returns M_pad.
+  int64_t quantise(const Tensor& in, int64_t K, bool w4a8_order = false);
+  // Whether the project's wgmma kernel (launch_fp8_wgmma_linear) runs the batch-invariant linears
+  // instead of cuBLASLt (`fp8_wgmma`).
+  bool wgmma_path() const { return batch_invariant_ && wgmma_ && !force_fallback_; }
+  // d [T, n] (row stride n) = the linear of the codes quantised in w4a8 order and pw's first n rows.
+  void run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
   // The handle, workspace and matmul descriptor (its fixed attributes set), made on first use.
@@ -106,6 +115,9 @@ class Fp8Linear {
 
   bool force_fallback_ = false;
   bool batch_invariant_ = false;
+  bool wgmma_ = cuda_feature_on("fp8_wgmma");
+  bool last_wgmma_ = false;  // the last tensor-core run was the wgmma kernel
+  DeviceBuffer partial_;     // its split decode form's quarter sums
   Fp8GemmPath last_path_ = Fp8GemmPath::kNone;
   std::string last_detail_;  // when last_path_ != kTensorCores
   int64_t last_m_ = 0, last_n_ = 0, last_k_ = 0;  // the last tensor-core GEMM's shape

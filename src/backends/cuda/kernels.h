@@ -267,8 +267,21 @@ struct GroupedW4A8Args {
   // in order; the same bits either way. rows_total = offsets[E].
   float* partial = nullptr;
   int64_t rows_total = 0;
+  // A dense FP8 linear through the wgmma kernels (launch_fp8_wgmma_linear): one weight of e4m3
+  // codes [N, K] row-major (K a multiple of 128) with fp32 128x128 block scales [ceil(N / 128),
+  // w_scale_ld]; the rows are 0 .. rows_total - 1 of codes (no experts, offsets, items or in_rows).
+  const uint8_t* w_codes = nullptr;
+  const float* w_scales = nullptr;
+  int64_t w_scale_ld = 0;
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
+// out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
+// arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
+// group within each quarter of the groups, the quarters added in order; sw the weight's block
+// scale): every row the same bits for any rows_total. Up to 64 rows: 8-row items with the quarters
+// in separate blocks when `partial` ([4, rows_total, N]) is given; more: 64-row tiles, 128 columns
+// a block. REQUIRES the codes in ActQuantFp8Args::w4a8_order, K % 128 == 0, 16-byte aligned rows.
+void launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
 // The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
 // eight per SM of an H200 (small batches), else 2.
 inline int w4a8_small_tiles(const GroupedW4A8Args& g) {

@@ -756,10 +756,31 @@ __device__ inline void wgmma_m64n64k32_e5m2_e4m3(float (&d)[32], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
-template <int kN>
+__device__ inline void wgmma_m64n8k32_e4m3_e4m3(float (&d)[4], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+__device__ inline void wgmma_m64n64k32_e4m3_e4m3(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// A operand e5m2 (the converted MXFP4 weights) or, for the FP8 linear, e4m3.
+template <int kN, bool kFp8W>
 __device__ inline void wgmma_w4a8(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
-  if constexpr (kN == 8) wgmma_m64n8k32_e5m2_e4m3(d, a, b_desc, accumulate);
-  else wgmma_m64n64k32_e5m2_e4m3(d, a, b_desc, accumulate);
+  if constexpr (kFp8W) {
+    if constexpr (kN == 8) wgmma_m64n8k32_e4m3_e4m3(d, a, b_desc, accumulate);
+    else wgmma_m64n64k32_e4m3_e4m3(d, a, b_desc, accumulate);
+  } else {
+    if constexpr (kN == 8) wgmma_m64n8k32_e5m2_e4m3(d, a, b_desc, accumulate);
+    else wgmma_m64n64k32_e5m2_e4m3(d, a, b_desc, accumulate);
+  }
 }
 
 // The table of block `blk` of a column's group (its packed e8m0 word): bytes 0..7 the e5m2 of the e2m1
@@ -802,11 +823,21 @@ __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, ui
   hi_out = mag_hi | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
 }
 
-template <int kN, int kWG>
+// The FP8 linear's weights in a stage: column c's 128 bytes of the group at fp8_wrow c. In the
+// decode kernel 144: the 16 bytes of padding put the 8 columns a quarter-warp reads at once on
+// different banks; the prefill kernel keeps 128 (2-way conflicts on those reads) so that two blocks
+// fit an SM (3 stages of 24.8 KB and the 32 KB of quarter sums).
+template <int kN>
+__host__ __device__ constexpr int fp8_wrow() { return kN == 8 ? 144 : 128; }
+
+template <int kN, int kWG, bool kFp8W = false>
 struct WgStage {
   uint8_t x[kN * kW4A8GroupK];      // the rows' codes: chunk c (16 bytes) of row n at ((c * kN / 8) + n / 8) * 128 + (n % 8) * 16
-  uint8_t w[kWG * kWgCols * 64];    // column c's 64 bytes of the group at 64 c
-  uint32_t ws[kWG * kWgCols];       // packed e8m0 scales: a column's 4 blocks
+  // MXFP4: column c's 64 bytes of the group at 64 c; FP8: its 128 bytes at fp8_wrow c.
+  uint8_t w[kWG * kWgCols * (kFp8W ? fp8_wrow<kN>() : 64)];
+  // MXFP4: packed e8m0 scales, a column's 4 blocks; FP8: wsf[0] the block's scale (the block's
+  // columns lie in one 128-row scale block).
+  uint32_t ws[kFp8W ? 4 : kWG * kWgCols];
   float sa[kN];                     // activation scales of the group
 };
 
@@ -817,9 +848,9 @@ struct WgStage {
 // 1.18 ms against 1.04 on 2026-12-01); the prefill kernel offsets them by the group number under a
 // bound of two blocks (128 registers, 8 bytes spilled; w1 + w3 of an 8K prefill 6.84 ms against 7.54
 // for the advancing form on 2026-12-02, w2 4.26 against 4.49).
-template <int kN, int kWG, int kStages>
+template <int kN, int kWG, int kStages, bool kFp8W = false>
 __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
-  using Stage = WgStage<kN, kWG>;
+  using Stage = WgStage<kN, kWG, kFp8W>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
   static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
   extern __shared__ __align__(128) uint8_t wg_smem[];
@@ -828,7 +859,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   __shared__ int s_e;
   __shared__ int64_t s_t0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
-  if constexpr (kN == 8) {
+  if constexpr (kFp8W) {  // dense: block b's rows kN b ..
+    if (tid == 0) {
+      s_t0 = static_cast<int64_t>(blockIdx.x) * kN;
+      s_e = s_t0 < g.rows_total ? 0 : -1;
+    }
+  } else if constexpr (kN == 8) {
     if (tid == 0) {
       const int64_t item = blockIdx.x;
       s_e = item < *g.n_items ? g.items[2 * item] : -1;
@@ -846,10 +882,10 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   __syncthreads();
   if (s_e < 0) return;  // past the last item or tile (the grid is a bound)
   const int64_t e = s_e, t0 = s_t0;
-  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
+  const int64_t r0 = kFp8W ? 0 : g.offsets[e], R = kFp8W ? g.rows_total : g.offsets[e + 1] - r0;
   const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
   const int n0 = static_cast<int>(blockIdx.y) * kCols;
-  const DevWeight W = g.w[e];
+  const DevWeight W = kFp8W ? DevWeight{} : g.w[e];
   // Split (grid z = 4, the decode kernel only): this block computes quarter blockIdx.z of the groups
   // only, into g.partial.
   const bool split = kN == 8 && gridDim.z == kW4A8Warps;
@@ -857,7 +893,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   const int g_hi = split ? w4a8_quarter(blockIdx.z + 1, groups) : groups;
   if (tid < kN) {
     const int64_t tr = t0 + tid;
-    s_src[tid] = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
+    s_src[tid] = tr < R ? (!kFp8W && g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
   }
   __syncthreads();
 
@@ -865,20 +901,27 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   // code pieces p = tid + kThreads i < 8 kN (row p % kN, chunk p / kN: a quarter-warp fills one
   // chunk of 8 rows, 128 contiguous bytes of the stage; a row's 8 chunks, the earlier mapping, fell
   // in one bank group), column tid's packed scales (tid < kCols), row tid's activation scale (tid < kN).
-  const auto* wdata = static_cast<const uint8_t*>(W.data);
-  const int64_t col_bytes = K / 2;
-  const uint8_t* wsrc[2];
-  bool wok[2];
+  // (FP8: weight pieces p = tid + kThreads i, i < 4: column p / 8, chunk p % 8 of its 128 bytes; a
+  // quarter-warp copies one column's group, and thread 0 the block's scale.)
+  constexpr int kWPieces = kFp8W ? 4 : 2;
+  constexpr int kGroupBytes = kFp8W ? kW4A8GroupK : kW4A8GroupK / 2;  // a column's bytes of a group
+  const auto* wdata = kFp8W ? g.w_codes : static_cast<const uint8_t*>(W.data);
+  const int64_t col_bytes = kFp8W ? K : K / 2;
+  const uint8_t* wsrc[kWPieces];
+  int wdst[kWPieces];
+  bool wok[kWPieces];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int col = (tid + kThreads * i) / 4;
+  for (int i = 0; i < kWPieces; ++i) {
+    const int p = tid + kThreads * i, col = kFp8W ? p / 8 : p / 4, chunk = kFp8W ? p % 8 : p % 4;
     wok[i] = n0 + col < N;
-    wsrc[i] = wdata + (wok[i] ? (n0 + col) * col_bytes : 0) + 16 * (tid % 4) + 64 * g_lo;
+    wsrc[i] = wdata + (wok[i] ? (n0 + col) * col_bytes : 0) + 16 * chunk + kGroupBytes * g_lo;
+    wdst[i] = kFp8W ? fp8_wrow<kN>() * col + 16 * chunk : 16 * p;
   }
   constexpr int kXPieces = (8 * kN + kThreads - 1) / kThreads;
-  const bool scol_ok = tid < kCols && n0 + tid < N;
+  const bool scol_ok = kFp8W ? tid == 0 : tid < kCols && n0 + tid < N;
   const uint8_t* ssrc =
-      static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? n0 + tid : 0) * W.scale_cols + 4 * g_lo;
+      kFp8W ? reinterpret_cast<const uint8_t*>(g.w_scales + (n0 / 128) * g.w_scale_ld + g_lo)
+            : static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? n0 + tid : 0) * W.scale_cols + 4 * g_lo;
   const int64_t arow = tid < kN ? s_src[tid] : -1;
   const bool arow_ok = arow >= 0;
   const float* asrc = g.scales + static_cast<int64_t>(g_lo) * g.rows_pad + (arow_ok ? arow : 0);
@@ -905,9 +948,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
       Stage& st = ring[kAdvance ? next_stage_index : static_cast<int>(dg % kStages)];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        cp_async(st.w + 16 * (tid + kThreads * i), wsrc[i] + 64 * dg, wok[i], 16);
-        if constexpr (kAdvance) wsrc[i] += 64;
+      for (int i = 0; i < kWPieces; ++i) {
+        cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * dg, wok[i], 16);
+        if constexpr (kAdvance) wsrc[i] += kGroupBytes;
       }
 #pragma unroll
       for (int i = 0; i < kXPieces; ++i)
@@ -915,7 +958,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
           cp_async(st.x + xdst[i], xsrc[i] + kW4A8GroupK * dg, xok[i], 16);
           if constexpr (kAdvance) xsrc[i] += kW4A8GroupK;
         }
-      if (tid < kCols) cp_async(&st.ws[tid], ssrc + 4 * dg, scol_ok, 4);
+      if (kFp8W ? tid == 0 : tid < kCols) cp_async(&st.ws[kFp8W ? 0 : tid], ssrc + 4 * dg, scol_ok, 4);
       if (tid < kN) cp_async(&st.sa[tid], asrc + dg * g.rows_pad, arow_ok, 4);
       if constexpr (kAdvance) {
         ssrc += 4;
@@ -959,25 +1002,39 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
     issue();                       // group kg + kStages - 1
     const Stage& st = ring[kAdvance ? stage_index : (kg - g_lo) % kStages];
     if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
-    uint32_t tab[2][2];
-    float cs[2];
-    w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-    w4a8_e5m2_table(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
-    const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
-    const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
     uint32_t a[4][4];
-    const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
+    float cs[2];
+    if constexpr (kFp8W) {
+      // Thread tig's 32 bytes of each of its two columns are inputs 32 tig .. 32 tig + 31 of the
+      // group (w4a8_order): instruction i's k-slots 4 tig .. take bytes 8 i .. 8 i + 3, slots
+      // 16 + 4 tig .. bytes 8 i + 4 .. 8 i + 7.
+      const uint4* ra = reinterpret_cast<const uint4*>(st.w + fp8_wrow<kN>() * c0 + 32 * tig);
+      const uint4* rb = reinterpret_cast<const uint4*>(st.w + fp8_wrow<kN>() * (c0 + 8) + 32 * tig);
+      const uint4 a0 = ra[0], a1 = ra[1], b0 = rb[0], b1 = rb[1];
+      const uint32_t av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const uint32_t bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
-      e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
+      for (int i = 0; i < 4; ++i) a[i][0] = av[2 * i], a[i][2] = av[2 * i + 1], a[i][1] = bv[2 * i], a[i][3] = bv[2 * i + 1];
+      cs[0] = cs[1] = __uint_as_float(st.ws[0]);
+    } else {
+      uint32_t tab[2][2];
+      w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
+      w4a8_e5m2_table(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+      const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
+      const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
+      const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
+        e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
+      }
     }
 #pragma unroll
     for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
     wgmma_fence();
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      wgmma_w4a8<kN>(d, a[i], wgmma_desc(st.x + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
+      wgmma_w4a8<kN, kFp8W>(d, a[i], wgmma_desc(st.x + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -1018,21 +1075,26 @@ __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64
 // The ring's depth (6 or 8 groups for the decode kernel measured slower on the H200, 2026-12-02:
 // w1 + w3 at batch 256 1.04 -> 1.20 / 1.18 ms).
 constexpr int kWgStages = 4;
-template <int kN, int kWG>
+// The FP8 linear's prefill stages hold twice the weight bytes: 3 of them (107 KB with the quarter
+// sums) keep two blocks an SM, as the W4A8 prefill kernel's 4 do.
+template <int kN, bool kFp8W>
+__host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kWgStages; }
+template <int kN, int kWG, bool kFp8W = false>
 constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
-  return sizeof(WgStage<kN, kWG>) * kWgStages + sizeof(float) * (kN / 2) * kWgThreads * kWG;
+  return sizeof(WgStage<kN, kWG, kFp8W>) * wg_stages<kN, kFp8W>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
-template <int kN, int kWG>
+template <int kN, int kWG, bool kFp8W = false>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
+  constexpr int kStages = wg_stages<kN, kFp8W>();
   static const bool smem_set = [] {
-    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kWgStages>,
+    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(wg_smem_bytes<kN, kWG>())) == cudaSuccess;
+                                static_cast<int>(wg_smem_bytes<kN, kWG, kFp8W>())) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
-  grouped_w4a8_wgmma_kernel<kN, kWG, kWgStages>
+  grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>
       <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
-         kWgThreads * kWG, wg_smem_bytes<kN, kWG>()>>>(g);
+         kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>()>>>(g);
 }
 
 __device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
@@ -1118,6 +1180,19 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
       grouped_w4a8_kernel<2><<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
                                small_smem_bytes<2>()>>>(g);
   }
+}
+
+void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
+  if (g.rows_total == 0 || g.N == 0) return;
+  if (g.rows_total <= kTiledRows) {
+    const int64_t items = (g.rows_total + 7) / 8;
+    if (g.partial == nullptr) return launch_w4a8_wgmma<8, 1, true>(g, items);
+    launch_w4a8_wgmma<8, 1, true>(g, items, kW4A8Warps);
+    const int64_t count = g.rows_total * g.N;
+    w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
+    return;
+  }
+  launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

@@ -331,9 +331,15 @@ TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
 // bound of the CPU twin, and is batch invariant: a token's row is the same bits alone, in a batch of
 // 37 (M_pad 48), of 300 (M_pad 304) and of 4100 (M_pad 4112, past the M the plan is chosen for),
 // because one algorithm serves every M.
-TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
+// Run on cuBLASLt and on the project's wgmma kernel (cuda::set_fp8_wgmma): 37 rows take its
+// decode form (K's quarters in separate blocks), 300 and 4100 its 64-row tiles.
+class CudaFp8LinearPaths : public CudaFp8Linear, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  const bool wgmma = GetParam();
   cuda::set_fp8_gemm_in_linear(*gpu, true);
+  cuda::set_fp8_wgmma(*gpu, wgmma);
   Rng rng(614);
   for (auto [N, K] : {std::pair<int64_t, int64_t>{129, 1152}, std::pair<int64_t, int64_t>{1000, 4096},
                       std::pair<int64_t, int64_t>{2048, 4096}}) {
@@ -349,6 +355,7 @@ TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
     const std::vector<float> all = run(0, T);
     const std::string path = cuda::fp8_linear_last_path(*gpu);
     EXPECT_EQ(path.rfind("tensor cores", 0), 0u) << path;
+    EXPECT_EQ(path.find("wgmma kernel") != std::string::npos, wgmma) << path;
     // Within the tensor-core bound of the CPU twin (the first 37 rows).
     const Tensor xc = cpu->upload_f32(std::vector<float>(x.begin(), x.begin() + 37 * K), {37, K});
     const Tensor oc = cpu->alloc(ElemType::kF32, {37, N});
@@ -381,8 +388,12 @@ TEST_F(CudaFp8Linear, TensorCoresInTheFastLinearAreBatchInvariant) {
           ASSERT_EQ(o[r * N + n], all[(r % T) * N + n]) << "N=" << N << " K=" << K << ": row " << r << " of 4100";
     }
   }
+  cuda::set_fp8_wgmma(*gpu, cuda::cuda_feature_on("fp8_wgmma"));
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, CudaFp8LinearPaths, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Wgmma" : "CuBlasLt"; });
 
 // linears() of one input (the model's wq_a and wkv): the CUDA backend runs FP8 weights whose N are
 // multiples of 128 as one GEMM over the weights stacked (fp8_stack). Each output must be exactly
