@@ -105,8 +105,16 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
     DeviceBuffer b(static_cast<size_t>(N * K) * sizeof(uint16_t));
     int64_t row = 0;
     for (const WeightMatrix* w : ws) {
-      launch_weight_to_bf16(device_weight(*w), static_cast<uint16_t*>(b.get()) + row * K);
-      SPARROW_CUDA_CHECK(cudaGetLastError());
+      uint16_t* dst = static_cast<uint16_t*>(b.get()) + row * K;
+      const size_t bytes = static_cast<size_t>(w->out * K) * sizeof(uint16_t);
+      if (w->format == WeightFormat::kFloat && w->data.nbytes == bytes) {
+        // BF16 as stored: straight from the host, so no device copy of the weight alone is kept
+        // beside the stack (device_weight caches what it uploads).
+        host_to_device(dst, w->data.data, bytes);
+      } else {
+        launch_weight_to_bf16(device_weight(*w), dst);
+        SPARROW_CUDA_CHECK(cudaGetLastError());
+      }
       row += w->out;
     }
     st = &stacked_.put(ws[0]->data, fp, std::move(b));
