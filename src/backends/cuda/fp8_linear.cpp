@@ -320,14 +320,13 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   SPARROW_CHECK_EQ(in.numel(), T * K);
   if (T == 0) return nullptr;
   const PaddedWeight& pw = stacked_weight(ws);
-  if (wgmma_path()) {
-    const int64_t m_pad = quantise(in, K, true);
-    out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
+  const bool wgmma = wgmma_path();
+  const int64_t m_pad = quantise(in, K, wgmma);
+  out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
+  if (wgmma) {
     run_wgmma(out_scratch_.f32(), T, N, m_pad, pw);
     return out_scratch_.f32();
   }
-  const int64_t m_pad = quantise(in, K);
-  out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
   if (!run_cublaslt(out_scratch_.f32(), static_cast<const uint8_t*>(act_codes_.get()), act_scales_.f32(), pw, m_pad))
     return nullptr;
   launch_check("linear_fp8_block cuBLASLt (stacked)");
