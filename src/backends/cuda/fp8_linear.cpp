@@ -269,7 +269,7 @@ void Fp8Linear::set_batch_invariant(bool on) {
   batch_invariant_ = on;
 }
 
-int64_t Fp8Linear::quantise(const Tensor& in, int64_t K, bool w4a8_order) {
+int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
   const int64_t T = in.dim(0);
   // in is [T, K]; codes [m_pad, k_pad], scales [k_pad / 128, m_pad] (kernels.h ActQuantFp8Args).
   const int64_t m_pad = round_up(T, 16), k_pad = round_up(K, kFp8ActBlock);
@@ -277,8 +277,7 @@ int64_t Fp8Linear::quantise(const Tensor& in, int64_t K, bool w4a8_order) {
   act_codes_.ensure(static_cast<size_t>(m_pad * k_pad));
   act_scales_.ensure(static_cast<size_t>(k_pad / kFp8ActBlock * m_pad) * sizeof(float));
   launch_act_quant_fp8({.codes = static_cast<uint8_t*>(act_codes_.get()), .scales = act_scales_.f32(), .in = in.f32(),
-                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad,
-                        .w4a8_order = w4a8_order});
+                        .in_dtype = DType::kF32, .rows = T, .K = K, .in_stride = K, .rows_pad = m_pad, .k_pad = k_pad});
   launch_check("linear_fp8_block activation quantisation");
   return m_pad;
 }
@@ -297,7 +296,7 @@ void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const P
   g.w_scales = static_cast<const float*>(pw.scales.get());
   g.w_scale_ld = pw.l4;
   g.wgmma = true;
-  if (T <= 64) {  // the decode form, K's quarters in separate blocks
+  if (fp8_wgmma_linear_wants_partial(T, n)) {  // K's quarters in separate blocks
     partial_.ensure(static_cast<size_t>(4 * T * n) * sizeof(float));
     g.partial = partial_.f32();
   }
@@ -321,7 +320,7 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   if (T == 0) return nullptr;
   const PaddedWeight& pw = stacked_weight(ws);
   const bool wgmma = wgmma_path();
-  const int64_t m_pad = quantise(in, K, wgmma);
+  const int64_t m_pad = quantise(in, K);
   out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
   if (wgmma) {
     run_wgmma(out_scratch_.f32(), T, N, m_pad, pw);
@@ -349,7 +348,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
   if (why.empty() && wgmma_path()) {
     const PaddedWeight& pw = padded_weight(w);
-    run_wgmma(p.out.f32(), T, N, quantise(p.in, K, true), pw);
+    run_wgmma(p.out.f32(), T, N, quantise(p.in, K), pw);
     return;
   }
   const int64_t m_pad = quantise(p.in, K), k_pad = round_up(K, kFp8ActBlock);

@@ -98,13 +98,13 @@ class Fp8Linear {
   const PaddedWeight& padded_weight(const WeightMatrix& w);
   const PaddedWeight& stacked_weight(std::span<const WeightMatrix* const> ws);
   static PaddedWeight upload(const Fp8WeightLayout& l);  // to the device, kept (LongLived)
-  // act_quant of in [T, K] into the kept codes and scales (in the wgmma kernels' order when
-  // w4a8_order); returns M_pad.
-  int64_t quantise(const Tensor& in, int64_t K, bool w4a8_order = false);
+  // act_quant of in [T, K] into the kept codes and scales (the inputs in their order, for cuBLASLt
+  // and the wgmma kernels alike); returns M_pad.
+  int64_t quantise(const Tensor& in, int64_t K);
   // Whether the project's wgmma kernel (launch_fp8_wgmma_linear) runs the batch-invariant linears
   // instead of cuBLASLt (`fp8_wgmma`).
   bool wgmma_path() const { return batch_invariant_ && wgmma_ && !force_fallback_; }
-  // d [T, n] (row stride n) = the linear of the codes quantised in w4a8 order and pw's first n rows.
+  // d [T, n] (row stride n) = the linear of the quantised codes and pw's first n rows.
   void run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);

@@ -279,9 +279,16 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block
 // scale): every row the same bits for any rows_total. Up to 64 rows: 8-row items with the quarters
-// in separate blocks when `partial` ([4, rows_total, N]) is given; more: 64-row tiles, 128 columns
-// a block. REQUIRES the codes in ActQuantFp8Args::w4a8_order, K % 128 == 0, 16-byte aligned rows.
+// in separate blocks when `partial` ([4, rows_total, N]) is given; more: the TMA kernel's 128 x 128
+// tiles (fp8_linear_tma_kernel; its quarters in separate work items where
+// fp8_wgmma_linear_wants_partial), or with `fp8_tma` off the 64-row tiles of 128 columns. REQUIRES
+// the codes in their natural order (not w4a8_order), K % 128 == 0, 16-byte aligned rows, the
+// scales' rows_pad a multiple of 4.
 void launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
+// Whether launch_fp8_wgmma_linear would use `partial` ([4, rows, N] floats) for rows x N: up to 64
+// rows, and where its 128 x 128 tiles number fewer than the SMs (K's quarters then in separate
+// work items, added in order after).
+bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N);
 // The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
 // eight per SM of an H200 (small batches), else 2.
 inline int w4a8_small_tiles(const GroupedW4A8Args& g) {

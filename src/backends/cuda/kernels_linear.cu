@@ -3,8 +3,10 @@
 // kTokenTile tokens: the lanes stride over K, so each weight element is decoded once per tile and
 // the reduction order is fixed (a token's result does not depend on the other tokens).
 #include <cuda_bf16.h>
+#include <cuda.h>  // CUtensorMap (the map is encoded through the runtime's driver entry point)
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -1005,16 +1007,15 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
     uint32_t a[4][4];
     float cs[2];
     if constexpr (kFp8W) {
-      // Thread tig's 32 bytes of each of its two columns are inputs 32 tig .. 32 tig + 31 of the
-      // group (w4a8_order): instruction i's k-slots 4 tig .. take bytes 8 i .. 8 i + 3, slots
-      // 16 + 4 tig .. bytes 8 i + 4 .. 8 i + 7.
-      const uint4* ra = reinterpret_cast<const uint4*>(st.w + fp8_wrow<kN>() * c0 + 32 * tig);
-      const uint4* rb = reinterpret_cast<const uint4*>(st.w + fp8_wrow<kN>() * (c0 + 8) + 32 * tig);
-      const uint4 a0 = ra[0], a1 = ra[1], b0 = rb[0], b1 = rb[1];
-      const uint32_t av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const uint32_t bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      // The inputs in their natural order (the codes are not in w4a8_order here, so that the TMA
+      // kernel's shared-memory A holds the same bytes in the same k-slots): instruction i's
+      // k-slots 4 tig .. 4 tig + 3 are the group's bytes 32 i + 4 tig .., slots 16 + 4 tig .. bytes
+      // 32 i + 16 + 4 tig ..: words 8 i + tig and 8 i + 4 + tig of the column (the decode rows'
+      // 144-byte pitch puts a quarter-warp's 32 words on 32 banks).
+      const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * c0) + tig;
+      const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * (c0 + 8)) + tig;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i][0] = av[2 * i], a[i][2] = av[2 * i + 1], a[i][1] = bv[2 * i], a[i][3] = bv[2 * i + 1];
+      for (int i = 0; i < 4; ++i) a[i][0] = ra[8 * i], a[i][2] = ra[8 * i + 4], a[i][1] = rb[8 * i], a[i][3] = rb[8 * i + 4];
       cs[0] = cs[1] = __uint_as_float(st.ws[0]);
     } else {
       uint32_t tab[2][2];
@@ -1070,6 +1071,197 @@ __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64
 #pragma unroll
   for (int q = 1; q < kW4A8Warps; ++q) s += partial[q * count + i];
   out[i] = s;
+}
+
+// ---- The FP8 linear's prefill kernel: TMA, mbarriers, both wgmma operands in shared memory ----------
+//
+// The same arithmetic as the kernels above with e4m3 weights (kFp8W), so every row gets the bits the
+// decode form gives it: per group of 128 inputs d = four wgmma k32 from zero (the natural input
+// order in both operands), acc = fma(d, sw * sa, acc) within each quarter of the groups, the
+// quarters added in order. A tile is 128 weight rows (two consumer warpgroups of 64, wgmma's M) x
+// 128 tokens (wgmma's N) over the whole K; the blocks are persistent (one an SM, tiles strided).
+// One warpgroup folds a group's products in while the other's run on the tensor core. A third
+// warpgroup's first thread feeds a ring of kTmaStages stages by TMA (the weights' and the codes'
+// 128 x 128-byte boxes 128-byte swizzled, the tokens' 128 activation scales of the group), full
+// barriers counting the bytes in and empty barriers counting the consumer warps out; the ring runs
+// on across a block's tiles, so the next tile's loads overlap this one's stores. Tokens and weight
+// rows past the tensors' ends come in as zeros (TMA's out-of-bounds fill) and are not written.
+constexpr int kTmaRows = 128, kTmaCols = 128, kTmaStages = 5, kTmaBox = kTmaRows * kW4A8GroupK;
+constexpr int kTmaThreads = 3 * kWgThreads;  // two consumer warpgroups, then the producer's
+constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
+                                 2 * kTmaStages * sizeof(uint64_t);
+
+struct Fp8TmaArgs {
+  CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle
+  CUtensorMap x_map;  // the activations' codes [rows_total][k_pad]: the same boxes
+  CUtensorMap s_map;  // their scales, f32 [groups][rows_pad] as dims {rows_total, groups}: boxes of 128 x 1
+  float* out;         // [rows_total, N]; with split, the quarters' sums [4][rows_total][N]
+  const float* w_scales;
+  int64_t w_scale_ld;
+  int64_t rows_total;
+  int N, groups;
+  int split;  // 1, or 4: a work item is one quarter of a tile's groups (few tiles: more blocks)
+};
+
+__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// A 2-D box of map at (c0 inner, c1 outer) into dst, counted on bar.
+__device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+// K-major operand of 128-byte rows, 128-byte swizzled, 8-row groups 1024 bytes apart.
+__device__ inline uint64_t wgmma_desc_sw128(const void* smem) {
+  return static_cast<uint64_t>((smem_u32(smem) & 0x3ffffu) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+__device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+__global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
+  extern __shared__ uint8_t tma_smem_raw[];
+  // Stages' boxes on 1024-byte boundaries (the swizzle's period, which the descriptors assume).
+  uint8_t* smem = tma_smem_raw + ((1024 - (smem_u32(tma_smem_raw) & 1023u)) & 1023u);
+  uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
+  uint8_t* x_box = smem + kTmaStages * kTmaBox;             // [stage][128 tokens][128 bytes]
+  float* sa = reinterpret_cast<float*>(smem + 2 * kTmaStages * kTmaBox);  // [stage][128 tokens]
+  uint64_t* full = reinterpret_cast<uint64_t*>(sa + kTmaStages * kTmaRows);
+  uint64_t* empty = full + kTmaStages;
+  const int tid = threadIdx.x, wg = tid / kWgThreads;
+  const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);
+  const int items = token_tiles * ((a.N + kTmaCols - 1) / kTmaCols) * a.split;
+  if (tid == 0) {
+    for (int s = 0; s < kTmaStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2 * kWgThreads / 32);  // each consumer warp's lane 0
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Persistent: the block's work items are blockIdx.x, + gridDim.x, ...; item i is quarter i % split
+  // (its groups [g_lo, g_hi); all of them unsplit) of tile t = i / split, token tile t % token_tiles
+  // of weight tile t / token_tiles. The ring's position runs on across items.
+  const auto item_at = [&](int item, int& t0, int& n0, int& q, int& g_lo, int& g_hi) {
+    const int tile = item / a.split;
+    q = item % a.split;
+    t0 = (tile % token_tiles) * kTmaRows, n0 = (tile / token_tiles) * kTmaCols;
+    g_lo = a.split > 1 ? w4a8_quarter(q, groups) : 0;
+    g_hi = a.split > 1 ? w4a8_quarter(q + 1, groups) : groups;
+  };
+  if (wg == 2) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 2 * kWgThreads) {
+      int it = 0;
+      for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        int t0, n0, q, g_lo, g_hi;
+        item_at(item, t0, n0, q, g_lo, g_hi);
+        for (int kg = g_lo; kg < g_hi; ++kg, ++it) {
+          const int s = it % kTmaStages, round = it / kTmaStages;
+          if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+          mbar_arrive_expect_tx(&full[s], 2 * kTmaBox + kTmaRows * sizeof(float));
+          tma_load_2d(w_box + s * kTmaBox, &a.w_map, kg * kW4A8GroupK, n0, &full[s]);
+          tma_load_2d(x_box + s * kTmaBox, &a.x_map, kg * kW4A8GroupK, t0, &full[s]);
+          tma_load_2d(sa + s * kTmaRows, &a.s_map, t0, kg, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+  // The consumers: 232 registers a thread (the producer's warpgroup gives its own up), for d, acc
+  // and the finished quarters' sums, 64 each.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = wg, lane = tid % 32, warp = (tid / 32) % 4, tig = lane % 4;
+  // Slot 4 j + c: weight row n0 + 64 cw + 16 warp + gid (+ 8 for c >= 2), token t0 + 8 j + 2 tig + (c & 1).
+  float d[64], acc[64], total[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = acc[i] = total[i] = 0.0f;
+  int it = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int t0, n0, q, g_lo, g_hi;
+    item_at(item, t0, n0, q, g_lo, g_hi);
+    const float* ws = a.w_scales + static_cast<int64_t>(n0 / 128) * a.w_scale_ld;
+    // Split: one quarter, its sum written as it is (acc); else the quarters as the kernels above.
+    int quarter = 0, quarter_end = a.split > 1 ? g_hi : w4a8_quarter(1, groups);
+    const auto finish_quarter = [&] {
+#pragma unroll
+      for (int r = 0; r < 64; ++r) {
+        total[r] = quarter == 0 ? acc[r] : total[r] + acc[r];
+        acc[r] = 0.0f;
+      }
+      ++quarter;
+    };
+    for (int kg = g_lo; kg < g_hi; ++kg, ++it) {
+      while (kg >= quarter_end) {
+        finish_quarter();
+        quarter_end = w4a8_quarter(quarter + 1, groups);
+      }
+      const int s = it % kTmaStages;
+      const float sw = __ldg(ws + kg);
+      mbar_wait(&full[s], (it / kTmaStages) & 1);
+#pragma unroll
+      for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
+      wgmma_fence();
+      const uint8_t* wa = w_box + s * kTmaBox + cw * 64 * kW4A8GroupK;
+      const uint8_t* xb = x_box + s * kTmaBox;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(wa + 32 * i), wgmma_desc_sw128(xb + 32 * i), i > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
+      const float* sas = sa + s * kTmaRows;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 sv = *reinterpret_cast<const float2*>(&sas[8 * j + 2 * tig]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[4 * j + c] = __fmaf_rn(d[4 * j + c], sw * ((c & 1) ? sv.y : sv.x), acc[4 * j + c]);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+    if (a.split == 1)
+      while (quarter < kW4A8Warps) finish_quarter();
+    float* dst = a.out + static_cast<int64_t>(q) * a.rows_total * a.N;
+    const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t t = t0 + 8 * j + 2 * tig + (c & 1);
+        const int n = row0 + (c < 2 ? 0 : 8);
+        if (t < a.rows_total && n < a.N) dst[t * a.N + n] = a.split > 1 ? acc[4 * j + c] : total[4 * j + c];
+      }
+    if (a.split > 1)
+#pragma unroll
+      for (int r = 0; r < 64; ++r) acc[r] = 0.0f;
+  }
 }
 
 // The ring's depth (6 or 8 groups for the decode kernel measured slower on the H200, 2026-12-02:
@@ -1182,6 +1374,90 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   }
 }
 
+namespace {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime (the binary links no libcuda); null when the driver
+// has none.
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// A 2-D map of a row-major [outer][inner] tensor with rows `pitch` bytes apart.
+bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t outer,
+               uint64_t pitch, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle) {
+  const EncodeTiledFn fn = encode_tiled();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[2] = {inner, outer}, strides[1] = {pitch};
+  const cuuint32_t box[2] = {box_inner, box_outer}, elem[2] = {1, 1};
+  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0
+               ? n
+               : 132;
+  }();
+  return sms;
+}
+int64_t fp8_tma_tiles(int64_t rows, int64_t N) { return (rows + kTmaRows - 1) / kTmaRows * blocks_for(N, kTmaCols); }
+
+// The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
+// `partial` is given and the tiles number fewer than the SMs); false (nothing launched) when a map
+// cannot be made (no driver entry point, an unaligned buffer), for the 64-row kernel to run.
+bool launch_fp8_tma(const GroupedW4A8Args& g) {
+  Fp8TmaArgs a{};
+  const int64_t groups = g.K / kW4A8GroupK;
+  if (groups < 1) return false;
+  if (!encode_2d(&a.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.w_codes, g.K, g.N, g.K, kW4A8GroupK, kTmaCols,
+                 CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_2d(&a.x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.codes, g.k_pad, g.rows_total, g.k_pad, kW4A8GroupK, kTmaRows,
+                 CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_2d(&a.s_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.scales, g.rows_total, groups, g.rows_pad * sizeof(float),
+                 kTmaRows, 1, CU_TENSOR_MAP_SWIZZLE_NONE))
+    return false;
+  a.out = g.out;
+  a.w_scales = g.w_scales;
+  a.w_scale_ld = g.w_scale_ld;
+  a.rows_total = g.rows_total;
+  a.N = static_cast<int>(g.N);
+  a.groups = static_cast<int>(groups);
+  static const bool smem_set = cudaFuncSetAttribute(fp8_linear_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kTmaSmemBytes)) == cudaSuccess;
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
+  a.split = g.partial != nullptr && tiles < sm_count() ? kW4A8Warps : 1;
+  if (a.split > 1) a.out = g.partial;
+  fp8_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads,
+                          kTmaSmemBytes>>>(a);
+  if (a.split > 1) {
+    const int64_t count = g.rows_total * g.N;
+    w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N) {
+  return rows <= kTiledRows || fp8_tma_tiles(rows, N) < sm_count();
+}
+
 void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   if (g.rows_total == 0 || g.N == 0) return;
   if (g.rows_total <= kTiledRows) {
@@ -1192,7 +1468,8 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
     return;
   }
-  launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
+  static const bool tma = cuda_feature_on("fp8_tma");
+  if (!tma || !launch_fp8_tma(g)) launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

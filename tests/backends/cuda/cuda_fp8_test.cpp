@@ -331,8 +331,11 @@ TEST_F(CudaFp8Linear, FallbackMatchesCpuTwinOnOddShapes) {
 // bound of the CPU twin, and is batch invariant: a token's row is the same bits alone, in a batch of
 // 37 (M_pad 48), of 300 (M_pad 304) and of 4100 (M_pad 4112, past the M the plan is chosen for),
 // because one algorithm serves every M.
-// Run on cuBLASLt and on the project's wgmma kernel (cuda::set_fp8_wgmma): 37 rows take its
-// decode form (K's quarters in separate blocks), 300 and 4100 its 64-row tiles.
+// Run on cuBLASLt and on the project's wgmma kernels (cuda::set_fp8_wgmma): 37 rows take the
+// decode form (8-row items, K's quarters in separate blocks, A from registers), 300 and 4100 the TMA
+// kernel's 128 x 128 tiles (both operands from shared memory; K's quarters in separate work items
+// where the tiles number fewer than the SMs: 300 rows, and 4100 rows of N = 129), so the rows'
+// bits compare the forms with each other. (With SPARROW_CUDA_DISABLE=fp8_tma, the 64-row tiles.)
 class CudaFp8LinearPaths : public CudaFp8Linear, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
