@@ -29,7 +29,9 @@ def ctx(n):
 def main(path):
     d = json.load(open(path))
     p = d["peaks"]
-    print(f"{d['card']}, {d['date']}, `{d['command']}` ({d['wall_s']:.0f} s)\n")
+    off = d.get("cuda_disable")
+    print(f"{d['card']}, {d['date']}, `{d['command']}` ({d['wall_s']:.0f} s)"
+          + (f", SPARROW_CUDA_DISABLE={off}" if off else "") + "\n")
     print("| HBM copy (GB/s) | bf16 GEMM (TFLOP/s) | FP8 GEMM, per-tensor (TFLOP/s) | FP8 GEMM, 1×128 × 128×128 blocks (TFLOP/s) |")
     print("|---|---|---|---|")
     print(f"| {p['hbm']['value'] / 1e9:.0f} | {p['bf16_gemm']['value'] / 1e12:.1f} | {p['fp8_gemm']['value'] / 1e12:.1f} "
@@ -198,7 +200,10 @@ def median(v):
 
 def compare(before_path, after_path):
     a, b = json.load(open(before_path)), json.load(open(after_path))
-    print(f"{before_path} ({a['date']}) -> {after_path} ({b['date']})\n")
+    def side(d):  # the date, and the switched-off paths where the record names them
+        off = d.get("cuda_disable")
+        return d["date"] + (f", SPARROW_CUDA_DISABLE={off}" if off else "")
+    print(f"{before_path} ({side(a)}) -> {after_path} ({side(b)})\n")
     print("| cell | timed ms | change | GPU's own ms | change |")
     print("|---|---|---|---|---|")
     timed, queued = {}, {}

@@ -55,7 +55,10 @@ struct DevView {
 // each of these four gives the same bits as the path it replaces), "fp8_gemm" (the
 // fast profiles' FP8 linears on cuBLASLt), "bf16_gemm" (their grouped wo_a and the BF16 weights
 // fed bf16 values as bf16 cuBLASLt GEMMs), "graphs" (a step's ops captured and launched as a CUDA
-// graph, step_graph.h; the same bits), "graph_update" (kept graphs updated in place; off: every
+// graph, step_graph.h; the same bits), "fp8_stack" (linears of one input as one GEMM over their
+// stacked weights), "fp8_wgmma" (the batch-invariant FP8 linears on the project's wgmma kernels
+// instead of cuBLASLt), "fp8_tma" (their TMA kernel above 64 rows; off: the 64-row tiles, the same
+// bits), "graph_update" (kept graphs updated in place; off: every
 // capture instantiated, run once and dropped) and "alloc_nofill" (tensors left unfilled at allocation;
 // off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
