@@ -1080,7 +1080,8 @@ __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64
 // order in both operands), acc = fma(d, sw * sa, acc) within each quarter of the groups, the
 // quarters added in order. A tile is 128 weight rows (two consumer warpgroups of 64, wgmma's M) x
 // 128 tokens (wgmma's N) over the whole K; the blocks are persistent (one an SM, tiles strided).
-// One warpgroup folds a group's products in while the other's run on the tensor core. A third
+// (Both warpgroups wait on the same stages, so they issue and fold in step: `ncu` on 2026-12-02
+// found the tensor pipe 38 % busy and L2 55 %, latency-bound; docs/perf.md.) A third
 // warpgroup's first thread feeds a ring of kTmaStages stages by TMA (the weights' and the codes'
 // 128 x 128-byte boxes 128-byte swizzled, the tokens' 128 activation scales of the group), full
 // barriers counting the bytes in and empty barriers counting the consumer warps out; the ring runs
