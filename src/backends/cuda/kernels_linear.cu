@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
 #include <type_traits>
 
 #include "backends/cuda/device_common.cuh"
@@ -1388,8 +1390,10 @@ EncodeTiledFn encode_tiled() {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // (not the next launch's error)
       return static_cast<EncodeTiledFn>(nullptr);
+    }
     return reinterpret_cast<EncodeTiledFn>(p);
   }();
   return fn;
@@ -1419,19 +1423,20 @@ int sm_count() {
 int64_t fp8_tma_tiles(int64_t rows, int64_t N) { return (rows + kTmaRows - 1) / kTmaRows * blocks_for(N, kTmaCols); }
 
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
-// `partial` is given and the tiles number fewer than the SMs); false (nothing launched) when a map
-// cannot be made (no driver entry point, an unaligned buffer), for the 64-row kernel to run.
-bool launch_fp8_tma(const GroupedW4A8Args& g) {
+// `partial` is given and the tiles number fewer than the SMs); nullptr when launched, else why not
+// (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
+const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   Fp8TmaArgs a{};
   const int64_t groups = g.K / kW4A8GroupK;
-  if (groups < 1) return false;
+  if (groups < 1) return "K under 128";
+  if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   if (!encode_2d(&a.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.w_codes, g.K, g.N, g.K, kW4A8GroupK, kTmaCols,
                  CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode_2d(&a.x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.codes, g.k_pad, g.rows_total, g.k_pad, kW4A8GroupK, kTmaRows,
                  CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode_2d(&a.s_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.scales, g.rows_total, groups, g.rows_pad * sizeof(float),
                  kTmaRows, 1, CU_TENSOR_MAP_SWIZZLE_NONE))
-    return false;
+    return "cuTensorMapEncodeTiled refused a map (an address or pitch not 16-byte aligned?)";
   a.out = g.out;
   a.w_scales = g.w_scales;
   a.w_scale_ld = g.w_scale_ld;
@@ -1450,7 +1455,7 @@ bool launch_fp8_tma(const GroupedW4A8Args& g) {
     const int64_t count = g.rows_total * g.N;
     w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
   }
-  return true;
+  return nullptr;
 }
 
 }  // namespace
@@ -1470,7 +1475,16 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     return;
   }
   static const bool tma = cuda_feature_on("fp8_tma");
-  if (!tma || !launch_fp8_tma(g)) launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
+  if (tma) {
+    const char* why = launch_fp8_tma(g);
+    if (why == nullptr) return;
+    // The fallback gives the same bits at a third of the speed: said once, so that it is not silent.
+    static std::once_flag said;
+    std::call_once(said, [why] {
+      std::fprintf(stderr, "sparrow: the FP8 linears' TMA kernel cannot run (%s); using the 64-row wgmma kernel\n", why);
+    });
+  }
+  launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
