@@ -57,6 +57,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--model-step-tokens", opts->b.model_step_tokens, "Timed decode steps of each model-step cell")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_flag("--model-step-segments", opts->b.model_step_segments,
+                "After each model-step cell, 8 more steps with events around every graph segment's launch: each "
+                "layer's (and the head's) GPU time inside the captured step, and its cuBLASLt kernels");
   cmd->add_flag("--graphs", opts->b.timing.graphs,
                 "Decode cells: run each step as a backend step, which the CUDA backend captures as a CUDA graph "
                 "(the timed figure then holds the host's capture before the GPU's work; \"queued\" the graph's GPU time)");

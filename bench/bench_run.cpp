@@ -427,6 +427,7 @@ Status run_bench(const BenchOptions& o) {
                   {"graphs", o.timing.graphs},
                   {"model_step_contexts", o.model_step_contexts},
                   {"model_step_tokens", o.model_step_tokens},
+                  {"model_step_segments", o.model_step_segments},
                   {"time_budget_s", o.time_budget_s}};
   r["floor_assumptions"] = {
       {"kv_record_bytes", kv_record_bytes(c)},
@@ -641,6 +642,49 @@ Status run_bench(const BenchOptions& o) {
       std::printf("%-26s %6s %11.3f %11.4f %8.1f  %zu steps (min %.3f), floor: layers %.4f + head %.4f ms; prompt %.2f s\n",
                   "all layers + head", human_size(C).c_str(), med, f.total_s() * 1e3, med / (f.total_s() * 1e3),
                   sorted.size(), sorted.front() * 1e3, f.layers_s * 1e3, f.head_s * 1e3, prompt_s);
+    }
+    // Each segment's GPU time inside the captured step (events around its graph's launch), in a
+    // second short run so that the events stay out of the timed steps.
+    if (o.model_step_segments && !steps.empty() && !deadline_passed()) {
+      constexpr int64_t kSegmentSteps = 8;
+      std::vector<int32_t> prompt(static_cast<size_t>(C));
+      for (int64_t i = 0; i < C; ++i)
+        prompt[i] = static_cast<int32_t>((i * 7919 + 13 + static_cast<int64_t>(o.timing.seed)) % c.vocab_size);
+      cuda::step_segment_times(*backend);  // (nothing earlier counts)
+      cuda::set_step_segment_timing(*backend, true);
+      Session session(*model, *backend);
+      auto ids = session.generate(prompt, 1 + 3 + kSegmentSteps, nullptr);
+      cuda::set_step_segment_timing(*backend, false);
+      std::vector<SegmentSample> samples;
+      for (const cuda::StepSegmentTime& t : cuda::step_segment_times(*backend))
+        samples.push_back({.segment = t.segment, .ms = t.ms, .nodes = t.nodes, .kernels = t.kernels,
+                           .driver_kernels = t.driver_kernels});
+      const std::vector<SegmentSummary> seg = summarise_segments(samples, kSegmentSteps);
+      if (ids.is_ok() && !seg.empty()) {
+        json js = json::array();
+        double sum = 0;
+        int driver = 0;
+        std::string line;
+        for (const SegmentSummary& g : seg) {
+          js.push_back({{"segment", g.segment},
+                        {"median_ms", g.median_ms},
+                        {"nodes", g.nodes},
+                        {"kernels", g.kernels},
+                        {"driver_kernels", g.driver_kernels}});
+          sum += g.median_ms;
+          driver += g.driver_kernels;
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " %d:%.3f(%d/%d)", g.segment, g.median_ms, g.driver_kernels, g.kernels);
+          line += buf;
+        }
+        cell["segments"] = js;
+        cell["segments_sum_ms"] = sum;
+        std::printf("%-26s %6s %11.3f %11s %8s  segments' own GPU time summed (%d of their kernels cuBLASLt's); "
+                    "segment:ms(cuBLASLt/kernels)%s\n",
+                    "  graph segments", human_size(C).c_str(), sum, "", "", driver, line.c_str());
+      } else {
+        cell["segments_status"] = ids.is_ok() ? "no graph segments (steps ran op by op)" : ids.status().message();
+      }
     }
     std::fflush(stdout);
     r["model_step"].push_back(cell);

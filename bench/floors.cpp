@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "core/check.h"
 
@@ -216,6 +217,30 @@ ModelStepFloor model_step_floor(const ModelConfig& c, int64_t context, double he
   for (int64_t l = 0; l < c.num_layers; ++l) f.layers_s += floor_time(decode_floor(c, l, 1, context, o), p).floor_s;
   f.head_s = head_bytes / p.hbm_bytes_per_s;
   return f;
+}
+
+std::vector<SegmentSummary> summarise_segments(const std::vector<SegmentSample>& samples, size_t last_steps) {
+  std::vector<std::vector<SegmentSample>> steps;
+  for (const SegmentSample& s : samples) {
+    if (s.segment == 0 || steps.empty()) steps.emplace_back();
+    steps.back().push_back(s);
+  }
+  const size_t first = steps.size() > last_steps ? steps.size() - last_steps : 0;
+  std::map<int, std::vector<double>> ms;
+  std::map<int, SegmentSample> last;
+  for (size_t i = first; i < steps.size(); ++i)
+    for (const SegmentSample& s : steps[i]) {
+      ms[s.segment].push_back(s.ms);
+      last[s.segment] = s;
+    }
+  std::vector<SegmentSummary> out;
+  for (auto& [segment, v] : ms) {
+    std::sort(v.begin(), v.end());
+    const SegmentSample& l = last[segment];
+    out.push_back({.segment = segment, .median_ms = v[v.size() / 2], .nodes = l.nodes, .kernels = l.kernels,
+                   .driver_kernels = l.driver_kernels});
+  }
+  return out;
 }
 
 }  // namespace sparrow::bench

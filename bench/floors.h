@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/model_config.h"
 
@@ -132,5 +133,22 @@ struct ModelStepFloor {
 };
 ModelStepFloor model_step_floor(const ModelConfig& c, int64_t context, double head_bytes, const FloorOptions& o,
                                 const Peaks& p);
+
+// A model-step cell's graph-run segments (`--model-step-segments`): each segment's GPU time
+// between events around its launch, in launch order; a step starts again at segment 0 (the model
+// cuts after every layer, the head is the last segment).
+struct SegmentSample {
+  int segment = 0;
+  double ms = 0;
+  int nodes = 0, kernels = 0, driver_kernels = 0;  // driver_kernels: cuBLASLt's, launched through the driver
+};
+struct SegmentSummary {
+  int segment = 0;
+  double median_ms = 0;  // over the steps kept (the upper median of an even count)
+  int nodes = 0, kernels = 0, driver_kernels = 0;  // the last kept step's
+};
+// Per segment, over the last `last_steps` steps (a step: the samples from a segment 0 to the next);
+// in segment order, empty without samples.
+std::vector<SegmentSummary> summarise_segments(const std::vector<SegmentSample>& samples, size_t last_steps);
 
 }  // namespace sparrow::bench

@@ -317,3 +317,31 @@ TEST(BenchFloors, FlashBatchScalesKvButSharesWeights) {
 
 }  // namespace
 }  // namespace sparrow::bench
+
+namespace sparrow::bench {
+namespace {
+
+// The model-step cell's per-segment medians: steps start at segment 0, only the last ones count,
+// and the node counts are the last step's.
+TEST(SummariseSegments, MediansOverTheLastSteps) {
+  std::vector<SegmentSample> s;
+  const double ms[3][3] = {{1.0, 2.0, 3.0}, {1.5, 2.5, 3.5}, {0.5, 4.0, 3.0}};
+  for (int step = 0; step < 3; ++step)
+    for (int seg = 0; seg < 3; ++seg)
+      s.push_back({.segment = seg, .ms = ms[step][seg], .nodes = 10 * step + seg, .kernels = seg, .driver_kernels = step});
+  const std::vector<SegmentSummary> two = summarise_segments(s, 2);
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_EQ(two[0].segment, 0);
+  EXPECT_DOUBLE_EQ(two[0].median_ms, 1.5);  // {0.5, 1.5}: the upper median
+  EXPECT_DOUBLE_EQ(two[1].median_ms, 4.0);  // {2.5, 4.0}
+  EXPECT_DOUBLE_EQ(two[2].median_ms, 3.5);  // {3.0, 3.5}
+  EXPECT_EQ(two[2].nodes, 22);
+  EXPECT_EQ(two[2].driver_kernels, 2);
+  const std::vector<SegmentSummary> all = summarise_segments(s, 10);
+  EXPECT_DOUBLE_EQ(all[0].median_ms, 1.0);  // {0.5, 1.0, 1.5}
+  EXPECT_DOUBLE_EQ(all[1].median_ms, 2.5);
+  EXPECT_TRUE(summarise_segments({}, 4).empty());
+}
+
+}  // namespace
+}  // namespace sparrow::bench

@@ -1530,6 +1530,8 @@ class CudaBackend final : public Backend {
   OpProfiler& profiler() { return profiler_; }
   void set_step_graphs(bool on) { step_graphs_on_ = on; }
   StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
+  void set_step_segment_timing(bool on) { step_graphs_.set_timing(on); }
+  std::vector<StepSegmentTime> step_segment_times() { return step_graphs_.take_times(); }
   bool last_linear_vectorized() const { return last_linear_ == LinearPath::kVectorized; }
   bool last_linear_tensor_cores() const { return last_linear_ == LinearPath::kTensorCores; }
 };
@@ -1600,6 +1602,8 @@ void set_op_profiling(Backend& backend, bool on) { cuda_backend(backend).profile
 std::vector<OpTime> take_op_profile(Backend& backend) { return cuda_backend(backend).profiler().take(); }
 void set_step_graphs(Backend& backend, bool on) { cuda_backend(backend).set_step_graphs(on); }
 StepGraphStats step_graph_stats(Backend& backend) { return cuda_backend(backend).step_graph_stats(); }
+void set_step_segment_timing(Backend& backend, bool on) { cuda_backend(backend).set_step_segment_timing(on); }
+std::vector<StepSegmentTime> step_segment_times(Backend& backend) { return cuda_backend(backend).step_segment_times(); }
 
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
 bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).last_linear_tensor_cores(); }

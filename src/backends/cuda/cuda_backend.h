@@ -84,6 +84,17 @@ struct StepGraphStats {
 };
 void set_step_graphs(Backend& backend, bool on);
 StepGraphStats step_graph_stats(Backend& backend);
+// Each graph-run segment's GPU time, for diagnostics (`sparrow bench --model-step`): while on, every
+// segment's graph launch is bracketed by two events; step_segment_times waits for them, returns the
+// segments launched since the last call in order, and forgets them. `driver_kernels` counts the
+// kernel nodes launched through the driver API (cuBLASLt's), whose function the runtime cannot name.
+struct StepSegmentTime {
+  int segment = 0;  // within its step (the model cuts after every layer; the head is the last)
+  float ms = 0.0f;
+  int nodes = 0, kernels = 0, driver_kernels = 0;
+};
+void set_step_segment_timing(Backend& backend, bool on);
+std::vector<StepSegmentTime> step_segment_times(Backend& backend);
 
 // The fast profiles' FP8-stored linears (LinearParams::act_quant_fp8, 128x128 FP8 weights) through
 // linear_fp8_block's tensor-core GEMM with one cuBLASLt algorithm per weight shape for every M

@@ -82,7 +82,43 @@ uint64_t graph_signature(cudaGraph_t graph) {
   return h;
 }
 
+// A graph's nodes, its kernel nodes, and those of them launched through the driver API (whose
+// function the runtime cannot report: cuBLASLt's).
+StepSegmentTime node_counts(cudaGraph_t graph) {
+  StepSegmentTime t;
+  size_t n = 0;
+  SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  t.nodes = static_cast<int>(n);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    SPARROW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    ++t.kernels;
+    if (cudaKernelNodeParams k{}; cudaGraphKernelNodeGetParams(node, &k) != cudaSuccess) {
+      cudaGetLastError();
+      ++t.driver_kernels;
+    }
+  }
+  return t;
+}
+
 }  // namespace
+
+std::vector<StepSegmentTime> StepGraphs::take_times() {
+  std::vector<StepSegmentTime> out;
+  out.reserve(timed_.size());
+  for (Timed& t : timed_) {
+    SPARROW_CUDA_CHECK(cudaEventSynchronize(t.stop));
+    SPARROW_CUDA_CHECK(cudaEventElapsedTime(&t.t.ms, t.start, t.stop));
+    SPARROW_CUDA_CHECK(cudaEventDestroy(t.start));
+    SPARROW_CUDA_CHECK(cudaEventDestroy(t.stop));
+    out.push_back(t.t);
+  }
+  timed_.clear();
+  return out;
+}
 
 StepGraphs* capturing_step() { return t_capturing; }
 LongLived::LongLived() { ++t_long_lived; }
@@ -294,7 +330,19 @@ void StepGraphs::finish_capture() {
     SPARROW_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     ++stats_.one_off;
   }
+  Timed timed;
+  if (timing_) {
+    timed.t = node_counts(graph);
+    timed.t.segment = segment_;
+    SPARROW_CUDA_CHECK(cudaEventCreate(&timed.start));
+    SPARROW_CUDA_CHECK(cudaEventCreate(&timed.stop));
+    SPARROW_CUDA_CHECK(cudaEventRecord(timed.start, cudaStreamPerThread));
+  }
   SPARROW_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
+  if (timing_) {
+    SPARROW_CUDA_CHECK(cudaEventRecord(timed.stop, cudaStreamPerThread));
+    timed_.push_back(timed);
+  }
   if (!keep) SPARROW_CUDA_CHECK(cudaGraphExecDestroy(exec));
   SPARROW_CUDA_CHECK(cudaGraphDestroy(graph));
   ++stats_.segments;

@@ -59,6 +59,9 @@ class StepGraphs {
   bool capturing() const { return capturing_; }
   void count_eager() { ++stats_.eager; }
   const StepGraphStats& stats() const { return stats_; }
+  // Events around every segment's launch while on (cuda_backend.h set_step_segment_timing).
+  void set_timing(bool on) { timing_ = on; }
+  std::vector<StepSegmentTime> take_times();  // waits for the timed launches
 
   // The hooks (cuda_backend.cpp's device_alloc, device_free, host_to_device), valid while capturing.
   // `bytes` of the arena; memory that must outlive the step, or does not fit, from cudaMalloc
@@ -106,6 +109,12 @@ class StepGraphs {
   std::vector<std::vector<Kept>> kept_;   // by segment
   uint64_t tick_ = 0;
   StepGraphStats stats_;
+  struct Timed {
+    StepSegmentTime t;
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  bool timing_ = false;
+  std::vector<Timed> timed_;
 };
 
 // device_free's first question: whether `p` is a step arena's memory (its slot then counts one
