@@ -593,6 +593,14 @@ Status run_bench(const BenchOptions& o) {
     std::printf("\n%-26s %6s %11s %11s %8s  %s\n", "model step (B = 1)", "ctx", "time ms", "floor ms", "ratio", "note");
   const double head_bytes =
       static_cast<double>(model->weights().head.data.nbytes + model->weights().head.scale.nbytes);
+  constexpr int64_t kUntimed = 3;  // the first step of a size runs op by op; captures follow
+  // The cell's prompt: C synthetic ids.
+  const auto prompt_of = [&](int64_t C) {
+    std::vector<int32_t> prompt(static_cast<size_t>(C));
+    for (int64_t i = 0; i < C; ++i)
+      prompt[i] = static_cast<int32_t>((i * 7919 + 13 + static_cast<int64_t>(o.timing.seed)) % c.vocab_size);
+    return prompt;
+  };
   for (int64_t C : o.model_step_contexts) {
     const ModelStepFloor f = model_step_floor(c, C, head_bytes, fo, used);
     json cell = {{"context", C},
@@ -607,14 +615,10 @@ Status run_bench(const BenchOptions& o) {
     if (deadline_passed()) {
       status = budget_reason;
     } else {
-      std::vector<int32_t> prompt(static_cast<size_t>(C));
-      for (int64_t i = 0; i < C; ++i)
-        prompt[i] = static_cast<int32_t>((i * 7919 + 13 + static_cast<int64_t>(o.timing.seed)) % c.vocab_size);
-      constexpr int64_t kUntimed = 3;  // the first step of a size runs op by op; captures follow
       std::vector<double> secs;
       Session session(*model, *backend);
       // n tokens are n forwards: the prompt's, then n - 1 decode steps.
-      auto ids = session.generate(prompt, 1 + kUntimed + o.model_step_tokens, &secs);
+      auto ids = session.generate(prompt_of(C), 1 + kUntimed + o.model_step_tokens, &secs);
       if (!ids.is_ok()) {
         status = "skipped: " + ids.status().message();
       } else {
@@ -647,13 +651,10 @@ Status run_bench(const BenchOptions& o) {
     // second short run so that the events stay out of the timed steps.
     if (o.model_step_segments && !steps.empty() && !deadline_passed()) {
       constexpr int64_t kSegmentSteps = 8;
-      std::vector<int32_t> prompt(static_cast<size_t>(C));
-      for (int64_t i = 0; i < C; ++i)
-        prompt[i] = static_cast<int32_t>((i * 7919 + 13 + static_cast<int64_t>(o.timing.seed)) % c.vocab_size);
       cuda::step_segment_times(*backend);  // (nothing earlier counts)
       cuda::set_step_segment_timing(*backend, true);
       Session session(*model, *backend);
-      auto ids = session.generate(prompt, 1 + 3 + kSegmentSteps, nullptr);
+      auto ids = session.generate(prompt_of(C), 1 + kUntimed + kSegmentSteps, nullptr);
       cuda::set_step_segment_timing(*backend, false);
       std::vector<SegmentSample> samples;
       for (const cuda::StepSegmentTime& t : cuda::step_segment_times(*backend))

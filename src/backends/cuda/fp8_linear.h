@@ -117,7 +117,7 @@ class Fp8Linear {
   bool batch_invariant_ = false;
   bool wgmma_ = cuda_feature_on("fp8_wgmma");
   bool last_wgmma_ = false;  // the last tensor-core run was the wgmma kernel
-  DeviceBuffer partial_;     // its split decode form's quarter sums
+  DeviceBuffer partial_;     // its split forms' quarter sums (fp8_wgmma_linear_wants_partial)
   Fp8GemmPath last_path_ = Fp8GemmPath::kNone;
   std::string last_detail_;  // when last_path_ != kTensorCores
   int64_t last_m_ = 0, last_n_ = 0, last_k_ = 0;  // the last tensor-core GEMM's shape

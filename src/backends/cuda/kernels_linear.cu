@@ -839,8 +839,8 @@ struct WgStage {
   uint8_t x[kN * kW4A8GroupK];      // the rows' codes: chunk c (16 bytes) of row n at ((c * kN / 8) + n / 8) * 128 + (n % 8) * 16
   // MXFP4: column c's 64 bytes of the group at 64 c; FP8: its 128 bytes at fp8_wrow c.
   uint8_t w[kWG * kWgCols * (kFp8W ? fp8_wrow<kN>() : 64)];
-  // MXFP4: packed e8m0 scales, a column's 4 blocks; FP8: wsf[0] the block's scale (the block's
-  // columns lie in one 128-row scale block).
+  // MXFP4: packed e8m0 scales, a column's 4 blocks; FP8: ws[0] the fp32 bits of the block's scale
+  // (the block's columns lie in one 128-row scale block).
   uint32_t ws[kFp8W ? 4 : kWG * kWgCols];
   float sa[kN];                     // activation scales of the group
 };
@@ -1064,7 +1064,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
     }
 }
 
-// The split decode kernel's quarters added in order: out = ((q0 + q1) + q2) + q3, as the unsplit
+// The split kernels' quarters added in order: out = ((q0 + q1) + q2) + q3, as the unsplit
 // kernels add them.
 __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1073,6 +1073,10 @@ __global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64
 #pragma unroll
   for (int q = 1; q < kW4A8Warps; ++q) s += partial[q * count + i];
   out[i] = s;
+}
+// out [count] from partial [4][count] (a no-op for count 0).
+void add_quarters(float* out, const float* partial, int64_t count) {
+  if (count > 0) w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count);
 }
 
 // ---- The FP8 linear's prefill kernel: TMA, mbarriers, both wgmma operands in shared memory ----------
@@ -1342,8 +1346,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     if (!g.tiled) {
       if (g.partial == nullptr) return launch_w4a8_wgmma<8, 1>(g, g.max_items);
       launch_w4a8_wgmma<8, 1>(g, g.max_items, kW4A8Warps);
-      const int64_t count = g.rows_total * g.N;
-      if (count > 0) w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
+      add_quarters(g.out, g.partial, g.rows_total * g.N);
       return;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
@@ -1451,10 +1454,7 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   if (a.split > 1) a.out = g.partial;
   fp8_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads,
                           kTmaSmemBytes>>>(a);
-  if (a.split > 1) {
-    const int64_t count = g.rows_total * g.N;
-    w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
-  }
+  if (a.split > 1) add_quarters(g.out, g.partial, g.rows_total * g.N);
   return nullptr;
 }
 
@@ -1470,8 +1470,7 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     const int64_t items = (g.rows_total + 7) / 8;
     if (g.partial == nullptr) return launch_w4a8_wgmma<8, 1, true>(g, items);
     launch_w4a8_wgmma<8, 1, true>(g, items, kW4A8Warps);
-    const int64_t count = g.rows_total * g.N;
-    w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(g.out, g.partial, count);
+    add_quarters(g.out, g.partial, g.rows_total * g.N);
     return;
   }
   static const bool tma = cuda_feature_on("fp8_tma");

@@ -45,26 +45,39 @@ void mix(uint64_t& h, uint64_t v) { h = (h ^ v) * 1099511628211ull; }
 // order with their types, each kernel's function, grid, block and shared memory, each copy's and
 // fill's extent. An update then changes only addresses and kernel arguments (an update across
 // other changes is allowed by the API, but a step of another shape is rare enough to get its own).
-uint64_t graph_signature(cudaGraph_t graph) {
+std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t graph) {
   size_t n = 0;
   SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
   if (n > 0) SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  uint64_t h = 1469598103934665603ull ^ n;
+  return nodes;
+}
+cudaGraphNodeType node_type(cudaGraphNode_t node) {
+  cudaGraphNodeType type;
+  SPARROW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+  return type;
+}
+// A kernel node's parameters; false for a kernel launched through the driver API, as cuBLASLt's
+// are, which has no runtime function to report (the query's error is cleared).
+bool kernel_node_params(cudaGraphNode_t node, cudaKernelNodeParams& k) {
+  if (cudaGraphKernelNodeGetParams(node, &k) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
+uint64_t graph_signature(cudaGraph_t graph) {
+  const std::vector<cudaGraphNode_t> nodes = graph_nodes(graph);
+  uint64_t h = 1469598103934665603ull ^ nodes.size();
   for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    SPARROW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    const cudaGraphNodeType type = node_type(node);
     mix(h, static_cast<uint64_t>(type));
-    // (A kernel launched through the driver API, as cuBLASLt's are, has no runtime function to
-    // report: its node is known by its type alone, and the query's error is cleared.)
+    // (A driver-launched kernel is known by its type alone.)
     if (cudaKernelNodeParams k{}; type == cudaGraphNodeTypeKernel) {
-      if (cudaGraphKernelNodeGetParams(node, &k) == cudaSuccess) {
+      if (kernel_node_params(node, k)) {
         mix(h, reinterpret_cast<uintptr_t>(k.func));
         for (unsigned v : {k.gridDim.x, k.gridDim.y, k.gridDim.z, k.blockDim.x, k.blockDim.y, k.blockDim.z,
                            k.sharedMemBytes})
           mix(h, v);
-      } else {
-        cudaGetLastError();
       }
     } else if (cudaMemcpy3DParms c{}; type == cudaGraphNodeTypeMemcpy) {
       if (cudaGraphMemcpyNodeGetParams(node, &c) == cudaSuccess)
@@ -86,20 +99,12 @@ uint64_t graph_signature(cudaGraph_t graph) {
 // function the runtime cannot report: cuBLASLt's).
 StepSegmentTime node_counts(cudaGraph_t graph) {
   StepSegmentTime t;
-  size_t n = 0;
-  SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) SPARROW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  t.nodes = static_cast<int>(n);
+  const std::vector<cudaGraphNode_t> nodes = graph_nodes(graph);
+  t.nodes = static_cast<int>(nodes.size());
   for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    SPARROW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type != cudaGraphNodeTypeKernel) continue;
+    if (node_type(node) != cudaGraphNodeTypeKernel) continue;
     ++t.kernels;
-    if (cudaKernelNodeParams k{}; cudaGraphKernelNodeGetParams(node, &k) != cudaSuccess) {
-      cudaGetLastError();
-      ++t.driver_kernels;
-    }
+    if (cudaKernelNodeParams k{}; !kernel_node_params(node, k)) ++t.driver_kernels;
   }
   return t;
 }
@@ -169,6 +174,10 @@ StepGraphs::~StepGraphs() {
     if (s.pinned) cudaFreeHost(s.pinned);
     for (void* p : s.extra_pinned) cudaFreeHost(p);
     if (s.done) cudaEventDestroy(s.done);
+  }
+  for (const Timed& t : timed_) {  // segment times never taken
+    cudaEventDestroy(t.start);
+    cudaEventDestroy(t.stop);
   }
 }
 
