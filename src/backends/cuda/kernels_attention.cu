@@ -1651,6 +1651,13 @@ void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t 
   if (n > 0 && dim > 0) rows_to_bf16_kernel<<<static_cast<unsigned>(n), 128>>>(src, dst, dim);
 }
 
+// The combine's weights w[max_splits], rounded up to whole 16-byte words: ptxas hoists the loop
+// remainder's three guarded w[s] reads above their guards as one 12-byte load (compute-sanitizer's
+// memcheck saw it read past a 4-byte allocation at one split; 2026-12-02).
+namespace {
+size_t combine_smem(int64_t max_splits) { return static_cast<size_t>((max_splits + 3) / 4 * 4) * sizeof(float); }
+}  // namespace
+
 void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
   if (a.mma) {  // (split_scratch null when no token has two splits)
@@ -1683,7 +1690,7 @@ void launch_attention(const AttentionArgs& a) {
         else attention_mma_kernel<128, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
       }
       if (max_splits > 1)  // (one split: every token written by the kernel)
-        attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
+        attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits)>>>(
             a, t_base, max_splits);
     }
     return;
@@ -1700,7 +1707,7 @@ void launch_attention(const AttentionArgs& a) {
       const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
       if (heads == 8) attention_split_kernel<8><<<grid, kAttnThreads, smem>>>(a, t_base, max_splits);
       else attention_split_kernel<1><<<grid, kAttnThreads, smem>>>(a, t_base, max_splits);
-      attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, max_splits * sizeof(float)>>>(
+      attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits)>>>(
           a, t_base, max_splits);
     }
     return;
