@@ -96,7 +96,7 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
     if (!takes(*w) || w->in != K || w->out % 8 != 0) return false;
     N += w->out;
   }
-  if (K % 8 != 0 || !plan(N, K, 1).ok) return false;
+  if (K % 8 != 0 || !(own_kernels(N, K, N) || plan(N, K, 1).ok)) return false;
   if (T == 0) return true;
   const uint64_t fp = stack_fingerprint(ws);
   const DeviceBuffer* st = stacked_.find(ws[0]->data, fp);
@@ -129,8 +129,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
   const int64_t N = w.out, K = w.in, R = N / G;
   // 16-byte aligned leading dimensions and batch strides for every operand.
   if (!takes(w) || K % 8 != 0 || R % 8 != 0) return false;
-  const Plan& pl = plan(R, K, G);
-  if (!pl.ok) return false;
+  if (!own_kernels(N, K, R) && !plan(R, K, G).ok) return false;
   if (T == 0 || N == 0) return true;
   // A BF16 weight is used as uploaded; an FP8 one is decoded to bf16 once.
   const void* a_bf16 = nullptr;
@@ -152,11 +151,26 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
   return true;
 }
 
+bool Bf16GroupedLinear::own_kernels(int64_t N, int64_t K, int64_t R) const {
+  return wgmma_ && bf16_wgmma_linear_takes(N, K, R);
+}
+
 void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16) {
-  const Plan& pl = plan(R, K, G);
   xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
   launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
   SPARROW_CUDA_CHECK(cudaGetLastError());
+  if (own_kernels(G * R, K, R)) {
+    const int64_t N = G * R;
+    partial_.ensure(static_cast<size_t>(4 * bf16_wgmma_partial_rows(T, N) * N) * sizeof(float));
+    launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(), .x = static_cast<const uint16_t*>(xb_.get()),
+                              .w = static_cast<const uint16_t*>(a_bf16), .rows = T, .x_ld = G * K,
+                              .N = static_cast<int>(N), .K = static_cast<int>(K), .R = static_cast<int>(R)});
+    launch_check("bf16 linear (wgmma)");
+    last_wgmma_ = true;
+    return;
+  }
+  last_wgmma_ = false;
+  const Plan& pl = plan(R, K, G);
   // The layouts of this T, described once (a serving run sees a bounded set of batch sizes; the
   // cache is emptied should it ever hold more than kMaxDescribed).
   if (described_.size() > kMaxDescribed) described_.clear();

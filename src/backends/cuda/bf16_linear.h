@@ -51,6 +51,10 @@ class Bf16GroupedLinear {
   bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
            const std::function<DevWeight()>& device_weight);
   static constexpr int64_t kInvariantM = 4096;
+  // The project's wgmma kernels instead of cuBLASLt where the shapes suit them (test support; on
+  // unless SPARROW_CUDA_DISABLE=bf16_wgmma), and whether the last GEMM ran on them.
+  void set_wgmma(bool on) { wgmma_ = on; }
+  bool last_wgmma() const { return last_wgmma_; }
   // out [T, N1 + N2 + ...] from in [T, K] and the weights stacked row-wise (each one run() takes
   // with G = 1, one K), as one GEMM over the stack (decoded to bf16 once and cached): true when it
   // ran, false (nothing run) otherwise. `device_weight` uploads a weight as stored.
@@ -59,6 +63,9 @@ class Bf16GroupedLinear {
 
  private:
   static bool takes(const WeightMatrix& w);  // FP8-block or BF16: exact bf16 values
+  // Whether the project's wgmma kernels (launch_bf16_wgmma_linear) run this shape instead of
+  // cuBLASLt (`bf16_wgmma`): a function of the shape alone, so a weight always takes one path.
+  bool own_kernels(int64_t N, int64_t K, int64_t R) const;
   // The grouped GEMM of a bf16 weight already on the device (the plan of (R, K, G) must be ok).
   void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16);
   struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
@@ -71,6 +78,9 @@ class Bf16GroupedLinear {
   static constexpr size_t kMaxDescribed = 1024;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<LtObjects>> described_;  // (R, K, G, T)
   DeviceBuffer xb_;  // the bf16 input, kept between calls
+  bool wgmma_ = cuda_feature_on("bf16_wgmma");
+  bool last_wgmma_ = false;
+  DeviceBuffer partial_;  // the wgmma kernels' quarter sums, kept between calls
 };
 
 }  // namespace sparrow::cuda

@@ -1527,6 +1527,8 @@ class CudaBackend final : public Backend {
     fp8_.set_batch_invariant(on);
   }
   void set_fp8_wgmma(bool on) { fp8_.set_wgmma(on); }
+  void set_bf16_wgmma(bool on) { bf16_.set_wgmma(on); }
+  bool bf16_last_wgmma() const { return bf16_.last_wgmma(); }
   OpProfiler& profiler() { return profiler_; }
   void set_step_graphs(bool on) { step_graphs_on_ = on; }
   StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
@@ -1610,6 +1612,8 @@ bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).l
 
 void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).set_fp8_gemm_in_linear(on); }
 void set_fp8_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_fp8_wgmma(on); }
+void set_bf16_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_bf16_wgmma(on); }
+bool bf16_linear_last_wgmma(Backend& backend) { return cuda_backend(backend).bf16_last_wgmma(); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 void set_moe_fused_act(Backend& backend, bool on) { cuda_backend(backend).set_moe_fused_act(on); }

@@ -107,6 +107,14 @@ void set_fp8_gemm_in_linear(Backend& backend, bool on);
 // any M. On by default since its GPU run of 2026-12-02 (batch-1 decode 4 % faster a layer, the
 // 8-layer step 6 %; an 8K prefill 4-5 % slower: docs/perf.md); off with SPARROW_CUDA_DISABLE=fp8_wgmma.
 void set_fp8_wgmma(Backend& backend, bool on);
+// The fast profiles' bf16 GEMMs (wo_a's grouped one, the BF16 weights fed bf16 values: compressors,
+// indexer head weights, gate, head) on the project's wgmma kernels (kernels.h
+// launch_bf16_wgmma_linear) instead of cuBLASLt, where the shapes suit them (K a multiple of 64, a
+// group's rows whole 128-row tiles): K's quarters in separate blocks at up to 64 rows, 128 x 128
+// TMA tiles above, the same bits for any M. On unless SPARROW_CUDA_DISABLE=bf16_wgmma; whether the
+// last bf16 GEMM ran on them.
+void set_bf16_wgmma(Backend& backend, bool on);
+bool bf16_linear_last_wgmma(Backend& backend);
 // The routed MXFP4 experts under the reference numerics (fast, deepseek-ref) on the tensor cores
 // (W4A8: kernels.h launch_grouped_w4a8). On by default since its GPU run of 2026-12-01; off with
 // SPARROW_CUDA_DISABLE=w4a8 (or this call).

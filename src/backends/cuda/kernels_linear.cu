@@ -1271,6 +1271,255 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   }
 }
 
+// ---- The bf16 linears on wgmma: a decode form and a TMA form with one arithmetic --------------------
+//
+// out[t, n] = sum_k W[n, k] x[t, (n / R) K + k]: bf16 weights [N, K] and bf16 inputs (rows x_ld
+// apart), fp32 sums; R rows a group (V4's grouped wo_a: group g's rows read inputs g K ..; one group
+// when R = N). Every output goes through the same arithmetic in both forms, so a row's bits never
+// depend on the other rows (batch and chunking invariance):
+//
+//   K in steps of 64 inputs; the steps cut in four contiguous quarters (w4a8_quarter); within a
+//   quarter the tensor core accumulates its wgmma k16 in input order, the quarter's first from
+//   zero (fp32, the tensor core's own sum order and rounding); the quarters' sums added
+//   ((q0 + q1) + q2) + q3. Both forms put input 16 i + j of a step in k-slot j of its i-th wgmma.
+//
+// Unlike the FP8 kernels there is no scale to fold group by group, so the accumulator stays in the
+// tensor core for a whole quarter (no per-group fma pass).
+constexpr int kBf16Step = 64;                   // inputs a step: one 128-byte row of bf16
+constexpr int kBf16DecStages = 8;               // the decode form's cp.async ring
+constexpr int kBf16DecPitch = 144;              // its weight rows' bytes in a stage (128 + 16: a quarter-warp's reads on 32 banks)
+struct Bf16DecStage {
+  uint8_t x[8 * 128];                           // chunk c (16 bytes) of row n at 128 c + 16 n: wgmma's no-swizzle core matrices
+  uint8_t w[kWgCols * kBf16DecPitch];
+};
+static_assert(sizeof(Bf16DecStage) % 16 == 0, "stages stay 16-byte aligned");
+constexpr size_t kBf16DecSmemBytes = kBf16DecStages * sizeof(Bf16DecStage);
+
+__device__ inline void wgmma_m64n8k16_bf16_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Decode form: a block is 64 weight rows (wgmma's M, A from registers) x 8 input rows (its N, B from
+// shared memory) over one quarter of the steps (grid z), written to partial[quarter]; grid
+// (ceil(rows / 8), ceil(N / 64), 4). REQUIRES R % 64 == 0 or R == N (a block's rows in one group).
+// Thread (warp w, gid, tig) holds rows 16 w + gid and + 8; for wgmma i of a step, words 8 i + tig
+// (inputs 16 i + 2 tig, + 1) and 8 i + 4 + tig (16 i + 8 + 2 tig, + 1) of each: the m64nNk16 A
+// fragment with inputs in natural order.
+__global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16LinearArgs a) {
+  extern __shared__ __align__(128) uint8_t bf16_dec_smem[];
+  Bf16DecStage* ring = reinterpret_cast<Bf16DecStage*>(bf16_dec_smem);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 8;
+  const int n0 = static_cast<int>(blockIdx.y) * kWgCols, steps = a.K / kBf16Step;
+  const int s_lo = w4a8_quarter(blockIdx.z, steps), s_hi = w4a8_quarter(blockIdx.z + 1, steps);
+  const int64_t x_off = static_cast<int64_t>(n0 / a.R) * a.K;
+  // Copies a step: weight pieces p = tid + 128 i (i < 4): row p / 8, chunk p % 8 (a quarter-warp one
+  // row's 128 bytes); input pieces tid < 64: row tid % 8, chunk tid / 8.
+  const uint8_t* wsrc[4];
+  bool wok[4];
+  int wdst[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int p = tid + kWgThreads * i, row = p / 8, chunk = p % 8;
+    wok[i] = n0 + row < a.N;
+    wsrc[i] = reinterpret_cast<const uint8_t*>(a.w + (wok[i] ? static_cast<int64_t>(n0 + row) * a.K : 0)) + 16 * chunk +
+              2 * kBf16Step * s_lo;
+    wdst[i] = kBf16DecPitch * row + 16 * chunk;
+  }
+  const int xrow = tid % 8, xchunk = tid / 8;
+  const bool xok = tid < 64 && t0 + xrow < a.rows;
+  const uint8_t* xsrc = reinterpret_cast<const uint8_t*>(a.x + (xok ? (t0 + xrow) * a.x_ld + x_off : 0)) + 16 * xchunk +
+                        2 * kBf16Step * s_lo;
+  const int xdst = 128 * xchunk + 16 * xrow;
+  int next = s_lo, next_stage = 0;
+  auto issue = [&] {
+    if (next < s_hi) {
+      Bf16DecStage& st = ring[next_stage];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        cp_async(st.w + wdst[i], wsrc[i], wok[i], 16);
+        wsrc[i] += 2 * kBf16Step;
+      }
+      if (tid < 64) cp_async(st.x + xdst, xsrc, xok, 16);
+      xsrc += 2 * kBf16Step;
+      next_stage = next_stage + 1 == kBf16DecStages ? 0 : next_stage + 1;
+      ++next;
+    }
+    cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
+  };
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int c0 = 16 * warp + gid;
+  for (int i = 0; i < kBf16DecStages - 1; ++i) issue();
+  int stage = 0;
+  for (int s = s_lo; s < s_hi; ++s) {
+    cp_async_wait<kBf16DecStages - 2>();  // this thread's copies of step s have landed
+    fence_proxy_async_smem();             // and are visible to wgmma's reads
+    __syncthreads();                      // everyone's; and everyone is done with the stage refilled next
+    issue();                              // step s + kBf16DecStages - 1
+    const Bf16DecStage& st = ring[stage];
+    stage = stage + 1 == kBf16DecStages ? 0 : stage + 1;
+    const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * c0) + tig;
+    const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * (c0 + 8)) + tig;
+    uint32_t w[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i][0] = ra[8 * i], w[i][2] = ra[8 * i + 4], w[i][1] = rb[8 * i], w[i][3] = rb[8 * i + 4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) wgmma_fence_operand(d[r]);
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      wgmma_m64n8k16_bf16_rs(d, w[i], wgmma_desc(st.x + 256 * i, 128, 128), s > s_lo || i > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 4; ++r) wgmma_fence_operand(d[r]);
+  }
+  cp_async_wait<0>();
+  float* dst = a.partial + static_cast<int64_t>(blockIdx.z) * a.rows * a.N;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int64_t t = t0 + 2 * tig + (c & 1);
+    const int n = n0 + c0 + (c < 2 ? 0 : 8);
+    if (t < a.rows && n < a.N) dst[t * a.N + n] = d[c];  // an empty quarter writes its zeros
+  }
+}
+
+// TMA form: tiles of 128 weight rows (two consumer warpgroups of 64, wgmma's M) x 128 input rows
+// (wgmma's N), both operands in shared memory as TMA brings them (boxes of 128 rows x 64 inputs,
+// 128-byte swizzled), a ring of kBf16TmaStages steps fed by a producer warpgroup's first thread,
+// persistent blocks, and K's quarters as separate work items (split 4, into partial) where the
+// tiles number fewer than the SMs. REQUIRES R % 128 == 0 or R == N (a tile's rows in one group).
+constexpr int kBf16TmaStages = 6, kBf16TmaBox = 128 * 2 * kBf16Step;  // 16 KB an operand a stage
+constexpr size_t kBf16TmaSmemBytes = 1024 + kBf16TmaStages * 2 * kBf16TmaBox + 2 * kBf16TmaStages * sizeof(uint64_t);
+
+struct Bf16TmaArgs {
+  CUtensorMap w_map;  // the weights, bf16 [N][K]: boxes of 128 rows x 64 inputs
+  CUtensorMap x_map;  // the inputs, bf16 [rows][x_ld]: the same boxes
+  float* out;         // [rows, N]; with split, the quarters' sums [4][rows][N]
+  int64_t rows;
+  int N, K, R, steps;
+  int split;
+};
+
+__device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+__global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const __grid_constant__ Bf16TmaArgs a) {
+  extern __shared__ uint8_t bf16_tma_smem_raw[];
+  uint8_t* smem = bf16_tma_smem_raw + ((1024 - (smem_u32(bf16_tma_smem_raw) & 1023u)) & 1023u);
+  uint8_t* w_box = smem;                                // [stage][128 rows][128 bytes]
+  uint8_t* x_box = smem + kBf16TmaStages * kBf16TmaBox;  // [stage][128 rows][128 bytes]
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + 2 * kBf16TmaStages * kBf16TmaBox);
+  uint64_t* empty = full + kBf16TmaStages;
+  const int tid = threadIdx.x, wg = tid / kWgThreads;
+  const int steps = a.steps, token_tiles = static_cast<int>((a.rows + 127) / 128);
+  const int items = token_tiles * ((a.N + 127) / 128) * a.split;
+  if (tid == 0) {
+    for (int s = 0; s < kBf16TmaStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2 * kWgThreads / 32);  // each consumer warp's lane 0
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Item i: quarter i % split of tile i / split (token tile t % token_tiles of weight tile
+  // t / token_tiles), its steps [s_lo, s_hi); the ring's position runs on across items.
+  const auto item_at = [&](int item, int& t0, int& n0, int& q, int& s_lo, int& s_hi) {
+    const int tile = item / a.split;
+    q = item % a.split;
+    t0 = (tile % token_tiles) * 128, n0 = (tile / token_tiles) * 128;
+    s_lo = a.split > 1 ? w4a8_quarter(q, steps) : 0;
+    s_hi = a.split > 1 ? w4a8_quarter(q + 1, steps) : steps;
+  };
+  if (wg == 2) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 2 * kWgThreads) {
+      int it = 0;
+      for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        int t0, n0, q, s_lo, s_hi;
+        item_at(item, t0, n0, q, s_lo, s_hi);
+        const int x_off = (n0 / a.R) * a.K;
+        for (int s = s_lo; s < s_hi; ++s, ++it) {
+          const int st = it % kBf16TmaStages, round = it / kBf16TmaStages;
+          if (round > 0) mbar_wait(&empty[st], (round - 1) & 1);
+          mbar_arrive_expect_tx(&full[st], 2 * kBf16TmaBox);
+          tma_load_2d(w_box + st * kBf16TmaBox, &a.w_map, s * kBf16Step, n0, &full[st]);
+          tma_load_2d(x_box + st * kBf16TmaBox, &a.x_map, x_off + s * kBf16Step, t0, &full[st]);
+        }
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = wg, lane = tid % 32, warp = (tid / 32) % 4, tig = lane % 4;
+  // Slot 4 j + c: weight row n0 + 64 cw + 16 warp + lane / 4 (+ 8 for c >= 2), input row t0 + 8 j + 2 tig + (c & 1).
+  float d[64], total[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = total[i] = 0.0f;
+  int it = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int t0, n0, q, s_lo, s_hi;
+    item_at(item, t0, n0, q, s_lo, s_hi);
+    // Unsplit: quarter by quarter into total (an empty quarter adds zeros, as the split form's
+    // zeros do); split: this quarter's sum written as it is.
+    int quarter = 0, quarter_end = a.split > 1 ? s_hi : w4a8_quarter(1, steps);
+    bool fresh = true;  // the next wgmma starts the quarter's sum from zero
+    const auto finish_quarter = [&] {
+#pragma unroll
+      for (int r = 0; r < 64; ++r) {
+        const float v = fresh ? 0.0f : d[r];
+        total[r] = quarter == 0 ? v : total[r] + v;
+      }
+      fresh = true;
+      ++quarter;
+    };
+    for (int s = s_lo; s < s_hi; ++s, ++it) {
+      while (s >= quarter_end) {
+        finish_quarter();
+        quarter_end = w4a8_quarter(quarter + 1, steps);
+      }
+      const int st = it % kBf16TmaStages;
+      mbar_wait(&full[st], (it / kBf16TmaStages) & 1);
+#pragma unroll
+      for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
+      wgmma_fence();
+      const uint8_t* wa = w_box + st * kBf16TmaBox + cw * 64 * 128;
+      const uint8_t* xb = x_box + st * kBf16TmaBox;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        wgmma_m64n128k16_bf16_ss(d, wgmma_desc_sw128(wa + 32 * i), wgmma_desc_sw128(xb + 32 * i), fresh && i == 0 ? 0 : 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
+      fresh = false;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[st]);
+    }
+    if (a.split == 1)
+      while (quarter < kW4A8Warps) finish_quarter();
+    float* dst = a.out + static_cast<int64_t>(q) * a.rows * a.N;
+    const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t t = t0 + 8 * j + 2 * tig + (c & 1);
+        const int n = row0 + (c < 2 ? 0 : 8);
+        if (t < a.rows && n < a.N) dst[t * a.N + n] = a.split > 1 ? (fresh ? 0.0f : d[4 * j + c]) : total[4 * j + c];
+      }
+  }
+}
+
 // The ring's depth (6 or 8 groups for the decode kernel measured slower on the H200, 2026-12-02:
 // w1 + w3 at batch 256 1.04 -> 1.20 / 1.18 ms).
 constexpr int kWgStages = 4;
@@ -1484,6 +1733,73 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     });
   }
   launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
+}
+
+namespace {
+
+int64_t bf16_tma_tiles(int64_t rows, int64_t N) { return (rows + 127) / 128 * ((N + 127) / 128); }
+
+// The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its quarters then added.
+void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
+  static const bool smem_set = cudaFuncSetAttribute(bf16_linear_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kBf16DecSmemBytes)) == cudaSuccess;
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  Bf16LinearArgs c = a;
+  c.x = a.x + r0 * a.x_ld;
+  c.rows = n;
+  bf16_linear_decode_kernel<<<dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), kW4A8Warps), kWgThreads,
+                              kBf16DecSmemBytes>>>(c);
+  add_quarters(a.out + r0 * a.N, a.partial, n * a.N);
+}
+
+// The TMA form; nullptr when launched, else why not (nothing launched).
+const char* launch_bf16_tma(const Bf16LinearArgs& a) {
+  if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
+  Bf16TmaArgs t{};
+  if (!encode_2d(&t.w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.w, a.K, a.N, 2 * static_cast<uint64_t>(a.K), kBf16Step,
+                 128, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_2d(&t.x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.x, a.x_ld, a.rows, 2 * a.x_ld, kBf16Step, 128,
+                 CU_TENSOR_MAP_SWIZZLE_128B))
+    return "cuTensorMapEncodeTiled refused a map (an address or pitch not 16-byte aligned?)";
+  static const bool smem_set = cudaFuncSetAttribute(bf16_linear_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kBf16TmaSmemBytes)) == cudaSuccess;
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  t.rows = a.rows;
+  t.N = a.N, t.K = a.K, t.R = a.R, t.steps = a.K / kBf16Step;
+  const int64_t tiles = bf16_tma_tiles(a.rows, a.N);
+  t.split = tiles < sm_count() ? kW4A8Warps : 1;
+  t.out = t.split > 1 ? a.partial : a.out;
+  bf16_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads,
+                           kBf16TmaSmemBytes>>>(t);
+  if (t.split > 1) add_quarters(a.out, a.partial, a.rows * a.N);
+  return nullptr;
+}
+
+}  // namespace
+
+bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R) {
+  constexpr int64_t kMax = int64_t{1} << 31;
+  return N > 0 && K > 0 && K % kBf16Step == 0 && R > 0 && N % R == 0 && (R == N || R % 128 == 0) &&
+         N <= int64_t{65535} * kWgCols /* the decode form's grid y */ && K < kMax;
+}
+
+int64_t bf16_wgmma_partial_rows(int64_t rows, int64_t N) {
+  if (rows <= kTiledRows || bf16_tma_tiles(rows, N) < sm_count()) return rows;
+  return kTiledRows;  // room for the decode form's 64-row chunks should the TMA form not run
+}
+
+void launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
+  if (a.rows == 0 || a.N == 0) return;
+  if (a.rows <= kTiledRows) return launch_bf16_decode(a, 0, a.rows);
+  static const bool tma = cuda_feature_on("bf16_tma");
+  const char* why = tma ? launch_bf16_tma(a) : "bf16_tma is off";
+  if (why == nullptr) return;
+  // The decode form in chunks of 64 rows: the same bits, far slower; said once.
+  static std::once_flag said;
+  std::call_once(said, [why] {
+    std::fprintf(stderr, "sparrow: the bf16 linears' TMA kernel cannot run (%s); using the 8-row wgmma kernel\n", why);
+  });
+  for (int64_t r0 = 0; r0 < a.rows; r0 += kTiledRows) launch_bf16_decode(a, r0, std::min<int64_t>(kTiledRows, a.rows - r0));
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

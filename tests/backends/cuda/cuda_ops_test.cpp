@@ -457,6 +457,76 @@ TEST_F(CudaOps, GroupedLinearUnderBf16Profiles) {
   }
 }
 
+// The bf16 GEMMs (bf16_gemm) on the project's wgmma kernels (bf16_wgmma) and on cuBLASLt: every
+// row the same bits alone and in batches of 37 (the wgmma decode form: 8-row items, K's quarters in
+// separate blocks), 300 and 4100 (the TMA form's 128 x 128 tiles, its quarters split where the tiles
+// number fewer than the SMs, whole otherwise), for a grouped FP8 weight shaped like wo_a (rows of a
+// group in whole 128-row tiles) and BF16 weights with bf16 inputs, N not a multiple of 64 and K with
+// an empty quarter among them; within the op bar of the CPU's fp32 sums of the same products.
+// (With SPARROW_CUDA_DISABLE=bf16_tma, the decode form in 64-row chunks: the same bits.)
+TEST_F(CudaOps, Bf16GemmsAreBatchInvariantOnWgmmaAndCuBlasLt) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend's test support";
+  if (!cuda::cuda_feature_on("bf16_gemm")) GTEST_SKIP() << "bf16_gemm is off";
+  Rng rng(47);
+  struct Case {
+    int64_t G, R, K;
+    bool fp8;  // a grouped FP8 weight (grouped_linear, round_bf16), else a BF16 one (linear, input_bf16)
+  };
+  for (const bool wgmma : {true, false}) {
+    cuda::set_bf16_wgmma(*gpu, wgmma);
+    for (const Case c : {Case{2, 128, 1152, true}, Case{8, 128, 256, true}, Case{1, 72, 192, false},
+                         Case{1, 1000, 4096, false}}) {
+      const int64_t G = c.G, R = c.R, K = c.K, N = G * R, W = G * K;  // W: a row's inputs
+      const std::string tag = std::string(wgmma ? "wgmma" : "cuBLASLt") + " G=" + std::to_string(G) +
+                              " R=" + std::to_string(R) + " K=" + std::to_string(K);
+      const StoredMatrix m = c.fp8 ? fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0)
+                                   : float_matrix(DType::kBF16, N, K, rng.normal(N * K, 0.05));
+      const int64_t T = 300;
+      const std::vector<float> x = host_bf16(rng.normal(T * W));
+      auto run = [&](Backend& b, const std::vector<float>& in, int64_t rows) {
+        const Tensor xt = b.upload_f32(in, {rows, W});
+        const Tensor o = b.alloc(ElemType::kF32, {rows, N});
+        if (c.fp8) b.grouped_linear({.out = o, .in = xt, .weight = &m.w, .groups = G, .round_bf16 = true});
+        else b.linear({.out = o, .in = xt, .weight = &m.w, .input_bf16 = true});
+        return b.download_f32(o);
+      };
+      auto rows_of = [&](int64_t t0, int64_t n) {
+        return std::vector<float>(x.begin() + t0 * W, x.begin() + (t0 + n) * W);
+      };
+      const std::vector<float> all = run(*gpu, x, T);
+      EXPECT_TRUE(cuda::last_linear_tensor_cores(*gpu)) << tag;
+      EXPECT_EQ(cuda::bf16_linear_last_wgmma(*gpu), wgmma) << tag;
+      // The CPU's fp32 sums of the same (exact) products, on the first 37 rows.
+      {
+        const Tensor xc = cpu->upload_f32(rows_of(0, 37), {37, W});
+        const Tensor oc = cpu->alloc(ElemType::kF32, {37, N});
+        if (c.fp8) cpu->grouped_linear({.out = oc, .in = xc, .weight = &m.w, .groups = G, .round_bf16 = true});
+        else cpu->linear({.out = oc, .in = xc, .weight = &m.w, .input_bf16 = true});
+        const Tensor og = gpu->upload_f32(std::vector<float>(all.begin(), all.begin() + 37 * N), {37, N});
+        // (round_bf16 rounds the grouped projection's outputs to bf16: one bf16 ulp; the BF16 linears' stay fp32.)
+        expect_close(*gpu, og, *cpu, oc, c.fp8 ? kBf16Tol : kOpTol, "bf16 gemm " + tag);
+      }
+      const std::vector<float> first37 = run(*gpu, rows_of(0, 37), 37);
+      for (int64_t i = 0; i < 37 * N; ++i)
+        ASSERT_EQ(f32_to_bits(first37[i]), f32_to_bits(all[i])) << tag << ": row " << i / N << " differs in 37 and 300";
+      for (int64_t t : {int64_t{0}, int64_t{20}, int64_t{299}}) {
+        const std::vector<float> alone = run(*gpu, rows_of(t, 1), 1);
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(f32_to_bits(alone[n]), f32_to_bits(all[t * N + n])) << tag << ": row " << t << " alone, output " << n;
+      }
+      std::vector<float> big(static_cast<size_t>(4100 * W));
+      for (int64_t r = 0; r < 4100; ++r) std::copy(x.begin() + (r % T) * W, x.begin() + (r % T + 1) * W, big.begin() + r * W);
+      const std::vector<float> o = run(*gpu, big, 4100);
+      for (int64_t i = 0; i < T * N; ++i)
+        ASSERT_EQ(f32_to_bits(o[i]), f32_to_bits(all[i])) << tag << ": row " << i / N << " differs in 4100 and 300";
+      for (int64_t r = T; r < 4100; r += 997)
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(f32_to_bits(o[r * N + n]), f32_to_bits(all[(r % T) * N + n])) << tag << ": row " << r << " of 4100";
+    }
+  }
+  cuda::set_bf16_wgmma(*gpu, cuda::cuda_feature_on("bf16_wgmma"));
+}
+
 TEST_F(CudaOps, RopeForwardAndInverseAtLargePositions) {
   Rng rng(51);
   RopeTable table{.inv_freq = {1.0, 0.31, 0.0123, 3.7e-4, 5.68e-7}};
