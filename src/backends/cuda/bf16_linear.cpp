@@ -161,7 +161,7 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
   SPARROW_CUDA_CHECK(cudaGetLastError());
   if (own_kernels(G * R, K, R)) {
     const int64_t N = G * R;
-    partial_.ensure(static_cast<size_t>(4 * bf16_wgmma_partial_rows(T, N) * N) * sizeof(float));
+    partial_.ensure(static_cast<size_t>(bf16_wgmma_partial_floats(T, N)) * sizeof(float));
     launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(), .x = static_cast<const uint16_t*>(xb_.get()),
                               .w = static_cast<const uint16_t*>(a_bf16), .rows = T, .x_ld = G * K,
                               .N = static_cast<int>(N), .K = static_cast<int>(K), .R = static_cast<int>(R)});

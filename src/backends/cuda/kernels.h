@@ -297,11 +297,11 @@ bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N);
 // The bf16 linears on the project's wgmma kernels (bf16_linear.h; kernels_linear.cu): out [rows, N]
 // fp32 = W [N, K] (bf16, row-major) times the bf16 inputs x [rows, x_ld], row n of W reading inputs
 // (n / R) K .. (n / R) K + K - 1 of a row (R rows a group: V4's grouped wo_a; R = N for one group).
-// One arithmetic for every rows: K in steps of 64, cut in four quarters (w4a8_quarter), each
-// quarter's wgmma k16 accumulated by the tensor core from zero in input order, the quarters added
-// ((q0 + q1) + q2) + q3; up to 64 rows 8-row items x 64 weight rows, a quarter a block (A from
-// registers), above 128 x 128 tiles through TMA (quarters in separate work items where the tiles
-// number fewer than the SMs). `partial` holds 4 x bf16_wgmma_partial_rows(rows, N) x N floats.
+// One arithmetic for every rows: K in steps of 64, cut in 16 parts, each part's wgmma k16
+// accumulated by the tensor core from zero in input order, the parts added in order; up to 64 rows
+// 8-row items x 64 weight rows, a part a block (A from registers), above 128 x 128 tiles through
+// TMA (parts in separate work items where the tiles number fewer than the SMs). `partial` holds
+// bf16_wgmma_partial_floats(rows, N) floats.
 // REQUIRES bf16_wgmma_linear_takes(N, K, R), x_ld % 8 == 0, 16-byte aligned x and W.
 struct Bf16LinearArgs {
   float* out;
@@ -314,7 +314,7 @@ struct Bf16LinearArgs {
 // The shapes the kernels take: K a multiple of 64, and a group's rows whole 128-row tiles (R % 128
 // == 0) unless there is one group (R == N); N, K and rows below 2^31.
 bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R);
-int64_t bf16_wgmma_partial_rows(int64_t rows, int64_t N);
+int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N);
 void launch_bf16_wgmma_linear(const Bf16LinearArgs& a);
 // The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
 // eight per SM of an H200 (small batches), else 2.

@@ -458,11 +458,11 @@ TEST_F(CudaOps, GroupedLinearUnderBf16Profiles) {
 }
 
 // The bf16 GEMMs (bf16_gemm) on the project's wgmma kernels (bf16_wgmma) and on cuBLASLt: every
-// row the same bits alone and in batches of 37 (the wgmma decode form: 8-row items, K's quarters in
-// separate blocks), 300 and 4100 (the TMA form's 128 x 128 tiles, its quarters split where the tiles
+// row the same bits alone and in batches of 37 (the wgmma decode form: 8-row items, K's 16 parts in
+// separate blocks), 300 and 4100 (the TMA form's 128 x 128 tiles, its parts split where the tiles
 // number fewer than the SMs, whole otherwise), for a grouped FP8 weight shaped like wo_a (rows of a
-// group in whole 128-row tiles) and BF16 weights with bf16 inputs, N not a multiple of 64 and K with
-// an empty quarter among them; within the op bar of the CPU's fp32 sums of the same products.
+// group in whole 128-row tiles) and BF16 weights with bf16 inputs, N not a multiple of 64 and K of
+// fewer steps than parts (empty parts) among them; within the op bar of the CPU's fp32 sums of the same products.
 // (With SPARROW_CUDA_DISABLE=bf16_tma, the decode form in 64-row chunks: the same bits.)
 TEST_F(CudaOps, Bf16GemmsAreBatchInvariantOnWgmmaAndCuBlasLt) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend's test support";
