@@ -1278,20 +1278,23 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 // when R = N). Every output goes through the same arithmetic in both forms, so a row's bits never
 // depend on the other rows (batch and chunking invariance):
 //
-//   K in steps of 64 inputs; the steps cut in kBf16Parts contiguous parts (bf16_part; some empty
+//   K in steps of 64 inputs; the steps cut in bf16_parts(N) contiguous parts (bf16_part; some empty
 //   when K has fewer steps); within a part the tensor core accumulates its wgmma k16 in input
 //   order, the part's first from zero (fp32, the tensor core's own sum order and rounding); the
 //   parts' sums added in order, (((p0 + p1) + p2) + ...). Both forms put input 16 i + j of a step
 //   in k-slot j of its i-th wgmma.
 //
 // Unlike the FP8 kernels there is no scale to fold group by group, so the accumulator stays in the
-// tensor core for a whole part (no per-group fma pass). 16 parts rather than the FP8 kernels' 4
-// quarters: at one row the decode form has 16 blocks per 64 weight rows (with 4, the gate's 256
-// rows made 16 blocks on 132 SMs: 7.7 us for 2 MB in ncu on 2026-12-02).
+// tensor core for a whole part (no per-group fma pass). The part count is a function of N alone
+// (so a weight's bits never depend on the rows): 16 below 8192 rows, where at one row the decode
+// form needs the blocks (with 4, the gate's 256 rows made 16 blocks on 132 SMs: 7.7 us for 2 MB
+// in ncu on 2026-12-02), 4 from 8192 (the head's 129,280 rows in 16 parts made 32,320 blocks of 4
+// steps: its step segment 0.316 -> 0.404 ms).
 constexpr int kBf16Step = 64;                   // inputs a step: one 128-byte row of bf16
-constexpr int kBf16Parts = 16;
-// Part p of `steps` is [bf16_part(p, steps), bf16_part(p + 1, steps)).
-__device__ __host__ inline int bf16_part(int p, int steps) { return p * steps / kBf16Parts; }
+constexpr int kBf16MaxParts = 16;
+__host__ __device__ inline int bf16_parts(int64_t N) { return N >= 8192 ? 4 : kBf16MaxParts; }
+// Part p of `steps` in `parts` is [bf16_part(p, steps, parts), bf16_part(p + 1, steps, parts)).
+__device__ __host__ inline int bf16_part(int p, int steps, int parts) { return p * steps / parts; }
 // The decode form's cp.async ring (a block's part is 4 steps at K = 4096; 4 stages of 10 KB let 5
 // blocks share an SM, where 8 stages held it to 2 and wo_a's blocks to two waves in ncu).
 constexpr int kBf16DecStages = 4;
@@ -1313,7 +1316,7 @@ __device__ inline void wgmma_m64n8k16_bf16_rs(float (&d)[4], const uint32_t (&a)
 
 // Decode form: a block is 64 weight rows (wgmma's M, A from registers) x 8 input rows (its N, B from
 // shared memory), over one part of the steps (grid z), written to partial[part]; grid
-// (ceil(rows / 8), ceil(N / 64), kBf16Parts). REQUIRES R % 64 == 0 or R == N (a block's rows in one group).
+// (ceil(rows / 8), ceil(N / 64), bf16_parts(N)). REQUIRES R % 64 == 0 or R == N (a block's rows in one group).
 // Thread (warp w, gid, tig) holds rows 16 w + gid and + 8; for wgmma i of a step, words 8 i + tig
 // (inputs 16 i + 2 tig, + 1) and 8 i + 4 + tig (16 i + 8 + 2 tig, + 1) of each: the m64nNk16 A
 // fragment with inputs in natural order.
@@ -1323,7 +1326,7 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 8;
   const int n0 = static_cast<int>(blockIdx.y) * kWgCols, steps = a.K / kBf16Step;
-  const int s_lo = bf16_part(blockIdx.z, steps), s_hi = bf16_part(blockIdx.z + 1, steps);
+  const int s_lo = bf16_part(blockIdx.z, steps, gridDim.z), s_hi = bf16_part(blockIdx.z + 1, steps, gridDim.z);
   const int64_t x_off = static_cast<int64_t>(n0 / a.R) * a.K;
   // Copies a step: weight pieces p = tid + 128 i (i < 4): row p / 8, chunk p % 8 (a quarter-warp one
   // row's 128 bytes); input pieces tid < 64: row tid % 8, chunk tid / 8.
@@ -1399,7 +1402,7 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
 // TMA form: tiles of 128 weight rows (two consumer warpgroups of 64, wgmma's M) x 128 input rows
 // (wgmma's N), both operands in shared memory as TMA brings them (boxes of 128 rows x 64 inputs,
 // 128-byte swizzled), a ring of kBf16TmaStages steps fed by a producer warpgroup's first thread,
-// persistent blocks, and K's parts as separate work items (split kBf16Parts, into partial) where
+// persistent blocks, and K's parts as separate work items (split = the parts, into partial) where
 // the tiles number fewer than the SMs. REQUIRES R % 128 == 0 or R == N (a tile's rows in one group).
 constexpr int kBf16TmaStages = 6, kBf16TmaBox = 128 * 2 * kBf16Step;  // 16 KB an operand a stage
 constexpr size_t kBf16TmaSmemBytes = 1024 + kBf16TmaStages * 2 * kBf16TmaBox + 2 * kBf16TmaStages * sizeof(uint64_t);
@@ -1407,10 +1410,11 @@ constexpr size_t kBf16TmaSmemBytes = 1024 + kBf16TmaStages * 2 * kBf16TmaBox + 2
 struct Bf16TmaArgs {
   CUtensorMap w_map;  // the weights, bf16 [N][K]: boxes of 128 rows x 64 inputs
   CUtensorMap x_map;  // the inputs, bf16 [rows][x_ld]: the same boxes
-  float* out;         // [rows, N]; with split, the parts' sums [kBf16Parts][rows][N]
+  float* out;         // [rows, N]; with split, the parts' sums [parts][rows][N]
   int64_t rows;
   int N, K, R, steps;
-  int split;
+  int parts;  // bf16_parts(N)
+  int split;  // 1, or parts
 };
 
 __device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
@@ -1445,8 +1449,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
     const int tile = item / a.split;
     q = item % a.split;
     t0 = (tile % token_tiles) * 128, n0 = (tile / token_tiles) * 128;
-    s_lo = a.split > 1 ? bf16_part(q, steps) : 0;
-    s_hi = a.split > 1 ? bf16_part(q + 1, steps) : steps;
+    s_lo = a.split > 1 ? bf16_part(q, steps, a.parts) : 0;
+    s_hi = a.split > 1 ? bf16_part(q + 1, steps, a.parts) : steps;
   };
   if (wg == 2) {  // the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -1479,7 +1483,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
     item_at(item, t0, n0, q, s_lo, s_hi);
     // Unsplit: part by part into total (an empty part adds zeros, as the split form's zeros do);
     // split: this part's sum written as it is.
-    int quarter = 0, quarter_end = a.split > 1 ? s_hi : bf16_part(1, steps);
+    int quarter = 0, quarter_end = a.split > 1 ? s_hi : bf16_part(1, steps, a.parts);
     bool fresh = true;  // the next wgmma starts the part's sum from zero
     const auto finish_quarter = [&] {
 #pragma unroll
@@ -1493,7 +1497,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
     for (int s = s_lo; s < s_hi; ++s, ++it) {
       while (s >= quarter_end) {
         finish_quarter();
-        quarter_end = bf16_part(quarter + 1, steps);
+        quarter_end = bf16_part(quarter + 1, steps, a.parts);
       }
       const int st = it % kBf16TmaStages;
       mbar_wait(&full[st], (it / kBf16TmaStages) & 1);
@@ -1514,7 +1518,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
       if (lane == 0) mbar_arrive(&empty[st]);
     }
     if (a.split == 1)
-      while (quarter < kBf16Parts) finish_quarter();
+      while (quarter < a.parts) finish_quarter();
     float* dst = a.out + static_cast<int64_t>(q) * a.rows * a.N;
     const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
 #pragma unroll
@@ -1747,17 +1751,16 @@ namespace {
 
 int64_t bf16_tma_tiles(int64_t rows, int64_t N) { return (rows + 127) / 128 * ((N + 127) / 128); }
 
-// out = (((p0 + p1) + p2) + ...) over the kBf16Parts parts, as the unsplit TMA form adds them.
-__global__ void bf16_parts_sum_kernel(float* out, const float* partial, int64_t count) {
+// out = (((p0 + p1) + p2) + ...) over the parts, as the unsplit TMA form adds them.
+__global__ void bf16_parts_sum_kernel(float* out, const float* partial, int64_t count, int parts) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   float s = partial[i];
-#pragma unroll
-  for (int p = 1; p < kBf16Parts; ++p) s += partial[p * count + i];
+  for (int p = 1; p < parts; ++p) s += partial[p * count + i];
   out[i] = s;
 }
-void add_bf16_parts(float* out, const float* partial, int64_t count) {
-  if (count > 0) bf16_parts_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count);
+void add_bf16_parts(float* out, const float* partial, int64_t count, int parts) {
+  if (count > 0) bf16_parts_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count, parts);
 }
 
 // The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its quarters then added.
@@ -1768,9 +1771,10 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   Bf16LinearArgs c = a;
   c.x = a.x + r0 * a.x_ld;
   c.rows = n;
-  bf16_linear_decode_kernel<<<dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), kBf16Parts), kWgThreads,
-                              kBf16DecSmemBytes>>>(c);
-  add_bf16_parts(a.out + r0 * a.N, a.partial, n * a.N);
+  const int parts = bf16_parts(a.N);
+  bf16_linear_decode_kernel<<<dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)),
+                              kWgThreads, kBf16DecSmemBytes>>>(c);
+  add_bf16_parts(a.out + r0 * a.N, a.partial, n * a.N, parts);
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).
@@ -1788,11 +1792,12 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.rows = a.rows;
   t.N = a.N, t.K = a.K, t.R = a.R, t.steps = a.K / kBf16Step;
   const int64_t tiles = bf16_tma_tiles(a.rows, a.N);
-  t.split = tiles < sm_count() ? kBf16Parts : 1;
+  t.parts = bf16_parts(a.N);
+  t.split = tiles < sm_count() ? t.parts : 1;
   t.out = t.split > 1 ? a.partial : a.out;
   bf16_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads,
                            kBf16TmaSmemBytes>>>(t);
-  if (t.split > 1) add_bf16_parts(a.out, a.partial, a.rows * a.N);
+  if (t.split > 1) add_bf16_parts(a.out, a.partial, a.rows * a.N, t.parts);
   return nullptr;
 }
 
@@ -1807,7 +1812,7 @@ bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R) {
 int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N) {
   // (Else room for the decode form's 64-row chunks should the TMA form not run.)
   const bool split = rows <= kTiledRows || bf16_tma_tiles(rows, N) < sm_count();
-  return kBf16Parts * (split ? rows : kTiledRows) * N;
+  return bf16_parts(N) * (split ? rows : kTiledRows) * N;
 }
 
 void launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
