@@ -1,8 +1,10 @@
 // The fast profiles' bf16-valued products on the tensor cores: the grouped projection (V4's wo_a,
 // spec §3.3), and (one group) the BF16 float weights whose inputs are bf16 values (the compressors,
 // the indexer's head weights, the router's gate and the head: LinearParams::input_bf16). bf16
-// operands, fp32 accumulation and output, through cuBLASLt's strided-batched GEMM, one batch entry
-// per group.
+// operands, fp32 accumulation and output: on the project's wgmma kernels (kernels.h
+// launch_bf16_wgmma_linear; `bf16_wgmma`) where K is a multiple of 64 and a group's rows are whole
+// 128-row tiles, else through cuBLASLt's strided-batched GEMM, one batch entry per group. Which of
+// the two runs depends on the shape alone; each is batch invariant on its own.
 //
 //   out[t, g*R + r] = sum_k bf16(W[g*R + r, k]) * bf16(in[t, g*K + k])   (fp32 sums)
 //

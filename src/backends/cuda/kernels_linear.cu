@@ -1483,21 +1483,21 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
     item_at(item, t0, n0, q, s_lo, s_hi);
     // Unsplit: part by part into total (an empty part adds zeros, as the split form's zeros do);
     // split: this part's sum written as it is.
-    int quarter = 0, quarter_end = a.split > 1 ? s_hi : bf16_part(1, steps, a.parts);
+    int part = 0, part_end = a.split > 1 ? s_hi : bf16_part(1, steps, a.parts);
     bool fresh = true;  // the next wgmma starts the part's sum from zero
-    const auto finish_quarter = [&] {
+    const auto finish_part = [&] {
 #pragma unroll
       for (int r = 0; r < 64; ++r) {
         const float v = fresh ? 0.0f : d[r];
-        total[r] = quarter == 0 ? v : total[r] + v;
+        total[r] = part == 0 ? v : total[r] + v;
       }
       fresh = true;
-      ++quarter;
+      ++part;
     };
     for (int s = s_lo; s < s_hi; ++s, ++it) {
-      while (s >= quarter_end) {
-        finish_quarter();
-        quarter_end = bf16_part(quarter + 1, steps, a.parts);
+      while (s >= part_end) {
+        finish_part();
+        part_end = bf16_part(part + 1, steps, a.parts);
       }
       const int st = it % kBf16TmaStages;
       mbar_wait(&full[st], (it / kBf16TmaStages) & 1);
@@ -1518,7 +1518,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
       if (lane == 0) mbar_arrive(&empty[st]);
     }
     if (a.split == 1)
-      while (quarter < a.parts) finish_quarter();
+      while (part < a.parts) finish_part();
     float* dst = a.out + static_cast<int64_t>(q) * a.rows * a.N;
     const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
 #pragma unroll
