@@ -315,12 +315,6 @@ TEST(BenchFloors, FlashBatchScalesKvButSharesWeights) {
   EXPECT_FALSE(floor_time(prefill_floor(c, 4, 8192, o), h200).memory_bound);
 }
 
-}  // namespace
-}  // namespace sparrow::bench
-
-namespace sparrow::bench {
-namespace {
-
 // The model-step cell's per-segment medians: steps start at segment 0, only the last ones count,
 // and the node counts are the last step's.
 TEST(SummariseSegments, MediansOverTheLastSteps) {

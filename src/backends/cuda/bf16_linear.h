@@ -82,7 +82,7 @@ class Bf16GroupedLinear {
   DeviceBuffer xb_;  // the bf16 input, kept between calls
   bool wgmma_ = cuda_feature_on("bf16_wgmma");
   bool last_wgmma_ = false;
-  DeviceBuffer partial_;  // the wgmma kernels' quarter sums, kept between calls
+  DeviceBuffer partial_;  // the wgmma kernels' part sums (bf16_wgmma_partial_floats), kept between calls
 };
 
 }  // namespace sparrow::cuda

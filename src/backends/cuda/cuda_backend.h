@@ -84,7 +84,7 @@ struct StepGraphStats {
 };
 void set_step_graphs(Backend& backend, bool on);
 StepGraphStats step_graph_stats(Backend& backend);
-// Each graph-run segment's GPU time, for diagnostics (`sparrow bench --model-step`): while on, every
+// Each graph-run segment's GPU time, for diagnostics (`sparrow bench --model-step-segments`): while on, every
 // segment's graph launch is bracketed by two events; step_segment_times waits for them, returns the
 // segments launched since the last call in order, and forgets them. `driver_kernels` counts the
 // kernel nodes launched through the driver API (cuBLASLt's), whose function the runtime cannot name.
@@ -110,8 +110,8 @@ void set_fp8_wgmma(Backend& backend, bool on);
 // The fast profiles' bf16 GEMMs (wo_a's grouped one, the BF16 weights fed bf16 values: compressors,
 // indexer head weights, gate, head) on the project's wgmma kernels (kernels.h
 // launch_bf16_wgmma_linear) instead of cuBLASLt, where the shapes suit them (K a multiple of 64, a
-// group's rows whole 128-row tiles): K's quarters in separate blocks at up to 64 rows, 128 x 128
-// TMA tiles above, the same bits for any M. On unless SPARROW_CUDA_DISABLE=bf16_wgmma; whether the
+// group's rows whole 128-row tiles): K's parts (16, or 4 from N = 8192) in separate blocks at up
+// to 64 rows, 128 x 128 TMA tiles above, the same bits for any M. On unless SPARROW_CUDA_DISABLE=bf16_wgmma; whether the
 // last bf16 GEMM ran on them.
 void set_bf16_wgmma(Backend& backend, bool on);
 bool bf16_linear_last_wgmma(Backend& backend);

@@ -312,7 +312,7 @@ struct Bf16LinearArgs {
   int N = 0, K = 0, R = 0;
 };
 // The shapes the kernels take: K a multiple of 64, and a group's rows whole 128-row tiles (R % 128
-// == 0) unless there is one group (R == N); N, K and rows below 2^31.
+// == 0) unless there is one group (R == N); K below 2^31, N at most 65535 x 64 (the decode form's grid).
 bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R);
 int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N);
 void launch_bf16_wgmma_linear(const Bf16LinearArgs& a);

@@ -1064,20 +1064,20 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
     }
 }
 
-// The split kernels' quarters added in order: out = ((q0 + q1) + q2) + q3, as the unsplit
-// kernels add them.
-__global__ void w4a8_quarters_sum_kernel(float* out, const float* partial, int64_t count) {
+// The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
+// add them (the W4A8 and FP8 kernels' four quarters, the bf16 kernels' bf16_parts).
+__global__ void parts_sum_kernel(float* out, const float* partial, int64_t count, int parts) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   float s = partial[i];
-#pragma unroll
-  for (int q = 1; q < kW4A8Warps; ++q) s += partial[q * count + i];
+  for (int p = 1; p < parts; ++p) s += partial[p * count + i];
   out[i] = s;
 }
-// out [count] from partial [4][count] (a no-op for count 0).
-void add_quarters(float* out, const float* partial, int64_t count) {
-  if (count > 0) w4a8_quarters_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count);
+// out [count] from partial [parts][count] (a no-op for count 0).
+void add_parts(float* out, const float* partial, int64_t count, int parts) {
+  if (count > 0) parts_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count, parts);
 }
+void add_quarters(float* out, const float* partial, int64_t count) { add_parts(out, partial, count, kW4A8Warps); }
 
 // ---- The FP8 linear's prefill kernel: TMA, mbarriers, both wgmma operands in shared memory ----------
 //
@@ -1751,18 +1751,6 @@ namespace {
 
 int64_t bf16_tma_tiles(int64_t rows, int64_t N) { return (rows + 127) / 128 * ((N + 127) / 128); }
 
-// out = (((p0 + p1) + p2) + ...) over the parts, as the unsplit TMA form adds them.
-__global__ void bf16_parts_sum_kernel(float* out, const float* partial, int64_t count, int parts) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  float s = partial[i];
-  for (int p = 1; p < parts; ++p) s += partial[p * count + i];
-  out[i] = s;
-}
-void add_bf16_parts(float* out, const float* partial, int64_t count, int parts) {
-  if (count > 0) bf16_parts_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count, parts);
-}
-
 // The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its quarters then added.
 void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   static const bool smem_set = cudaFuncSetAttribute(bf16_linear_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1774,7 +1762,7 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   const int parts = bf16_parts(a.N);
   bf16_linear_decode_kernel<<<dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)),
                               kWgThreads, kBf16DecSmemBytes>>>(c);
-  add_bf16_parts(a.out + r0 * a.N, a.partial, n * a.N, parts);
+  add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts);
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).
@@ -1797,7 +1785,7 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.out = t.split > 1 ? a.partial : a.out;
   bf16_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads,
                            kBf16TmaSmemBytes>>>(t);
-  if (t.split > 1) add_bf16_parts(a.out, a.partial, a.rows * a.N, t.parts);
+  if (t.split > 1) add_parts(a.out, a.partial, a.rows * a.N, t.parts);
   return nullptr;
 }
 
