@@ -17,6 +17,8 @@
 #include <span>
 #include <vector>
 
+#include "core/argmax.h"
+#include "core/check.h"
 #include "core/tensor.h"
 #include "core/model_config.h"
 #include "core/quant_sim.h"
@@ -357,6 +359,10 @@ class Backend {
   // out[i] = in[rows[i]] for a [T, N] tensor. The default goes through the host; backends may do
   // better.
   virtual Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows);
+  // out[i] (int32 [T]) = argmax_first of row i of a [T, N] f32 tensor (core/argmax.h: ties to the
+  // lowest index, the first NaN wins): a greedy step reads T ids instead of T x N logits. The
+  // default goes through the host; backends may do better. REQUIRES: N > 0.
+  virtual Tensor argmax_rows(const Tensor& in);
   // Only the deepseek-ref profile uses it; the model refuses that profile on backends without it.
   virtual void quant_sim(const QuantSimParams& p);
   // quant_sim and the *_bf16 rounding flags are implemented (the deepseek-ref profile).
@@ -396,6 +402,15 @@ inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>&
   picked.reserve(rows.size() * n);
   for (int64_t r : rows) picked.insert(picked.end(), all.begin() + r * n, all.begin() + (r + 1) * n);
   return upload_f32(picked, {static_cast<int64_t>(rows.size()), n});
+}
+
+inline Tensor Backend::argmax_rows(const Tensor& in) {
+  const int64_t T = in.dim(0), n = T == 0 ? 0 : in.numel() / T;
+  SPARROW_CHECK(T == 0 || n > 0);
+  const std::vector<float> all = download_f32(in);
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (int64_t r = 0; r < T; ++r) ids[r] = static_cast<int32_t>(argmax_first(all.data() + r * n, n));
+  return upload_i32(ids, {T});
 }
 
 inline void Backend::linear_fp8_block(const LinearFp8BlockParams&) {

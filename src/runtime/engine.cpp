@@ -184,9 +184,11 @@ void Engine::Impl::step() {
   // Only each sequence's last token can need a sample: the head runs on those rows alone.
   std::vector<int64_t> last_rows;
   for (size_t s = 0; s < members.size(); ++s) last_rows.push_back(batch.seq_end[s] - 1);
-  const std::vector<float> logits =
-      backend->download_f32(model->forward(*backend, batch, {.logits_rows = &last_rows}));
+  const Tensor logits = model->forward(*backend, batch, {.logits_rows = &last_rows});
   int64_t prompt_tokens = 0, new_tokens = 0;
+  std::vector<bool> emits(members.size(), false);
+  bool any_greedy = false;
+  std::vector<int64_t> sampled_rows;  // rows whose member draws from its logits this step
   for (size_t s = 0; s < members.size(); ++s) {
     Running& r = *members[s];
     const int64_t n = batch.seq_end[s] - batch.seq_begin[s];
@@ -196,8 +198,30 @@ void Engine::Impl::step() {
       prompt_tokens += n;
       if (!r.decoding()) continue;  // more prompt to feed; no token yet
     }
-    const float* row = logits.data() + static_cast<int64_t>(s) * V;
-    const int32_t token = r.sampler.sample(std::span<const float>(row, V));
+    emits[s] = true;
+    if (r.sampler.greedy()) any_greedy = true;
+    else sampled_rows.push_back(static_cast<int64_t>(s));
+  }
+  // Greedy rows take their id from the backend's argmax (T ids come back); only the sampled rows'
+  // logits are downloaded.
+  std::vector<int32_t> greedy_ids;
+  if (any_greedy) greedy_ids = backend->download_i32(backend->argmax_rows(logits));
+  std::vector<float> sampled;
+  if (!sampled_rows.empty())
+    sampled = backend->download_f32(static_cast<int64_t>(sampled_rows.size()) == logits.dim(0)
+                                        ? logits
+                                        : backend->gather_rows(logits, sampled_rows));
+  size_t next_sampled = 0;
+  for (size_t s = 0; s < members.size(); ++s) {
+    if (!emits[s]) continue;
+    Running& r = *members[s];
+    int32_t token;
+    if (r.sampler.greedy()) {
+      token = greedy_ids.at(s);
+    } else {
+      const float* row = sampled.data() + static_cast<int64_t>(next_sampled++) * V;
+      token = r.sampler.sample(std::span<const float>(row, V));
+    }
     r.generated.push_back(token);
     r.next_input.assign(1, token);
     ++new_tokens;

@@ -5,11 +5,13 @@
 #include <numeric>
 #include <vector>
 
+#include "core/argmax.h"
+
 namespace sparrow {
 
 int32_t Sampler::sample(std::span<const float> logits) {
   const int64_t V = static_cast<int64_t>(logits.size());
-  if (params_.temperature <= 0.0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (params_.temperature <= 0.0) return static_cast<int32_t>(argmax_first(logits.data(), V));
   // Candidates by descending logit, ties by lower id, so the order (and hence the draw) is fixed.
   std::vector<int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);

@@ -71,11 +71,12 @@ Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt
     opt.logits_rows = &last_row;
     Tensor logits = model_.forward(backend_, batch, opt);
     state->advance(static_cast<int64_t>(next.size()));
-    std::vector<float> host = backend_.download_f32(logits);
+    // The choice is made where the logits are (Backend::argmax_rows): one id comes back, not V logits.
+    const std::vector<int32_t> ids = backend_.download_i32(backend_.argmax_rows(logits));
     if (step_seconds)
       step_seconds->push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    const float* last = host.data();
-    const int32_t best = static_cast<int32_t>(std::max_element(last, last + V) - last);  // first max wins
+    const int32_t best = ids.at(0);
+    SPARROW_CHECK(best >= 0 && best < V);
     out.push_back(best);
     next.assign(1, best);
   }

@@ -39,8 +39,9 @@ class Session {
   Expected<std::vector<float>> logits(std::span<const int32_t> ids, int64_t chunk) const;
 
   // Greedy continuation: prefill `prompt`, then `n` decode steps; returns the n new ids.
-  // Ties in the argmax go to the lower token id. With `step_seconds`, the wall time of each forward
-  // and its logits' download is appended there (the prompt's first, then one per decode step).
+  // The argmax is Backend::argmax_rows (ties to the lower token id; core/argmax.h). With
+  // `step_seconds`, the wall time of each forward and its token's download is appended there (the
+  // prompt's first, then one per decode step).
   Expected<std::vector<int32_t>> generate(std::span<const int32_t> prompt, int64_t n,
                                           std::vector<double>* step_seconds = nullptr) const;
 

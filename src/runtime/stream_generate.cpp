@@ -57,16 +57,24 @@ Expected<GenerationResult> stream_generate(const Model& model, Backend& backend,
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   auto state = backend.create_sequence_state(model.config());
   std::vector<int32_t> next(prompt.begin(), prompt.end());
-  std::vector<float> row(static_cast<size_t>(V));
+  // Greedy without a penalty (min-p does nothing at temperature 0) is the backend's argmax of the
+  // row: one id comes back instead of V logits.
+  const bool device_greedy = sampler.greedy() && options.repetition_penalty == 1.0;
   while (static_cast<int64_t>(result.tokens.size()) < options.max_new_tokens) {
     BatchInfo batch = batch_build({{state.get(), next}});
-    Tensor logits = model.forward(backend, batch);
+    const std::vector<int64_t> last_row = {batch.num_tokens() - 1};  // the head on that row alone
+    Tensor logits = model.forward(backend, batch, {.logits_rows = &last_row});
     state->advance(static_cast<int64_t>(next.size()));
-    const std::vector<float> host = backend.download_f32(logits);
-    std::copy(host.end() - V, host.end(), row.begin());  // the last position's row
-    logits_apply_repetition_penalty(row, history, options.repetition_penalty);
-    logits_apply_min_p(row, options.min_p, options.sampling.temperature);
-    const int32_t id = sampler.sample(row);
+    int32_t id;
+    if (device_greedy) {
+      id = backend.download_i32(backend.argmax_rows(logits)).at(0);
+    } else {
+      std::vector<float> row = backend.download_f32(logits);
+      logits_apply_repetition_penalty(row, history, options.repetition_penalty);
+      logits_apply_min_p(row, options.min_p, options.sampling.temperature);
+      id = sampler.sample(row);
+    }
+    if (id < 0 || id >= V) return Status::internal("the backend's argmax gave token id " + std::to_string(id));
     result.tokens.push_back(id);
     history.push_back(id);
     if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), id) != options.stop_tokens.end()) {

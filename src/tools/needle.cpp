@@ -219,14 +219,15 @@ Expected<std::vector<NeedleLengthResult>> needle_recall(const Model& model, Back
         BatchInfo batch = batch_build(chunks);
         std::vector<int64_t> last_rows;
         for (int64_t b = 0; b < B; ++b) last_rows.push_back(batch.seq_end[b] - 1);
-        const std::vector<float> logits =
-            backend.download_f32(model.forward(backend, batch, {.logits_rows = &last_rows}));
+        const Tensor logits = model.forward(backend, batch, {.logits_rows = &last_rows});
         for (int64_t b = 0; b < B; ++b) states[b]->advance(n);
         if (prefill) fed += n;
         if (fed < prompt_len) continue;  // more prompt to feed
+        // The greedy ids where the logits are (Backend::argmax_rows: ties to the lower id).
+        const std::vector<int32_t> ids = backend.download_i32(backend.argmax_rows(logits));
         for (int64_t b = 0; b < B; ++b) {
-          const float* row = logits.data() + b * V;
-          const auto best = static_cast<int32_t>(std::max_element(row, row + V) - row);  // first max wins
+          const int32_t best = ids.at(b);
+          if (best < 0 || best >= V) return Status::internal("the backend's argmax gave token id " + std::to_string(best));
           predicted[b].push_back(best);
           next[b].assign(1, best);
         }

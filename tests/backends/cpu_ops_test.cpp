@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "backends/cpu/cpu_state.h"
 #include "model/rope.h"
@@ -316,6 +317,29 @@ TEST_F(CpuOps, AttentionSinkOnlyAddsToTheDenominator) {
   const auto o = be->download_f32(out);
   EXPECT_NEAR(o[0], 0.25, 1e-6);
   EXPECT_NEAR(o[1], 0.0, 1e-7);
+}
+
+// The greedy rule (core/argmax.h) on rows written by hand, through the host helper and the op.
+TEST_F(CpuOps, ArgmaxRowsTakesTheFirstMaxAndTheFirstNan) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> rows = {
+      {1, 3, 2, 3, 3},            // a tie: the lowest index
+      {-inf, -inf, -inf, -inf, -inf},  // all -inf: the first
+      {0, 5, nan, 7, nan},        // the first NaN beats every number
+      {nan, 1, 2, 3, 4},          // a NaN first
+      {-0.0f, 0.0f, -1, -2, -3},  // -0 and 0 are equal: the lower index
+      {-5, -4, inf, -inf, inf},   // +inf, twice
+  };
+  const std::vector<int32_t> want = {1, 0, 2, 0, 0, 2};
+  std::vector<float> flat;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    EXPECT_EQ(argmax_first(rows[r].data(), 5), want[r]) << "row " << r;
+    flat.insert(flat.end(), rows[r].begin(), rows[r].end());
+  }
+  const std::vector<int32_t> got = be->download_i32(be->argmax_rows(be->upload_f32(flat, {6, 5})));
+  EXPECT_EQ(got, want);
+  const std::vector<float> one = {42};
+  EXPECT_EQ(be->download_i32(be->argmax_rows(be->upload_f32(one, {1, 1}))), std::vector<int32_t>{0});
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <thread>
 
+#include "core/argmax.h"
 #include "io/config_json.h"
+#include "model/model.h"
 #include "runtime/session.h"
 #include "sparrow/engine.h"
 
@@ -79,6 +82,50 @@ TEST(Engine, SeededSamplingIsReproducible) {
   r.sampling.seed = 43;
   const auto c = engine->generate(r);
   EXPECT_NE(c->tokens, a->tokens) << "a different seed should give different samples here";
+}
+
+// A step whose rows are partly greedy (ids from Backend::argmax_rows) and partly sampled (only those
+// rows' logits downloaded, by gather_rows): each request gets the tokens it gets alone, and the
+// greedy ones are the argmax of the logits Session::logits gives for the same ids.
+TEST(Engine, GreedyAndSampledRowsShareAStep) {
+  auto engine = make({.max_batch = 8, .step_token_budget = 64});
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r = greedy(prompt_of(10 + i, 6 + 5 * i), 10);
+    if (i % 2 == 1) r.sampling = {.temperature = 0.8, .top_p = 0.95, .top_k = 40, .seed = static_cast<uint64_t>(7 + i)};
+    requests.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& r : requests) {
+    const auto g = engine->generate(r);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    alone.push_back(g->tokens);
+  }
+  std::vector<std::future<Expected<GenerationResult>>> together;
+  for (const auto& r : requests)
+    together.push_back(std::async(std::launch::async, [&engine, r] { return engine->generate(r); }));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto g = together[i].get();
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    EXPECT_EQ(g->tokens, alone[i]) << "request " << i;
+  }
+  // The greedy requests' tokens against the host rule over full logits.
+  const std::filesystem::path dir = kModel;
+  auto model = Model::load(dir);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto cpu = make_cpu_backend();
+  const Session session(**model, *cpu);
+  const int64_t V = (*model)->config().vocab_size;
+  for (size_t i = 0; i < requests.size(); i += 2) {
+    std::vector<int32_t> ids = requests[i].prompt;
+    ids.insert(ids.end(), alone[i].begin(), alone[i].end() - 1);
+    const auto logits = session.logits(ids, 0);
+    ASSERT_TRUE(logits.is_ok()) << logits.status().to_string();
+    const int64_t P = static_cast<int64_t>(requests[i].prompt.size());
+    for (size_t k = 0; k < alone[i].size(); ++k)
+      EXPECT_EQ(alone[i][k], argmax_first(logits->data() + (P - 1 + static_cast<int64_t>(k)) * V, V))
+          << "request " << i << ", token " << k;
+  }
 }
 
 TEST(Engine, StopTokensEndGeneration) {

@@ -635,6 +635,21 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  // One block a row on the device; `argmax` off: the default through the host (a row's logits
+  // downloaded), the same ids.
+  Tensor argmax_rows(const Tensor& in) override {
+    static const bool on = cuda_feature_on("argmax");
+    if (!on) return Backend::argmax_rows(in);
+    OpProfiler::Scope op_scope(profiler_, "argmax_rows");
+    SPARROW_CHECK(in.type() == ElemType::kF32 && in.rank() >= 1);
+    const int64_t T = in.dim(0), width = T == 0 ? 0 : in.numel() / T;
+    SPARROW_CHECK(T == 0 || (width > 0 && width <= INT32_MAX));
+    Tensor out = alloc(ElemType::kI32, {T});
+    launch_argmax_rows(out.i32(), in.f32(), T, width);
+    launch_check("argmax_rows");
+    return out;
+  }
+
   // A step is captured into a CUDA graph (step_graph.h) when graphs are on (SPARROW_CUDA_DISABLE=graphs
   // or set_step_graphs turn them off), the caller reads nothing back within it, no per-op profiling
   // or SPARROW_CUDA_SYNC asks for ops one at a time, the MoE plans on the device (its host plan
@@ -1304,14 +1319,20 @@ class CudaBackend final : public Backend {
     const int64_t E = static_cast<int64_t>(p.routed->size());
     const int64_t max_tiles = total / kW4A8TileRows + std::min(E, total) + 1;
     SPARROW_CHECK_LE(max_tiles, kMaxMoeItems);
-    DeviceBuffer h1(total * F * sizeof(float)), h3(total * F * sizeof(float)), y(total * D * sizeof(float));
+    // h1 and h3 in one buffer, h3 after h1: the decode wgmma kernel computes both in one launch
+    // (GroupedW4A8Args::w_b; `w4a8_pair` off: a launch each, the same bits).
+    DeviceBuffer h13(2 * total * F * sizeof(float)), y(total * D * sizeof(float));
+    float* const h1 = h13.f32();
+    float* const h3 = h1 + total * F;
+    static const bool pair_on = cuda_feature_on("w4a8_pair");
+    const bool pair = pair_on && wgmma && !tiled;
     // The decode wgmma kernel split over K's quarters for few rows (GroupedW4A8Args::partial): at
     // batch 1 an unsplit block walks all of K alone. The same bits split or not.
     const bool split = wgmma && !tiled &&
                        (w4a8_wgmma_split_ == 2 || (w4a8_wgmma_split_ == 0 && total <= kSplitRows));
-    DeviceBuffer partial(split ? 4 * total * std::max(D, F) * sizeof(float) : 0);
+    DeviceBuffer partial(split ? 4 * total * std::max(D, 2 * F) * sizeof(float) : 0);
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
-                     aligned16(h1.get());
+                     aligned16(h1);
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());
     const auto* slots = static_cast<const int32_t*>(plan.slots.get());
     // w4a8: an input [n, K] of float rows as e4m3 codes [n, k_pad] and scales [k_pad / 128, n].
@@ -1338,8 +1359,9 @@ class CudaBackend final : public Backend {
       return c;
     };
     // out = in x W^T over the plan; `in` is float rows (CUDA cores) or `codes` (w4a8).
+    // w_b (w4a8 decode wgmma only): a second projection of the same shape into out + total * N.
     auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in, const Codes& codes,
-                       const int32_t* in_rows) {
+                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr) {
       const auto* dw = static_cast<const DevWeight*>(w.get());
       const auto* offsets = static_cast<const int64_t*>(plan.offsets.get());
       const auto* items = static_cast<const int32_t*>(plan.items.get());
@@ -1351,7 +1373,8 @@ class CudaBackend final : public Backend {
                              .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled,
                              .experts = E, .max_tiles = max_tiles, .small_tiles = w4a8_small_tiles_,
                              .wgmma = wgmma, .wgmma_warpgroups = w4a8_wgmma_warpgroups_,
-                             .partial = split ? partial.f32() : nullptr, .rows_total = total});
+                             .partial = split ? partial.f32() : nullptr, .rows_total = total,
+                             .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr});
       } else {
         launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                       .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
@@ -1371,31 +1394,35 @@ class CudaBackend final : public Backend {
     {
       // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
       const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
-      project(tab.w1, f.w1, h1.f32(), x, xc, rows);
-      project(tab.w3, f.w3, h3.f32(), x, xc, rows);
+      if (pair) {
+        project(tab.w1, f.w1, h1, x, xc, rows, &tab.w3);
+      } else {
+        project(tab.w1, f.w1, h1, x, xc, rows);
+        project(tab.w3, f.w3, h3, x, xc, rows);
+      }
     }
     part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
     Codes hc;
     if (w4a8 && moe_fused_act_) {
       // The three steps below in one kernel, the same bits (SPARROW_CUDA_DISABLE=moe_fused_act: in turn).
       hc = new_codes(total, F);
-      launch_swiglu_quant_fp8({.h1 = h1.f32(), .h3 = h3.f32(), .limit = static_cast<float>(p.swiglu_limit),
+      launch_swiglu_quant_fp8({.h1 = h1, .h3 = h3, .limit = static_cast<float>(p.swiglu_limit),
                                .slots = slots, .weights = p.weights.f32(), .scale = combine_scale,
                                .q = quant_args(hc, nullptr, F)});
       launch_check("experts swiglu, routing weight, act_quant (w4a8)");
     } else {
-      launch_swiglu({.a = h1.f32(), .b = h3.f32(), .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
+      launch_swiglu({.a = h1, .b = h3, .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
       if (p.ref_numerics) {
         launch_check("experts swiglu");
-        launch_route_scale_bf16({.h = h1.f32(), .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
+        launch_route_scale_bf16({.h = h1, .slots = slots, .weights = p.weights.f32(), .R = total, .F = F,
                                  .scale = combine_scale});
         launch_check("experts routing weight");
-        if (w4a8) hc = quantise(h1.f32(), total, F);
-        else fp8_rows(h1.f32(), total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
+        if (w4a8) hc = quantise(h1, total, F);
+        else fp8_rows(h1, total, F, F, kFp8ActBlock, "experts w2 act_quant_fp8");
       }
     }
     part.emplace(profiler_, kW2[path]);
-    project(tab.w2, f.w2, y.f32(), h1.f32(), hc, nullptr);
+    project(tab.w2, f.w2, y.f32(), h1, hc, nullptr);
     launch_check("experts ffn");
     launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
                            .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,

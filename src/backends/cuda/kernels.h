@@ -61,7 +61,9 @@ struct DevView {
 // bits), "bf16_wgmma" (the bf16 GEMMs of bf16_gemm on the project's wgmma kernels instead of
 // cuBLASLt), "bf16_tma" (their TMA kernel above 64 rows; off: the 8-row kernel in 64-row chunks, the
 // same bits), "graph_update" (kept graphs updated in place; off: every
-// capture instantiated, run once and dropped) and "alloc_nofill" (tensors left unfilled at allocation;
+// capture instantiated, run once and dropped), "argmax" (Backend::argmax_rows on the device; off:
+// through the host, the same ids), "w4a8_pair" (the routed experts' w1 and w3 in one launch of the
+// decode wgmma kernel; off: a launch each, the same bits) and "alloc_nofill" (tensors left unfilled at allocation;
 // off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
@@ -165,6 +167,9 @@ void launch_window_append(const WindowAppendArgs& a);
 
 // out[i, :] = in[rows[i], :] for i < n, rows of `width` floats (Backend::gather_rows).
 void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width);
+// out[r] = argmax_first of row r (core/argmax.h) of `rows` rows of `width` floats, 0 < width < 2^31
+// (Backend::argmax_rows).
+void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t width);
 
 // ---- linear layers (kernels_linear.cu) ----------------------------------------------------------
 
@@ -272,6 +277,10 @@ struct GroupedW4A8Args {
   // in order; the same bits either way. rows_total = offsets[E].
   float* partial = nullptr;
   int64_t rows_total = 0;
+  // (decode wgmma kernel, not tiled) a second projection of the same rows and shapes in the same
+  // launch (w1 and w3), or null: its experts' weights [E]; out is then [2, rows_total, N] (the
+  // second's rows after the first's) and partial [4, 2, rows_total, N]. The same bits as two launches.
+  const DevWeight* w_b = nullptr;
   // A dense FP8 linear through the wgmma kernels (launch_fp8_wgmma_linear): one weight of e4m3
   // codes [N, K] row-major (K a multiple of 128) with fp32 128x128 block scales [ceil(N / 128),
   // w_scale_ld]; the rows are 0 .. rows_total - 1 of codes (no experts, offsets, items or in_rows).

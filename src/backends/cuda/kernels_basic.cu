@@ -1,6 +1,8 @@
 // Embedding, mHC (pre with Sinkhorn, post, head), RMS norms, RoPE and window appends.
 // One block per token (or per normalised group) where a reduction is needed, one thread per
 // element otherwise. Formulas: spec §3.0-§3.2, §3.6; they mirror src/backends/cpu/cpu_backend.cpp.
+#include <climits>
+
 #include <cuda_bf16.h>
 
 #include "backends/cuda/cuda_check.h"
@@ -651,10 +653,74 @@ __global__ void gather_rows_kernel(float* out, const float* in, const int64_t* r
   out[i] = in[rows[r] * width + i % width];
 }
 
+// Block per row: each thread walks its elements in index order (4 at a time where the row is
+// whole 16-byte words) keeping the first best, then the block reduces (value, index) pairs by
+// argmax_first's order (NaN above every number, then the lower index), which is a total order, so
+// any reduction tree gives the host's answer.
+__device__ inline bool argmax_better(float a, int ia, float b, int ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na != nb) return na;
+  if (!na && a != b) return a > b;
+  return ia < ib;
+}
+
+constexpr int kArgmaxThreads = 512;
+
+template <bool kVec4>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* in, int32_t* out, int64_t width) {
+  const float* row = in + static_cast<int64_t>(blockIdx.x) * width;
+  float best = -INFINITY;
+  int bi = INT_MAX;
+  const int n = static_cast<int>(width);
+  if constexpr (kVec4) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (int c = threadIdx.x; c < n / 4; c += kArgmaxThreads) {
+      const float4 v = row4[c];
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (argmax_better(e[j], 4 * c + j, best, bi)) best = e[j], bi = 4 * c + j;
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += kArgmaxThreads)
+      if (argmax_better(row[i], i, best, bi)) best = row[i], bi = i;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (argmax_better(ob, oi, best, bi)) best = ob, bi = oi;
+  }
+  __shared__ float s_best[kArgmaxThreads / 32];
+  __shared__ int s_bi[kArgmaxThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) s_best[warp] = best, s_bi[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < kArgmaxThreads / 32 ? s_best[lane] : -INFINITY;
+    bi = lane < kArgmaxThreads / 32 ? s_bi[lane] : INT_MAX;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (argmax_better(ob, oi, best, bi)) best = ob, bi = oi;
+    }
+    if (lane == 0) out[blockIdx.x] = bi;
+  }
+}
+
 }  // namespace
 
 void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width) {
   if (n * width > 0) gather_rows_kernel<<<blocks_for(n * width, kThreads), kThreads>>>(out, in, rows, n, width);
+}
+
+void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  if (width % 4 == 0 && aligned16(in))
+    argmax_rows_kernel<true><<<static_cast<unsigned>(rows), kArgmaxThreads>>>(in, out, width);
+  else
+    argmax_rows_kernel<false><<<static_cast<unsigned>(rows), kArgmaxThreads>>>(in, out, width);
 }
 
 void launch_embed(const EmbedArgs& a) {

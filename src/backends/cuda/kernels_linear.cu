@@ -888,8 +888,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   const int64_t e = s_e, t0 = s_t0;
   const int64_t r0 = kFp8W ? 0 : g.offsets[e], R = kFp8W ? g.rows_total : g.offsets[e + 1] - r0;
   const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
-  const int n0 = static_cast<int>(blockIdx.y) * kCols;
-  const DevWeight W = kFp8W ? DevWeight{} : g.w[e];
+  // A pair (g.w_b, the decode kernel): the grid's second half of column blocks is the second
+  // projection, its outputs rows_total x N further on.
+  const int col_blocks = (N + kCols - 1) / kCols;
+  const bool second = !kFp8W && kN == 8 && g.w_b != nullptr && static_cast<int>(blockIdx.y) >= col_blocks;
+  const int n0 = (static_cast<int>(blockIdx.y) - (second ? col_blocks : 0)) * kCols;
+  const DevWeight W = kFp8W ? DevWeight{} : (second ? g.w_b[e] : g.w[e]);
   // Split (grid z = 4, the decode kernel only): this block computes quarter blockIdx.z of the groups
   // only, into g.partial.
   const bool split = kN == 8 && gridDim.z == kW4A8Warps;
@@ -1053,7 +1057,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   cp_async_wait<0>();
   if (!split)
     while (quarter < kW4A8Warps) finish_quarter();
-  float* dst = split ? g.partial + static_cast<int64_t>(blockIdx.z) * g.rows_total * g.N : g.out;
+  const int64_t outputs = (!kFp8W && g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;  // a quarter's
+  float* dst = (split ? g.partial + static_cast<int64_t>(blockIdx.z) * outputs : g.out) +
+               (second ? g.rows_total * g.N : 0);
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
@@ -1552,8 +1558,9 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
                                 static_cast<int>(wg_smem_bytes<kN, kWG, kFp8W>())) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  const unsigned pair = !kFp8W && kN == 8 && g.w_b != nullptr ? 2 : 1;
   grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>
-      <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
+      <<<dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
          kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>()>>>(g);
 }
 
@@ -1607,7 +1614,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     if (!g.tiled) {
       if (g.partial == nullptr) return launch_w4a8_wgmma<8, 1>(g, g.max_items);
       launch_w4a8_wgmma<8, 1>(g, g.max_items, kW4A8Warps);
-      add_quarters(g.out, g.partial, g.rows_total * g.N);
+      add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took

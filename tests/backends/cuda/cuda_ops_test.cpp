@@ -1579,6 +1579,41 @@ TEST_F(CudaOps, RoutedScalePlacementsAgreeAcrossBackends) {
   }
 }
 
+// ---- greedy choice ----------------------------------------------------------------------------------
+
+// argmax_rows on the device gives the host rule's ids (core/argmax.h): rows of every width class
+// (1; odd widths, whose rows after the first are not 16-byte aligned: the scalar kernel; whole
+// 16-byte words up to V4-Flash's vocabulary: the 4-wide one), with the maximum planted several times
+// (the lowest wins, wherever the threads' strides put the copies), at the last element, NaNs
+// (the first wins), all equal, all -inf.
+TEST_F(CudaOps, ArgmaxRowsGivesTheHostRulesIds) {
+  Rng rng(97);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t N : {int64_t{1}, int64_t{3}, int64_t{513}, int64_t{4100}, int64_t{129280}}) {
+    const int64_t T = 9;
+    std::vector<float> x = rng.normal(T * N);
+    for (int64_t r = 0; r < T; ++r) {
+      float* row = x.data() + r * N;
+      const int64_t a = rng.integer(0, N - 1), b = rng.integer(0, N - 1), c = rng.integer(0, N - 1);
+      switch (r) {
+        case 1: row[a] = row[b] = row[c] = 9.0f; break;  // a max three times (or fewer where they meet)
+        case 2: row[N - 1] = 9.0f; break;                // at the end, past the last whole word
+        case 3: row[b] = nan, row[a] = inf; break;       // a NaN beats +inf
+        case 4: row[c] = nan, row[b] = nan; break;       // two NaNs: the first
+        case 5: std::fill(row, row + N, 0.5f); break;    // all equal: index 0
+        case 6: std::fill(row, row + N, -inf); break;    // all -inf: index 0
+        case 7: row[a] = inf, row[c] = inf; break;
+        default: break;                                  // plain normal values
+      }
+    }
+    std::vector<int32_t> want(static_cast<size_t>(T));
+    for (int64_t r = 0; r < T; ++r) want[r] = static_cast<int32_t>(argmax_first(x.data() + r * N, N));
+    auto [xc, xg] = both_f32(x, {T, N});
+    EXPECT_EQ(cpu->download_i32(cpu->argmax_rows(xc)), want) << "CPU, N = " << N;
+    EXPECT_EQ(gpu->download_i32(gpu->argmax_rows(xg)), want) << "device, N = " << N;
+  }
+}
+
 // ---- backend creation ---------------------------------------------------------------------------
 
 // Without a GPU the factory answers with a Status (CI checks this); with one it gives "cuda".
