@@ -66,6 +66,10 @@ struct BatchInfo {
   std::vector<SequenceState*> seqs;   // not owned
   std::vector<int64_t> seq_begin;     // per sequence: first token index in the batch
   std::vector<int64_t> seq_end;       // per sequence: one past its last token
+  // Optional: the ids as an int32 [T] tensor of the backend running the batch (e.g. the previous
+  // step's Backend::argmax_rows), read when the ops run; token_ids then holds T placeholders and
+  // no op reads it. Lets a greedy loop queue step t + 1 before step t's id reaches the host.
+  Tensor device_token_ids;
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
 

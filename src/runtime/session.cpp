@@ -61,24 +61,39 @@ Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt
   if (n < 0) return Status::invalid_argument("number of tokens to generate must be >= 0, got " + std::to_string(n));
   const int64_t V = model_.config().vocab_size;
   auto state = backend_.create_sequence_state(model_.config());
-  std::vector<int32_t> out;
-  std::vector<int32_t> next(prompt.begin(), prompt.end());
-  while (static_cast<int64_t>(out.size()) < n) {
-    const auto t0 = std::chrono::steady_clock::now();
-    BatchInfo batch = batch_build({{state.get(), next}});
+  // Each step's id stays where the logits are (Backend::argmax_rows) and is the next step's input
+  // there (BatchInfo::device_token_ids), so the backend can queue step t + 1 while step t runs;
+  // the ids come back once, at the end.
+  std::vector<Tensor> ids;
+  ids.reserve(static_cast<size_t>(n));
+  const std::vector<int32_t> placeholder = {0};
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    BatchInfo batch = batch_build({{state.get(), i == 0 ? prompt : std::span<const int32_t>(placeholder)}});
+    if (i > 0) batch.device_token_ids = ids.back();
     const std::vector<int64_t> last_row = {batch.num_tokens() - 1};
     ForwardOptions opt = options_;
     opt.logits_rows = &last_row;
     Tensor logits = model_.forward(backend_, batch, opt);
-    state->advance(static_cast<int64_t>(next.size()));
-    // The choice is made where the logits are (Backend::argmax_rows): one id comes back, not V logits.
-    const std::vector<int32_t> ids = backend_.download_i32(backend_.argmax_rows(logits));
-    if (step_seconds)
-      step_seconds->push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    const int32_t best = ids.at(0);
-    SPARROW_CHECK(best >= 0 && best < V);
+    state->advance(batch.num_tokens());
+    ids.push_back(backend_.argmax_rows(logits));
+    if (step_seconds) {
+      if (i == 0) (void)backend_.download_i32(ids.back());  // the prompt's time includes its finish
+      const auto t1 = std::chrono::steady_clock::now();
+      step_seconds->push_back(std::chrono::duration<double>(t1 - t0).count());
+      t0 = t1;
+    }
+  }
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (const Tensor& t : ids) {
+    const int32_t best = backend_.download_i32(t).at(0);
+    if (best < 0 || best >= V) return Status::internal("the backend's argmax gave token id " + std::to_string(best));
     out.push_back(best);
-    next.assign(1, best);
+  }
+  if (step_seconds && n > 1) {
+    // The last step's wait for the queued work, so that the steps' times add up to the wall time.
+    step_seconds->back() += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return out;
 }

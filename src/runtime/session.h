@@ -39,9 +39,11 @@ class Session {
   Expected<std::vector<float>> logits(std::span<const int32_t> ids, int64_t chunk) const;
 
   // Greedy continuation: prefill `prompt`, then `n` decode steps; returns the n new ids.
-  // The argmax is Backend::argmax_rows (ties to the lower token id; core/argmax.h). With
-  // `step_seconds`, the wall time of each forward and its token's download is appended there (the
-  // prompt's first, then one per decode step).
+  // The argmax is Backend::argmax_rows (ties to the lower token id; core/argmax.h), and each id
+  // feeds the next step on the backend (BatchInfo::device_token_ids): the ids come back at the end.
+  // With `step_seconds`, the host's wall time of each step is appended there (the prompt's first,
+  // waited for; then one per decode step, queued: in a steady state the backend's step time; the
+  // last one includes the wait for the queued work).
   Expected<std::vector<int32_t>> generate(std::span<const int32_t> prompt, int64_t n,
                                           std::vector<double>* step_seconds = nullptr) const;
 

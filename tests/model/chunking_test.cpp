@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "core/argmax.h"
 #include "core/compare.h"
 #include "model/model.h"
 #include "model/test_model.h"
@@ -140,6 +141,33 @@ TEST_P(ChunkingTest, LogitsRowsSelectsRowsOfTheFullLogits) {
   for (size_t i = 0; i < rows.size(); ++i)
     EXPECT_EQ(std::vector<float>(some.begin() + i * V, some.begin() + (i + 1) * V),
               std::vector<float>(full.begin() + rows[i] * V, full.begin() + (rows[i] + 1) * V));
+}
+
+// Greedy generation feeds each step's id to the next on the backend (BatchInfo::device_token_ids):
+// every token must be the argmax (core/argmax.h) of the last row of the logits of the prompt and
+// the tokens before it, fed as host ids in one shot; the model has a hash-routed layer, whose
+// experts come from the ids. And the same ids fed as a device tensor give the host ids' logits.
+TEST_P(ChunkingTest, GreedyGenerationFeedsItsIdsBack) {
+  Session session(model(), *backend_);
+  const int64_t V = model().config().vocab_size;
+  const auto prompt = random_ids(9, V, 77);
+  const auto out = session.generate(prompt, 12);
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  ASSERT_EQ(out->size(), 12u);
+  std::vector<int32_t> ids = prompt;
+  ids.insert(ids.end(), out->begin(), out->end() - 1);
+  const auto logits = session.logits(ids, 0);
+  ASSERT_TRUE(logits.is_ok()) << logits.status().to_string();
+  for (size_t k = 0; k < out->size(); ++k)
+    EXPECT_EQ((*out)[k], argmax_first(logits->data() + (prompt.size() - 1 + k) * V, V)) << "token " << k;
+  // Device ids against host ids, prompt included (the hash layer reads them too).
+  auto s1 = backend_->create_sequence_state(model().config());
+  const auto host = backend_->download_f32(model().forward(*backend_, batch_build({{s1.get(), ids}})));
+  auto s2 = backend_->create_sequence_state(model().config());
+  const std::vector<int32_t> zeros(ids.size(), 0);
+  BatchInfo b = batch_build({{s2.get(), zeros}});
+  b.device_token_ids = backend_->upload_i32(ids, {static_cast<int64_t>(ids.size())});
+  EXPECT_EQ(backend_->download_f32(model().forward(*backend_, b)), host);
 }
 
 }  // namespace

@@ -22,6 +22,11 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Token t's id: from BatchInfo::device_token_ids when given (host memory on this backend).
+int64_t token_at(const BatchInfo& b, int64_t t) {
+  return b.device_token_ids.empty() ? b.token_ids[t] : b.device_token_ids.i32()[t];
+}
+
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // log(sqrt(softplus(x))), finite for every finite x: softplus(x) = x above 20 (PyTorch's
@@ -157,7 +162,7 @@ class CpuBackend final : public Backend {
     parallel_for(T, T * S * D, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         float* row = p.out.f32() + t * S * D;
-        weight_row(*p.table, batch.token_ids[t], row);
+        weight_row(*p.table, token_at(batch, t), row);
         for (int64_t s = 1; s < S; ++s) std::memcpy(row + s * D, row, D * sizeof(float));
       }
     });
@@ -514,7 +519,7 @@ class CpuBackend final : public Backend {
             SPARROW_CHECK(chosen[i] >= 0 && chosen[i] < E);
           }
         } else if (p.kind == MoeKind::kHash) {
-          const int64_t id = batch.token_ids[t];
+          const int64_t id = token_at(batch, t);
           for (int64_t i = 0; i < K; ++i) chosen[i] = static_cast<int32_t>(load_index(p.tid2eid, id * K + i));
         } else {
           std::vector<std::pair<double, int32_t>> biased(E);

@@ -658,6 +658,7 @@ class CudaBackend final : public Backend {
   // and the kept scratch are on the device already).
   void begin_step(int64_t tokens, bool capturable) override {
     if (step_depth_++ > 0) return;
+    ++step_serial_;
     batch_.in_step = false;
     static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("pool") &&
                                cuda_feature_on("async_upload") && !sync_every_launch();
@@ -1082,21 +1083,35 @@ class CudaBackend final : public Backend {
     const int64_t* positions = nullptr;
     const int32_t* ids = nullptr;
     bool in_step = false;  // uploaded in the step being captured
+    bool ids_from_device = false;  // d_ids came from a batch's device_token_ids
+    uint64_t ids_step = 0;         // in the step of that serial (CudaBackend::step_serial_)
   };
 
   // The batch's positions and ids on the device; uploaded again when they change, and once in
   // every captured step (whose graph then carries the copy). The buffers stay where they are while
   // they are large enough, so a step's graph finds them at the same addresses.
+  // Ids given on the device (BatchInfo::device_token_ids) are copied into the same buffer by a
+  // kernel (whose pointer arguments a kept graph updates), once a step (at every call outside one).
   const DeviceBatch& device_batch(const BatchInfo& b) {
     const bool capture = step_graphs_.capturing();
+    const bool device_ids = !b.device_token_ids.empty();
     if (!batch_.positions || batch_.host_positions != b.positions || batch_.host_ids != b.token_ids ||
-        (capture && !batch_.in_step)) {
+        (capture && !batch_.in_step) || (batch_.ids_from_device && !device_ids) ||
+        (device_ids && (step_depth_ == 0 || batch_.ids_step != step_serial_))) {
       batch_.host_positions = b.positions;
       batch_.host_ids = b.token_ids;
       batch_.d_positions.ensure(b.positions.size() * sizeof(int64_t));
       batch_.d_ids.ensure(b.token_ids.size() * sizeof(int32_t));
       host_to_device(batch_.d_positions.get(), b.positions.data(), b.positions.size() * sizeof(int64_t));
-      host_to_device(batch_.d_ids.get(), b.token_ids.data(), b.token_ids.size() * sizeof(int32_t));
+      if (device_ids) {
+        SPARROW_CHECK(b.device_token_ids.type() == ElemType::kI32 && b.device_token_ids.numel() == b.num_tokens());
+        launch_copy_i32(static_cast<int32_t*>(batch_.d_ids.get()), b.device_token_ids.i32(), b.num_tokens());
+        launch_check("batch ids from the device");
+      } else {
+        host_to_device(batch_.d_ids.get(), b.token_ids.data(), b.token_ids.size() * sizeof(int32_t));
+      }
+      batch_.ids_from_device = device_ids;
+      batch_.ids_step = step_serial_;
       // A non-null pointer even for an empty batch marks the cache as filled.
       static const int64_t kNoPositions = 0;
       batch_.positions = b.positions.empty() ? &kNoPositions : static_cast<const int64_t*>(batch_.d_positions.get());
@@ -1509,6 +1524,7 @@ class CudaBackend final : public Backend {
   StepGraphs step_graphs_;
   bool step_graphs_on_ = cuda_feature_on("graphs");
   int step_depth_ = 0;
+  uint64_t step_serial_ = 0;  // steps begun (device_batch copies device ids once a step)
   // The arena hands blocks a step frees out again within the step (arena_blocks.h), so a captured
   // step holds about the peak of its temporaries, as op by op; the engine's 256-token prefill
   // chunks are captured too.

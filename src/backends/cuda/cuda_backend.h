@@ -133,8 +133,14 @@ void set_w4a8_wgmma(Backend& backend, bool on);
 // The same bits either way.
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n);
 // Whether the decode wgmma kernel splits K's quarters over blocks: 0 (the default) for 64 rows or
-// fewer, 1 never, 2 always. The same bits either way.
+// fewer, 1 never, 2 always (over set_decode_quarter_blocks' blocks). The same bits either way.
 void set_w4a8_wgmma_split(Backend& backend, int mode);
+// The blocks the decode wgmma kernel (the W4A8 experts' and the FP8 linears' 8-row form) spreads
+// K's quarters over where it splits them: 1, 2 or 4 (each block computing 4 / n quarters, each into
+// its slice of the scratch, added in order after); 0 (the default) chooses by the grid's size
+// (kernels_linear.cu decode_quarter_blocks). The same bits any way. Process-wide; defined with the
+// kernels.
+void set_decode_quarter_blocks(int n);
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);

@@ -170,6 +170,9 @@ void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_
 // out[r] = argmax_first of row r (core/argmax.h) of `rows` rows of `width` floats, 0 < width < 2^31
 // (Backend::argmax_rows).
 void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t width);
+// out[i] = in[i], i < n (device ids into the batch's buffer: a kernel, so a kept graph updates its
+// pointers).
+void launch_copy_i32(int32_t* out, const int32_t* in, int64_t n);
 
 // ---- linear layers (kernels_linear.cu) ----------------------------------------------------------
 

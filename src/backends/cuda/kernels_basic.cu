@@ -664,6 +664,11 @@ __device__ inline bool argmax_better(float a, int ia, float b, int ib) {
   return ia < ib;
 }
 
+__global__ void copy_i32_kernel(int32_t* out, const int32_t* in, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i];
+}
+
 constexpr int kArgmaxThreads = 512;
 
 template <bool kVec4>
@@ -713,6 +718,10 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 
 void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width) {
   if (n * width > 0) gather_rows_kernel<<<blocks_for(n * width, kThreads), kThreads>>>(out, in, rows, n, width);
+}
+
+void launch_copy_i32(int32_t* out, const int32_t* in, int64_t n) {
+  if (n > 0) copy_i32_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, in, n);
 }
 
 void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t width) {

@@ -7,8 +7,10 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 
@@ -847,13 +849,14 @@ struct WgStage {
 
 // kWG warpgroups a block, warpgroup v the block's columns 64 v .. 64 v + 63, all of them the same rows.
 // Each kernel in the loop form measured faster for it (H200, layer 0 of the synthetic V4-Flash): the
-// decode kernel advances its copy sources a group at a time under a bound of one block an SM (78
-// registers; with sources from the group and ptxas's default, 52 registers, w1 + w3 at batch 256 took
-// 1.18 ms against 1.04 on 2026-12-01); the prefill kernel offsets them by the group number under a
-// bound of two blocks (128 registers, 8 bytes spilled; w1 + w3 of an 8K prefill 6.84 ms against 7.54
-// for the advancing form on 2026-12-02, w2 4.26 against 4.49).
+// decode kernel advances its copy sources a group at a time (with sources from the group and
+// ptxas's default, 52 registers, w1 + w3 at batch 256 took 1.18 ms against 1.04 on 2026-12-01),
+// under a bound of eight blocks an SM (64 registers for W4A8, 61 for FP8, no spill; a bound of six
+// gave 80 and a batch-256 layer 2.5-3 % slower, 2026-12-02); the prefill kernel offsets them by the
+// group number under a bound of two blocks (128 registers, 8 bytes spilled; w1 + w3 of an 8K
+// prefill 6.84 ms against 7.54 for the advancing form on 2026-12-02, w2 4.26 against 4.49).
 template <int kN, int kWG, int kStages, bool kFp8W = false>
-__global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
+__global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
   using Stage = WgStage<kN, kWG, kFp8W>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
   static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
@@ -894,11 +897,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
   const bool second = !kFp8W && kN == 8 && g.w_b != nullptr && static_cast<int>(blockIdx.y) >= col_blocks;
   const int n0 = (static_cast<int>(blockIdx.y) - (second ? col_blocks : 0)) * kCols;
   const DevWeight W = kFp8W ? DevWeight{} : (second ? g.w_b[e] : g.w[e]);
-  // Split (grid z = 4, the decode kernel only): this block computes quarter blockIdx.z of the groups
-  // only, into g.partial.
-  const bool split = kN == 8 && gridDim.z == kW4A8Warps;
-  const int g_lo = split ? w4a8_quarter(blockIdx.z, groups) : 0;
-  const int g_hi = split ? w4a8_quarter(blockIdx.z + 1, groups) : groups;
+  // Split (grid z = 2 or 4, the decode kernel only): this block computes quarters q_first ..
+  // q_first + 4 / z - 1 of the groups, each into its own slice of g.partial.
+  const bool split = kN == 8 && gridDim.z > 1;
+  const int q_count = split ? kW4A8Warps / static_cast<int>(gridDim.z) : kW4A8Warps;
+  const int q_first = split ? static_cast<int>(blockIdx.z) * q_count : 0;
+  const int g_lo = w4a8_quarter(q_first, groups), g_hi = w4a8_quarter(q_first + q_count, groups);
   if (tid < kN) {
     const int64_t tr = t0 + tid;
     s_src[tid] = tr < R ? (!kFp8W && g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
@@ -986,21 +990,42 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   float* total = reinterpret_cast<float*>(ring + kStages);
-  int quarter = 0;
-  const auto finish_quarter = [&] {
+  const int c0 = 16 * warp + gid;
+  // Where this block's outputs go: out [rows_total, N] (the pair's second projection rows_total x N
+  // further on), or quarter q's slice of partial [4, pair x rows_total, N].
+  const int64_t outputs = (!kFp8W && g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
+  const int64_t second_offset = second ? g.rows_total * g.N : 0;
+  const auto store = [&](float* dst, const float* v, int v_stride) {
 #pragma unroll
-    for (int r = 0; r < kAcc; ++r) {
-      float& s = total[r * kThreads + tid];
-      s = quarter == 0 ? acc[r] : s + acc[r];
-      acc[r] = 0.0f;
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
+        const int n = n0 + c0 + (c < 2 ? 0 : 8);
+        if (tr < R && n < N) dst[(r0 + tr) * g.N + n] = v[(4 * j + c) * v_stride];
+      }
+  };
+  int quarter = q_first;
+  // Split: the quarter's sum to its slice; unsplit: added to the finished quarters' sum in order.
+  const auto finish_quarter = [&] {
+    if (split) {
+      store(g.partial + quarter * outputs + second_offset, acc, 1);
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) acc[r] = 0.0f;
+    } else {
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) {
+        float& s = total[r * kThreads + tid];
+        s = quarter == 0 ? acc[r] : s + acc[r];
+        acc[r] = 0.0f;
+      }
     }
     ++quarter;
   };
-  const int c0 = 16 * warp + gid;
   for (int i = 0; i < kStages - 1; ++i) issue();
-  int stage_index = 0, quarter_end = split ? g_hi : w4a8_quarter(1, groups);
+  int stage_index = 0, quarter_end = w4a8_quarter(q_first + 1, groups);
   for (int kg = g_lo; kg < g_hi; ++kg) {
-    while (kg >= quarter_end) {  // (unsplit only)
+    while (kg >= quarter_end) {
       finish_quarter();
       quarter_end = w4a8_quarter(quarter + 1, groups);
     }
@@ -1055,19 +1080,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 1 : 4 / kWG) group
     }
   }
   cp_async_wait<0>();
-  if (!split)
-    while (quarter < kW4A8Warps) finish_quarter();
-  const int64_t outputs = (!kFp8W && g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;  // a quarter's
-  float* dst = (split ? g.partial + static_cast<int64_t>(blockIdx.z) * outputs : g.out) +
-               (second ? g.rows_total * g.N : 0);
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
-      const int n = n0 + c0 + (c < 2 ? 0 : 8);
-      if (tr < R && n < N) dst[(r0 + tr) * g.N + n] = split ? acc[4 * j + c] : total[(4 * j + c) * kThreads + tid];
-    }
+  while (quarter < q_first + q_count) finish_quarter();
+  if (!split) store(g.out + second_offset, total + tid, kThreads);
 }
 
 // The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
@@ -1541,6 +1555,11 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
 // The ring's depth (6 or 8 groups for the decode kernel measured slower on the H200, 2026-12-02:
 // w1 + w3 at batch 256 1.04 -> 1.20 / 1.18 ms).
 constexpr int kWgStages = 4;
+// decode_quarter_blocks' target grid: 16 blocks an SM of the H200's 132. Measured there (8-layer
+// synthetic V4-Flash, 2026-12-02, GPU time a layer against always 4): batch 1 -1.2 / -1.9 %,
+// batch 8 -3.4 / -3.2 % (SWA / CSA layer); 528 about the same, 1056 less, never splitting (1) +5 to
+// +7 % at batch 1.
+constexpr int64_t kDecodeSplitBlocks = 2112;
 // The FP8 linear's prefill stages hold twice the weight bytes: 3 of them (107 KB with the quarter
 // sums) keep two blocks an SM, as the W4A8 prefill kernel's 4 do.
 template <int kN, bool kFp8W>
@@ -1549,6 +1568,23 @@ template <int kN, int kWG, bool kFp8W = false>
 constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
   return sizeof(WgStage<kN, kWG, kFp8W>) * wg_stages<kN, kFp8W>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
+// The blocks the decode kernel spreads K's quarters over (grid z: 1, 2 or 4; the same bits any way):
+// 1 without g.partial, set_decode_quarter_blocks's count where set, else the fewest that give the grid at least
+// kDecodeSplitBlocks blocks (items x column blocks of all four quarters each). Blocks of a few
+// groups each spend most of their life starting; a grid of few blocks leaves SMs idle.
+// SPARROW_CUDA_DECODE_SPLIT_BLOCKS overrides the target (tuning).
+std::atomic<int> g_decode_quarter_blocks{0};  // set_decode_quarter_blocks
+unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t col_blocks) {
+  if (g.partial == nullptr) return 1;
+  if (const int n = g_decode_quarter_blocks.load(); n == 1 || n == 2 || n == 4) return static_cast<unsigned>(n);
+  static const int64_t target = [] {
+    const char* v = std::getenv("SPARROW_CUDA_DECODE_SPLIT_BLOCKS");
+    return v != nullptr && *v != '\0' ? std::atoll(v) : kDecodeSplitBlocks;
+  }();
+  const int64_t blocks = items * col_blocks;
+  return blocks >= target ? 1u : 2 * blocks >= target ? 2u : 4u;
+}
+
 template <int kN, int kWG, bool kFp8W = false>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
   constexpr int kStages = wg_stages<kN, kFp8W>();
@@ -1608,13 +1644,15 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
   if (n > 0) f32_to_bf16_kernel<<<blocks_for(n, 256), 256>>>(in, out, n);
 }
 
+void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
+
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
   if (g.wgmma) {
     if (!g.tiled) {
-      if (g.partial == nullptr) return launch_w4a8_wgmma<8, 1>(g, g.max_items);
-      launch_w4a8_wgmma<8, 1>(g, g.max_items, kW4A8Warps);
-      add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
+      const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
+      launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
+      if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
@@ -1736,9 +1774,9 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   if (g.rows_total == 0 || g.N == 0) return;
   if (g.rows_total <= kTiledRows) {
     const int64_t items = (g.rows_total + 7) / 8;
-    if (g.partial == nullptr) return launch_w4a8_wgmma<8, 1, true>(g, items);
-    launch_w4a8_wgmma<8, 1, true>(g, items, kW4A8Warps);
-    add_quarters(g.out, g.partial, g.rows_total * g.N);
+    const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
+    launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N);
     return;
   }
   static const bool tma = cuda_feature_on("fp8_tma");

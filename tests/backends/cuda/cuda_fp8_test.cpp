@@ -376,6 +376,18 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
       for (int64_t n = 0; n < N; ++n)
         ASSERT_EQ(alone[n], all[t * N + n]) << "N=" << N << " K=" << K << ": token " << t << " alone differs";
     }
+    // The decode form's quarters over 1, 2 or 4 blocks (cuda::set_decode_quarter_blocks).
+    if (wgmma) {
+      for (int qb : {1, 2, 4}) {
+        cuda::set_decode_quarter_blocks(qb);
+        const std::vector<float> a = run(0, 37), b = run(20, 1);
+        cuda::set_decode_quarter_blocks(0);
+        for (int64_t i = 0; i < 37 * N; ++i)
+          ASSERT_EQ(a[i], all[i]) << "N=" << N << " K=" << K << ", quarter blocks " << qb << ": row " << i / N << " of 37";
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(b[n], all[20 * N + n]) << "N=" << N << " K=" << K << ", quarter blocks " << qb << ": token 20 alone";
+      }
+    }
     // And in a batch of 4100 (M_pad 4112, past the size the plan is chosen for): the first 300 rows.
     {
       std::vector<float> big(static_cast<size_t>(4100 * K));

@@ -2177,14 +2177,20 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
     expect_same_bits(gpu->download_f32(o), g, "moe w4a8 wgmma tiled, warpgroups " + std::to_string(wg));
   }
   // The decode kernel with K's quarters in separate blocks (then added in order) or in one.
+  // Split, the quarters over 1, 2 or 4 blocks (each block's quarters into their own slices).
   cuda::set_w4a8_tiled(*gpu, false);
-  for (int split : {1, 2}) {
-    cuda::set_w4a8_wgmma_split(*gpu, split);
-    const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
-    gpu->moe(in.gpu_params(o));
-    expect_same_bits(gpu->download_f32(o), g, "moe w4a8 wgmma decode kernel, split " + std::to_string(split));
-  }
+  for (int split : {1, 2})
+    for (int qb : {0, 1, 2, 4}) {
+      if (split == 1 && qb > 0) continue;
+      cuda::set_w4a8_wgmma_split(*gpu, split);
+      cuda::set_decode_quarter_blocks(qb);
+      const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
+      gpu->moe(in.gpu_params(o));
+      expect_same_bits(gpu->download_f32(o), g,
+                       "moe w4a8 wgmma decode kernel, split " + std::to_string(split) + ", quarter blocks " + std::to_string(qb));
+    }
   cuda::set_w4a8_wgmma_split(*gpu, 0);
+  cuda::set_decode_quarter_blocks(0);
   // Longer K and more tiles: F = 1152, so w2's K is 9 groups of 128 inputs and every kernel's ring
   // wraps (the case above has 2 or 3 groups); expert 0 with 280 rows (five 64-row tiles, the last
   // partial), experts 1..4 about 80 rows each; the tiled kernel at both widths against the decode

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backends/cuda/cuda_backend.h"
+#include "core/argmax.h"
 #include "core/npy.h"
 #include "cuda_test_util.h"
 #include "model/model.h"
@@ -147,6 +148,36 @@ TEST_F(CudaModelParity, BatchedSequencesMatchCpu) {
   const CompareResult r = compare_f32(got, want, kLogitTol, {static_cast<int64_t>(want.size()) / V, V});
   std::printf("[cuda-parity] %-12s %-24s       %s\n", "every-kind", "3 sequences batched", r.summary().c_str());
   EXPECT_TRUE(r.ok) << r.message;
+}
+
+// Greedy generation on the device, each id fed to the next step there (BatchInfo::device_token_ids,
+// the steps captured as graphs after the first): every token is the argmax (core/argmax.h) of the
+// device's own one-shot logits of the prompt and the tokens before it (decode and one-shot give the
+// same bits on the device: StepGraphsGiveTheSameBits), fp32 and fast; the model has a hash layer.
+TEST_F(CudaModelParity, GreedyGenerationFeedsItsIdsBackOnTheDevice) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  for (Precision precision : {Precision::kFp32, Precision::kFast}) {
+    auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = precision});
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    const Model& model = **loaded;
+    const int64_t V = model.config().vocab_size;
+    const Session session(model, *gpu);
+    const std::vector<int32_t> prompt = random_ids(11, V, 31);
+    const auto out = session.generate(prompt, 40);
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    // The same feeding with host ids: the prompt in one step, then token by token.
+    auto state = gpu->create_sequence_state(model.config());
+    std::vector<float> last = gpu->download_f32(model.forward(*gpu, batch_build({{state.get(), prompt}})));
+    state->advance(static_cast<int64_t>(prompt.size()));
+    for (size_t k = 0; k < out->size(); ++k) {
+      EXPECT_EQ((*out)[k], argmax_first(last.data() + last.size() - V, V))
+          << (precision == Precision::kFast ? "fast" : "fp32") << ", token " << k;
+      const std::vector<int32_t> one = {(*out)[k]};
+      last = gpu->download_f32(model.forward(*gpu, batch_build({{state.get(), one}})));
+      state->advance(1);
+    }
+  }
 }
 
 // The indexer's selections of every CSA layer (one-shot) on both backends: identical, slot by slot.
