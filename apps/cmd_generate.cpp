@@ -33,8 +33,9 @@ void add_generate_command(CLI::App& app) {
     std::printf("\n");
     std::fprintf(stderr, "sparrow: %zu prompt + %lld generated tokens in %.2f s (%s backend)\n", ids.size(),
                  static_cast<long long>(opts->n), s, backend->name());
-    // The prompt's forward, then the decode steps (each a forward of one token and its logits'
-    // download): their median and range, the first two left out as warm-up when there are more.
+    // The prompt's forward, then the decode steps (each the host's time from one step's start to
+    // the next's: the steps are queued ahead, so a minimum is no step time; the median is): their
+    // median and range, the first two left out as warm-up when there are more.
     if (!steps.empty()) {
       std::fprintf(stderr, "sparrow: prompt forward %.2f ms\n", 1e3 * steps[0]);
       std::vector<double> decode(steps.begin() + 1, steps.end());

@@ -585,8 +585,8 @@ Status run_bench(const BenchOptions& o) {
     std::printf("\n");
   }
   // The whole model's decode step, as `sparrow generate` runs it (the prompt in one forward, then a
-  // token a step, each step's forward and its logits' download timed on the host), against the
-  // layers' batch-1 floors summed and the head's bytes.
+  // token a step, each step's id fed to the next on the device, the steps timed on the host as it
+  // queues them: Session::generate), against the layers' batch-1 floors summed and the head's bytes.
   layer_bench.reset();  // its states and inputs
   r["model_step"] = json::array();
   if (!o.model_step_contexts.empty())
