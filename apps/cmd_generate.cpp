@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 
 #include "common.h"
 #include "runtime/session.h"
@@ -34,17 +35,19 @@ void add_generate_command(CLI::App& app) {
     std::fprintf(stderr, "sparrow: %zu prompt + %lld generated tokens in %.2f s (%s backend)\n", ids.size(),
                  static_cast<long long>(opts->n), s, backend->name());
     // The prompt's forward, then the decode steps (each the host's time from one step's start to
-    // the next's: the steps are queued ahead, so a minimum is no step time; the median is): their
-    // median and range, the first two left out as warm-up when there are more.
+    // the next's: the steps are queued ahead, so a single step's time is not the device's, but the
+    // median is, and the mean adds up to the wall time): the first two left out as warm-up when
+    // there are more.
     if (!steps.empty()) {
       std::fprintf(stderr, "sparrow: prompt forward %.2f ms\n", 1e3 * steps[0]);
       std::vector<double> decode(steps.begin() + 1, steps.end());
       if (decode.size() > 4) decode.erase(decode.begin(), decode.begin() + 2);
       if (!decode.empty()) {
+        const double mean = std::accumulate(decode.begin(), decode.end(), 0.0) / static_cast<double>(decode.size());
         std::sort(decode.begin(), decode.end());
         const double median = decode[decode.size() / 2];
-        std::fprintf(stderr, "sparrow: decode step median %.3f ms (%.1f tokens/s), min %.3f, max %.3f over %zu steps\n",
-                     1e3 * median, 1.0 / median, 1e3 * decode.front(), 1e3 * decode.back(), decode.size());
+        std::fprintf(stderr, "sparrow: decode step median %.3f ms (%.1f tokens/s), mean %.3f ms over %zu steps\n",
+                     1e3 * median, 1.0 / median, 1e3 * mean, decode.size());
       }
     }
   });
