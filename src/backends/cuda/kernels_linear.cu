@@ -1568,11 +1568,11 @@ template <int kN, int kWG, bool kFp8W = false>
 constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
   return sizeof(WgStage<kN, kWG, kFp8W>) * wg_stages<kN, kFp8W>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
-// The blocks the decode kernel spreads K's quarters over (grid z: 1, 2 or 4; the same bits any way):
-// 1 without g.partial, set_decode_quarter_blocks's count where set, else the fewest that give the grid at least
-// kDecodeSplitBlocks blocks (items x column blocks of all four quarters each). Blocks of a few
-// groups each spend most of their life starting; a grid of few blocks leaves SMs idle.
-// SPARROW_CUDA_DECODE_SPLIT_BLOCKS overrides the target (tuning).
+// The blocks the decode kernel spreads K's quarters over (grid z: 1, 2 or 4; the same bits any
+// way): 1 without g.partial, set_decode_quarter_blocks's count where set, else the fewest that give
+// the grid at least kDecodeSplitBlocks blocks (items x column blocks of all four quarters each).
+// Blocks of a few groups each spend most of their life starting; a grid of few blocks leaves SMs
+// idle. SPARROW_CUDA_DECODE_SPLIT_BLOCKS overrides the target (tuning).
 std::atomic<int> g_decode_quarter_blocks{0};  // set_decode_quarter_blocks
 unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t col_blocks) {
   if (g.partial == nullptr) return 1;
