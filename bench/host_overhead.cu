@@ -7,7 +7,12 @@
 // copies from pageable and from pinned memory, event records; then the same N launches recorded by
 // stream capture (a call's host cost while capturing), the graph's instantiation, an update of the
 // instantiated graph from a fresh capture (cudaGraphExecUpdate), and a launch of the whole graph;
-// and the GPU's time for N empty kernels as launches and as one graph (events). Usage:
+// and the GPU's time for N empty kernels as launches and as one graph (events). Then programmatic
+// dependent launch (PDL) in a graph: a chain of 64 memory-bound kernels, each streaming 4 MB of its
+// own weights and reading the previous kernel's output, as plain launches, as PDL launches that
+// wait for the previous kernel first, and as PDL launches that load their first weights, let the
+// next kernel launch, and only then wait: the GPU time a kernel of each (what a kernel boundary
+// costs a decode step, and what PDL would take off it). Usage:
 //   sparrow_host_overhead [--n N] [--rounds R]
 #include <cuda_runtime.h>
 
@@ -38,6 +43,46 @@ struct Big {
 };
 __global__ void big_args_kernel(Big b, int* out) {
   if (threadIdx.x == 0 && b.bytes[1023] == 255) *out = 1;
+}
+
+// One link of the PDL chain: the grid streams w (n4 float4 values; each thread 4 in registers
+// first, then the rest grid-stride), scaled by the previous link's in[0], and writes its blocks'
+// sums to out. kMode 0: no PDL instruction (a plain launch); 1: wait for the previous grid first;
+// 2: the first loads, then let the next grid launch, then wait (the previous grid's output is read
+// only after the wait).
+template <int kMode>
+__global__ void __launch_bounds__(256) chain_kernel(const float4* __restrict__ w, long long n4, const float* in,
+                                                    float* out) {
+  if constexpr (kMode == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float4 r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const long long i = first + j * stride;
+    r[j] = i < n4 ? __ldg(w + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  if constexpr (kMode == 2) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  const float x = in[0];
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc += (r[j].x + r[j].y + r[j].z + r[j].w) * x;
+  for (long long i = first + 4 * stride; i < n4; i += stride) {
+    const float4 v = __ldg(w + i);
+    acc += (v.x + v.y + v.z + v.w) * x;
+  }
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  __shared__ float part[8];
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int k = 0; k < 8; ++k) s += part[k];
+    out[blockIdx.x] = 1.0f + 1e-9f * s;
+  }
 }
 
 double now_us() {
@@ -203,6 +248,63 @@ int main(int argc, char** argv) {
   }
   row("GPU time a kernel, launched one by one (events)", median(gpu_launch), "(host-bound if = the launch row)");
   row("GPU time a kernel node, one graph (events)", median(gpu_graph));
+
+  // PDL: a chain of kLinks kernels of 4 MB each, captured as one graph per mode.
+  {
+    constexpr int kLinks = 64, kBlocks = 528, kThreads = 256;
+    constexpr long long kN4 = (4ll << 20) / 16;
+    float4* w = nullptr;
+    float* io = nullptr;
+    CHECK(cudaMalloc(&w, kLinks * kN4 * 16));
+    CHECK(cudaMemset(w, 0, kLinks * kN4 * 16));
+    CHECK(cudaMalloc(&io, (kLinks + 1) * kBlocks * sizeof(float)));
+    CHECK(cudaMemset(io, 0, (kLinks + 1) * kBlocks * sizeof(float)));
+    const char* names[3] = {"GPU time a 4 MB link, plain launches in a graph", "the same with PDL, waiting first",
+                            "the same with PDL, first loads before the wait"};
+    for (int mode = 0; mode < 3; ++mode) {
+      cudaGraph_t cg;
+      CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      for (int l = 0; l < kLinks; ++l) {
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(kBlocks);
+        cfg.blockDim = dim3(kThreads);
+        cfg.stream = s;
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = mode == 0 ? 0 : 1;
+        const float4* wl = w + l * kN4;
+        const float* in = io + l * kBlocks;
+        float* out = io + (l + 1) * kBlocks;
+        if (mode == 0) CHECK(cudaLaunchKernelEx(&cfg, chain_kernel<0>, wl, kN4, in, out));
+        else if (mode == 1) CHECK(cudaLaunchKernelEx(&cfg, chain_kernel<1>, wl, kN4, in, out));
+        else CHECK(cudaLaunchKernelEx(&cfg, chain_kernel<2>, wl, kN4, in, out));
+      }
+      CHECK(cudaStreamEndCapture(s, &cg));
+      cudaGraphExec_t ce;
+      CHECK(cudaGraphInstantiate(&ce, cg, 0));
+      CHECK(cudaGraphLaunch(ce, s));  // warm-up
+      CHECK(cudaStreamSynchronize(s));
+      std::vector<double> t;
+      for (int r = 0; r < rounds; ++r) {
+        CHECK(cudaEventRecord(a, s));
+        CHECK(cudaGraphLaunch(ce, s));
+        CHECK(cudaEventRecord(b, s));
+        CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(1000.0 * ms / kLinks);
+      }
+      char note[64];
+      std::snprintf(note, sizeof note, "(%.0f GB/s)", 4.0 * 1048576.0 / (median(t) * 1e3));
+      row(names[mode], median(t), note);
+      CHECK(cudaGraphExecDestroy(ce));
+      CHECK(cudaGraphDestroy(cg));
+    }
+    CHECK(cudaFree(w));
+    CHECK(cudaFree(io));
+  }
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(g));
   CHECK(cudaFree(d_out));
