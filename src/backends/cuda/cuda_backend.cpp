@@ -1083,7 +1083,9 @@ class CudaBackend final : public Backend {
     const int64_t* positions = nullptr;
     const int32_t* ids = nullptr;
     bool in_step = false;  // uploaded in the step being captured
-    bool ids_from_device = false;  // d_ids came from a batch's device_token_ids
+    // d_ids came from a batch's device_token_ids: host_ids then holds its placeholders, which a
+    // later batch of host ids may equal, so that batch uploads its ids whatever they are.
+    bool ids_from_device = false;
     uint64_t ids_step = 0;         // in the step of that serial (CudaBackend::step_serial_)
   };
 

@@ -102,7 +102,7 @@ std::vector<StepSegmentTime> step_segment_times(Backend& backend);
 // batch invariant (CudaFp8Linear.*BatchInvariant*); off with SPARROW_CUDA_DISABLE=fp8_gemm (or this call).
 void set_fp8_gemm_in_linear(Backend& backend, bool on);
 // Those linears on the project's wgmma kernels (kernels.h launch_fp8_wgmma_linear) instead of
-// cuBLASLt: the W4A8 experts' arithmetic with e4m3 weights, K's quarters in separate blocks at up
+// cuBLASLt: the W4A8 experts' arithmetic with e4m3 weights, K's quarters over up to 4 blocks at up
 // to 64 rows (more blocks at batch 1), the TMA kernel's 128 x 128 tiles above, the same bits for
 // any M. On by default since its GPU run of 2026-12-02 (batch-1 decode 4 % faster a layer, the
 // 8-layer step 6 %; an 8K prefill 4-5 % slower: docs/perf.md); off with SPARROW_CUDA_DISABLE=fp8_wgmma.

@@ -295,7 +295,7 @@ void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const P
   g.w_codes = static_cast<const uint8_t*>(pw.codes.get());
   g.w_scales = static_cast<const float*>(pw.scales.get());
   g.w_scale_ld = pw.l4;
-  if (fp8_wgmma_linear_wants_partial(T, n)) {  // K's quarters in separate blocks
+  if (fp8_wgmma_linear_wants_partial(T, n)) {  // K's quarters may run in separate blocks
     partial_.ensure(static_cast<size_t>(4 * T * n) * sizeof(float));
     g.partial = partial_.f32();
   }

@@ -275,9 +275,9 @@ struct GroupedW4A8Args {
   // (tiled wgmma kernel) warpgroups a block, 1 or 2 (64 columns each); 0 chooses. The outputs are
   // the same bits either way (test support).
   int wgmma_warpgroups = 0;
-  // (decode wgmma kernel) scratch [4, rows_total, N] fp32, or null: when given, the four quarters of
-  // K's groups run in separate blocks (more blocks for small batches) and a second kernel adds them
-  // in order; the same bits either way. rows_total = offsets[E].
+  // (decode wgmma kernel) scratch [4, rows_total, N] fp32, or null: when given, K's four quarters
+  // may run in 2 or 4 blocks (decode_quarter_blocks: more blocks for small batches), each into its
+  // slice, and a second kernel adds them in order; the same bits any way. rows_total = offsets[E].
   float* partial = nullptr;
   int64_t rows_total = 0;
   // (decode wgmma kernel, not tiled) a second projection of the same rows and shapes in the same
@@ -295,8 +295,8 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block
-// scale): every row the same bits for any rows_total. Up to 64 rows: 8-row items with the quarters
-// in separate blocks when `partial` ([4, rows_total, N]) is given; more: the TMA kernel's 128 x 128
+// scale): every row the same bits for any rows_total. Up to 64 rows: 8-row items, the quarters over
+// 1, 2 or 4 blocks by the grid's size when `partial` ([4, rows_total, N]) is given; more: the TMA kernel's 128 x 128
 // tiles (fp8_linear_tma_kernel; its quarters in separate work items where
 // fp8_wgmma_linear_wants_partial), or with `fp8_tma` off the 64-row tiles of 128 columns. REQUIRES
 // the codes in their natural order (not w4a8_order), K % 128 == 0, 16-byte aligned rows, the

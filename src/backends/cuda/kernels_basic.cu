@@ -653,6 +653,11 @@ __global__ void gather_rows_kernel(float* out, const float* in, const int64_t* r
   out[i] = in[rows[r] * width + i % width];
 }
 
+__global__ void copy_i32_kernel(int32_t* out, const int32_t* in, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i];
+}
+
 // Block per row: each thread walks its elements in index order (4 at a time where the row is
 // whole 16-byte words) keeping the first best, then the block reduces (value, index) pairs by
 // argmax_first's order (NaN above every number, then the lower index), which is a total order, so
@@ -664,9 +669,14 @@ __device__ inline bool argmax_better(float a, int ia, float b, int ib) {
   return ia < ib;
 }
 
-__global__ void copy_i32_kernel(int32_t* out, const int32_t* in, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = in[i];
+// The warp's best (value, index) pair, in every lane.
+__device__ inline void argmax_warp(float& best, int& bi) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (argmax_better(ob, oi, best, bi)) best = ob, bi = oi;
+  }
 }
 
 constexpr int kArgmaxThreads = 512;
@@ -690,12 +700,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
     for (int i = threadIdx.x; i < n; i += kArgmaxThreads)
       if (argmax_better(row[i], i, best, bi)) best = row[i], bi = i;
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-    if (argmax_better(ob, oi, best, bi)) best = ob, bi = oi;
-  }
+  argmax_warp(best, bi);
   __shared__ float s_best[kArgmaxThreads / 32];
   __shared__ int s_bi[kArgmaxThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -704,12 +709,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
   if (warp == 0) {
     best = lane < kArgmaxThreads / 32 ? s_best[lane] : -INFINITY;
     bi = lane < kArgmaxThreads / 32 ? s_bi[lane] : INT_MAX;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (argmax_better(ob, oi, best, bi)) best = ob, bi = oi;
-    }
+    argmax_warp(best, bi);
     if (lane == 0) out[blockIdx.x] = bi;
   }
 }
