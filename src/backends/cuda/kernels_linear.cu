@@ -1157,6 +1157,21 @@ __device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   } while (done == 0);
 }
+// The TMA kernels' ring barriers: full[s] completes on the producer's bytes, empty[s] on each of
+// the two consumer warpgroups' warps; set up by thread 0 before any use (the block synchronises).
+__device__ inline void tma_ring_init(uint64_t* full, uint64_t* empty, int stages) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2 * kWgThreads / 32);  // each consumer warp's lane 0
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
+// Dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle's period, which
+// the wgmma descriptors assume).
+__device__ inline uint8_t* smem_align_1024(uint8_t* raw) { return raw + ((1024 - (smem_u32(raw) & 1023u)) & 1023u); }
 // A 2-D box of map at (c0 inner, c1 outer) into dst, counted on bar.
 __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile(
@@ -1180,8 +1195,7 @@ __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc,
 
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
   extern __shared__ uint8_t tma_smem_raw[];
-  // Stages' boxes on 1024-byte boundaries (the swizzle's period, which the descriptors assume).
-  uint8_t* smem = tma_smem_raw + ((1024 - (smem_u32(tma_smem_raw) & 1023u)) & 1023u);
+  uint8_t* smem = smem_align_1024(tma_smem_raw);  // the stages' boxes on 1024-byte boundaries
   uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
   uint8_t* x_box = smem + kTmaStages * kTmaBox;             // [stage][128 tokens][128 bytes]
   float* sa = reinterpret_cast<float*>(smem + 2 * kTmaStages * kTmaBox);  // [stage][128 tokens]
@@ -1190,14 +1204,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);
   const int items = token_tiles * ((a.N + kTmaCols - 1) / kTmaCols) * a.split;
-  if (tid == 0) {
-    for (int s = 0; s < kTmaStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2 * kWgThreads / 32);  // each consumer warp's lane 0
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  tma_ring_init(full, empty, kTmaStages);
   // Persistent: the block's work items are blockIdx.x, + gridDim.x, ...; item i is quarter i % split
   // (its groups [g_lo, g_hi); all of them unsplit) of tile t = i / split, token tile t % token_tiles
   // of weight tile t / token_tiles. The ring's position runs on across items.
@@ -1454,7 +1461,7 @@ __device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc,
 
 __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const __grid_constant__ Bf16TmaArgs a) {
   extern __shared__ uint8_t bf16_tma_smem_raw[];
-  uint8_t* smem = bf16_tma_smem_raw + ((1024 - (smem_u32(bf16_tma_smem_raw) & 1023u)) & 1023u);
+  uint8_t* smem = smem_align_1024(bf16_tma_smem_raw);
   uint8_t* w_box = smem;                                // [stage][128 rows][128 bytes]
   uint8_t* x_box = smem + kBf16TmaStages * kBf16TmaBox;  // [stage][128 rows][128 bytes]
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 2 * kBf16TmaStages * kBf16TmaBox);
@@ -1462,14 +1469,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int steps = a.steps, token_tiles = static_cast<int>((a.rows + 127) / 128);
   const int items = token_tiles * ((a.N + 127) / 128) * a.split;
-  if (tid == 0) {
-    for (int s = 0; s < kBf16TmaStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2 * kWgThreads / 32);  // each consumer warp's lane 0
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  tma_ring_init(full, empty, kBf16TmaStages);
   // Item i: part i % split of tile i / split (token tile t % token_tiles of weight tile
   // t / token_tiles), its steps [s_lo, s_hi); the ring's position runs on across items.
   const auto item_at = [&](int item, int& t0, int& n0, int& q, int& s_lo, int& s_hi) {
