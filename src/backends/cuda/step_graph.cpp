@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 
 #include "backends/cuda/cuda_check.h"
@@ -107,6 +108,48 @@ StepSegmentTime node_counts(cudaGraph_t graph) {
     if (cudaKernelNodeParams k{}; !kernel_node_params(node, k)) ++t.driver_kernels;
   }
   return t;
+}
+
+// SPARROW_CUDA_GRAPH_NODES=N: the first N captured segments' nodes on stderr, in the capture's
+// order: the type, a kernel's name and grid, a copy's or fill's bytes, and the incoming edges (p: a
+// programmatic one, programmatic dependent launch's; f: full completion). What a segment is made of.
+void dump_nodes(cudaGraph_t graph, int segment) {
+  const std::vector<cudaGraphNode_t> nodes = graph_nodes(graph);
+  std::fprintf(stderr, "sparrow: segment %d, %zu nodes\n", segment, nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    size_t n_deps = 0;
+    std::string edges;
+    if (cudaGraphNodeGetDependencies(nodes[i], nullptr, nullptr, &n_deps) == cudaSuccess && n_deps > 0) {
+      std::vector<cudaGraphNode_t> deps(n_deps);
+      std::vector<cudaGraphEdgeData> data(n_deps);
+      if (cudaGraphNodeGetDependencies(nodes[i], deps.data(), data.data(), &n_deps) == cudaSuccess)
+        for (size_t d = 0; d < n_deps; ++d) {
+          const auto at = std::find(nodes.begin(), nodes.end(), deps[d]) - nodes.begin();
+          edges += " " + std::to_string(at) + (data[d].type == cudaGraphDependencyTypeProgrammatic ? "p" : "f");
+        }
+    }
+    cudaGetLastError();
+    const cudaGraphNodeType type = node_type(nodes[i]);
+    char what[256] = "other";
+    if (cudaKernelNodeParams k{}; type == cudaGraphNodeTypeKernel) {
+      const char* name = "(driver kernel)";
+      if (kernel_node_params(nodes[i], k) && cudaFuncGetName(&name, k.func) != cudaSuccess) name = "?";
+      cudaGetLastError();
+      std::snprintf(what, sizeof what, "kernel %s grid (%u,%u,%u)", name, k.gridDim.x, k.gridDim.y, k.gridDim.z);
+    } else if (cudaMemcpy3DParms c{}; type == cudaGraphNodeTypeMemcpy) {
+      if (cudaGraphMemcpyNodeGetParams(nodes[i], &c) == cudaSuccess)
+        std::snprintf(what, sizeof what, "memcpy %zu bytes kind %d", c.extent.width * c.extent.height * c.extent.depth,
+                      static_cast<int>(c.kind));
+      cudaGetLastError();
+    } else if (cudaMemsetParams m{}; type == cudaGraphNodeTypeMemset) {
+      if (cudaGraphMemsetNodeGetParams(nodes[i], &m) == cudaSuccess)
+        std::snprintf(what, sizeof what, "memset %zu bytes", m.width * m.height * m.elementSize);
+      cudaGetLastError();
+    } else {
+      std::snprintf(what, sizeof what, "type %d", static_cast<int>(type));
+    }
+    std::fprintf(stderr, "  %3zu %s <-%s\n", i, what, edges.c_str());
+  }
 }
 
 }  // namespace
@@ -302,6 +345,14 @@ void StepGraphs::finish_capture() {
                  "inside the step; SPARROW_CUDA_DISABLE=graphs runs steps without graphs)\n",
                  cudaGetErrorString(err));
     std::abort();
+  }
+  static int dumps_left = [] {
+    const char* v = std::getenv("SPARROW_CUDA_GRAPH_NODES");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (dumps_left > 0) {
+    --dumps_left;
+    dump_nodes(graph, segment_);
   }
   cudaGraphExec_t exec = nullptr;
   // SPARROW_CUDA_DISABLE=graph_update: every capture instantiated anew and dropped (to bisect).
