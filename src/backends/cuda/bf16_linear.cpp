@@ -124,7 +124,7 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
 }
 
 bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
-                            const std::function<DevWeight()>& device_weight) {
+                            const std::function<DevWeight()>& device_weight, bool round_bf16) {
   SPARROW_CHECK(G > 0 && w.out % G == 0);
   const int64_t N = w.out, K = w.in, R = N / G;
   // 16-byte aligned leading dimensions and batch strides for every operand.
@@ -147,7 +147,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
     }
     a_bf16 = wb->get();
   }
-  gemm(out, in, T, G, R, K, a_bf16);
+  gemm(out, in, T, G, R, K, a_bf16, round_bf16);
   return true;
 }
 
@@ -155,7 +155,8 @@ bool Bf16GroupedLinear::own_kernels(int64_t N, int64_t K, int64_t R) const {
   return wgmma_ && bf16_wgmma_linear_takes(N, K, R);
 }
 
-void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16) {
+void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
+                             bool round_bf16) {
   xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
   launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
   SPARROW_CUDA_CHECK(cudaGetLastError());
@@ -164,7 +165,8 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
     partial_.ensure(static_cast<size_t>(bf16_wgmma_partial_floats(T, N)) * sizeof(float));
     launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(), .x = static_cast<const uint16_t*>(xb_.get()),
                               .w = static_cast<const uint16_t*>(a_bf16), .rows = T, .x_ld = G * K,
-                              .N = static_cast<int>(N), .K = static_cast<int>(K), .R = static_cast<int>(R)});
+                              .N = static_cast<int>(N), .K = static_cast<int>(K), .R = static_cast<int>(R),
+                              .round_bf16 = round_bf16});
     launch_check("bf16 linear (wgmma)");
     last_wgmma_ = true;
     return;
@@ -187,6 +189,7 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
                   o->d, out, o->d, &pl.algo, nullptr, 0, cudaStreamPerThread);
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");
+  if (round_bf16) launch_bf16_round(out, T * G * R);
 }
 
 }  // namespace sparrow::cuda

@@ -50,8 +50,9 @@ class Bf16GroupedLinear {
   // out [T, N] from in [T, G*K] (fp32 storage, bf16 values) and w [N, K] (N = G*R): true when the
   // tensor cores ran it; false (nothing run) when the weight or the shapes do not suit them: w
   // neither FP8-block nor BF16, K or R not multiples of 8, no cuBLASLt or no algorithm. `device_weight` uploads w as stored (decoded to bf16 once).
+  // `round_bf16`: the outputs rounded to bf16 (in the parts' sum where one runs, else a pass after).
   bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
-           const std::function<DevWeight()>& device_weight);
+           const std::function<DevWeight()>& device_weight, bool round_bf16 = false);
   static constexpr int64_t kInvariantM = 4096;
   // The project's wgmma kernels instead of cuBLASLt where the shapes suit them (test support; on
   // unless SPARROW_CUDA_DISABLE=bf16_wgmma), and whether the last GEMM ran on them.
@@ -69,7 +70,8 @@ class Bf16GroupedLinear {
   // cuBLASLt (`bf16_wgmma`): a function of the shape alone, so a weight always takes one path.
   bool own_kernels(int64_t N, int64_t K, int64_t R) const;
   // The grouped GEMM of a bf16 weight already on the device (the plan of (R, K, G) must be ok).
-  void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16);
+  void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
+            bool round_bf16 = false);
   struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
   const Plan& plan(int64_t R, int64_t K, int64_t G);
 

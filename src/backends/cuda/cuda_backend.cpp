@@ -119,9 +119,29 @@ void trim_device_pool() {
   SPARROW_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
 }
 
+bool poison_alloc() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPARROW_CUDA_POISON_ALLOC");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes, bool zero) : bytes_(bytes) {
   if (bytes == 0) return;
   ptr_ = device_alloc(bytes, zero);
+}
+
+DeviceBuffer DeviceBuffer::scratch(size_t bytes) {
+  static const bool nofill = cuda_feature_on("scratch_nofill");
+  // Under SPARROW_CUDA_POISON_ALLOC=1 it starts as 0xff bytes, as tensors do (alloc), so that a read
+  // of a byte no kernel wrote shows in the results. (Poisoning every unfilled buffer, uploads
+  // included, put fills before the uploads' copies in the captured steps, and kept graphs were then
+  // seldom updated in place: CudaModelParity.StepGraphsGiveTheSameBits, H200, 2026-12-02.)
+  if (!poison_alloc()) return DeviceBuffer(bytes, !nofill);
+  DeviceBuffer b(bytes, false);
+  if (bytes > 0) SPARROW_CUDA_CHECK(cudaMemsetAsync(b.get(), 0xff, bytes, 0));
+  return b;
 }
 
 DeviceBuffer::~DeviceBuffer() { device_free(ptr_); }
@@ -368,10 +388,7 @@ class CudaBackend final : public Backend {
   Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
     OpProfiler::Scope op_scope(profiler_, "alloc");
     static const bool nofill = cuda_feature_on("alloc_nofill");
-    static const bool poison = [] {
-      const char* v = std::getenv("SPARROW_CUDA_POISON_ALLOC");
-      return v != nullptr && std::string(v) == "1";
-    }();
+    const bool poison = poison_alloc();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
@@ -501,15 +518,14 @@ class CudaBackend final : public Backend {
     const int64_t T = p.in.dim(0);
     SPARROW_CHECK_EQ(p.in.numel(), T * w.in);
     SPARROW_CHECK_EQ(p.out.numel(), T * w.out);
-    if (p.act_quant_fp8 && fp8_gemm_rows(p.out.f32(), p.in.f32(), T, w)) {
+    // The tensor-core GEMMs round their outputs themselves (in the split kernels' sum of parts).
+    if (p.act_quant_fp8 && fp8_gemm_rows(p.out.f32(), p.in.f32(), T, w, p.round_bf16)) {
       // The tensor-core GEMM (SPARROW_CUDA_DISABLE=fp8_gemm: the CUDA-core kernel below).
       last_linear_ = fp8_.last_path() == Fp8GemmPath::kTensorCores ? LinearPath::kTensorCores : LinearPath::kElementWise;
-      round_bf16_if(p.round_bf16, p.out, "linear bf16");
       return;
     }
-    if (p.input_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, 1, w)) {
+    if (p.input_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, 1, w, p.round_bf16)) {
       last_linear_ = LinearPath::kTensorCores;
-      round_bf16_if(p.round_bf16, p.out, "linear bf16");
       return;
     }
     const float* in = p.in.f32();
@@ -591,9 +607,8 @@ class CudaBackend final : public Backend {
     // does, a bf16 GEMM with fp32 sums, on the tensor cores (bf16_linear.h; SPARROW_CUDA_DISABLE=bf16_gemm
     // or a weight it cannot take: the vectorized kernel where the weight allows it, as `linear` does
     // under act_quant_fp8); fp32 keeps the element-wise one.
-    if (p.round_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, G, w)) {
+    if (p.round_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, G, w, true)) {
       last_linear_ = LinearPath::kTensorCores;
-      round_bf16_if(true, p.out, "grouped_linear bf16");
       return;
     }
     last_linear_ = launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
@@ -900,7 +915,7 @@ class CudaBackend final : public Backend {
     last_attention_bf16_kv_ = bf16_keys;
     DeviceBuffer kv_bf16;
     if (bf16_keys) {
-      kv_bf16 = DeviceBuffer(static_cast<size_t>(T * Dh) * sizeof(uint16_t));
+      kv_bf16 = DeviceBuffer::scratch(static_cast<size_t>(T * Dh) * sizeof(uint16_t));  // (all converted)
       launch_f32_to_bf16(p.kv.f32(), static_cast<uint16_t*>(kv_bf16.get()), T * Dh);
       launch_check("attention kv bf16");
       for (int64_t t = 0; t < T; ++t)
@@ -970,7 +985,7 @@ class CudaBackend final : public Backend {
     if (!forced && p.kind == MoeKind::kHash) SPARROW_CHECK(p.tid2eid.data != nullptr);
     if (!forced && p.kind == MoeKind::kScored) SPARROW_CHECK_EQ(p.bias.numel(), E);
     if (T == 0) return;
-    DeviceBuffer logits(T * E * sizeof(float));
+    DeviceBuffer logits = DeviceBuffer::scratch(T * E * sizeof(float));  // (the linear writes every logit)
     if (!(p.input_bf16 && bf16_gemm(logits.f32(), p.x.f32(), T, 1, gate)))
       launch_linear({.out = logits.f32(), .in = p.x.f32(), .in_rows = nullptr, .w = dev_weight(gate), .T = T,
                      .in_stride = gate.in, .rows_per_group = E});
@@ -1000,13 +1015,14 @@ class CudaBackend final : public Backend {
     DeviceBuffer xq;
     if (p.ref_numerics && D > 0) {
       OpProfiler::Scope part(profiler_, "moe/input act_quant");
-      xq = DeviceBuffer(static_cast<size_t>(T * D) * sizeof(float));
+      xq = DeviceBuffer::scratch(static_cast<size_t>(T * D) * sizeof(float));  // (copied over)
       SPARROW_CUDA_CHECK(cudaMemcpyAsync(xq.get(), x, xq.bytes(), cudaMemcpyDeviceToDevice, 0));
       fp8_rows(xq.f32(), T, D, D, kFp8ActBlock, "moe input act_quant_fp8");
       x = xq.f32();
     }
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
-    DeviceBuffer contrib(T * K * D * sizeof(float));
+    // (Every slot's row is written: each slot has an expert, and every expert's rows are scattered.)
+    DeviceBuffer contrib = DeviceBuffer::scratch(T * K * D * sizeof(float));
     static const bool grouped = cuda_feature_on("grouped_moe"), device_plan = cuda_feature_on("moe_device_plan");
     std::optional<OpProfiler::Scope> routed_part(std::in_place, profiler_, "moe/routed experts");
     const ExpertTables* tab = grouped ? expert_tables(routed) : nullptr;  // null: the experts differ in shape
@@ -1050,15 +1066,16 @@ class CudaBackend final : public Backend {
     if (p.shared) {
       OpProfiler::Scope part(profiler_, "moe/shared expert");
       const int64_t F = p.shared->w1.out;
-      DeviceBuffer h1(T * F * sizeof(float)), h3(T * F * sizeof(float));
-      shared_out = DeviceBuffer(T * D * sizeof(float));
+      DeviceBuffer h1 = DeviceBuffer::scratch(T * F * sizeof(float)), h3 = DeviceBuffer::scratch(T * F * sizeof(float));
+      shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
       swiglu_ffn(*p.shared, x, D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit,
                  {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0});
     }
+    static const bool fused_round = cuda_feature_on("fused_round");
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = p.shared ? shared_out.f32() : nullptr,
-                        .T = T, .K = K, .D = D});
+                        .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics && fused_round});
     launch_check("moe combine");
-    round_bf16_if(p.ref_numerics, p.out, "moe bf16");
+    round_bf16_if(p.ref_numerics && !fused_round, p.out, "moe bf16");
   }
 
   // Device bytes of a stored tensor, uploaded on first use and cached: by its TensorView::id when
@@ -1161,7 +1178,7 @@ class CudaBackend final : public Backend {
   // `values` floats of scratch, or an empty buffer (a null pointer) with SPARROW_CUDA_DISABLE=hc_split.
   static DeviceBuffer hc_mix_scratch(int64_t values) {
     static const bool split = cuda_feature_on("hc_split");
-    return DeviceBuffer(split ? static_cast<size_t>(values) * sizeof(float) : 0);
+    return DeviceBuffer::scratch(split ? static_cast<size_t>(values) * sizeof(float) : 0);  // (every mix written)
   }
 
   static bool same_shape(const WeightMatrix& a, const WeightMatrix& b) {
@@ -1248,11 +1265,13 @@ class CudaBackend final : public Backend {
     MoePlan plan;
     const int64_t total = T * K;
     plan.max_items = device_plan_items(total, E);
-    plan.offsets = DeviceBuffer((E + 1) * sizeof(int64_t));
-    plan.rows = DeviceBuffer(total * sizeof(int32_t));
-    plan.slots = DeviceBuffer(total * sizeof(int32_t));
-    plan.items = DeviceBuffer(2 * plan.max_items * sizeof(int32_t));
-    plan.n_items = DeviceBuffer(sizeof(int32_t));
+    // moe_place_kernel writes the offsets, every row and slot, the first n_items items and n_items;
+    // no kernel reads an item past n_items.
+    plan.offsets = DeviceBuffer::scratch((E + 1) * sizeof(int64_t));
+    plan.rows = DeviceBuffer::scratch(total * sizeof(int32_t));
+    plan.slots = DeviceBuffer::scratch(total * sizeof(int32_t));
+    plan.items = DeviceBuffer::scratch(2 * plan.max_items * sizeof(int32_t));
+    plan.n_items = DeviceBuffer::scratch(sizeof(int32_t));
     const DeviceBuffer counts(E * sizeof(int32_t));  // zero-filled
     launch_moe_plan({.experts = experts.i32(), .T = T, .K = K, .E = E,
                      .offsets = static_cast<int64_t*>(plan.offsets.get()), .rows = static_cast<int32_t*>(plan.rows.get()),
@@ -1338,7 +1357,9 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_LE(max_tiles, kMaxMoeItems);
     // h1 and h3 in one buffer, h3 after h1: the decode wgmma kernel computes both in one launch
     // (GroupedW4A8Args::w_b; `w4a8_pair` off: a launch each, the same bits).
-    DeviceBuffer h13(2 * total * F * sizeof(float)), y(total * D * sizeof(float));
+    // (Every row of every expert with rows is written by the projections; the quarters' slices of
+    // `partial` likewise, an empty quarter as zeros.)
+    DeviceBuffer h13 = DeviceBuffer::scratch(2 * total * F * sizeof(float)), y = DeviceBuffer::scratch(total * D * sizeof(float));
     float* const h1 = h13.f32();
     float* const h3 = h1 + total * F;
     static const bool pair_on = cuda_feature_on("w4a8_pair");
@@ -1347,7 +1368,7 @@ class CudaBackend final : public Backend {
     // batch 1 an unsplit block walks all of K alone. The same bits split or not.
     const bool split = wgmma && !tiled &&
                        (w4a8_wgmma_split_ == 2 || (w4a8_wgmma_split_ == 0 && total <= kSplitRows));
-    DeviceBuffer partial(split ? 4 * total * std::max(D, 2 * F) * sizeof(float) : 0);
+    DeviceBuffer partial = DeviceBuffer::scratch(split ? 4 * total * std::max(D, 2 * F) * sizeof(float) : 0);
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned16(h1);
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());
@@ -1360,8 +1381,9 @@ class CudaBackend final : public Backend {
     // Codes for n rows of K inputs, and the act_quant arguments that fill them from `in` (f32 rows).
     const auto new_codes = [](int64_t n, int64_t K) {
       Codes c{.rows = n, .k_pad = (K + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock};
-      c.codes = DeviceBuffer(static_cast<size_t>(n * c.k_pad));
-      c.scales = DeviceBuffer(static_cast<size_t>(c.k_pad / kFp8ActBlock * n) * sizeof(float));
+      // (act_quant writes every code, padding included, and every scale.)
+      c.codes = DeviceBuffer::scratch(static_cast<size_t>(n * c.k_pad));
+      c.scales = DeviceBuffer::scratch(static_cast<size_t>(c.k_pad / kFp8ActBlock * n) * sizeof(float));
       return c;
     };
     const auto quant_args = [wgmma](Codes& c, const float* in, int64_t K) {
@@ -1501,9 +1523,12 @@ class CudaBackend final : public Backend {
   // out [T, N] = in [T, G*K] (bf16 values) x w^T in G groups as a bf16 GEMM on the tensor cores
   // (Bf16GroupedLinear) when bf16_gemm is on and w is a weight it takes (FP8-block or BF16, R and K
   // multiples of 8); false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
-  bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w) {
-    static const bool on = cuda_feature_on("bf16_gemm");
-    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); })) return false;
+  // `round_bf16`: the outputs rounded to bf16 too (fused into the GEMM's sum of parts where it has
+  // one; `fused_round` off: a pass after, as before).
+  bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w, bool round_bf16 = false) {
+    static const bool on = cuda_feature_on("bf16_gemm"), fused = cuda_feature_on("fused_round");
+    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16 && fused)) return false;
+    if (round_bf16 && !fused) launch_bf16_round(out, T * w.out);
     launch_check("bf16 GEMM");
     return true;
   }
@@ -1512,12 +1537,17 @@ class CudaBackend final : public Backend {
   // batch-invariant cuBLASLt plan) when fp8_gemm is on and w is FP8 with 128x128 blocks; false (and
   // nothing run) otherwise. An input whose rows are already FP8-rounded (1x128, power-of-two scales)
   // is quantised to the same values again, so callers may pass either.
-  bool fp8_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w) {
+  bool fp8_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w, bool round_bf16 = false) {
+    static const bool fused = cuda_feature_on("fused_round");
     if (!fp8_gemm_in_linear_ || w.format != WeightFormat::kFp8Block || w.block_out != 128 || w.block_in != 128)
       return false;
     const Tensor ti(nullptr, const_cast<float*>(in), ElemType::kF32, {T, w.in});
     const Tensor to(nullptr, out, ElemType::kF32, {T, w.out});
-    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); });
+    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); }, round_bf16 && fused);
+    if (round_bf16 && !fused) {
+      launch_bf16_round(out, T * w.out);
+      launch_check("linear bf16");
+    }
     return true;
   }
 

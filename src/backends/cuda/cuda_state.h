@@ -113,6 +113,10 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes, bool zero = true);
+  // An op's scratch whose every byte a kernel writes before any is read: not filled (a fill is a
+  // graph node of its own, which also cuts a chain of programmatic dependent launches), unless
+  // SPARROW_CUDA_DISABLE=scratch_nofill; 0xff bytes under SPARROW_CUDA_POISON_ALLOC=1.
+  static DeviceBuffer scratch(size_t bytes);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;

@@ -6,10 +6,56 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backends/cuda/kernels.h"
 
 namespace sparrow::cuda {
+
+// ---- programmatic dependent launch ---------------------------------------------------------------
+// Every kernel of the backend starts through launch() below, which marks it a programmatic dependent
+// of the kernel before it in the stream: its blocks may be scheduled while that kernel still runs
+// (its launch and block set-up then overlap the other's tail). Each kernel therefore calls
+// wait_previous_grid() first, before it touches any memory: the wait returns once the previous grid
+// has finished and its writes are visible, so a kernel sees what it saw with plain launches. A
+// kernel that skipped the wait could finish before its predecessor and let its own successor run
+// early, so the call is unconditional, ahead of any early return. It then lets the next grid launch.
+// Without the launch attribute (SPARROW_CUDA_DISABLE=pdl, or a launch by other code) both
+// instructions do nothing. Weights no kernel writes may be read before the wait; no kernel does yet.
+__device__ __forceinline__ void wait_previous_grid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Asks L2 for the 128-byte lines of [p, p + bytes), the block's threads taking every
+// threads-th line: a hint (no register, nothing waits on it) that is safe before the wait for any
+// memory, since every write lands in L2 and the lines are read after the wait as usual.
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int thread, int threads) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = static_cast<int64_t>(thread) * 128; off < bytes; off += static_cast<int64_t>(threads) * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
+// cuda_feature_on("pdl"), read once.
+bool pdl_launch_on();
+
+// kernel<<<grid, block, smem>>>(args...) on the calling thread's default stream, as a programmatic
+// dependent of the grid before it (above) unless the "pdl" switch is off. Errors show in launch_check
+// as with <<<>>>.
+template <typename... Params, typename... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = 0;  // the per-thread default stream (the backend compiles with --default-stream per-thread)
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_launch_on() ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 __device__ inline float dev_bf16(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
@@ -96,6 +142,11 @@ __device__ inline int dev_pow2_scale_exponent(float amax, float qmax) {
   const float m = frexpf(q, &e);  // exact: q = m * 2^e, m in [0.5, 1)
   const int k = m == 0.5f ? e - 1 : e;
   return k < -127 ? -127 : k > 127 ? 127 : k;
+}
+
+// Bytes an element of a float dtype takes (dev_load's dtypes; 4 for the others).
+__device__ inline int64_t dev_float_bytes(DType t) {
+  return t == DType::kBF16 || t == DType::kF16 ? 2 : t == DType::kF8E4M3 || t == DType::kF8E8M0 ? 1 : 4;
 }
 
 // Element i of a float tensor (F32/F16/BF16/E4M3/E8M0) by its stored dtype.

@@ -282,9 +282,10 @@ int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
   return m_pad;
 }
 
-void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw) {
+void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16) {
   GroupedW4A8Args g{};
   g.out = d;
+  g.round_bf16 = round_bf16;
   g.codes = static_cast<const uint8_t*>(act_codes_.get());
   g.scales = act_scales_.f32();
   g.rows_pad = m_pad;
@@ -333,7 +334,7 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   return out_scratch_.f32();
 }
 
-void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original) {
+void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original, bool round_bf16) {
   const WeightMatrix& w = *p.weight;
   const int64_t T = p.in.dim(0), K = w.in, N = w.out;
   SPARROW_CHECK(K > 0 && p.in.type() == ElemType::kF32 && p.out.type() == ElemType::kF32);
@@ -347,9 +348,14 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
   if (why.empty() && wgmma_path()) {
     const PaddedWeight& pw = padded_weight(w);
-    run_wgmma(p.out.f32(), T, N, quantise(p.in, K), pw);
+    run_wgmma(p.out.f32(), T, N, quantise(p.in, K), pw, round_bf16);
     return;
   }
+  const auto round_after = [&] {
+    if (!round_bf16) return;
+    launch_bf16_round(p.out.f32(), T * N);
+    launch_check("linear_fp8_block bf16 rounding");
+  };
   const int64_t m_pad = quantise(p.in, K), k_pad = round_up(K, kFp8ActBlock);
   const auto* codes = static_cast<const uint8_t*>(act_codes_.get());
   const float* scales = act_scales_.f32();
@@ -370,6 +376,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
       launch_check("linear_fp8_block cuBLASLt");
       last_path_ = Fp8GemmPath::kTensorCores;
       last_wgmma_ = false;
+      round_after();
       return;
     }
     why = last_detail_;
@@ -385,6 +392,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   launch_check("linear_fp8_block fallback");
   last_path_ = Fp8GemmPath::kFallback;
   last_detail_ = why;
+  round_after();
 }
 
 }  // namespace sparrow::cuda

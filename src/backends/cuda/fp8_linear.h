@@ -60,9 +60,10 @@ class Fp8Linear {
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
 
-  // out [T, N] = dequant(q(in [T, K])) · dequant(w [N, K])^T. `original` uploads w byte for byte
-  // (the fallback's weight); it is called only when the fallback runs.
-  void run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original);
+  // out [T, N] = dequant(q(in [T, K])) · dequant(w [N, K])^T, rounded to bf16 when `round_bf16`
+  // (in the wgmma kernels' quarter sum where one runs, else a pass after). `original` uploads w byte
+  // for byte (the fallback's weight); it is called only when the fallback runs.
+  void run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original, bool round_bf16 = false);
 
   // in [T, K] times several weights stacked row-wise ([N1 + N2 + ..., K], each FP8 with 128x128
   // blocks, each N a multiple of 128, one K) as one tensor-core GEMM: a pointer to the product
@@ -105,7 +106,7 @@ class Fp8Linear {
   // instead of cuBLASLt (`fp8_wgmma`).
   bool wgmma_path() const { return batch_invariant_ && wgmma_ && !force_fallback_; }
   // d [T, n] (row stride n) = the linear of the quantised codes and pw's first n rows.
-  void run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw);
+  void run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16 = false);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
   // The handle, workspace and matmul descriptor (its fixed attributes set), made on first use.

@@ -63,7 +63,12 @@ struct DevView {
 // same bits), "graph_update" (kept graphs updated in place; off: every
 // capture instantiated, run once and dropped), "argmax" (Backend::argmax_rows on the device; off:
 // through the host, the same ids), "w4a8_pair" (the routed experts' w1 and w3 in one launch of the
-// decode wgmma kernel; off: a launch each, the same bits) and "alloc_nofill" (tensors left unfilled at allocation;
+// decode wgmma kernel; off: a launch each, the same bits), "pdl" (every kernel launched as a
+// programmatic dependent of the one before it, device_common.cuh launch(); off: plain launches, the
+// same bits), "fused_round" (an op's bf16 rounding of a
+// tensor-core GEMM's or the MoE combine's outputs done in the kernel that writes them, the parts'
+// sum or the combine; off: a bf16_round pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left unfilled,
+// DeviceBuffer::scratch; off: zero-filled as before) and "alloc_nofill" (tensors left unfilled at allocation;
 // off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
@@ -290,6 +295,9 @@ struct GroupedW4A8Args {
   const uint8_t* w_codes = nullptr;
   const float* w_scales = nullptr;
   int64_t w_scale_ld = 0;
+  // (launch_fp8_wgmma_linear) the outputs rounded to bf16 (an op's round_bf16): in the quarters'
+  // sum where one runs, else by launch_bf16_round after the kernel; the same values either way.
+  bool round_bf16 = false;
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
@@ -322,6 +330,7 @@ struct Bf16LinearArgs {
   const uint16_t* w;
   int64_t rows = 0, x_ld = 0;
   int N = 0, K = 0, R = 0;
+  bool round_bf16 = false;  // the outputs rounded to bf16: in the parts' sum where one runs, else after
 };
 // The shapes the kernels take: K a multiple of 64, and a group's rows whole 128-row tiles (R % 128
 // == 0) unless there is one group (R == N); K below 2^31, N at most 65535 x 64 (the decode form's grid).
@@ -626,6 +635,7 @@ struct CombineArgs {
   const float* contrib;    // [T*K, D]
   const float* shared;     // [T, D] or null
   int64_t T, K, D;
+  bool round_bf16 = false;  // the sums rounded to bf16 (MoeParams::ref_numerics' final rounding)
 };
 void launch_moe_combine(const CombineArgs& a);
 

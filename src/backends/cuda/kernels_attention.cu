@@ -71,6 +71,7 @@ __device__ inline void finish_entry(const CompressorArgs& a, float* entry, int64
 // per channel, RMS-normalise, rotate at w*ratio, append, and (CSA) keep the window's first halves
 // for the next entry. Channels are spread over the threads; barriers separate the phases.
 __global__ void compressor_kernel(CompressorArgs a) {
+  wait_previous_grid();
   const CompressorSeqArgs s = a.seqs[blockIdx.x];
   const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
   int64_t pending = s.pending, count = s.count;
@@ -120,6 +121,7 @@ __global__ void compressor_kernel(CompressorArgs a) {
 // and the rotation are the walk's, in the same order: the same bits. compressor_state_kernel then
 // leaves the pending and prev buffers as the walk would.
 __global__ void compressor_entries_kernel(CompressorArgs a) {
+  wait_previous_grid();
   const CompressorSeqArgs s = a.seqs[a.jobs[2 * blockIdx.x]];
   const int64_t e = a.jobs[2 * blockIdx.x + 1];
   const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
@@ -155,6 +157,7 @@ __global__ void compressor_entries_kernel(CompressorArgs a) {
 // of the last window emitted (read before the pending rows move), then the rows past the last
 // window become the pending rows (with the positional bias in the gate), as after the walk.
 __global__ void compressor_state_kernel(CompressorArgs a) {
+  wait_previous_grid();
   const CompressorSeqArgs s = a.seqs[blockIdx.x];
   const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
   const int64_t n = s.t_end - s.t_begin, emitted = (s.pending + n) / m;
@@ -191,6 +194,7 @@ __global__ void compressor_state_kernel(CompressorArgs a) {
 // Every thread reads and writes only its own channels (or its own fp4 blocks), so the one barrier
 // needed is block_max's.
 __global__ void key_sim_kernel(KeySimArgs a) {
+  wait_previous_grid();
   float* row = a.rows[blockIdx.x];
   const int64_t dim = a.dim;
   switch (a.precision) {
@@ -230,6 +234,7 @@ __global__ void key_sim_kernel(KeySimArgs a) {
 
 // grid (T, ceil(C / kThreads)): score of entry w for token t, -inf where not visible.
 __global__ void indexer_score_kernel(IndexerArgs a) {
+  wait_previous_grid();
   const int64_t t = blockIdx.x;
   const int64_t w = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (w >= a.C) return;
@@ -270,6 +275,7 @@ __global__ void indexer_score_kernel(IndexerArgs a) {
 // (higher score first, then the lower index) is its output slot when below k. Ranks are a
 // permutation, so each kept slot is written exactly once; the rest keep their -1.
 __global__ void indexer_select_kernel(IndexerArgs a) {
+  wait_previous_grid();
   const int64_t t = blockIdx.x;
   const int64_t w = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const int64_t visible = a.visible[t];
@@ -456,6 +462,7 @@ __device__ inline void select_sort_desc(uint64_t* keys, int n) {
 // to write. In the histograms a warp whose counted lanes share one bin adds to it once (per-lane
 // atomics on one bin serialise 32 ways); the bin is found by a block scan.
 __global__ void indexer_radix_select_kernel(IndexerArgs a, int64_t pow2) {
+  wait_previous_grid();
   extern __shared__ uint64_t cand[];  // [kSelectCap]
   constexpr int kWarps = kSelectThreads / 32;
   constexpr int kHeld = kSelectCap / kSelectThreads;  // keys a thread holds in the compaction
@@ -708,6 +715,7 @@ __global__ void indexer_radix_select_kernel(IndexerArgs a, int64_t pow2) {
 // indexer_score_kernel, and lane 0 accumulates weight x ReLU(dot) in head order with the same FMAs,
 // so the scores are the same bits. fp32 scores only (not bf16_scores).
 __global__ void indexer_score_smem_kernel(IndexerArgs a) {
+  wait_previous_grid();
   extern __shared__ float smem[];
   const int64_t t = blockIdx.x;
   const int64_t di = a.di, Hi = a.Hi, qs = di + 1;
@@ -768,6 +776,7 @@ size_t indexer_tile_smem(int64_t di) {
 }
 
 __global__ void __launch_bounds__(kTileThreads) indexer_score_tiled_kernel(IndexerArgs a) {
+  wait_previous_grid();
   extern __shared__ __align__(16) float tile_smem[];
   const int64_t t = blockIdx.x, di = a.di, Hi = a.Hi, row = di + 4;
   const int64_t w0 = static_cast<int64_t>(blockIdx.y) * kTileEntries;
@@ -907,6 +916,7 @@ inline size_t indexer_mma_smem(int64_t Hi, int64_t di, int tiles) {
 
 template <int kPairs, int kMts>  // di = 32 kPairs, Hi = 16 kMts
 __global__ void __launch_bounds__(kMmaThreads, 2) indexer_score_mma_kernel(IndexerArgs a, int tiles) {
+  wait_previous_grid();
   constexpr int kDi = 32 * kPairs, kHi = 16 * kMts, kRowChunks = kDi / 8;  // 16-byte chunks a row
   constexpr int kTileChunks = kTileEntries * kRowChunks;
   extern __shared__ uint4 smem_chunks[];
@@ -1028,7 +1038,7 @@ void launch_indexer_score_mma_shape(const IndexerArgs& a, dim3 grid, int tiles) 
                                             static_cast<int>(indexer_mma_smem(16 * kMts, 32 * kPairs, kMmaStages))));
     opted = true;
   }
-  indexer_score_mma_kernel<kPairs, kMts><<<grid, kMmaThreads, indexer_mma_smem(a.Hi, a.di, tiles)>>>(a, tiles);
+  launch(indexer_score_mma_kernel<kPairs, kMts>, grid, kMmaThreads, indexer_mma_smem(a.Hi, a.di, tiles), a, tiles);
 }
 
 template <int kPairs>
@@ -1042,6 +1052,7 @@ void launch_indexer_score_mma(const IndexerArgs& a, dim3 grid, int tiles) {
 }
 
 __global__ void rows_to_bf16_kernel(const float* const* src, uint16_t* const* dst, int64_t dim) {
+  wait_previous_grid();
   const float* s = src[blockIdx.x];
   uint16_t* d = dst[blockIdx.x];
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) d[i] = __bfloat16_as_ushort(__float2bfloat16_rn(s[i]));
@@ -1098,6 +1109,7 @@ __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, in
 // (token, head)'s arithmetic does not depend on the other tokens of the batch.
 template <bool kWarpDots>
 __global__ void attention_kernel(AttentionArgs a) {
+  wait_previous_grid();
   extern __shared__ float q_smem[];  // [Dh] when kWarpDots
   const int64_t t = blockIdx.x / a.H, h = blockIdx.x % a.H;
   const AttnTokenArgs tk = a.tokens[t];
@@ -1170,6 +1182,7 @@ static_assert(kAttnSplitCandidates <= kAttnThreads, "a thread holds at most one 
 
 template <int kHeads>
 __global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  wait_previous_grid();
   extern __shared__ float split_smem[];  // q [kHeads, Dh], then e [kHeads, kAttnSplitCandidates]
   __shared__ const float* keys[kAttnSplitCandidates];
   float* q_smem = split_smem;
@@ -1251,6 +1264,7 @@ __device__ inline float attn_combine_term(float acc, float ws, float v) { return
 // out = sum_s w_s acc_s / (exp(sink - M) + sum_s w_s sum_s), splits in order. With a.mma, tokens
 // with at most one split were written by attention_mma_kernel itself.
 __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  wait_previous_grid();
   extern __shared__ float w[];  // [max_splits]
   const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
   const AttnTokenArgs tk = a.tokens[t];
@@ -1326,6 +1340,7 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 
 template <int kDh, bool kBf16Keys>  // kBf16Keys: the keys from the state's bf16 copies (AttentionArgs::bf16_keys)
 __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  wait_previous_grid();
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = kBf16Keys ? 2 : 1;
   uint8_t* qs = am_smem;
@@ -1584,16 +1599,16 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
 void launch_compressor(const CompressorArgs& a) {
   if (a.nseq <= 0) return;
   if (!a.parallel) {
-    compressor_kernel<<<static_cast<unsigned>(a.nseq), kThreads>>>(a);
+    launch(compressor_kernel, static_cast<unsigned>(a.nseq), kThreads, 0, a);
     return;
   }
-  if (a.n_jobs > 0) compressor_entries_kernel<<<static_cast<unsigned>(a.n_jobs), kThreads>>>(a);
-  compressor_state_kernel<<<static_cast<unsigned>(a.nseq), kThreads>>>(a);
+  if (a.n_jobs > 0) launch(compressor_entries_kernel, static_cast<unsigned>(a.n_jobs), kThreads, 0, a);
+  launch(compressor_state_kernel, static_cast<unsigned>(a.nseq), kThreads, 0, a);
 }
 
 void launch_key_sim(const KeySimArgs& a) {
   if (a.n > 0 && a.dim > 0 && a.precision != KeyPrecision::kF32)
-    key_sim_kernel<<<static_cast<unsigned>(a.n), kKeySimThreads>>>(a);
+    launch(key_sim_kernel, static_cast<unsigned>(a.n), kKeySimThreads, 0, a);
 }
 
 void launch_indexer_topk(const IndexerArgs& a) {
@@ -1623,12 +1638,12 @@ void launch_indexer_topk(const IndexerArgs& a) {
       opted = true;
     }
     const dim3 tgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kTileEntries));
-    indexer_score_tiled_kernel<<<tgrid, kTileThreads, tile_smem>>>(a);
+    launch(indexer_score_tiled_kernel, tgrid, kTileThreads, tile_smem, a);
   } else if (fast && !a.bf16_scores && score_smem <= 48 * 1024) {
     const dim3 sgrid(static_cast<unsigned>(a.T), blocks_for(a.C, kScoreEntries));
-    indexer_score_smem_kernel<<<sgrid, 32 * kScoreWarps, score_smem>>>(a);
+    launch(indexer_score_smem_kernel, sgrid, 32 * kScoreWarps, score_smem, a);
   } else {
-    indexer_score_kernel<<<grid, kThreads>>>(a);
+    launch(indexer_score_kernel, grid, kThreads, 0, a);
   }
   launch_indexer_select(a);
 }
@@ -1640,15 +1655,15 @@ void launch_indexer_select(const IndexerArgs& a) {
   int64_t pow2 = 1;
   while (pow2 < a.k) pow2 <<= 1;
   if (fast && pow2 <= kSelectCap && a.C < (int64_t{1} << 31)) {
-    indexer_radix_select_kernel<<<static_cast<unsigned>(a.T), kSelectThreads, kSelectCap * sizeof(uint64_t)>>>(a, pow2);
+    launch(indexer_radix_select_kernel, static_cast<unsigned>(a.T), kSelectThreads, kSelectCap * sizeof(uint64_t), a, pow2);
   } else {
     SPARROW_CUDA_CHECK(cudaMemsetAsync(a.out_indices, 0xff, a.T * a.k * sizeof(int32_t), 0));  // -1: unranked slots
-    indexer_select_kernel<<<grid, kThreads>>>(a);
+    launch(indexer_select_kernel, grid, kThreads, 0, a);
   }
 }
 
 void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t n, int64_t dim) {
-  if (n > 0 && dim > 0) rows_to_bf16_kernel<<<static_cast<unsigned>(n), 128>>>(src, dst, dim);
+  if (n > 0 && dim > 0) launch(rows_to_bf16_kernel, static_cast<unsigned>(n), 128, 0, src, dst, dim);
 }
 
 // The combine's weights w[max_splits], rounded up to whole 16-byte words: ptxas hoists the loop
@@ -1681,17 +1696,16 @@ void launch_attention(const AttentionArgs& a) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const dim3 grid(static_cast<unsigned>(tp * a.H / kAmHeads), static_cast<unsigned>(max_splits));
       if (a.bf16_keys) {
-        if (a.Dh == 512) attention_mma_kernel<512, true><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
-        else if (a.Dh == 256) attention_mma_kernel<256, true><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
-        else attention_mma_kernel<128, true><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+        if (a.Dh == 512) launch(attention_mma_kernel<512, true>, grid, kAmThreads, smem, a, t_base, max_splits);
+        else if (a.Dh == 256) launch(attention_mma_kernel<256, true>, grid, kAmThreads, smem, a, t_base, max_splits);
+        else launch(attention_mma_kernel<128, true>, grid, kAmThreads, smem, a, t_base, max_splits);
       } else {
-        if (a.Dh == 512) attention_mma_kernel<512, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
-        else if (a.Dh == 256) attention_mma_kernel<256, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
-        else attention_mma_kernel<128, false><<<grid, kAmThreads, smem>>>(a, t_base, max_splits);
+        if (a.Dh == 512) launch(attention_mma_kernel<512, false>, grid, kAmThreads, smem, a, t_base, max_splits);
+        else if (a.Dh == 256) launch(attention_mma_kernel<256, false>, grid, kAmThreads, smem, a, t_base, max_splits);
+        else launch(attention_mma_kernel<128, false>, grid, kAmThreads, smem, a, t_base, max_splits);
       }
       if (max_splits > 1)  // (one split: every token written by the kernel)
-        attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits)>>>(
-            a, t_base, max_splits);
+        launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a, t_base, max_splits);
     }
     return;
   }
@@ -1705,19 +1719,18 @@ void launch_attention(const AttentionArgs& a) {
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
-      if (heads == 8) attention_split_kernel<8><<<grid, kAttnThreads, smem>>>(a, t_base, max_splits);
-      else attention_split_kernel<1><<<grid, kAttnThreads, smem>>>(a, t_base, max_splits);
-      attention_combine_kernel<<<static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits)>>>(
-          a, t_base, max_splits);
+      if (heads == 8) launch(attention_split_kernel<8>, grid, kAttnThreads, smem, a, t_base, max_splits);
+      else launch(attention_split_kernel<1>, grid, kAttnThreads, smem, a, t_base, max_splits);
+      launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a, t_base, max_splits);
     }
     return;
   }
   const size_t q_bytes = static_cast<size_t>(a.Dh) * sizeof(float);
   static const bool warp_dots = cuda_feature_on("attn_warp");
   if (warp_dots && q_bytes <= 16 * 1024)
-    attention_kernel<true><<<static_cast<unsigned>(a.T * a.H), kAttnThreads, q_bytes>>>(a);
+    launch(attention_kernel<true>, static_cast<unsigned>(a.T * a.H), kAttnThreads, q_bytes, a);
   else
-    attention_kernel<false><<<static_cast<unsigned>(a.T * a.H), kAttnThreads>>>(a);
+    launch(attention_kernel<false>, static_cast<unsigned>(a.T * a.H), kAttnThreads, 0, a);
 }
 
 }  // namespace sparrow::cuda

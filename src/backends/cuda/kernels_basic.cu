@@ -9,6 +9,12 @@
 #include "backends/cuda/device_common.cuh"
 
 namespace sparrow::cuda {
+
+bool pdl_launch_on() {
+  static const bool on = cuda_feature_on("pdl");
+  return on;
+}
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -18,6 +24,7 @@ __device__ inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // grid (T), block over D: every stream a copy of the embedding row.
 __global__ void embed_kernel(EmbedArgs a) {
+  wait_previous_grid();
   const int64_t t = blockIdx.x;
   const int64_t id = a.ids[t];
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
@@ -101,6 +108,11 @@ __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* stre
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
   const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
   const bool f32 = fn.dtype == DType::kF32;
+  // The block's weight rows into L2 while the previous grid finishes (a hint; device_common.cuh).
+  const int64_t fn_elem = dev_float_bytes(fn.dtype);
+  const int64_t fn_rows = nmix - m0 < kMix ? nmix - m0 : kMix;
+  prefetch_l2(static_cast<const char*>(fn.data) + m0 * width * fn_elem, fn_rows * width * fn_elem, threadIdx.x, kThreads);
+  wait_previous_grid();
   float ss[kTok] = {}, acc[kMix][kTok] = {};
   for (int64_t i0 = threadIdx.x; i0 < width; i0 += kUnroll * kThreads) {
     float xs[kTok][kUnroll], ws[kMix][kUnroll];
@@ -145,6 +157,9 @@ __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float*
   float* stage = reinterpret_cast<float*>(hc_stage4);
   const int64_t groups = nmix / kMix;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
+  prefetch_l2(fn + m0 * width, (nmix - m0 < kMix ? nmix - m0 : kMix) * width * static_cast<int64_t>(sizeof(float)), threadIdx.x,
+              kThreads);
+  wait_previous_grid();
   const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
   const int64_t chunks = width / kChunk;
   // This thread's pieces: quad q of rows r0, r0 + kRowsPerPass, ... (rows past the tile's tokens
@@ -207,21 +222,20 @@ void launch_hc_mix(const float* streams, int64_t T, int64_t width, const DevView
       return true;
     }();
     (void)attr;
-    kernel<<<blocks_for(T, kStagedTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem>>>(
-        streams, T, width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
+    launch(kernel, blocks_for(T, kStagedTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem, streams, T, width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
   } else if (nmix % 8 == 0 && T >= kMixManyTokens) {
-    hc_mix_tile_kernel<8, 8, 2><<<blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
+    launch(hc_mix_tile_kernel<8, 8, 2>, blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T, width, fn, nmix,
                                                                                                 norm_eps, mix);
   } else if (nmix % 8 == 0 && T >= kMixTileTokens) {
-    hc_mix_tile_kernel<4, 8, 2><<<blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads>>>(streams, T, width, fn, nmix,
+    launch(hc_mix_tile_kernel<4, 8, 2>, blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T, width, fn, nmix,
                                                                                                 norm_eps, mix);
   } else if (T >= 4) {
-    hc_mix_tile_kernel<4, 1, kMixUnroll><<<blocks_for(T, 4) * static_cast<unsigned>(nmix), kThreads>>>(streams, T, width, fn, nmix,
+    launch(hc_mix_tile_kernel<4, 1, kMixUnroll>, blocks_for(T, 4) * static_cast<unsigned>(nmix), kThreads, 0, streams, T, width, fn, nmix,
                                                                                             norm_eps, mix);
   } else {
     // One token a block, 16 loads a thread in flight: V4-Flash's 64 elements a thread in 4 rounds
     // (8 rounds of 8 loads: 12 us a call at batch 1 in ncu, H200).
-    hc_mix_tile_kernel<1, 1, 16><<<static_cast<unsigned>(T * nmix), kThreads>>>(streams, T, width, fn, nmix, norm_eps, mix);
+    launch(hc_mix_tile_kernel<1, 1, 16>, static_cast<unsigned>(T * nmix), kThreads, 0, streams, T, width, fn, nmix, norm_eps, mix);
   }
 }
 
@@ -366,6 +380,7 @@ __device__ inline void hc_collapse(const float* X, const float* pre, int64_t S, 
 
 // grid (T): pre/post/comb of one token (hc_pre_weights), u = sum_j pre_j X[j].
 __global__ void hc_pre_kernel(HcPreArgs a) {
+  wait_previous_grid();
   __shared__ float mix[kMaxMix];
   __shared__ float pre[kMaxStreams];
   const int64_t t = blockIdx.x, S = a.S, D = a.D;
@@ -392,6 +407,7 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
 // out_input.
 constexpr int kPre4Tokens = kThreads / 32, kPre4Unroll = 4;
 __global__ void __launch_bounds__(kThreads, 3) hc_pre4_kernel(HcPreArgs a, int per_block) {
+  wait_previous_grid();
   constexpr int S = 4, nmix = (2 + S) * S;
   __shared__ float pre[kPre4Tokens][S];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * per_block;
@@ -435,6 +451,7 @@ __global__ void __launch_bounds__(kThreads, 3) hc_pre4_kernel(HcPreArgs a, int p
 // One thread per (t, d): X'[k] = post_k y + sum_j comb[j][k] X[j] (comb applied transposed). The
 // thread owns column d of all streams of token t, so the update is in place without a race.
 __global__ void hc_post_kernel(HcPostArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.T * a.D) return;
   const int64_t t = i / a.D, d = i % a.D, S = a.S;
@@ -455,6 +472,7 @@ __global__ void hc_post_kernel(HcPostArgs a) {
 // order are hc_post_kernel's.
 template <int kS>
 __global__ void hc_post4_kernel(HcPostArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t D4 = a.D / 4;
   if (i >= a.T * D4) return;
@@ -484,6 +502,7 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
 
 // grid (T): the final stream collapse (spec §3.6): no post, no comb, no Sinkhorn.
 __global__ void hc_head_kernel(HcHeadArgs a) {
+  wait_previous_grid();
   __shared__ float mix[kMaxStreams];
   __shared__ float pre[kMaxStreams];
   const int64_t t = blockIdx.x, S = a.S, D = a.D;
@@ -545,11 +564,19 @@ __device__ inline void rms_norm_row_regs(const RmsNormArgs& a, const float* x, f
   }
 }
 
+// The norm's weight (one group's values) into L2 before the wait for the previous grid (a hint;
+// device_common.cuh).
+__device__ inline void prefetch_norm_weight(const RmsNormArgs& a, int thread, int threads) {
+  if (a.weight.data) prefetch_l2(a.weight.data, a.group * dev_float_bytes(a.weight.dtype), thread, threads);
+}
+
 // grid (rows): y = x * rsqrt(mean(x^2) + eps) [* w] over one group, rounded to bf16 when asked.
 // Every value is read before block_sum's barrier and written after it, so out may alias in.
 // kPer > 0: the row in registers (rms_norm_row_regs; group <= kPer * blockDim.x).
 template <int kPer>
 __global__ void rms_norm_kernel(RmsNormArgs a) {
+  prefetch_norm_weight(a, threadIdx.x, blockDim.x);
+  wait_previous_grid();
   const int64_t r = blockIdx.x;
   const float* x = a.in + r * a.group;
   float* y = a.out + r * a.group;
@@ -582,6 +609,8 @@ constexpr int64_t kNormWarpGroup = 2048;
 // kPer > 0: the row in registers (rms_norm_row_regs; group <= 32 kPer).
 template <int kPer>
 __global__ void __launch_bounds__(kThreads, 2) rms_norm_warp_kernel(RmsNormArgs a) {
+  prefetch_norm_weight(a, threadIdx.x, blockDim.x);
+  wait_previous_grid();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (r >= a.rows) return;  // the whole warp leaves together
   const int lane = threadIdx.x % 32;
@@ -610,12 +639,16 @@ __global__ void __launch_bounds__(kThreads, 2) rms_norm_warp_kernel(RmsNormArgs 
 // every (head, pair) of the token rotated with them: the same operations as one thread per (t, head,
 // pair) computing its own sincos (which the 64 q heads repeated 64 times). The sincos was not the
 // cost: rope's 3 calls in an 8K prefill went only 1.90 -> 1.86 ms on the H200.
+//
+// The angles come before the wait for the previous grid (device_common.cuh): the positions are the
+// batch's, uploaded from the host, and the table is an argument; no kernel writes either.
 __global__ void rope_kernel(RopeArgs a) {
   __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
   const int64_t t = blockIdx.x;
   const int pairs = a.table.pairs;
   const double pos = static_cast<double>(a.positions[t]);
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+  wait_previous_grid();
   __syncthreads();
   // kRowUnroll pairs a thread read before any is written (each write held back the next reads).
   const int64_t total = a.n * pairs;
@@ -639,6 +672,7 @@ __global__ void rope_kernel(RopeArgs a) {
 }
 
 __global__ void window_append_kernel(WindowAppendArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.T * a.Dh) return;
   const int64_t t = i / a.Dh, d = i % a.Dh;
@@ -647,6 +681,7 @@ __global__ void window_append_kernel(WindowAppendArgs a) {
 }
 
 __global__ void gather_rows_kernel(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * width) return;
   const int64_t r = i / width;
@@ -654,6 +689,7 @@ __global__ void gather_rows_kernel(float* out, const float* in, const int64_t* r
 }
 
 __global__ void copy_i32_kernel(int32_t* out, const int32_t* in, int64_t n) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = in[i];
 }
@@ -683,6 +719,7 @@ constexpr int kArgmaxThreads = 512;
 
 template <bool kVec4>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* in, int32_t* out, int64_t width) {
+  wait_previous_grid();
   const float* row = in + static_cast<int64_t>(blockIdx.x) * width;
   float best = -INFINITY;
   int bi = INT_MAX;
@@ -717,23 +754,23 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 }  // namespace
 
 void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_t n, int64_t width) {
-  if (n * width > 0) gather_rows_kernel<<<blocks_for(n * width, kThreads), kThreads>>>(out, in, rows, n, width);
+  if (n * width > 0) launch(gather_rows_kernel, blocks_for(n * width, kThreads), kThreads, 0, out, in, rows, n, width);
 }
 
 void launch_copy_i32(int32_t* out, const int32_t* in, int64_t n) {
-  if (n > 0) copy_i32_kernel<<<blocks_for(n, kThreads), kThreads>>>(out, in, n);
+  if (n > 0) launch(copy_i32_kernel, blocks_for(n, kThreads), kThreads, 0, out, in, n);
 }
 
 void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t width) {
   if (rows <= 0) return;
   if (width % 4 == 0 && aligned16(in))
-    argmax_rows_kernel<true><<<static_cast<unsigned>(rows), kArgmaxThreads>>>(in, out, width);
+    launch(argmax_rows_kernel<true>, static_cast<unsigned>(rows), kArgmaxThreads, 0, in, out, width);
   else
-    argmax_rows_kernel<false><<<static_cast<unsigned>(rows), kArgmaxThreads>>>(in, out, width);
+    launch(argmax_rows_kernel<false>, static_cast<unsigned>(rows), kArgmaxThreads, 0, in, out, width);
 }
 
 void launch_embed(const EmbedArgs& a) {
-  if (a.T > 0) embed_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  if (a.T > 0) launch(embed_kernel, static_cast<unsigned>(a.T), kThreads, 0, a);
 }
 
 void launch_hc_pre_mix(const HcPreArgs& a) {
@@ -746,24 +783,24 @@ void launch_hc_pre(const HcPreArgs& a) {
   if (pre4_on && a.S == 4 && a.mix && a.D % 4 == 0 && aligned16(a.streams) && aligned16(a.out_input)) {
     // 8 tokens a block where that still gives every SM a few blocks (an 8K prefill), else fewer.
     const int per_block = a.T >= 4096 ? kPre4Tokens : a.T >= 2048 ? 4 : a.T >= 1024 ? 2 : 1;
-    hc_pre4_kernel<<<blocks_for(a.T, per_block), kThreads>>>(a, per_block);
+    launch(hc_pre4_kernel, blocks_for(a.T, per_block), kThreads, 0, a, per_block);
   } else {
-    hc_pre_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+    launch(hc_pre_kernel, static_cast<unsigned>(a.T), kThreads, 0, a);
   }
 }
 
 void launch_hc_post(const HcPostArgs& a) {
   if (a.T * a.D <= 0) return;
   if (a.S == 4 && a.D % 4 == 0 && aligned16(a.streams) && aligned16(a.sublayer))
-    hc_post4_kernel<4><<<blocks_for(a.T * a.D / 4, kThreads), kThreads>>>(a);
+    launch(hc_post4_kernel<4>, blocks_for(a.T * a.D / 4, kThreads), kThreads, 0, a);
   else
-    hc_post_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);
+    launch(hc_post_kernel, blocks_for(a.T * a.D, kThreads), kThreads, 0, a);
 }
 
 void launch_hc_head(const HcHeadArgs& a) {
   if (a.T <= 0) return;
   if (a.mix) launch_hc_mix(a.streams, a.T, a.S * a.D, a.fn, a.S, a.norm_eps, a.mix);
-  hc_head_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  launch(hc_head_kernel, static_cast<unsigned>(a.T), kThreads, 0, a);
 }
 
 constexpr int64_t kNormRegsMaxValues = int64_t{1} << 23;  // 256 tokens' 64 q heads of 512
@@ -778,21 +815,21 @@ void launch_rms_norm(const RmsNormArgs& a) {
   static const bool regs = cuda_feature_on("norm_regs");
   const unsigned warp_blocks = blocks_for(a.rows, kThreads / 32);
   if (!regs || a.rows * a.group > kNormRegsMaxValues) {
-    if (a.group <= kNormWarpGroup) rms_norm_warp_kernel<0><<<warp_blocks, kThreads>>>(a);
-    else rms_norm_kernel<0><<<static_cast<unsigned>(a.rows), kThreads>>>(a);
-  } else if (a.group <= 32 * 16) rms_norm_warp_kernel<16><<<warp_blocks, kThreads>>>(a);
-  else if (a.group <= 32 * 32) rms_norm_warp_kernel<32><<<warp_blocks, kThreads>>>(a);
-  else if (a.group <= kNormWarpGroup) rms_norm_warp_kernel<0><<<warp_blocks, kThreads>>>(a);
-  else if (a.group <= kThreads * 16) rms_norm_kernel<16><<<static_cast<unsigned>(a.rows), kThreads>>>(a);
-  else rms_norm_kernel<0><<<static_cast<unsigned>(a.rows), kThreads>>>(a);
+    if (a.group <= kNormWarpGroup) launch(rms_norm_warp_kernel<0>, warp_blocks, kThreads, 0, a);
+    else launch(rms_norm_kernel<0>, static_cast<unsigned>(a.rows), kThreads, 0, a);
+  } else if (a.group <= 32 * 16) launch(rms_norm_warp_kernel<16>, warp_blocks, kThreads, 0, a);
+  else if (a.group <= 32 * 32) launch(rms_norm_warp_kernel<32>, warp_blocks, kThreads, 0, a);
+  else if (a.group <= kNormWarpGroup) launch(rms_norm_warp_kernel<0>, warp_blocks, kThreads, 0, a);
+  else if (a.group <= kThreads * 16) launch(rms_norm_kernel<16>, static_cast<unsigned>(a.rows), kThreads, 0, a);
+  else launch(rms_norm_kernel<0>, static_cast<unsigned>(a.rows), kThreads, 0, a);
 }
 
 void launch_rope(const RopeArgs& a) {
-  if (a.T > 0 && a.n * a.table.pairs > 0) rope_kernel<<<static_cast<unsigned>(a.T), kThreads>>>(a);
+  if (a.T > 0 && a.n * a.table.pairs > 0) launch(rope_kernel, static_cast<unsigned>(a.T), kThreads, 0, a);
 }
 
 void launch_window_append(const WindowAppendArgs& a) {
-  if (a.T * a.Dh > 0) window_append_kernel<<<blocks_for(a.T * a.Dh, kThreads), kThreads>>>(a);
+  if (a.T * a.Dh > 0) launch(window_append_kernel, blocks_for(a.T * a.Dh, kThreads), kThreads, 0, a);
 }
 
 }  // namespace sparrow::cuda

@@ -93,6 +93,7 @@ __device__ inline bool act_quant_warp_pair(const ActQuantFp8Args& a, QuantPair& 
 }
 
 __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
+  wait_previous_grid();
   QuantPair p;
   if (!act_quant_warp_pair(a, p)) return;
   const int64_t m = p.m, k0 = p.k0;
@@ -115,6 +116,7 @@ __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
 // The same operations on the same values (dev_swiglu, dev_route_scale_bf16, act_quant_pair): the
 // same bits. h itself is not written (the W4A8 kernels read the codes).
 __global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
+  wait_previous_grid();
   const ActQuantFp8Args& a = s.q;
   QuantPair p;
   if (!act_quant_warp_pair(a, p)) return;
@@ -142,6 +144,7 @@ __global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
 
 // grid ceil(rows * K / kDequantThreads): thread per (t, k).
 __global__ void act_dequant_fp8_kernel(ActDequantFp8Args a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kDequantThreads + threadIdx.x;
   if (i >= a.rows * a.K) return;
   const int64_t t = i / a.K, k = i % a.K;
@@ -170,6 +173,7 @@ __device__ inline float sim_round(float x, float s, bool fp8) {
 // strided channel each; fp8/fp4: whole scale blocks; Hadamard: thread 0 the whole row), so no
 // barrier is needed and nothing is read that another thread writes.
 __global__ void row_sim_kernel(RowSimArgs a) {
+  wait_previous_grid();
   float* row = a.rows ? a.rows[blockIdx.x] : a.x + static_cast<int64_t>(blockIdx.x) * a.row_stride;
   const int64_t dims = a.dims;
   switch (a.kind) {
@@ -217,6 +221,7 @@ __global__ void row_sim_kernel(RowSimArgs a) {
 // 4096 to 32 threads each walking 128 values in turn: the MoE input's pass took 35 us on the H200.)
 constexpr int64_t kSimBlockMax = 128;
 __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
+  wait_previous_grid();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (kRowSimThreads / 32) + threadIdx.x / 32;
   if (w >= a.n * blocks_per_row) return;  // the whole warp leaves together
   const int lane = threadIdx.x % 32;
@@ -242,11 +247,13 @@ __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
 }
 
 __global__ void bf16_round_kernel(float* x, int64_t n) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
   if (i < n) x[i] = dev_bf16_round(x[i]);
 }
 
 __global__ void split_cols_kernel(SplitColsArgs a, int64_t width) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
   if (i >= a.rows * width) return;
   const int64_t r = i / width;
@@ -258,6 +265,7 @@ __global__ void split_cols_kernel(SplitColsArgs a, int64_t width) {
 }
 
 __global__ void route_scale_bf16_kernel(RouteScaleArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
   if (i >= a.R * a.F) return;
   const int64_t r = i / a.F;
@@ -275,38 +283,38 @@ void launch_row_sim(const RowSimArgs& a) {
     RowSimArgs b = a;
     b.block = block;
     const int64_t per_row = (a.dims + block - 1) / block;
-    row_sim_block_kernel<<<blocks_for(a.n * per_row, kRowSimThreads / 32), kRowSimThreads>>>(b, per_row);
+    launch(row_sim_block_kernel, blocks_for(a.n * per_row, kRowSimThreads / 32), kRowSimThreads, 0, b, per_row);
     return;
   }
-  row_sim_kernel<<<static_cast<unsigned>(a.n), kRowSimThreads>>>(a);
+  launch(row_sim_kernel, static_cast<unsigned>(a.n), kRowSimThreads, 0, a);
 }
 
 void launch_bf16_round(float* x, int64_t n) {
-  if (n > 0) bf16_round_kernel<<<blocks_for(n, kElementThreads), kElementThreads>>>(x, n);
+  if (n > 0) launch(bf16_round_kernel, blocks_for(n, kElementThreads), kElementThreads, 0, x, n);
 }
 
 void launch_split_cols(const SplitColsArgs& a) {
   int64_t width = 0;
   for (int p = 0; p < a.parts; ++p) width += a.cols[p];
-  if (a.rows * width > 0) split_cols_kernel<<<blocks_for(a.rows * width, kElementThreads), kElementThreads>>>(a, width);
+  if (a.rows * width > 0) launch(split_cols_kernel, blocks_for(a.rows * width, kElementThreads), kElementThreads, 0, a, width);
 }
 
 void launch_route_scale_bf16(const RouteScaleArgs& a) {
-  if (a.R * a.F > 0) route_scale_bf16_kernel<<<blocks_for(a.R * a.F, kElementThreads), kElementThreads>>>(a);
+  if (a.R * a.F > 0) launch(route_scale_bf16_kernel, blocks_for(a.R * a.F, kElementThreads), kElementThreads, 0, a);
 }
 
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {
   const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);
-  if (pairs > 0) act_quant_fp8_kernel<<<blocks_for(pairs, kQuantWarps), 32 * kQuantWarps>>>(a);
+  if (pairs > 0) launch(act_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
 }
 
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a) {
   const int64_t pairs = a.q.rows_pad * (a.q.k_pad / kFp8ActBlock);
-  if (pairs > 0) swiglu_quant_fp8_kernel<<<blocks_for(pairs, kQuantWarps), 32 * kQuantWarps>>>(a);
+  if (pairs > 0) launch(swiglu_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
 }
 
 void launch_act_dequant_fp8(const ActDequantFp8Args& a) {
-  if (a.rows * a.K > 0) act_dequant_fp8_kernel<<<blocks_for(a.rows * a.K, kDequantThreads), kDequantThreads>>>(a);
+  if (a.rows * a.K > 0) launch(act_dequant_fp8_kernel, blocks_for(a.rows * a.K, kDequantThreads), kDequantThreads, 0, a);
 }
 
 }  // namespace sparrow::cuda

@@ -178,6 +178,7 @@ int element_path(const DevWeight& w) {
 
 template <int kPath>
 __global__ void linear_kernel(LinearArgs a) {
+  wait_previous_grid();
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= a.w.out) return;  // the whole warp leaves together
   tile<kPath>(a, n, static_cast<int64_t>(blockIdx.y) * kTokenTile);
@@ -188,6 +189,7 @@ __global__ void linear_kernel(LinearArgs a) {
 // grid y's 65,535 items); blocks past *n_items leave.
 template <int kPath>
 __global__ void grouped_expert_linear_kernel(GroupedExpertLinearArgs g) {
+  wait_previous_grid();
   const int64_t item = blockIdx.x;
   if (item >= *g.n_items) return;
   const int64_t e = g.items[2 * item], t0 = g.items[2 * item + 1];
@@ -334,6 +336,7 @@ constexpr size_t small_smem_bytes() { return sizeof(SmallStage<kTiles>) * kSmall
 
 template <int kTiles>
 __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4A8Args g) {
+  wait_previous_grid();
   constexpr int kCols = SmallStage<kTiles>::kCols;
   using Stage = SmallStage<kTiles>;
   const int64_t item = blockIdx.x;
@@ -548,6 +551,7 @@ __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& 
 }
 
 __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(GroupedW4A8Args g) {
+  wait_previous_grid();
   extern __shared__ __align__(16) uint8_t smem_bytes[];
   TiledSmem& sm = *reinterpret_cast<TiledSmem*>(smem_bytes);
   __shared__ int s_e;
@@ -864,6 +868,9 @@ struct WgStage {
 // prefill 6.84 ms against 7.54 for the advancing form on 2026-12-02, w2 4.26 against 4.49).
 template <int kN, int kWG, int kStages, bool kFp8W = false>
 __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
+  // The experts' items come from the device plan, a kernel's output: wait first. The FP8 form waits
+  // after copying its first weights (below).
+  if constexpr (!kFp8W) wait_previous_grid();
   using Stage = WgStage<kN, kWG, kFp8W>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
   static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
@@ -894,7 +901,10 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
     }
   }
   __syncthreads();
-  if (s_e < 0) return;  // past the last item or tile (the grid is a bound)
+  if (s_e < 0) {  // past the last item or tile (the grid is a bound)
+    if constexpr (kFp8W) wait_previous_grid();
+    return;
+  }
   const int64_t e = s_e, t0 = s_t0;
   const int64_t r0 = kFp8W ? 0 : g.offsets[e], R = kFp8W ? g.rows_total : g.offsets[e + 1] - r0;
   const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
@@ -956,6 +966,20 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
     xdst[i] = ((chunk * (kN / 8)) + row / 8) * 128 + (row % 8) * 16;
     xsrc[i] = (xok[i] ? g.codes + src * g.k_pad + 16 * chunk : g.codes) + kW4A8GroupK * g_lo;
   }
+  // The FP8 weights and their scales come from the host (Fp8Linear's uploads), never from a kernel:
+  // the first kStages - 1 groups' are copied into stages 0 .. kStages - 2 before the wait for the
+  // previous grid, so that under programmatic dependent launch they stream in while that grid
+  // finishes. They join the first commit group below (issue() then skips them).
+  int prefetched = 0;
+  if constexpr (kFp8W) {
+    for (; prefetched < kStages - 1 && g_lo + prefetched < g_hi; ++prefetched) {
+      Stage& st = ring[prefetched];
+#pragma unroll
+      for (int i = 0; i < kWPieces; ++i) cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * prefetched, wok[i], 16);
+      if (tid == 0) cp_async(&st.ws[0], ssrc + 4 * prefetched, scol_ok, 4);
+    }
+    wait_previous_grid();
+  }
   // Copies the next group (g_lo, g_lo + 1, ...) into the next stage (a source whose copy is off is
   // not read: cp.async with no source bytes). The decode kernel advances its sources a group a call;
   // the prefill kernel (g_lo = 0) offsets them by the group, into stage group % kStages (see the
@@ -965,10 +989,11 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   auto issue = [&] {
     if (next_group < g_hi) {
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
+      const bool weights = !kFp8W || next_group - g_lo >= prefetched;
       Stage& st = ring[kAdvance ? next_stage_index : static_cast<int>(dg % kStages)];
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i) {
-        cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * dg, wok[i], 16);
+        if (weights) cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * dg, wok[i], 16);
         if constexpr (kAdvance) wsrc[i] += kGroupBytes;
       }
 #pragma unroll
@@ -977,7 +1002,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
           cp_async(st.x + xdst[i], xsrc[i] + kW4A8GroupK * dg, xok[i], 16);
           if constexpr (kAdvance) xsrc[i] += kW4A8GroupK;
         }
-      if (kFp8W ? tid == 0 : tid < kCols) cp_async(&st.ws[kFp8W ? 0 : tid], ssrc + 4 * dg, scol_ok, 4);
+      if ((kFp8W ? tid == 0 : tid < kCols) && weights) cp_async(&st.ws[kFp8W ? 0 : tid], ssrc + 4 * dg, scol_ok, 4);
       if (tid < kN) cp_async(&st.sa[tid], asrc + dg * g.rows_pad, arow_ok, 4);
       if constexpr (kAdvance) {
         ssrc += 4;
@@ -1092,19 +1117,23 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
 }
 
 // The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
-// add them (the W4A8 and FP8 kernels' four quarters, the bf16 kernels' bf16_parts).
-__global__ void parts_sum_kernel(float* out, const float* partial, int64_t count, int parts) {
+// add them (the W4A8 and FP8 kernels' four quarters, the bf16 kernels' bf16_parts); rounded to bf16
+// when asked (the op's round_bf16, which bf16_round_kernel would apply after: the same values).
+__global__ void parts_sum_kernel(float* out, const float* partial, int64_t count, int parts, bool round) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   float s = partial[i];
   for (int p = 1; p < parts; ++p) s += partial[p * count + i];
-  out[i] = s;
+  out[i] = round ? dev_bf16_round(s) : s;
 }
 // out [count] from partial [parts][count] (a no-op for count 0).
-void add_parts(float* out, const float* partial, int64_t count, int parts) {
-  if (count > 0) parts_sum_kernel<<<blocks_for(count, 256), 256>>>(out, partial, count, parts);
+void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false) {
+  if (count > 0) launch(parts_sum_kernel, blocks_for(count, 256), 256, 0, out, partial, count, parts, round);
 }
-void add_quarters(float* out, const float* partial, int64_t count) { add_parts(out, partial, count, kW4A8Warps); }
+void add_quarters(float* out, const float* partial, int64_t count, bool round = false) {
+  add_parts(out, partial, count, kW4A8Warps, round);
+}
 
 // ---- The FP8 linear's prefill kernel: TMA, mbarriers, both wgmma operands in shared memory ----------
 //
@@ -1194,6 +1223,7 @@ __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc,
 }
 
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
+  wait_previous_grid();
   extern __shared__ uint8_t tma_smem_raw[];
   uint8_t* smem = smem_align_1024(tma_smem_raw);  // the stages' boxes on 1024-byte boundaries
   uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
@@ -1380,13 +1410,27 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
   const uint8_t* xsrc = reinterpret_cast<const uint8_t*>(a.x + (xok ? (t0 + xrow) * a.x_ld + x_off : 0)) + 16 * xchunk +
                         2 * kBf16Step * s_lo;
   const int xdst = 128 * xchunk + 16 * xrow;
+  // The weights' first kBf16DecStages - 1 steps are copied before the wait for the previous grid
+  // (programmatic dependent launch, device_common.cuh): they are a model's weights, or bf16 copies
+  // weight_to_bf16_kernel wrote before the input's conversion (Bf16GroupedLinear::gemm launches
+  // f32_to_bf16_kernel right before this kernel, and a kernel lets its successor start only after
+  // its own wait, so whatever the grid two launches back wrote is visible here). They join the
+  // first commit group; issue() skips them.
+  int prefetched = 0;
+  for (; prefetched < kBf16DecStages - 1 && s_lo + prefetched < s_hi; ++prefetched) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      cp_async(ring[prefetched].w + wdst[i], wsrc[i] + 2 * kBf16Step * prefetched, wok[i], 16);
+  }
+  wait_previous_grid();
   int next = s_lo, next_stage = 0;
   auto issue = [&] {
     if (next < s_hi) {
       Bf16DecStage& st = ring[next_stage];
+      const bool weights = next - s_lo >= prefetched;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        cp_async(st.w + wdst[i], wsrc[i], wok[i], 16);
+        if (weights) cp_async(st.w + wdst[i], wsrc[i], wok[i], 16);
         wsrc[i] += 2 * kBf16Step;
       }
       if (tid < 64) cp_async(st.x + xdst, xsrc, xok, 16);
@@ -1460,6 +1504,7 @@ __device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc,
 }
 
 __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const __grid_constant__ Bf16TmaArgs a) {
+  wait_previous_grid();
   extern __shared__ uint8_t bf16_tma_smem_raw[];
   uint8_t* smem = smem_align_1024(bf16_tma_smem_raw);
   uint8_t* w_box = smem;                                // [stage][128 rows][128 bytes]
@@ -1602,19 +1647,21 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const unsigned pair = !kFp8W && kN == 8 && g.w_b != nullptr ? 2 : 1;
-  grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>
-      <<<dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
-         kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>()>>>(g);
+  launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>,
+         dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
+         kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>(), g);
 }
 
 __device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < w.out * w.in) out[i] = bf16_bits(weight_at(w, i / w.in, i % w.in));
 }
 
 __global__ void f32_to_bf16_kernel(const float* in, uint16_t* out, int64_t n) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = bf16_bits(in[i]);
 }
@@ -1635,20 +1682,20 @@ bool launch_linear(const LinearArgs& a) {
   int path = kernel_path(a.vectorized && linear_vectorizable(a), a.w.format);
   const bool vectorized = path != 0;
   if (path == 0) path = element_path(a.w);
-  if (path == 2) linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(a);
-  else if (path == 1) linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(a);
-  else if (path == 3) linear_kernel<3><<<grid, 32 * kWarpsPerBlock>>>(a);
-  else if (path == 4) linear_kernel<4><<<grid, 32 * kWarpsPerBlock>>>(a);
-  else linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(a);
+  if (path == 2) launch(linear_kernel<2>, grid, 32 * kWarpsPerBlock, 0, a);
+  else if (path == 1) launch(linear_kernel<1>, grid, 32 * kWarpsPerBlock, 0, a);
+  else if (path == 3) launch(linear_kernel<3>, grid, 32 * kWarpsPerBlock, 0, a);
+  else if (path == 4) launch(linear_kernel<4>, grid, 32 * kWarpsPerBlock, 0, a);
+  else launch(linear_kernel<0>, grid, 32 * kWarpsPerBlock, 0, a);
   return vectorized;
 }
 
 void launch_weight_to_bf16(const DevWeight& w, uint16_t* out) {
-  if (w.out * w.in > 0) weight_to_bf16_kernel<<<blocks_for(w.out * w.in, 256), 256>>>(w, out);
+  if (w.out * w.in > 0) launch(weight_to_bf16_kernel, blocks_for(w.out * w.in, 256), 256, 0, w, out);
 }
 
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
-  if (n > 0) f32_to_bf16_kernel<<<blocks_for(n, 256), 256>>>(in, out, n);
+  if (n > 0) launch(f32_to_bf16_kernel, blocks_for(n, 256), 256, 0, in, out, n);
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
@@ -1674,8 +1721,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
                                   static_cast<int>(kTiledSmemBytes)) == cudaSuccess;
     }();
     (void)smem_set;  // a failure shows as the launch's error (launch_check)
-    grouped_w4a8_tiled_kernel<<<dim3(static_cast<unsigned>(g.max_tiles), blocks_for(g.N, kTiledCols)), kTiledThreads,
-                                kTiledSmemBytes>>>(g);
+    launch(grouped_w4a8_tiled_kernel, dim3(static_cast<unsigned>(g.max_tiles), blocks_for(g.N, kTiledCols)), kTiledThreads, kTiledSmemBytes, g);
   } else {
     static const bool smem_set = [] {
       return cudaFuncSetAttribute(grouped_w4a8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1685,11 +1731,9 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     }();
     (void)smem_set;  // a failure shows as the launch's error (launch_check)
     if (w4a8_small_tiles(g) == 1)
-      grouped_w4a8_kernel<1><<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 16)), 32 * kW4A8Warps,
-                               small_smem_bytes<1>()>>>(g);
+      launch(grouped_w4a8_kernel<1>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 16)), 32 * kW4A8Warps, small_smem_bytes<1>(), g);
     else
-      grouped_w4a8_kernel<2><<<dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
-                               small_smem_bytes<2>()>>>(g);
+      launch(grouped_w4a8_kernel<2>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps, small_smem_bytes<2>(), g);
   }
 }
 
@@ -1765,8 +1809,7 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tiles < sm_count() ? kW4A8Warps : 1;
   if (a.split > 1) a.out = g.partial;
-  fp8_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads,
-                          kTmaSmemBytes>>>(a);
+  launch(fp8_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
   if (a.split > 1) add_quarters(g.out, g.partial, g.rows_total * g.N);
   return nullptr;
 }
@@ -1783,13 +1826,17 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     const int64_t items = (g.rows_total + 7) / 8;
     const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
     launch_w4a8_wgmma<8, 1, true>(g, items, z);
-    if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N);
+    if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
+    else if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
     return;
   }
   static const bool tma = cuda_feature_on("fp8_tma");
+  const auto round_after = [&g] {
+    if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
+  };
   if (tma) {
     const char* why = launch_fp8_tma(g);
-    if (why == nullptr) return;
+    if (why == nullptr) return round_after();
     // The fallback gives the same bits at a third of the speed: said once, so that it is not silent.
     static std::once_flag said;
     std::call_once(said, [why] {
@@ -1797,6 +1844,7 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     });
   }
   launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
+  round_after();
 }
 
 namespace {
@@ -1812,9 +1860,8 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   c.x = a.x + r0 * a.x_ld;
   c.rows = n;
   const int parts = bf16_parts(a.N);
-  bf16_linear_decode_kernel<<<dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)),
-                              kWgThreads, kBf16DecSmemBytes>>>(c);
-  add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts);
+  launch(bf16_linear_decode_kernel, dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)), kWgThreads, kBf16DecSmemBytes, c);
+  add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts, a.round_bf16);
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).
@@ -1835,9 +1882,9 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.parts = bf16_parts(a.N);
   t.split = tiles < sm_count() ? t.parts : 1;
   t.out = t.split > 1 ? a.partial : a.out;
-  bf16_linear_tma_kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads,
-                           kBf16TmaSmemBytes>>>(t);
-  if (t.split > 1) add_parts(a.out, a.partial, a.rows * a.N, t.parts);
+  launch(bf16_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads, kBf16TmaSmemBytes, t);
+  if (t.split > 1) add_parts(a.out, a.partial, a.rows * a.N, t.parts, a.round_bf16);
+  else if (a.round_bf16) launch_bf16_round(a.out, a.rows * a.N);
   return nullptr;
 }
 
@@ -1873,9 +1920,9 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
   if (g.max_items == 0 || g.N == 0) return;
   const dim3 grid(static_cast<unsigned>(g.max_items), blocks_for(g.N, kWarpsPerBlock));
   const int path = kernel_path(g.vectorized, g.format);
-  if (path == 2) grouped_expert_linear_kernel<2><<<grid, 32 * kWarpsPerBlock>>>(g);
-  else if (path == 1) grouped_expert_linear_kernel<1><<<grid, 32 * kWarpsPerBlock>>>(g);
-  else grouped_expert_linear_kernel<0><<<grid, 32 * kWarpsPerBlock>>>(g);
+  if (path == 2) launch(grouped_expert_linear_kernel<2>, grid, 32 * kWarpsPerBlock, 0, g);
+  else if (path == 1) launch(grouped_expert_linear_kernel<1>, grid, 32 * kWarpsPerBlock, 0, g);
+  else launch(grouped_expert_linear_kernel<0>, grid, 32 * kWarpsPerBlock, 0, g);
 }
 
 }  // namespace sparrow::cuda

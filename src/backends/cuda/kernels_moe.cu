@@ -27,6 +27,7 @@ __device__ inline float log_sqrt_softplus(float x) {
 // score + bias (higher first, then the lower expert); weights g_i = s_i / sum s from the unbiased
 // scores, evaluated as exp(log s_i - max) / sum exp(. - max), times `scale`.
 __global__ void router_kernel(RouterArgs a) {
+  wait_previous_grid();
   extern __shared__ float shared[];
   float* log_score = shared;     // [E]
   float* biased = shared + a.E;  // [E]
@@ -66,6 +67,7 @@ __global__ void router_kernel(RouterArgs a) {
 }
 
 __global__ void swiglu_kernel(SwigluArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n) return;
   if (a.cols > 0) {
@@ -77,6 +79,7 @@ __global__ void swiglu_kernel(SwigluArgs a) {
 }
 
 __global__ void expert_scatter_kernel(ScatterArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.R * a.D) return;
   const int64_t r = i / a.D, d = i % a.D;
@@ -87,20 +90,21 @@ __global__ void expert_scatter_kernel(ScatterArgs a) {
 // Slots are summed in slot order, then the shared expert: a token's result does not depend on
 // which other tokens share the batch.
 __global__ void moe_combine_kernel(CombineArgs a) {
+  wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.T * a.D) return;
   const int64_t t = i / a.D, d = i % a.D;
   float acc = 0.0f;
   for (int64_t k = 0; k < a.K; ++k) acc += a.contrib[(t * a.K + k) * a.D + d];
   if (a.shared) acc += a.shared[i];
-  a.out[i] = acc;
+  a.out[i] = a.round_bf16 ? dev_bf16_round(acc) : acc;
 }
 
 }  // namespace
 
 void launch_router(const RouterArgs& a) {
   if (a.T == 0) return;
-  router_kernel<<<static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float)>>>(a);
+  launch(router_kernel, static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float), a);
 }
 
 namespace {
@@ -115,6 +119,7 @@ namespace {
 constexpr int kPlanThreads = 256, kPlanWarps = kPlanThreads / 32;
 
 __global__ void moe_count_kernel(MoePlanArgs a) {
+  wait_previous_grid();
   extern __shared__ int32_t hist[];  // [E]
   for (int64_t e = threadIdx.x; e < a.E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
@@ -131,6 +136,7 @@ __global__ void moe_count_kernel(MoePlanArgs a) {
 }
 
 __global__ void moe_place_kernel(MoePlanArgs a) {
+  wait_previous_grid();
   extern __shared__ int32_t plan_shared[];  // offsets [E + 1], first items [E + 1]
   int32_t* offs = plan_shared;
   int32_t* first_item = plan_shared + a.E + 1;
@@ -199,20 +205,20 @@ void launch_moe_plan(const MoePlanArgs& a) {
   if (a.T * a.K == 0) return;
   const int64_t n = a.T * a.K;
   const unsigned count_blocks = static_cast<unsigned>(std::min<int64_t>((n + 1023) / 1024, 132));
-  moe_count_kernel<<<count_blocks, 1024, a.E * sizeof(int32_t)>>>(a);
-  moe_place_kernel<<<blocks_for(a.E, kPlanWarps), kPlanThreads, 2 * (a.E + 1) * sizeof(int32_t)>>>(a);
+  launch(moe_count_kernel, count_blocks, 1024, a.E * sizeof(int32_t), a);
+  launch(moe_place_kernel, blocks_for(a.E, kPlanWarps), kPlanThreads, 2 * (a.E + 1) * sizeof(int32_t), a);
 }
 
 void launch_swiglu(const SwigluArgs& a) {
-  if (a.n > 0) swiglu_kernel<<<blocks_for(a.n, kThreads), kThreads>>>(a);
+  if (a.n > 0) launch(swiglu_kernel, blocks_for(a.n, kThreads), kThreads, 0, a);
 }
 
 void launch_expert_scatter(const ScatterArgs& a) {
-  if (a.R * a.D > 0) expert_scatter_kernel<<<blocks_for(a.R * a.D, kThreads), kThreads>>>(a);
+  if (a.R * a.D > 0) launch(expert_scatter_kernel, blocks_for(a.R * a.D, kThreads), kThreads, 0, a);
 }
 
 void launch_moe_combine(const CombineArgs& a) {
-  if (a.T * a.D > 0) moe_combine_kernel<<<blocks_for(a.T * a.D, kThreads), kThreads>>>(a);
+  if (a.T * a.D > 0) launch(moe_combine_kernel, blocks_for(a.T * a.D, kThreads), kThreads, 0, a);
 }
 
 }  // namespace sparrow::cuda

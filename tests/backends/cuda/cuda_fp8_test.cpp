@@ -410,6 +410,51 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
 INSTANTIATE_TEST_SUITE_P(Paths, CudaFp8LinearPaths, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Wgmma" : "CuBlasLt"; });
 
+// An op's round_bf16 on the tensor-core linears is done in the kernel that writes the outputs where
+// it can (the split kernels' sum of parts; `fused_round`) and by a pass after elsewhere: on every
+// path the rounded outputs must be bf16 of the unrounded ones, bit for bit. FP8 (wgmma): 1, 5 and 37
+// rows through the decode form (its quarters over 4, 2 and 1 blocks: the last with no parts' sum),
+// 300 rows through the TMA kernel's split, 4100 rows unsplit. BF16 (input_bf16): the decode form's
+// parts, the TMA kernel split (300 rows) and unsplit (4100 rows).
+TEST_F(CudaFp8Linear, RoundedOutputsAreTheSumsRoundedOnEveryPath) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  cuda::set_fp8_wgmma(*gpu, true);
+  Rng rng(617);
+  const int64_t N = 1024, K = 1024;
+  const StoredMatrix fp8 = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+  std::vector<float> vb = rng.normal(N * K);
+  const StoredMatrix b16 = float_matrix(DType::kBF16, N, K, vb);
+  for (const bool is_fp8 : {true, false}) {
+    for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{37}, int64_t{300}, int64_t{4100}}) {
+      for (const int qb : {0, 1}) {
+        if (qb == 1 && T > 64) continue;
+        cuda::set_decode_quarter_blocks(qb);
+        std::vector<float> x = rng.normal(T * K);
+        if (!is_fp8)
+          for (float& v : x) v = bf16_round(v);
+        auto run = [&](bool round) {
+          const Tensor xg = gpu->upload_f32(x, {T, K});
+          const Tensor og = gpu->alloc(ElemType::kF32, {T, N});
+          if (is_fp8) gpu->linear({.out = og, .in = xg, .weight = &fp8.w, .act_quant_fp8 = true, .round_bf16 = round});
+          else gpu->linear({.out = og, .in = xg, .weight = &b16.w, .round_bf16 = round, .input_bf16 = true});
+          return gpu->download_f32(og);
+        };
+        const std::vector<float> plain = run(false), rounded = run(true);
+        const std::string what = std::string(is_fp8 ? "fp8" : "bf16") + " T=" + std::to_string(T) +
+                                 " quarter blocks " + std::to_string(qb);
+        ASSERT_EQ(rounded.size(), plain.size());
+        for (size_t i = 0; i < plain.size(); ++i)
+          ASSERT_TRUE(same_float(rounded[i], bf16_round(plain[i]))) << what << ": value " << i << " " << rounded[i]
+                                                                     << " is not bf16(" << plain[i] << ")";
+      }
+    }
+  }
+  cuda::set_decode_quarter_blocks(0);
+  cuda::set_fp8_wgmma(*gpu, cuda::cuda_feature_on("fp8_wgmma"));
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // linears() of one input (the model's wq_a and wkv): the CUDA backend runs FP8 weights whose N are
 // multiples of 128 as one GEMM over the weights stacked (fp8_stack). Each output must be exactly
 // the matching columns of one linear over the stacked matrix built here by hand (which also checks
