@@ -965,10 +965,14 @@ class CudaBackend final : public Backend {
       }
     }
     if (T == 0) return;
-    const DeviceBuffer d_dst = upload_vector(dst);
-    const DeviceBuffer d_dst_bf16 = any_bf16 ? upload_vector(dst_bf16) : DeviceBuffer();
-    launch_window_append({.dst = static_cast<float* const*>(d_dst.get()), .kv = p.kv.f32(), .T = T, .Dh = Dh,
-                          .dst_bf16 = static_cast<uint16_t* const*>(d_dst_bf16.get())});
+    // Both pointer arrays in one upload (each copy is a node of a captured step, and a copy between
+    // two kernels cuts their programmatic dependent launch): dst, then dst_bf16 where kept.
+    std::vector<void*> ptrs(dst.begin(), dst.end());
+    if (any_bf16) ptrs.insert(ptrs.end(), dst_bf16.begin(), dst_bf16.end());
+    const DeviceBuffer d_ptrs = upload_vector(ptrs);
+    void* const* d = static_cast<void* const*>(d_ptrs.get());
+    launch_window_append({.dst = reinterpret_cast<float* const*>(d), .kv = p.kv.f32(), .T = T, .Dh = Dh,
+                          .dst_bf16 = any_bf16 ? reinterpret_cast<uint16_t* const*>(d + T) : nullptr});
     launch_check("window_append");
   }
 
@@ -1015,9 +1019,12 @@ class CudaBackend final : public Backend {
     DeviceBuffer xq;
     if (p.ref_numerics && D > 0) {
       OpProfiler::Scope part(profiler_, "moe/input act_quant");
-      xq = DeviceBuffer::scratch(static_cast<size_t>(T * D) * sizeof(float));  // (copied over)
-      SPARROW_CUDA_CHECK(cudaMemcpyAsync(xq.get(), x, xq.bytes(), cudaMemcpyDeviceToDevice, 0));
-      fp8_rows(xq.f32(), T, D, D, kFp8ActBlock, "moe input act_quant_fp8");
+      // Rounded from x into xq in one pass (a copy then an in-place pass put a copy node between
+      // two kernels of a captured step).
+      xq = DeviceBuffer::scratch(static_cast<size_t>(T * D) * sizeof(float));
+      launch_row_sim({.x = xq.f32(), .rows = nullptr, .n = T, .row_stride = D, .dims = D, .kind = RowSimKind::kFp8Pow2,
+                      .block = kFp8ActBlock, .src = x});
+      launch_check("moe input act_quant_fp8");
       x = xq.f32();
     }
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.

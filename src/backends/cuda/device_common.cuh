@@ -16,12 +16,15 @@ namespace sparrow::cuda {
 // Every kernel of the backend starts through launch() below, which marks it a programmatic dependent
 // of the kernel before it in the stream: its blocks may be scheduled while that kernel still runs
 // (its launch and block set-up then overlap the other's tail). Each kernel therefore calls
-// wait_previous_grid() first, before it touches any memory: the wait returns once the previous grid
-// has finished and its writes are visible, so a kernel sees what it saw with plain launches. A
-// kernel that skipped the wait could finish before its predecessor and let its own successor run
-// early, so the call is unconditional, ahead of any early return. It then lets the next grid launch.
-// Without the launch attribute (SPARROW_CUDA_DISABLE=pdl, or a launch by other code) both
-// instructions do nothing. Weights no kernel writes may be read before the wait; no kernel does yet.
+// wait_previous_grid() before it touches memory another kernel writes: the wait returns once the
+// previous grid has finished and its writes are visible, so a kernel sees what it saw with plain
+// launches. A kernel that skipped the wait could finish before its predecessor and let its own
+// successor run early, so the call is unconditional, ahead of any early return. It then lets the
+// next grid launch; so whatever the grid two launches back wrote is visible even before a kernel's
+// wait. Without the launch attribute (SPARROW_CUDA_DISABLE=pdl, or a launch by other code) both
+// instructions do nothing. Most kernels wait first; the few that read weights (or compute from the
+// batch's uploads) before it are listed with their reasons in tests/backends/cuda/
+// check_kernel_launches.py, which a CTest runs over every kernel.
 __device__ __forceinline__ void wait_previous_grid() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

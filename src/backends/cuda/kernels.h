@@ -65,11 +65,11 @@ struct DevView {
 // through the host, the same ids), "w4a8_pair" (the routed experts' w1 and w3 in one launch of the
 // decode wgmma kernel; off: a launch each, the same bits), "pdl" (every kernel launched as a
 // programmatic dependent of the one before it, device_common.cuh launch(); off: plain launches, the
-// same bits), "fused_round" (an op's bf16 rounding of a
-// tensor-core GEMM's or the MoE combine's outputs done in the kernel that writes them, the parts'
-// sum or the combine; off: a bf16_round pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left unfilled,
-// DeviceBuffer::scratch; off: zero-filled as before) and "alloc_nofill" (tensors left unfilled at allocation;
-// off: zero-filled). Read once per process.
+// same bits), "fused_round" (an op's bf16 rounding of a tensor-core GEMM's or the MoE combine's
+// outputs done in the kernel that writes them, the parts' sum or the combine; off: a bf16_round
+// pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left
+// unfilled, DeviceBuffer::scratch; off: zero-filled as before) and "alloc_nofill" (tensors left
+// unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
@@ -409,6 +409,9 @@ struct RowSimArgs {
   int64_t n, row_stride, dims;
   RowSimKind kind;
   int64_t block;  // kFp8Pow2 only
+  // Out of place: the rows read from src (laid out as x) and written to x, which must then be
+  // whole rows (dims == row_stride, rows null); null: in place.
+  const float* src = nullptr;
 };
 void launch_row_sim(const RowSimArgs& a);
 

@@ -7,6 +7,7 @@
 // (dev_pow2_scale_exponent), x / s is one IEEE division or the product with the exact 1 / s (no
 // fast math: no flush to zero), and the e4m3 encoder is the integer twin of core/quant.cpp (device_common.cuh).
 #include "backends/cuda/device_common.cuh"
+#include "core/check.h"
 
 namespace sparrow::cuda {
 namespace {
@@ -175,10 +176,11 @@ __device__ inline float sim_round(float x, float s, bool fp8) {
 __global__ void row_sim_kernel(RowSimArgs a) {
   wait_previous_grid();
   float* row = a.rows ? a.rows[blockIdx.x] : a.x + static_cast<int64_t>(blockIdx.x) * a.row_stride;
+  const float* in = a.src ? a.src + static_cast<int64_t>(blockIdx.x) * a.row_stride : row;
   const int64_t dims = a.dims;
   switch (a.kind) {
     case RowSimKind::kBf16:
-      for (int64_t c = threadIdx.x; c < dims; c += blockDim.x) row[c] = dev_bf16_round(row[c]);
+      for (int64_t c = threadIdx.x; c < dims; c += blockDim.x) row[c] = dev_bf16_round(in[c]);
       return;
     case RowSimKind::kFp8Pow2:
     case RowSimKind::kFp4Pow2Block32: {
@@ -187,9 +189,9 @@ __global__ void row_sim_kernel(RowSimArgs a) {
       for (int64_t b = threadIdx.x * block; b < dims; b += static_cast<int64_t>(blockDim.x) * block) {
         const int64_t e = b + block < dims ? b + block : dims;
         float amax = sim_amax_floor(fp8);
-        for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(row[i]));
+        for (int64_t i = b; i < e; ++i) amax = fmaxf(amax, fabsf(in[i]));
         const float s = sim_scale(amax, fp8);
-        for (int64_t i = b; i < e; ++i) row[i] = sim_round(row[i], s, fp8);
+        for (int64_t i = b; i < e; ++i) row[i] = sim_round(in[i], s, fp8);
       }
       return;
     }
@@ -198,7 +200,7 @@ __global__ void row_sim_kernel(RowSimArgs a) {
       // rounding to fp32, then bf16. dims <= kMaxHadamard, a power of two (checked on the host).
       if (threadIdx.x != 0 || dims > kMaxHadamard) return;
       double v[kMaxHadamard];
-      for (int64_t i = 0; i < dims; ++i) v[i] = row[i];
+      for (int64_t i = 0; i < dims; ++i) v[i] = in[i];
       for (int64_t h = 1; h < dims; h *= 2)
         for (int64_t i = 0; i < dims; i += 2 * h)
           for (int64_t j = i; j < i + h; ++j) {
@@ -227,6 +229,7 @@ __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
   const int lane = threadIdx.x % 32;
   const int64_t r = w / blocks_per_row, b = (w % blocks_per_row) * a.block;
   float* row = a.rows ? a.rows[r] : a.x + r * a.row_stride;
+  const float* in = a.src ? a.src + r * a.row_stride : row;
   const int64_t e = b + a.block < a.dims ? b + a.block : a.dims;
   const bool fp8 = a.kind == RowSimKind::kFp8Pow2;
   constexpr int kPer = static_cast<int>(kSimBlockMax / 32);
@@ -235,7 +238,7 @@ __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int64_t i = b + lane + 32 * u;
-    v[u] = i < e ? row[i] : 0.0f;
+    v[u] = i < e ? in[i] : 0.0f;
     if (i < e) amax = fmaxf(amax, fabsf(v[u]));
   }
   const float s = sim_scale(warp_max(amax), fp8);
@@ -277,6 +280,7 @@ __global__ void route_scale_bf16_kernel(RouteScaleArgs a) {
 
 void launch_row_sim(const RowSimArgs& a) {
   if (a.n <= 0 || a.dims <= 0) return;
+  SPARROW_CHECK(a.src == nullptr || (a.rows == nullptr && a.dims == a.row_stride));
   const int64_t block = a.kind == RowSimKind::kFp8Pow2 ? a.block : a.kind == RowSimKind::kFp4Pow2Block32 ? 32 : 0;
   static const bool warp_blocks = cuda_feature_on("sim_warp");
   if (warp_blocks && block > 0 && block <= kSimBlockMax) {
