@@ -1366,7 +1366,8 @@ class CudaBackend final : public Backend {
     // (GroupedW4A8Args::w_b; `w4a8_pair` off: a launch each, the same bits).
     // (Every row of every expert with rows is written by the projections; the quarters' slices of
     // `partial` likewise, an empty quarter as zeros.)
-    DeviceBuffer h13 = DeviceBuffer::scratch(2 * total * F * sizeof(float)), y = DeviceBuffer::scratch(total * D * sizeof(float));
+    DeviceBuffer h13 = DeviceBuffer::scratch(2 * total * F * sizeof(float));
+    DeviceBuffer y = DeviceBuffer::scratch(total * D * sizeof(float));
     float* const h1 = h13.f32();
     float* const h3 = h1 + total * F;
     static const bool pair_on = cuda_feature_on("w4a8_pair");

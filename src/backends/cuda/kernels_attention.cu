@@ -1705,7 +1705,8 @@ void launch_attention(const AttentionArgs& a) {
         else launch(attention_mma_kernel<128, false>, grid, kAmThreads, smem, a, t_base, max_splits);
       }
       if (max_splits > 1)  // (one split: every token written by the kernel)
-        launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a, t_base, max_splits);
+        launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
+               t_base, max_splits);
     }
     return;
   }
@@ -1721,7 +1722,8 @@ void launch_attention(const AttentionArgs& a) {
       const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
       if (heads == 8) launch(attention_split_kernel<8>, grid, kAttnThreads, smem, a, t_base, max_splits);
       else launch(attention_split_kernel<1>, grid, kAttnThreads, smem, a, t_base, max_splits);
-      launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a, t_base, max_splits);
+      launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
+             t_base, max_splits);
     }
     return;
   }

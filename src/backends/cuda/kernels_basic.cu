@@ -157,8 +157,8 @@ __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float*
   float* stage = reinterpret_cast<float*>(hc_stage4);
   const int64_t groups = nmix / kMix;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
-  prefetch_l2(fn + m0 * width, (nmix - m0 < kMix ? nmix - m0 : kMix) * width * static_cast<int64_t>(sizeof(float)), threadIdx.x,
-              kThreads);
+  const int64_t fn_rows = nmix - m0 < kMix ? nmix - m0 : kMix;
+  prefetch_l2(fn + m0 * width, fn_rows * width * static_cast<int64_t>(sizeof(float)), threadIdx.x, kThreads);
   wait_previous_grid();
   const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
   const int64_t chunks = width / kChunk;
@@ -222,20 +222,22 @@ void launch_hc_mix(const float* streams, int64_t T, int64_t width, const DevView
       return true;
     }();
     (void)attr;
-    launch(kernel, blocks_for(T, kStagedTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem, streams, T, width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
+    launch(kernel, blocks_for(T, kStagedTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem, streams, T,
+           width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
   } else if (nmix % 8 == 0 && T >= kMixManyTokens) {
-    launch(hc_mix_tile_kernel<8, 8, 2>, blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T, width, fn, nmix,
-                                                                                                norm_eps, mix);
+    launch(hc_mix_tile_kernel<8, 8, 2>, blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T,
+           width, fn, nmix, norm_eps, mix);
   } else if (nmix % 8 == 0 && T >= kMixTileTokens) {
-    launch(hc_mix_tile_kernel<4, 8, 2>, blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T, width, fn, nmix,
-                                                                                                norm_eps, mix);
+    launch(hc_mix_tile_kernel<4, 8, 2>, blocks_for(T, 4) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T,
+           width, fn, nmix, norm_eps, mix);
   } else if (T >= 4) {
-    launch(hc_mix_tile_kernel<4, 1, kMixUnroll>, blocks_for(T, 4) * static_cast<unsigned>(nmix), kThreads, 0, streams, T, width, fn, nmix,
-                                                                                            norm_eps, mix);
+    launch(hc_mix_tile_kernel<4, 1, kMixUnroll>, blocks_for(T, 4) * static_cast<unsigned>(nmix), kThreads, 0, streams, T,
+           width, fn, nmix, norm_eps, mix);
   } else {
     // One token a block, 16 loads a thread in flight: V4-Flash's 64 elements a thread in 4 rounds
     // (8 rounds of 8 loads: 12 us a call at batch 1 in ncu, H200).
-    launch(hc_mix_tile_kernel<1, 1, 16>, static_cast<unsigned>(T * nmix), kThreads, 0, streams, T, width, fn, nmix, norm_eps, mix);
+    launch(hc_mix_tile_kernel<1, 1, 16>, static_cast<unsigned>(T * nmix), kThreads, 0, streams, T, width, fn, nmix,
+           norm_eps, mix);
   }
 }
 

@@ -300,7 +300,8 @@ void launch_bf16_round(float* x, int64_t n) {
 void launch_split_cols(const SplitColsArgs& a) {
   int64_t width = 0;
   for (int p = 0; p < a.parts; ++p) width += a.cols[p];
-  if (a.rows * width > 0) launch(split_cols_kernel, blocks_for(a.rows * width, kElementThreads), kElementThreads, 0, a, width);
+  if (a.rows * width > 0)
+    launch(split_cols_kernel, blocks_for(a.rows * width, kElementThreads), kElementThreads, 0, a, width);
 }
 
 void launch_route_scale_bf16(const RouteScaleArgs& a) {

@@ -1721,7 +1721,8 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
                                   static_cast<int>(kTiledSmemBytes)) == cudaSuccess;
     }();
     (void)smem_set;  // a failure shows as the launch's error (launch_check)
-    launch(grouped_w4a8_tiled_kernel, dim3(static_cast<unsigned>(g.max_tiles), blocks_for(g.N, kTiledCols)), kTiledThreads, kTiledSmemBytes, g);
+    launch(grouped_w4a8_tiled_kernel, dim3(static_cast<unsigned>(g.max_tiles), blocks_for(g.N, kTiledCols)), kTiledThreads,
+           kTiledSmemBytes, g);
   } else {
     static const bool smem_set = [] {
       return cudaFuncSetAttribute(grouped_w4a8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1731,9 +1732,11 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     }();
     (void)smem_set;  // a failure shows as the launch's error (launch_check)
     if (w4a8_small_tiles(g) == 1)
-      launch(grouped_w4a8_kernel<1>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 16)), 32 * kW4A8Warps, small_smem_bytes<1>(), g);
+      launch(grouped_w4a8_kernel<1>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 16)), 32 * kW4A8Warps,
+             small_smem_bytes<1>(), g);
     else
-      launch(grouped_w4a8_kernel<2>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps, small_smem_bytes<2>(), g);
+      launch(grouped_w4a8_kernel<2>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
+             small_smem_bytes<2>(), g);
   }
 }
 
@@ -1809,7 +1812,8 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tiles < sm_count() ? kW4A8Warps : 1;
   if (a.split > 1) a.out = g.partial;
-  launch(fp8_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
+  launch(fp8_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads,
+         kTmaSmemBytes, a);
   if (a.split > 1) add_quarters(g.out, g.partial, g.rows_total * g.N);
   return nullptr;
 }
@@ -1860,7 +1864,8 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   c.x = a.x + r0 * a.x_ld;
   c.rows = n;
   const int parts = bf16_parts(a.N);
-  launch(bf16_linear_decode_kernel, dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)), kWgThreads, kBf16DecSmemBytes, c);
+  launch(bf16_linear_decode_kernel, dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)),
+         kWgThreads, kBf16DecSmemBytes, c);
   add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts, a.round_bf16);
 }
 
@@ -1882,7 +1887,8 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.parts = bf16_parts(a.N);
   t.split = tiles < sm_count() ? t.parts : 1;
   t.out = t.split > 1 ? a.partial : a.out;
-  launch(bf16_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads, kBf16TmaSmemBytes, t);
+  launch(bf16_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads,
+         kBf16TmaSmemBytes, t);
   if (t.split > 1) add_parts(a.out, a.partial, a.rows * a.N, t.parts, a.round_bf16);
   else if (a.round_bf16) launch_bf16_round(a.out, a.rows * a.N);
   return nullptr;
