@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "core/model_config.h"
 #include "core/quant_sim.h"
+#include "sparrow/status.h"
 #include "ops/tensor.h"
 
 namespace sparrow {
@@ -415,6 +416,17 @@ inline Tensor Backend::argmax_rows(const Tensor& in) {
   std::vector<int32_t> ids(static_cast<size_t>(T));
   for (int64_t r = 0; r < T; ++r) ids[r] = static_cast<int32_t>(argmax_first(all.data() + r * n, n));
   return upload_i32(ids, {T});
+}
+
+// Token ids a backend computed (e.g. argmax_rows), on the host, each checked to lie in [0, vocab):
+// anything else is the backend's bug, said as an internal error rather than fed on as an id.
+inline Expected<std::vector<int32_t>> download_token_ids(Backend& backend, const Tensor& ids, int64_t vocab) {
+  std::vector<int32_t> out = backend.download_i32(ids);
+  for (int32_t id : out)
+    if (id < 0 || id >= vocab)
+      return Status::internal(std::string("the ") + backend.name() + " backend gave token id " + std::to_string(id) +
+                              " (vocabulary " + std::to_string(vocab) + ")");
+  return out;
 }
 
 inline void Backend::linear_fp8_block(const LinearFp8BlockParams&) {

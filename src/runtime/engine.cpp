@@ -205,7 +205,19 @@ void Engine::Impl::step() {
   // Greedy rows take their id from the backend's argmax (T ids come back); only the sampled rows'
   // logits are downloaded.
   std::vector<int32_t> greedy_ids;
-  if (any_greedy) greedy_ids = backend->download_i32(backend->argmax_rows(logits));
+  if (any_greedy) {
+    Expected<std::vector<int32_t>> ids = download_token_ids(*backend, backend->argmax_rows(logits), V);
+    if (!ids.is_ok()) {  // a backend bug: the step's requests end with it rather than feed a bad id on
+      for (size_t s = 0; s < members.size(); ++s)
+        if (emits[s]) {
+          finish(*members[s], FinishReason::kError, ids.status());
+          members[s]->done = true;
+        }
+      std::erase_if(running, [](auto& r) { return r->done; });
+      return;
+    }
+    greedy_ids = std::move(ids).value();
+  }
   std::vector<float> sampled;
   if (!sampled_rows.empty())
     sampled = backend->download_f32(static_cast<int64_t>(sampled_rows.size()) == logits.dim(0)

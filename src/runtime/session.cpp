@@ -87,9 +87,8 @@ Expected<std::vector<int32_t>> Session::generate(std::span<const int32_t> prompt
   std::vector<int32_t> out;
   out.reserve(static_cast<size_t>(n));
   for (const Tensor& t : ids) {
-    const int32_t best = backend_.download_i32(t).at(0);
-    if (best < 0 || best >= V) return Status::internal("the backend's argmax gave token id " + std::to_string(best));
-    out.push_back(best);
+    SPARROW_ASSIGN_OR_RETURN(const std::vector<int32_t> best, download_token_ids(backend_, t, V));
+    out.push_back(best.at(0));
   }
   if (step_seconds && n > 1) {
     // The last step's wait for the queued work, so that the steps' times add up to the wall time.

@@ -67,14 +67,14 @@ Expected<GenerationResult> stream_generate(const Model& model, Backend& backend,
     state->advance(static_cast<int64_t>(next.size()));
     int32_t id;
     if (device_greedy) {
-      id = backend.download_i32(backend.argmax_rows(logits)).at(0);
+      SPARROW_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, download_token_ids(backend, backend.argmax_rows(logits), V));
+      id = ids.at(0);
     } else {
       std::vector<float> row = backend.download_f32(logits);
       logits_apply_repetition_penalty(row, history, options.repetition_penalty);
       logits_apply_min_p(row, options.min_p, options.sampling.temperature);
       id = sampler.sample(row);
     }
-    if (id < 0 || id >= V) return Status::internal("the backend's argmax gave token id " + std::to_string(id));
     result.tokens.push_back(id);
     history.push_back(id);
     if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), id) != options.stop_tokens.end()) {

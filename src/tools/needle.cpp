@@ -224,10 +224,9 @@ Expected<std::vector<NeedleLengthResult>> needle_recall(const Model& model, Back
         if (prefill) fed += n;
         if (fed < prompt_len) continue;  // more prompt to feed
         // The greedy ids where the logits are (Backend::argmax_rows: ties to the lower id).
-        const std::vector<int32_t> ids = backend.download_i32(backend.argmax_rows(logits));
+        SPARROW_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, download_token_ids(backend, backend.argmax_rows(logits), V));
         for (int64_t b = 0; b < B; ++b) {
           const int32_t best = ids.at(b);
-          if (best < 0 || best >= V) return Status::internal("the backend's argmax gave token id " + std::to_string(best));
           predicted[b].push_back(best);
           next[b].assign(1, best);
         }

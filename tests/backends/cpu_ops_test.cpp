@@ -342,5 +342,21 @@ TEST_F(CpuOps, ArgmaxRowsTakesTheFirstMaxAndTheFirstNan) {
   EXPECT_EQ(be->download_i32(be->argmax_rows(be->upload_f32(one, {1, 1}))), std::vector<int32_t>{0});
 }
 
+// The greedy loops' check on a backend's ids: in range they come back as they are; an id at or past
+// the vocabulary, or negative, is an internal error that names it.
+TEST_F(CpuOps, DownloadTokenIdsRefusesIdsOutsideTheVocabulary) {
+  const std::vector<int32_t> good = {0, 7, 9};
+  const Expected<std::vector<int32_t>> ok = download_token_ids(*be, be->upload_i32(good, {3}), 10);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(ok.value(), good);
+  for (int32_t bad : {10, -1}) {
+    const Expected<std::vector<int32_t>> r = download_token_ids(*be, be->upload_i32({3, bad}, {2}), 10);
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+    EXPECT_NE(r.status().message().find("token id " + std::to_string(bad) + " (vocabulary 10)"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace sparrow

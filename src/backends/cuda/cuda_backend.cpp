@@ -949,8 +949,10 @@ class CudaBackend final : public Backend {
     OpProfiler::Scope op_scope(profiler_, "window_append");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), Dh = p.kv.dim(1);
-    std::vector<float*> dst(T, nullptr);
-    std::vector<uint16_t*> dst_bf16(T, nullptr);  // the ring's bf16 copy (LayerState::ring_bf16), where kept
+    // Each token's ring slot, then its slot in the ring's bf16 copy (LayerState::ring_bf16) where
+    // kept, in one upload (a copy is a node of a captured step of its own, and one between two
+    // kernels cuts their programmatic dependent launch); null: skipped.
+    std::vector<void*> dst(2 * T, nullptr);
     bool any_bf16 = false;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = batch.seq_of_token[t];
@@ -960,17 +962,14 @@ class CudaBackend final : public Backend {
       SPARROW_CHECK_EQ(static_cast<int64_t>(state.ring.bytes()), W * Dh * static_cast<int64_t>(sizeof(float)));
       dst[t] = state.ring.f32() + (pos % W) * Dh;
       if (state.ring_bf16.get()) {
-        dst_bf16[t] = static_cast<uint16_t*>(state.ring_bf16.get()) + (pos % W) * Dh;
+        dst[T + t] = static_cast<uint16_t*>(state.ring_bf16.get()) + (pos % W) * Dh;
         any_bf16 = true;
       }
     }
     if (T == 0) return;
-    // Both pointer arrays in one upload (each copy is a node of a captured step, and a copy between
-    // two kernels cuts their programmatic dependent launch): dst, then dst_bf16 where kept.
-    std::vector<void*> ptrs(dst.begin(), dst.end());
-    if (any_bf16) ptrs.insert(ptrs.end(), dst_bf16.begin(), dst_bf16.end());
-    const DeviceBuffer d_ptrs = upload_vector(ptrs);
-    void* const* d = static_cast<void* const*>(d_ptrs.get());
+    if (!any_bf16) dst.resize(T);
+    const DeviceBuffer d_dst = upload_vector(dst);
+    void* const* d = static_cast<void* const*>(d_dst.get());
     launch_window_append({.dst = reinterpret_cast<float* const*>(d), .kv = p.kv.f32(), .T = T, .Dh = Dh,
                           .dst_bf16 = any_bf16 ? reinterpret_cast<uint16_t* const*>(d + T) : nullptr});
     launch_check("window_append");
@@ -1078,11 +1077,9 @@ class CudaBackend final : public Backend {
       swiglu_ffn(*p.shared, x, D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit,
                  {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0});
     }
-    static const bool fused_round = cuda_feature_on("fused_round");
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = p.shared ? shared_out.f32() : nullptr,
-                        .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics && fused_round});
+                        .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics});
     launch_check("moe combine");
-    round_bf16_if(p.ref_numerics && !fused_round, p.out, "moe bf16");
   }
 
   // Device bytes of a stored tensor, uploaded on first use and cached: by its TensorView::id when
@@ -1531,12 +1528,10 @@ class CudaBackend final : public Backend {
   // out [T, N] = in [T, G*K] (bf16 values) x w^T in G groups as a bf16 GEMM on the tensor cores
   // (Bf16GroupedLinear) when bf16_gemm is on and w is a weight it takes (FP8-block or BF16, R and K
   // multiples of 8); false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
-  // `round_bf16`: the outputs rounded to bf16 too (fused into the GEMM's sum of parts where it has
-  // one; `fused_round` off: a pass after, as before).
+  // `round_bf16`: the outputs rounded to bf16 too (in the GEMM's sum of parts where it has one).
   bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w, bool round_bf16 = false) {
-    static const bool on = cuda_feature_on("bf16_gemm"), fused = cuda_feature_on("fused_round");
-    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16 && fused)) return false;
-    if (round_bf16 && !fused) launch_bf16_round(out, T * w.out);
+    static const bool on = cuda_feature_on("bf16_gemm");
+    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16)) return false;
     launch_check("bf16 GEMM");
     return true;
   }
@@ -1546,16 +1541,11 @@ class CudaBackend final : public Backend {
   // nothing run) otherwise. An input whose rows are already FP8-rounded (1x128, power-of-two scales)
   // is quantised to the same values again, so callers may pass either.
   bool fp8_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w, bool round_bf16 = false) {
-    static const bool fused = cuda_feature_on("fused_round");
     if (!fp8_gemm_in_linear_ || w.format != WeightFormat::kFp8Block || w.block_out != 128 || w.block_in != 128)
       return false;
     const Tensor ti(nullptr, const_cast<float*>(in), ElemType::kF32, {T, w.in});
     const Tensor to(nullptr, out, ElemType::kF32, {T, w.out});
-    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); }, round_bf16 && fused);
-    if (round_bf16 && !fused) {
-      launch_bf16_round(out, T * w.out);
-      launch_check("linear bf16");
-    }
+    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); }, round_bf16);
     return true;
   }
 

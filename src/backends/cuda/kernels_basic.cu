@@ -150,6 +150,8 @@ template <int kTok, int kMix, int kUnroll, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float* streams, int64_t T, int64_t width,
                                                                    const float* fn, int64_t nmix, float norm_eps,
                                                                    float* mix_out) {
+  // (Prefill only: its ring streams the weights already, so it waits first, with no L2 prefetch.)
+  wait_previous_grid();
   constexpr int kChunk = kUnroll * kThreads, kRows = kTok + kMix, kQuads = kChunk / 4;
   static_assert((kRows * kQuads) % kThreads == 0 && kThreads % kQuads == 0, "whole rows of 16-byte pieces a pass");
   constexpr int kRowsPerPass = kThreads / kQuads;
@@ -157,9 +159,6 @@ __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float*
   float* stage = reinterpret_cast<float*>(hc_stage4);
   const int64_t groups = nmix / kMix;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
-  const int64_t fn_rows = nmix - m0 < kMix ? nmix - m0 : kMix;
-  prefetch_l2(fn + m0 * width, fn_rows * width * static_cast<int64_t>(sizeof(float)), threadIdx.x, kThreads);
-  wait_previous_grid();
   const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
   const int64_t chunks = width / kChunk;
   // This thread's pieces: quad q of rows r0, r0 + kRowsPerPass, ... (rows past the tile's tokens

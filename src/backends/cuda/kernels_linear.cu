@@ -1128,8 +1128,12 @@ __global__ void parts_sum_kernel(float* out, const float* partial, int64_t count
   out[i] = round ? dev_bf16_round(s) : s;
 }
 // out [count] from partial [parts][count] (a no-op for count 0).
+// `round` in the sum unless SPARROW_CUDA_DISABLE=fused_round (then a bf16_round pass after, the same bits).
 void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false) {
-  if (count > 0) launch(parts_sum_kernel, blocks_for(count, 256), 256, 0, out, partial, count, parts, round);
+  static const bool fused = cuda_feature_on("fused_round");
+  if (count <= 0) return;
+  launch(parts_sum_kernel, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
+  if (round && !fused) launch_bf16_round(out, count);
 }
 void add_quarters(float* out, const float* partial, int64_t count, bool round = false) {
   add_parts(out, partial, count, kW4A8Warps, round);

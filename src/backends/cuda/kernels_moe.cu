@@ -218,7 +218,13 @@ void launch_expert_scatter(const ScatterArgs& a) {
 }
 
 void launch_moe_combine(const CombineArgs& a) {
-  if (a.T * a.D > 0) launch(moe_combine_kernel, blocks_for(a.T * a.D, kThreads), kThreads, 0, a);
+  // The rounding in the combine unless SPARROW_CUDA_DISABLE=fused_round (a bf16_round pass after).
+  static const bool fused = cuda_feature_on("fused_round");
+  if (a.T * a.D <= 0) return;
+  CombineArgs c = a;
+  c.round_bf16 = a.round_bf16 && fused;
+  launch(moe_combine_kernel, blocks_for(a.T * a.D, kThreads), kThreads, 0, c);
+  if (a.round_bf16 && !fused) launch_bf16_round(a.out, a.T * a.D);
 }
 
 }  // namespace sparrow::cuda
