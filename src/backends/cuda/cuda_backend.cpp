@@ -85,6 +85,31 @@ bool cuda_feature_on(const char* name) {
 // While a step is captured into a CUDA graph (step_graph.h), memory comes from the capture's arena
 // (cudaMalloc for LongLived memory and what does not fit), and pool memory freed in the step is
 // freed after the graph's launch.
+// A captured step's own fills and uploads (not those of long-lived memory: weights, sequence state)
+// as kernels, fill_bytes / upload_pinned (kernels.h), instead of memset and copy nodes: a node that
+// is not a kernel sits between two kernels without a programmatic edge, so the one after it starts
+// only once the one before has finished and drained (SPARROW_CUDA_DISABLE=copy_kernels: the nodes).
+// The upload kernel reads the staging memory through its device mapping (unified addressing).
+bool step_copy_kernels() {
+  static const bool on = [] {
+    int device = 0, unified = 0;
+    return cuda_feature_on("copy_kernels") && cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device) == cudaSuccess && unified == 1;
+  }();
+  return on && capturing_step() != nullptr && !long_lived_now();
+}
+
+// bytes [p, p + bytes) set to `byte`, in stream order.
+void fill_device(void* p, uint8_t byte, size_t bytes) {
+  if (bytes == 0) return;
+  if (step_copy_kernels()) {
+    launch_fill_bytes(p, byte, static_cast<int64_t>(bytes));
+    launch_check("fill (captured step)");
+  } else {
+    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, 0));
+  }
+}
+
 void* device_alloc(size_t bytes, bool zero) {
   static const bool pool = cuda_feature_on("pool");
   void* p = nullptr;
@@ -97,7 +122,7 @@ void* device_alloc(size_t bytes, bool zero) {
     if (zero) SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
     return p;
   }
-  if (zero) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  if (zero) fill_device(p, 0, bytes);
   return p;
 }
 
@@ -140,7 +165,7 @@ DeviceBuffer DeviceBuffer::scratch(size_t bytes) {
   // seldom updated in place: CudaModelParity.StepGraphsGiveTheSameBits, H200, 2026-12-02.)
   if (!poison_alloc()) return DeviceBuffer(bytes, !nofill);
   DeviceBuffer b(bytes, false);
-  if (bytes > 0) SPARROW_CUDA_CHECK(cudaMemsetAsync(b.get(), 0xff, bytes, 0));
+  fill_device(b.get(), 0xff, bytes);
   return b;
 }
 
@@ -227,9 +252,15 @@ LayerState& CudaSequenceState::layer(int64_t l) {
 void host_to_device(void* dst, const void* src, size_t bytes) {
   static const bool async = cuda_feature_on("async_upload");
   if (bytes == 0) return;
-  if (StepGraphs* g = capturing_step())  // a captured copy reads pinned bytes when the graph runs
-    SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, g->stage(src, bytes), bytes, cudaMemcpyHostToDevice, 0));
-  else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+  if (StepGraphs* g = capturing_step()) {  // a captured copy reads pinned bytes when the graph runs
+    const void* staged = g->stage(src, bytes);
+    if (step_copy_kernels()) {
+      launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
+      launch_check("upload (captured step)");
+    } else {
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+    }
+  } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
   else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
@@ -393,7 +424,7 @@ class CudaBackend final : public Backend {
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
     void* p = device_alloc(bytes, !nofill && !poison);
-    if (poison) SPARROW_CUDA_CHECK(cudaMemsetAsync(p, 0xff, bytes, 0));
+    if (poison) fill_device(p, 0xff, bytes);
     std::shared_ptr<void> storage(p, [](void* q) { device_free(q); });
     return Tensor(storage, p, type, std::move(shape));
   }
@@ -831,7 +862,7 @@ class CudaBackend final : public Backend {
       C = std::max(C, visible[t]);
     }
     if (T == 0 || C == 0) {  // (no entry visible: every slot -1; else the launch writes them all)
-      if (T * p.k > 0) SPARROW_CUDA_CHECK(cudaMemsetAsync(p.out_indices.i32(), 0xff, T * p.k * sizeof(int32_t), 0));
+      if (T * p.k > 0) fill_device(p.out_indices.i32(), 0xff, T * p.k * sizeof(int32_t));
       return;
     }
     // The per-token arguments in one upload: key pointers, bf16 key pointers, visible counts.

@@ -87,11 +87,14 @@ StepGraphStats step_graph_stats(Backend& backend);
 // Each graph-run segment's GPU time, for diagnostics (`sparrow bench --model-step-segments`): while on, every
 // segment's graph launch is bracketed by two events; step_segment_times waits for them, returns the
 // segments launched since the last call in order, and forgets them. `driver_kernels` counts the
-// kernel nodes launched through the driver API (cuBLASLt's), whose function the runtime cannot name.
+// kernel nodes launched through the driver API (cuBLASLt's), whose function the runtime cannot name;
+// `fills` and `uploads` the memset and host-to-device copy nodes (none with copy_kernels, but for
+// long-lived memory made during the step).
 struct StepSegmentTime {
   int segment = 0;  // within its step (the model cuts after every layer; the head is the last)
   float ms = 0.0f;
   int nodes = 0, kernels = 0, driver_kernels = 0;
+  int fills = 0, uploads = 0;  // memset nodes, host-to-device copy nodes
 };
 void set_step_segment_timing(Backend& backend, bool on);
 std::vector<StepSegmentTime> step_segment_times(Backend& backend);

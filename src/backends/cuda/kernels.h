@@ -68,8 +68,10 @@ struct DevView {
 // same bits), "fused_round" (an op's bf16 rounding of a tensor-core GEMM's or the MoE combine's
 // outputs done in the kernel that writes them, the parts' sum or the combine; off: a bf16_round
 // pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left
-// unfilled, DeviceBuffer::scratch; off: zero-filled as before) and "alloc_nofill" (tensors left
-// unfilled at allocation; off: zero-filled). Read once per process.
+// unfilled, DeviceBuffer::scratch; off: zero-filled as before), "copy_kernels" (a captured step's own
+// fills and host uploads as kernels, launch_fill_bytes / launch_upload_pinned; off: memset and copy
+// nodes, the same bytes) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled).
+// Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {
@@ -178,6 +180,12 @@ void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t wid
 // out[i] = in[i], i < n (device ids into the batch's buffer: a kernel, so a kept graph updates its
 // pointers).
 void launch_copy_i32(int32_t* out, const int32_t* in, int64_t n);
+// A captured step's fills and uploads as kernel nodes (a memset or copy node between two kernels
+// cuts their programmatic edge; cuda_backend.cpp fill_device, host_to_device): bytes [p, p + bytes)
+// set to `byte`; `bytes` bytes copied from pinned, device-mapped host memory `src` (16-byte aligned)
+// to `dst`, the source read before the wait for the previous grid.
+void launch_fill_bytes(void* p, uint8_t byte, int64_t bytes);
+void launch_upload_pinned(void* dst, const void* src, int64_t bytes);
 
 // ---- linear layers (kernels_linear.cu) ----------------------------------------------------------
 

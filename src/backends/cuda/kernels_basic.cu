@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
+#include "core/check.h"
 
 namespace sparrow::cuda {
 
@@ -695,6 +696,60 @@ __global__ void copy_i32_kernel(int32_t* out, const int32_t* in, int64_t n) {
   if (i < n) out[i] = in[i];
 }
 
+// A captured step's fills and uploads as kernels (kernels.h launch_fill_bytes, launch_upload_pinned).
+// The fill waits first: the bytes may be an arena block the kernel before still reads. The upload
+// reads its pinned host bytes (a step's staging, which no kernel writes; __ldcv: fetched again on
+// every replay, as the host rewrites the slot between steps) before the wait, so that the PCIe
+// round trip overlaps the kernel before it, and writes after it.
+constexpr int kCopyWords = 4;  // 16-byte words a thread of fill_bytes_kernel / upload_pinned_kernel
+
+__global__ void fill_bytes_kernel(uint8_t* p, uint32_t byte, int64_t bytes) {
+  wait_previous_grid();
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kCopyWords + threadIdx.x;
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {  // byte by byte, over the block's share
+    const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * 16 * kCopyWords;
+    const int64_t end = base + static_cast<int64_t>(blockDim.x) * 16 * kCopyWords;
+    for (int64_t j = base + threadIdx.x; j < bytes && j < end; j += blockDim.x) p[j] = static_cast<uint8_t>(byte);
+    return;
+  }
+  const uint32_t w = byte * 0x01010101u;
+  const uint4 v = make_uint4(w, w, w, w);
+  const int64_t words = bytes / 16;
+#pragma unroll
+  for (int u = 0; u < kCopyWords; ++u) {
+    const int64_t i = first + static_cast<int64_t>(u) * blockDim.x;
+    if (i < words) reinterpret_cast<uint4*>(p)[i] = v;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < bytes % 16) p[16 * words + threadIdx.x] = static_cast<uint8_t>(byte);
+}
+
+__global__ void upload_pinned_kernel(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kCopyWords + threadIdx.x;
+  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0;  // (src is: launch_upload_pinned)
+  const int64_t words = bytes / 16;
+  uint4 v[kCopyWords];
+#pragma unroll
+  for (int u = 0; u < kCopyWords; ++u) {
+    const int64_t i = first + static_cast<int64_t>(u) * blockDim.x;
+    if (aligned && i < words) v[u] = __ldcv(reinterpret_cast<const uint4*>(src) + i);
+  }
+  wait_previous_grid();
+  if (!aligned) {  // byte by byte, over the block's share
+    const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * 16 * kCopyWords;
+    const int64_t end = base + static_cast<int64_t>(blockDim.x) * 16 * kCopyWords;
+    for (int64_t j = base + threadIdx.x; j < bytes && j < end; j += blockDim.x)
+      dst[j] = __ldcv(reinterpret_cast<const unsigned char*>(src) + j);
+    return;
+  }
+#pragma unroll
+  for (int u = 0; u < kCopyWords; ++u) {
+    const int64_t i = first + static_cast<int64_t>(u) * blockDim.x;
+    if (i < words) reinterpret_cast<uint4*>(dst)[i] = v[u];
+  }
+  if (blockIdx.x == 0 && threadIdx.x < bytes % 16)
+    dst[16 * words + threadIdx.x] = __ldcv(reinterpret_cast<const unsigned char*>(src) + 16 * words + threadIdx.x);
+}
+
 // Block per row: each thread walks its elements in index order (4 at a time where the row is
 // whole 16-byte words) keeping the first best, then the block reduces (value, index) pairs by
 // argmax_first's order (NaN above every number, then the lower index), which is a total order, so
@@ -760,6 +815,19 @@ void launch_gather_rows(float* out, const float* in, const int64_t* rows, int64_
 
 void launch_copy_i32(int32_t* out, const int32_t* in, int64_t n) {
   if (n > 0) launch(copy_i32_kernel, blocks_for(n, kThreads), kThreads, 0, out, in, n);
+}
+
+void launch_fill_bytes(void* p, uint8_t byte, int64_t bytes) {
+  if (bytes > 0)
+    launch(fill_bytes_kernel, blocks_for(bytes, 16 * kCopyWords * kThreads), kThreads, 0, static_cast<uint8_t*>(p),
+           static_cast<uint32_t>(byte), bytes);
+}
+
+void launch_upload_pinned(void* dst, const void* src, int64_t bytes) {
+  SPARROW_CHECK(reinterpret_cast<uintptr_t>(src) % 16 == 0);
+  if (bytes > 0)
+    launch(upload_pinned_kernel, blocks_for(bytes, 16 * kCopyWords * kThreads), kThreads, 0, static_cast<uint8_t*>(dst),
+           static_cast<const uint8_t*>(src), bytes);
 }
 
 void launch_argmax_rows(int32_t* out, const float* in, int64_t rows, int64_t width) {

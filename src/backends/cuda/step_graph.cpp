@@ -96,14 +96,20 @@ uint64_t graph_signature(cudaGraph_t graph) {
   return h;
 }
 
-// A graph's nodes, its kernel nodes, and those of them launched through the driver API (whose
-// function the runtime cannot report: cuBLASLt's).
+// A graph's nodes, its kernel nodes, those of them launched through the driver API (whose function
+// the runtime cannot report: cuBLASLt's), its fill (memset) nodes and host-to-device copies.
 StepSegmentTime node_counts(cudaGraph_t graph) {
   StepSegmentTime t;
   const std::vector<cudaGraphNode_t> nodes = graph_nodes(graph);
   t.nodes = static_cast<int>(nodes.size());
   for (cudaGraphNode_t node : nodes) {
-    if (node_type(node) != cudaGraphNodeTypeKernel) continue;
+    const cudaGraphNodeType type = node_type(node);
+    if (type == cudaGraphNodeTypeMemset) ++t.fills;
+    if (cudaMemcpy3DParms c{}; type == cudaGraphNodeTypeMemcpy) {
+      if (cudaGraphMemcpyNodeGetParams(node, &c) == cudaSuccess && c.kind == cudaMemcpyHostToDevice) ++t.uploads;
+      cudaGetLastError();
+    }
+    if (type != cudaGraphNodeTypeKernel) continue;
     ++t.kernels;
     if (cudaKernelNodeParams k{}; !kernel_node_params(node, k)) ++t.driver_kernels;
   }
@@ -246,7 +252,7 @@ bool StepGraphs::begin() {
   if (slot.pinned_cap < want_pinned_) {
     if (slot.pinned) SPARROW_CUDA_CHECK(cudaFreeHost(slot.pinned));
     slot.pinned = nullptr;
-    SPARROW_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.pinned), want_pinned_));
+    SPARROW_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&slot.pinned), want_pinned_, cudaHostAllocMapped));
     slot.pinned_cap = want_pinned_;
   }
   slot.blocks.reset(slot.dev_cap);
@@ -260,7 +266,7 @@ bool StepGraphs::begin() {
 
 void StepGraphs::start_capture() {
   clean_ = true;
-  // Relaxed: a one-off staging buffer (cudaMallocHost) may be made during the capture.
+  // Relaxed: a one-off staging buffer (cudaHostAlloc) may be made during the capture.
   SPARROW_CUDA_CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
   t_capturing = this;
@@ -304,7 +310,7 @@ const void* StepGraphs::stage(const void* src, size_t bytes) {
     slot.pinned_used += b;
   } else {
     clean_ = false;
-    SPARROW_CUDA_CHECK(cudaMallocHost(&dst, bytes));
+    SPARROW_CUDA_CHECK(cudaHostAlloc(&dst, bytes, cudaHostAllocMapped));
     slot.extra_pinned.push_back(dst);
   }
   std::memcpy(dst, src, bytes);

@@ -20,6 +20,8 @@ LATE_WAITERS = {
     "bf16_linear_decode_kernel",
     # Computes the angles from the batch's uploaded positions and its table argument first.
     "rope_kernel",
+    # Reads its pinned host source (a captured step's staging, which no kernel writes) first.
+    "upload_pinned_kernel",
     # Ask L2 for their weight rows first (prefetch_l2: a hint, safe for any memory).
     "hc_mix_tile_kernel",
     "rms_norm_kernel",

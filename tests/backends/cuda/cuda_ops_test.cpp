@@ -4,6 +4,8 @@
 // Each test skips cleanly when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +14,7 @@
 
 #include "backends/cpu/cpu_state.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels.h"
 #include "core/quant_sim.h"
 #include "cuda_test_util.h"
 #include "runtime/session.h"
@@ -2303,6 +2306,45 @@ TEST_F(CudaOps, MoeGroupedBeyondGridYItemsIsBatchInvariant) {
   const std::vector<float> small = run(T_small, false);
   for (int64_t i = 0; i < T_small * D; ++i)
     ASSERT_EQ(f32_to_bits(small[i]), f32_to_bits(all[i])) << "token " << i / D << " differs among 90,000 and among 100";
+}
+
+// The captured steps' fill and upload kernels (kernels.h launch_fill_bytes, launch_upload_pinned)
+// write exactly their bytes, at any length and any destination alignment (the byte path), and
+// nothing around them: each case between guard bytes of another value.
+TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  constexpr int64_t kMax = 70003, kGuard = 64;
+  uint8_t* dev = nullptr;
+  uint8_t* pinned = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), kMax + 2 * kGuard), cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), kMax, cudaHostAllocMapped), cudaSuccess);
+  std::mt19937 rng(17);
+  for (int64_t i = 0; i < kMax; ++i) pinned[i] = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> got(kMax + 2 * kGuard);
+  for (int64_t bytes : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{255}, int64_t{4096}, int64_t{16387}, kMax}) {
+    for (int64_t offset : {0, 1, 3, 16}) {
+      const int64_t n = std::min<int64_t>(bytes, kMax - offset);
+      for (bool upload : {true, false}) {
+        ASSERT_EQ(cudaMemset(dev, 0xa5, kMax + 2 * kGuard), cudaSuccess);
+        if (upload) cuda::launch_upload_pinned(dev + kGuard + offset, pinned, n);
+        else cuda::launch_fill_bytes(dev + kGuard + offset, 0x3c, n);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        int64_t wrong = 0, first = -1;
+        for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
+          const int64_t at = i - kGuard - offset;
+          const uint8_t want = at >= 0 && at < n ? (upload ? pinned[at] : 0x3c) : 0xa5;
+          if (got[i] != want && wrong++ == 0) first = i;
+        }
+        EXPECT_EQ(wrong, 0) << (upload ? "upload" : "fill") << " of " << n << " bytes at offset " << offset
+                            << ": first wrong byte at " << first - kGuard - offset;
+      }
+    }
+  }
+  cudaFree(dev);
+  cudaFreeHost(pinned);
 }
 
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {

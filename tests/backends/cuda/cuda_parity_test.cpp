@@ -456,6 +456,45 @@ TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
   }
 }
 
+// A captured decode step has no fill or upload nodes (copy_kernels: the step's fills and uploads
+// are kernels, so that every kernel keeps its programmatic edge to the one before), but in segments
+// run once while memory grows (long-lived fills and copies stay nodes). With
+// SPARROW_CUDA_DISABLE=copy_kernels they are nodes again. Other nodes (device-to-device copies) are
+// printed, not judged.
+TEST_F(CudaModelParity, CapturedStepsHaveNoFillOrUploadNodes) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  const Model& model = **loaded;
+  const std::vector<int32_t> ids = random_ids(60, model.config().vocab_size, 92);
+  cuda::set_step_graphs(*gpu, true);
+  cuda::step_segment_times(*gpu);
+  cuda::set_step_segment_timing(*gpu, true);
+  const cuda::StepGraphStats before = cuda::step_graph_stats(*gpu);
+  auto logits = Session(model, *gpu).logits(ids, 1);
+  const cuda::StepGraphStats after = cuda::step_graph_stats(*gpu);
+  const std::vector<cuda::StepSegmentTime> segments = cuda::step_segment_times(*gpu);
+  cuda::set_step_segment_timing(*gpu, false);
+  ASSERT_TRUE(logits.is_ok());
+  ASSERT_GE(segments.size(), 40u);
+  const bool on = cuda::cuda_feature_on("copy_kernels");
+  int64_t with_copies = 0, other = 0;
+  for (const cuda::StepSegmentTime& t : segments) {
+    if (t.fills + t.uploads > 0) ++with_copies;
+    if (t.nodes - t.kernels - t.fills - t.uploads > 0 && other++ < 4)
+      std::printf("[copy-kernels] segment %d: %d nodes: %d kernels, %d fills, %d uploads, %d other\n", t.segment,
+                  t.nodes, t.kernels, t.fills, t.uploads, t.nodes - t.kernels - t.fills - t.uploads);
+  }
+  const int64_t once = after.one_off - before.one_off;
+  std::printf("[copy-kernels] %zu segments: %lld with fill or upload nodes, %lld with other nodes; %lld run once\n",
+              segments.size(), static_cast<long long>(with_copies), static_cast<long long>(other),
+              static_cast<long long>(once));
+  if (on) EXPECT_LE(with_copies, once) << "fills or uploads left as graph nodes";
+  else EXPECT_GT(with_copies, once) << "with copy_kernels off the step's uploads are nodes";
+}
+
 // gather_rows on the device (the engine's last-token logits): rows picked, repeated and reordered.
 TEST(CudaGatherRows, PicksTheRows) {
   std::unique_ptr<Backend> gpu;
