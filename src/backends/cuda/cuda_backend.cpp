@@ -1433,6 +1433,11 @@ class CudaBackend final : public Backend {
       launch_check("experts act_quant (w4a8)");
       return c;
     };
+    // The plan's last kernel (or upload) is at least two launches behind every projection: the
+    // input's act_quant comes between it and w1 / w3, the swiglu pass between w1 / w3 and w2. So the
+    // decode kernel reads the plan before its wait (GroupedW4A8Args::plan_early; SPARROW_CUDA_DISABLE=
+    // w4a8_early: after it, the same bits).
+    static const bool plan_early = cuda_feature_on("w4a8_early");
     // out = in x W^T over the plan; `in` is float rows (CUDA cores) or `codes` (w4a8).
     // w_b (w4a8 decode wgmma only): a second projection of the same shape into out + total * N.
     auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in, const Codes& codes,
@@ -1449,7 +1454,8 @@ class CudaBackend final : public Backend {
                              .experts = E, .max_tiles = max_tiles, .small_tiles = w4a8_small_tiles_,
                              .wgmma = wgmma, .wgmma_warpgroups = w4a8_wgmma_warpgroups_,
                              .partial = split ? partial.f32() : nullptr, .rows_total = total,
-                             .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr});
+                             .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr,
+                             .plan_early = plan_early});
       } else {
         launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                       .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,

@@ -70,7 +70,9 @@ struct DevView {
 // pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left
 // unfilled, DeviceBuffer::scratch; off: zero-filled as before), "copy_kernels" (a captured step's own
 // fills and host uploads as kernels, launch_fill_bytes / launch_upload_pinned; off: memset and copy
-// nodes, the same bytes) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled).
+// nodes, the same bytes), "w4a8_early" (the routed experts' decode kernel reads its plan and copies its
+// first weight stages before its wait for the previous grid, GroupedW4A8Args::plan_early; off: after
+// it, the same bits) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled).
 // Read once per process.
 bool cuda_feature_on(const char* name);
 
@@ -297,6 +299,11 @@ struct GroupedW4A8Args {
   // launch (w1 and w3), or null: its experts' weights [E]; out is then [2, rows_total, N] (the
   // second's rows after the first's) and partial [4, 2, rows_total, N]. The same bits as two launches.
   const DevWeight* w_b = nullptr;
+  // (decode wgmma kernel) the plan (items, n_items, offsets, in_rows) was written two launches back
+  // or earlier, so the kernel may read it, and copy its first weight stages, before its wait for the
+  // previous grid (device_common.cuh): the caller's promise (launch_act_quant_fp8 or the swiglu pass
+  // runs between the plan and the kernel). The same bits either way.
+  bool plan_early = false;
   // A dense FP8 linear through the wgmma kernels (launch_fp8_wgmma_linear): one weight of e4m3
   // codes [N, K] row-major (K a multiple of 128) with fp32 128x128 block scales [ceil(N / 128),
   // w_scale_ld]; the rows are 0 .. rows_total - 1 of codes (no experts, offsets, items or in_rows).

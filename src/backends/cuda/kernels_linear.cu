@@ -868,9 +868,12 @@ struct WgStage {
 // prefill 6.84 ms against 7.54 for the advancing form on 2026-12-02, w2 4.26 against 4.49).
 template <int kN, int kWG, int kStages, bool kFp8W = false>
 __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
-  // The experts' items come from the device plan, a kernel's output: wait first. The FP8 form waits
-  // after copying its first weights (below).
-  if constexpr (!kFp8W) wait_previous_grid();
+  // The experts' items come from the device plan, a kernel's output: wait first, unless the plan was
+  // written two launches back or earlier (g.plan_early, the decode kernel only): then the items, the
+  // rows and the first weight stages are read before the wait, as the FP8 form (whose weights come
+  // from the host) always does (below).
+  const bool early = kFp8W || (kN == 8 && g.plan_early);
+  if (!early) wait_previous_grid();
   using Stage = WgStage<kN, kWG, kFp8W>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
   static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
@@ -902,7 +905,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   }
   __syncthreads();
   if (s_e < 0) {  // past the last item or tile (the grid is a bound)
-    if constexpr (kFp8W) wait_previous_grid();
+    if (early) wait_previous_grid();
     return;
   }
   const int64_t e = s_e, t0 = s_t0;
@@ -966,17 +969,18 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
     xdst[i] = ((chunk * (kN / 8)) + row / 8) * 128 + (row % 8) * 16;
     xsrc[i] = (xok[i] ? g.codes + src * g.k_pad + 16 * chunk : g.codes) + kW4A8GroupK * g_lo;
   }
-  // The FP8 weights and their scales come from the host (Fp8Linear's uploads), never from a kernel:
-  // the first kStages - 1 groups' are copied into stages 0 .. kStages - 2 before the wait for the
-  // previous grid, so that under programmatic dependent launch they stream in while that grid
-  // finishes. They join the first commit group below (issue() then skips them).
+  // The weights and their scales come from the host (Fp8Linear's uploads, the model's experts), never
+  // from a kernel: when reading early, the first kStages - 1 groups' are copied into stages 0 ..
+  // kStages - 2 before the wait for the previous grid, so that under programmatic dependent launch
+  // they stream in while that grid finishes. They join the first commit group below (issue() then
+  // skips them). The rows' codes and scales are the previous kernel's output: after the wait.
   int prefetched = 0;
-  if constexpr (kFp8W) {
+  if (early) {
     for (; prefetched < kStages - 1 && g_lo + prefetched < g_hi; ++prefetched) {
       Stage& st = ring[prefetched];
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i) cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * prefetched, wok[i], 16);
-      if (tid == 0) cp_async(&st.ws[0], ssrc + 4 * prefetched, scol_ok, 4);
+      if (kFp8W ? tid == 0 : tid < kCols) cp_async(&st.ws[kFp8W ? 0 : tid], ssrc + 4 * prefetched, scol_ok, 4);
     }
     wait_previous_grid();
   }
@@ -989,7 +993,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   auto issue = [&] {
     if (next_group < g_hi) {
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
-      const bool weights = !kFp8W || next_group - g_lo >= prefetched;
+      const bool weights = next_group - g_lo >= prefetched;
       Stage& st = ring[kAdvance ? next_stage_index : static_cast<int>(dg % kStages)];
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i) {

@@ -14,7 +14,8 @@ import sys
 # Kernels that may do work before the wait, and why it is safe.
 LATE_WAITERS = {
     # The FP8 form copies its first weight groups (host uploads, never written by a kernel) first;
-    # the W4A8 form waits first; blocks past the last row wait before they return.
+    # the W4A8 decode form too, and reads its plan first, when the plan is two launches back
+    # (plan_early); blocks past the last row wait before they return.
     "grouped_w4a8_wgmma_kernel",
     # Copies its first weight steps (model weights, or bf16 copies written two launches back) first.
     "bf16_linear_decode_kernel",
