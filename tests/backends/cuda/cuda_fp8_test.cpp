@@ -410,6 +410,46 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
 INSTANTIATE_TEST_SUITE_P(Paths, CudaFp8LinearPaths, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Wgmma" : "CuBlasLt"; });
 
+// Rows through the decode kernel (up to 64: 8-row items) give the bits of the same rows in a batch of
+// 300 (the TMA kernel) on inputs that reach act_quant's corners: K not a multiple of 128 (its last
+// block partly past K), an all-zero block (the scale's floor), tiny and huge values, the e4m3
+// maximum, negative zero.
+TEST_F(CudaFp8Linear, DecodeRowsGiveTheBatchBitsOnActQuantCorners) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  cuda::set_fp8_wgmma(*gpu, true);
+  Rng rng(618);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{200, 1000}, std::pair<int64_t, int64_t>{128, 1152}}) {
+    const StoredMatrix w = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
+    const int64_t T = 300;
+    std::vector<float> x = rng.normal(T * K);
+    for (int64_t k = 128; k < 256 && k < K; ++k) x[3 * K + k] = 0.0f;           // row 3: a zero block
+    for (int64_t k = 0; k < K; ++k) x[4 * K + k] *= 1e-7f;                       // row 4: tiny values
+    for (int64_t k = 0; k < K; ++k) x[5 * K + k] *= 1e30f;                       // row 5: huge values
+    for (int64_t k = 0; k < K; k += 7) x[6 * K + k] = k % 2 ? 448.0f : -448.0f;  // row 6: the e4m3 maximum
+    x[7 * K + 1] = -0.0f;
+    auto run = [&](int64_t t0, int64_t n) {
+      const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
+      const Tensor og = gpu->alloc(ElemType::kF32, {n, N});
+      gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
+      return gpu->download_f32(og);
+    };
+    const std::vector<float> all = run(0, T);
+    for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, 1}, std::pair<int64_t, int64_t>{3, 5},
+                         std::pair<int64_t, int64_t>{0, 64}, std::pair<int64_t, int64_t>{250, 37}}) {
+      const std::vector<float> part = run(t0, n);
+      const std::string path = cuda::fp8_linear_last_path(*gpu);
+      EXPECT_NE(path.find("wgmma kernel"), std::string::npos) << path;
+      for (int64_t i = 0; i < n * N; ++i)
+        ASSERT_TRUE(same_float(part[i], all[t0 * N + i]))
+            << "N=" << N << " K=" << K << ": row " << t0 + i / N << " column " << i % N << " in a batch of " << n
+            << ": " << part[i] << " vs " << all[t0 * N + i] << " in the batch of 300";
+    }
+  }
+  cuda::set_fp8_wgmma(*gpu, cuda::cuda_feature_on("fp8_wgmma"));
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // An op's round_bf16 on the tensor-core linears is done in the kernel that writes the outputs where
 // it can (the split kernels' sum of parts; `fused_round`) and by a pass after elsewhere: on every
 // path the rounded outputs must be bf16 of the unrounded ones, bit for bit. FP8 (wgmma): 1, 5 and 37
