@@ -1544,15 +1544,30 @@ class CudaBackend final : public Backend {
       const WeightMatrix* ws[] = {&w.w1, &w.w3};
       stacked = fp8_.run_stacked(Tensor(nullptr, const_cast<float*>(x), ElemType::kF32, {R, x_stride}), ws);
     }
+    // Under the reference numerics SwiGLU, the routing weight's rounding and the fp8 rounding in one
+    // kernel (SPARROW_CUDA_DISABLE=swiglu_sim: three passes, the same bits).
+    static const bool swiglu_sim = cuda_feature_on("swiglu_sim");
+    const bool fused = ref.on && swiglu_sim;
+    const SwigluSimArgs sim{.out = h1, .a = h1, .b = h3, .R = R, .F = F, .stride = F, .limit = static_cast<float>(limit),
+                            .slots = ref.slots, .weights = ref.weights, .scale = ref.scale, .block = kFp8ActBlock};
     if (stacked) {
-      launch_swiglu({.a = const_cast<float*>(stacked), .b = stacked + F, .n = R * F, .limit = static_cast<float>(limit),
-                     .out = h1, .cols = F, .stride = 2 * F});
+      if (fused) {
+        SwigluSimArgs s = sim;
+        s.a = stacked, s.b = stacked + F, s.stride = 2 * F;
+        launch_swiglu_sim_fp8(s);
+      } else {
+        launch_swiglu({.a = const_cast<float*>(stacked), .b = stacked + F, .n = R * F,
+                       .limit = static_cast<float>(limit), .out = h1, .cols = F, .stride = 2 * F});
+      }
     } else {
       project(h1, x, rows, x_stride, F, w.w1);
       project(h3, x, rows, x_stride, F, w.w3);
-      launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
+      if (fused) launch_swiglu_sim_fp8(sim);
+      else launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
     }
-    if (ref.on) {
+    if (fused) {
+      launch_check("expert swiglu, routing weight, act_quant_fp8 rounding");
+    } else if (ref.on) {
       launch_check("expert swiglu");
       launch_route_scale_bf16({.h = h1, .slots = ref.slots, .weights = ref.weights, .R = R, .F = F, .scale = ref.scale});
       launch_check("expert routing weight");

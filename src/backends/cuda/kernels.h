@@ -70,7 +70,8 @@ struct DevView {
 // pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left
 // unfilled, DeviceBuffer::scratch; off: zero-filled as before), "copy_kernels" (a captured step's own
 // fills and host uploads as kernels, launch_fill_bytes / launch_upload_pinned; off: memset and copy
-// nodes, the same bytes), "w4a8_early" (the routed experts' decode kernel reads its plan and copies its
+// nodes, the same bytes), "swiglu_sim" (an FFN's SwiGLU, routing-weight rounding and fp8 rounding
+// before w2 in one kernel, launch_swiglu_sim_fp8; off: three passes, the same bits), "w4a8_early" (the routed experts' decode kernel reads its plan and copies its
 // first weight stages before its wait for the previous grid, GroupedW4A8Args::plan_early; off: after
 // it, the same bits) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled).
 // Read once per process.
@@ -471,6 +472,23 @@ struct SwigluQuantArgs {
   ActQuantFp8Args q;
 };
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a);
+
+// launch_swiglu (strided), launch_route_scale_bf16 and launch_row_sim's fp8 pow2 rounding in blocks
+// of `block` (<= 128) on h in one pass, the same bits: out [R, F] = fp8_sim(bf16(g swiglu(a, b)))
+// with row r's values at a + r * stride and b + r * stride (a may be out itself, stride F), g as
+// route_scale_bf16's (1 when weights is null). The shared expert's h before w2 (`swiglu_sim`).
+struct SwigluSimArgs {
+  float* out;
+  const float* a;
+  const float* b;
+  int64_t R, F, stride;
+  float limit;
+  const int32_t* slots = nullptr;  // [R] (ignored when weights is null)
+  const float* weights = nullptr;  // [T*K] or null (g = 1)
+  double scale = 1.0;
+  int64_t block = 128;
+};
+void launch_swiglu_sim_fp8(const SwigluSimArgs& a);
 
 // ---- compressor, indexer, attention (kernels_attention.cu) --------------------------------------
 

@@ -267,6 +267,35 @@ __global__ void split_cols_kernel(SplitColsArgs a, int64_t width) {
   a.dst[p][r * a.cols[p] + c] = a.round_bf16 ? dev_bf16_round(v) : v;
 }
 
+// swiglu_kernel, route_scale_bf16_kernel and row_sim_block_kernel's fp8 rounding in one pass: a warp
+// a (row, block), lane l the block's values l, l + 32, ... (as row_sim_block_kernel), each value the
+// same operations (dev_swiglu, dev_route_scale_bf16, sim_round with the block's fmaxf amax): the same
+// bits. Each value is read and written by one lane, so out may be a (in place).
+__global__ void swiglu_sim_fp8_kernel(SwigluSimArgs a, int64_t blocks_per_row) {
+  wait_previous_grid();
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (kRowSimThreads / 32) + threadIdx.x / 32;
+  if (w >= a.R * blocks_per_row) return;  // the whole warp leaves together
+  const int lane = threadIdx.x % 32;
+  const int64_t r = w / blocks_per_row, b = (w % blocks_per_row) * a.block;
+  const int64_t e = b + a.block < a.F ? b + a.block : a.F;
+  const double g = a.weights ? static_cast<double>(a.weights[a.slots[r]]) * a.scale : 1.0;
+  constexpr int kPer = static_cast<int>(kSimBlockMax / 32);
+  float v[kPer];
+  float amax = sim_amax_floor(true);
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int64_t i = b + lane + 32 * u;
+    v[u] = i < e ? dev_route_scale_bf16(dev_swiglu(a.a[r * a.stride + i], a.b[r * a.stride + i], a.limit), g) : 0.0f;
+    if (i < e) amax = fmaxf(amax, fabsf(v[u]));
+  }
+  const float s = sim_scale(warp_max(amax), true);
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int64_t i = b + lane + 32 * u;
+    if (i < e) a.out[r * a.F + i] = sim_round(v[u], s, true);
+  }
+}
+
 __global__ void route_scale_bf16_kernel(RouteScaleArgs a) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
@@ -306,6 +335,13 @@ void launch_split_cols(const SplitColsArgs& a) {
 
 void launch_route_scale_bf16(const RouteScaleArgs& a) {
   if (a.R * a.F > 0) launch(route_scale_bf16_kernel, blocks_for(a.R * a.F, kElementThreads), kElementThreads, 0, a);
+}
+
+void launch_swiglu_sim_fp8(const SwigluSimArgs& a) {
+  SPARROW_CHECK(a.block > 0 && a.block <= kSimBlockMax);
+  if (a.R <= 0 || a.F <= 0) return;
+  const int64_t per_row = (a.F + a.block - 1) / a.block;
+  launch(swiglu_sim_fp8_kernel, blocks_for(a.R * per_row, kRowSimThreads / 32), kRowSimThreads, 0, a, per_row);
 }
 
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {

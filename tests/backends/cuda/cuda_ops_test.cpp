@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -2345,6 +2346,81 @@ TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
   }
   cudaFree(dev);
   cudaFreeHost(pinned);
+}
+
+// The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
+// give the three passes' bits (launch_swiglu, launch_route_scale_bf16, launch_row_sim): stacked (a
+// and b halves of rows of 2F) and in place, with and without routing weights, F not a multiple of
+// the block, values past the clamp limit, a zero row (the scale's floor).
+TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float limit = 7.0f;
+  for (const int64_t F : {int64_t{1000}, int64_t{256}, int64_t{37}}) {
+    const int64_t R = 5, T = 3, K = 4;
+    std::vector<float> ab(static_cast<size_t>(R * 2 * F));
+    for (float& v : ab) v = normal(rng);
+    for (int64_t i = 0; i < 2 * F; ++i) ab[2 * 2 * F + i] = 0.0f;  // row 2: zeros
+    ab[1] = 9.5f, ab[F + 1] = -8.0f;                               // row 0: past the limit
+    std::vector<float> weights(T * K);
+    for (float& v : weights) v = std::abs(normal(rng));
+    const std::vector<int32_t> slots = {3, 0, 11, 7, 5};
+    float *d_ab = nullptr, *d_w = nullptr, *ref = nullptr, *got = nullptr, *h1 = nullptr, *h3 = nullptr;
+    int32_t* d_slots = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_ab), ab.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_w), weights.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_slots), slots.size() * sizeof(int32_t)), cudaSuccess);
+    for (float** p : {&ref, &got, &h1, &h3})
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(p), R * F * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_ab, ab.data(), ab.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_w, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_slots, slots.data(), slots.size() * sizeof(int32_t), cudaMemcpyHostToDevice), cudaSuccess);
+    for (const bool stacked : {true, false}) {
+      for (const bool routed : {false, true}) {
+        const float* w = routed ? d_w : nullptr;
+        const double scale = routed ? 1.5 : 1.0;
+        // The three passes into ref.
+        if (stacked) {
+          cuda::launch_swiglu({.a = d_ab, .b = d_ab + F, .n = R * F, .limit = limit, .out = ref, .cols = F, .stride = 2 * F});
+        } else {
+          for (int64_t r = 0; r < R; ++r) {
+            ASSERT_EQ(cudaMemcpy(ref + r * F, d_ab + r * 2 * F, F * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(h3 + r * F, d_ab + r * 2 * F + F, F * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+          }
+          ASSERT_EQ(cudaMemcpy(h1, ref, R * F * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+          cuda::launch_swiglu({.a = ref, .b = h3, .n = R * F, .limit = limit});
+        }
+        cuda::launch_route_scale_bf16({.h = ref, .slots = d_slots, .weights = w, .R = R, .F = F, .scale = scale});
+        cuda::launch_row_sim({.x = ref, .rows = nullptr, .n = R, .row_stride = F, .dims = F,
+                              .kind = cuda::RowSimKind::kFp8Pow2, .block = 128});
+        // One pass into got (in place over h1 when not stacked).
+        float* out = stacked ? got : h1;
+        cuda::launch_swiglu_sim_fp8({.out = out, .a = stacked ? d_ab : h1, .b = stacked ? d_ab + F : h3, .R = R, .F = F,
+                                     .stride = stacked ? 2 * F : F, .limit = limit, .slots = d_slots, .weights = w,
+                                     .scale = scale, .block = 128});
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> want(R * F), have(R * F);
+        ASSERT_EQ(cudaMemcpy(want.data(), ref, want.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(have.data(), out, have.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        int64_t clamped = 0;
+        for (int64_t i = 0; i < R * F; ++i) {
+          uint32_t bw, bh;
+          std::memcpy(&bw, &want[i], 4);
+          std::memcpy(&bh, &have[i], 4);
+          ASSERT_EQ(bh, bw) << "F=" << F << (stacked ? " stacked" : " in place") << (routed ? " routed" : "")
+                            << ": value " << i << " " << have[i] << " vs " << want[i];
+        }
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t i = 0; i < F; ++i) clamped += ab[r * 2 * F + i] > limit;
+        EXPECT_GT(clamped, 0) << "no gate value past the limit";
+      }
+    }
+    for (float* p : {d_ab, d_w, ref, got, h1, h3}) cudaFree(p);
+    cudaFree(d_slots);
+  }
 }
 
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
