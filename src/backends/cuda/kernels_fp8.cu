@@ -222,31 +222,38 @@ __global__ void row_sim_kernel(RowSimArgs a) {
 // row_sim_kernel: the same bits. (A thread a block, row_sim_kernel's way, left a batch-1 row of
 // 4096 to 32 threads each walking 128 values in turn: the MoE input's pass took 35 us on the H200.)
 constexpr int64_t kSimBlockMax = 128;
-__global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
-  wait_previous_grid();
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * (kRowSimThreads / 32) + threadIdx.x / 32;
-  if (w >= a.n * blocks_per_row) return;  // the whole warp leaves together
-  const int lane = threadIdx.x % 32;
-  const int64_t r = w / blocks_per_row, b = (w % blocks_per_row) * a.block;
-  float* row = a.rows ? a.rows[r] : a.x + r * a.row_stride;
-  const float* in = a.src ? a.src + r * a.row_stride : row;
-  const int64_t e = b + a.block < a.dims ? b + a.block : a.dims;
-  const bool fp8 = a.kind == RowSimKind::kFp8Pow2;
+// A warp's block [b, e) (e - b <= kSimBlockMax) through the block-scaled rounding: lane l holds the
+// values b + l, b + l + 32, ... (value(i) gives value i), the block's amax their fmaxf over the warp,
+// and store(i, r) takes each rounded value. All 32 lanes call it (warp_max).
+template <class Value, class Store>
+__device__ inline void sim_block_warp(int64_t b, int64_t e, int lane, bool fp8, Value value, Store store) {
   constexpr int kPer = static_cast<int>(kSimBlockMax / 32);
   float v[kPer];
   float amax = sim_amax_floor(fp8);
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int64_t i = b + lane + 32 * u;
-    v[u] = i < e ? in[i] : 0.0f;
+    v[u] = i < e ? value(i) : 0.0f;
     if (i < e) amax = fmaxf(amax, fabsf(v[u]));
   }
   const float s = sim_scale(warp_max(amax), fp8);
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int64_t i = b + lane + 32 * u;
-    if (i < e) row[i] = sim_round(v[u], s, fp8);
+    if (i < e) store(i, sim_round(v[u], s, fp8));
   }
+}
+
+__global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
+  wait_previous_grid();
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (kRowSimThreads / 32) + threadIdx.x / 32;
+  if (w >= a.n * blocks_per_row) return;  // the whole warp leaves together
+  const int64_t r = w / blocks_per_row, b = (w % blocks_per_row) * a.block;
+  float* row = a.rows ? a.rows[r] : a.x + r * a.row_stride;
+  const float* in = a.src ? a.src + r * a.row_stride : row;
+  const int64_t e = b + a.block < a.dims ? b + a.block : a.dims;
+  sim_block_warp(b, e, threadIdx.x % 32, a.kind == RowSimKind::kFp8Pow2, [&](int64_t i) { return in[i]; },
+                 [&](int64_t i, float v) { row[i] = v; });
 }
 
 __global__ void bf16_round_kernel(float* x, int64_t n) {
@@ -275,25 +282,15 @@ __global__ void swiglu_sim_fp8_kernel(SwigluSimArgs a, int64_t blocks_per_row) {
   wait_previous_grid();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (kRowSimThreads / 32) + threadIdx.x / 32;
   if (w >= a.R * blocks_per_row) return;  // the whole warp leaves together
-  const int lane = threadIdx.x % 32;
   const int64_t r = w / blocks_per_row, b = (w % blocks_per_row) * a.block;
   const int64_t e = b + a.block < a.F ? b + a.block : a.F;
   const double g = a.weights ? static_cast<double>(a.weights[a.slots[r]]) * a.scale : 1.0;
-  constexpr int kPer = static_cast<int>(kSimBlockMax / 32);
-  float v[kPer];
-  float amax = sim_amax_floor(true);
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int64_t i = b + lane + 32 * u;
-    v[u] = i < e ? dev_route_scale_bf16(dev_swiglu(a.a[r * a.stride + i], a.b[r * a.stride + i], a.limit), g) : 0.0f;
-    if (i < e) amax = fmaxf(amax, fabsf(v[u]));
-  }
-  const float s = sim_scale(warp_max(amax), true);
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int64_t i = b + lane + 32 * u;
-    if (i < e) a.out[r * a.F + i] = sim_round(v[u], s, true);
-  }
+  const float* x = a.a + r * a.stride;
+  const float* y = a.b + r * a.stride;
+  float* out = a.out + r * a.F;
+  sim_block_warp(b, e, threadIdx.x % 32, true,
+                 [&](int64_t i) { return dev_route_scale_bf16(dev_swiglu(x[i], y[i], a.limit), g); },
+                 [&](int64_t i, float v) { out[i] = v; });
 }
 
 __global__ void route_scale_bf16_kernel(RouteScaleArgs a) {

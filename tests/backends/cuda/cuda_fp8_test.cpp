@@ -58,6 +58,13 @@ class CudaFp8Linear : public ::testing::Test {
   // The real CUDA backend (not the CPU stand-in of SPARROW_CUDA_TESTS_ON_CPU=1).
   bool real_cuda() const { return std::string(gpu->name()) == "cuda"; }
   std::string path() const { return real_cuda() ? cuda::fp8_linear_last_path(*gpu) : "cpu stand-in"; }
+  // The GPU's act_quant linear of rows t0 .. t0 + n - 1 of x [*, K] through w [N, K].
+  std::vector<float> gpu_rows(const std::vector<float>& x, int64_t K, const WeightMatrix& w, int64_t t0, int64_t n) {
+    const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
+    const Tensor og = gpu->alloc(ElemType::kF32, {n, w.out});
+    gpu->linear({.out = og, .in = xg, .weight = &w, .act_quant_fp8 = true});
+    return gpu->download_f32(og);
+  }
 
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   std::unique_ptr<Backend> gpu;
@@ -349,12 +356,7 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
     StoredMatrix w = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
     const int64_t T = 300;
     const std::vector<float> x = rng.normal(T * K);
-    auto run = [&](int64_t t0, int64_t n) {
-      const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
-      const Tensor og = gpu->alloc(ElemType::kF32, {n, N});
-      gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
-      return gpu->download_f32(og);
-    };
+    auto run = [&](int64_t t0, int64_t n) { return gpu_rows(x, K, w.w, t0, n); };
     const std::vector<float> all = run(0, T);
     const std::string path = cuda::fp8_linear_last_path(*gpu);
     EXPECT_EQ(path.rfind("tensor cores", 0), 0u) << path;
@@ -428,12 +430,7 @@ TEST_F(CudaFp8Linear, DecodeRowsGiveTheBatchBitsOnActQuantCorners) {
     for (int64_t k = 0; k < K; ++k) x[5 * K + k] *= 1e30f;                       // row 5: huge values
     for (int64_t k = 0; k < K; k += 7) x[6 * K + k] = k % 2 ? 448.0f : -448.0f;  // row 6: the e4m3 maximum
     x[7 * K + 1] = -0.0f;
-    auto run = [&](int64_t t0, int64_t n) {
-      const Tensor xg = gpu->upload_f32(std::vector<float>(x.begin() + t0 * K, x.begin() + (t0 + n) * K), {n, K});
-      const Tensor og = gpu->alloc(ElemType::kF32, {n, N});
-      gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
-      return gpu->download_f32(og);
-    };
+    auto run = [&](int64_t t0, int64_t n) { return gpu_rows(x, K, w.w, t0, n); };
     const std::vector<float> all = run(0, T);
     for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, 1}, std::pair<int64_t, int64_t>{3, 5},
                          std::pair<int64_t, int64_t>{0, 64}, std::pair<int64_t, int64_t>{250, 37}}) {
