@@ -16,7 +16,9 @@ sparse prefill attention and the routed experts. Standard library only.
 
 Compares two records cell by cell (the cells both hold, matched by layer, batch and context or
 prefill length): the timed median and the GPU's own time (queued ahead) before -> after with the
-change in percent, and the model-step cells; a line per cell, then the median change of each kind.
+change in percent, and the model-step cells (their GPU's own time: the graph segments' summed GPU
+time, where both records measured it with --model-step-segments); a line per cell, then the median
+change of each kind, and the model step's kernels and graph nodes.
 """
 import json
 import sys
@@ -227,17 +229,29 @@ def compare(before_path, after_path):
                 queued.setdefault(kind, []).append((c["queued_ms"] - o["queued_ms"]) / o["queued_ms"])
             print(f"| {name} | {o['time_ms']:.3f} → {c['time_ms']:.3f} | {pct(o['time_ms'], c['time_ms'])} | {q[0]} | {q[1]} |")
     old_steps = {c["context"]: c for c in a.get("model_step", []) if c.get("status") == "ok"}
+    step_lines = []
     for c in b.get("model_step", []):
         o = old_steps.get(c["context"])
         if c.get("status") == "ok" and o is not None:
+            own = "—", "—"
+            if o.get("segments_sum_ms") and c.get("segments_sum_ms"):
+                own = (f"{o['segments_sum_ms']:.3f} → {c['segments_sum_ms']:.3f}",
+                       pct(o["segments_sum_ms"], c["segments_sum_ms"]))
             print(f"| model step after {ctx(c['context'])} | {o['time_ms']:.3f} → {c['time_ms']:.3f} | "
-                  f"{pct(o['time_ms'], c['time_ms'])} | — | — |")
+                  f"{pct(o['time_ms'], c['time_ms'])} | {own[0]} | {own[1]} |")
+            if o.get("segments") and c.get("segments"):
+                count = lambda step, what: sum(s[what] for s in step["segments"])
+                step_lines.append(f"- model step after {ctx(c['context'])}: {count(o, 'kernels')} → "
+                                  f"{count(c, 'kernels')} kernels in {count(o, 'nodes')} → {count(c, 'nodes')} "
+                                  f"graph nodes, {len(o['segments'])} → {len(c['segments'])} segments")
     print()
     for kind in sorted(timed):
         label = "prefill" if kind[0] else f"decode batch {kind[1]}"
         line = f"- {label}: median change timed {100 * median(timed[kind]):+.1f} % over {len(timed[kind])} cells"
         if kind in queued:
             line += f", GPU's own {100 * median(queued[kind]):+.1f} % over {len(queued[kind])}"
+        print(line)
+    for line in step_lines:
         print(line)
 
 
