@@ -1548,23 +1548,23 @@ class CudaBackend final : public Backend {
     // kernel (SPARROW_CUDA_DISABLE=swiglu_sim: three passes, the same bits).
     static const bool swiglu_sim = cuda_feature_on("swiglu_sim");
     const bool fused = ref.on && swiglu_sim;
-    const SwigluSimArgs sim{.out = h1, .a = h1, .b = h3, .R = R, .F = F, .stride = F, .limit = static_cast<float>(limit),
-                            .slots = ref.slots, .weights = ref.weights, .scale = ref.scale, .block = kFp8ActBlock};
-    if (stacked) {
-      if (fused) {
-        SwigluSimArgs s = sim;
-        s.a = stacked, s.b = stacked + F, s.stride = 2 * F;
-        launch_swiglu_sim_fp8(s);
-      } else {
-        launch_swiglu({.a = const_cast<float*>(stacked), .b = stacked + F, .n = R * F,
-                       .limit = static_cast<float>(limit), .out = h1, .cols = F, .stride = 2 * F});
-      }
-    } else {
+    if (!stacked) {
       project(h1, x, rows, x_stride, F, w.w1);
       project(h3, x, rows, x_stride, F, w.w3);
-      if (fused) launch_swiglu_sim_fp8(sim);
-      else launch_swiglu({.a = h1, .b = h3, .n = R * F, .limit = static_cast<float>(limit)});
     }
+    // SwiGLU's operands: the stacked GEMM's rows of 2F (w1's half, then w3's), or h1 and h3.
+    float* const a = stacked ? const_cast<float*>(stacked) : h1;
+    const float* const b = stacked ? stacked + F : h3;
+    const int64_t stride = stacked ? 2 * F : F;
+    if (fused)
+      launch_swiglu_sim_fp8({.out = h1, .a = a, .b = b, .R = R, .F = F, .stride = stride,
+                             .limit = static_cast<float>(limit), .slots = ref.slots, .weights = ref.weights,
+                             .scale = ref.scale, .block = kFp8ActBlock});
+    else if (stacked)
+      launch_swiglu({.a = a, .b = b, .n = R * F, .limit = static_cast<float>(limit), .out = h1, .cols = F,
+                     .stride = stride});
+    else
+      launch_swiglu({.a = a, .b = b, .n = R * F, .limit = static_cast<float>(limit)});
     if (fused) {
       launch_check("expert swiglu, routing weight, act_quant_fp8 rounding");
     } else if (ref.on) {

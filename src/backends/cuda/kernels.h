@@ -71,10 +71,10 @@ struct DevView {
 // unfilled, DeviceBuffer::scratch; off: zero-filled as before), "copy_kernels" (a captured step's own
 // fills and host uploads as kernels, launch_fill_bytes / launch_upload_pinned; off: memset and copy
 // nodes, the same bytes), "swiglu_sim" (an FFN's SwiGLU, routing-weight rounding and fp8 rounding
-// before w2 in one kernel, launch_swiglu_sim_fp8; off: three passes, the same bits), "w4a8_early" (the routed experts' decode kernel reads its plan and copies its
-// first weight stages before its wait for the previous grid, GroupedW4A8Args::plan_early; off: after
-// it, the same bits) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled).
-// Read once per process.
+// before w2 in one kernel, launch_swiglu_sim_fp8; off: three passes, the same bits), "w4a8_early"
+// (the routed experts' decode kernel reads its plan and copies its first weight stages before its
+// wait for the previous grid, GroupedW4A8Args::plan_early; off: after it, the same bits) and
+// "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
 struct DevWeight {

@@ -2324,7 +2324,8 @@ TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
   std::mt19937 rng(17);
   for (int64_t i = 0; i < kMax; ++i) pinned[i] = static_cast<uint8_t>(rng());
   std::vector<uint8_t> got(kMax + 2 * kGuard);
-  for (int64_t bytes : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{255}, int64_t{4096}, int64_t{16387}, kMax}) {
+  for (int64_t bytes :
+       {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{255}, int64_t{4096}, int64_t{16387}, kMax}) {
     for (int64_t offset : {0, 1, 3, 16}) {
       const int64_t n = std::min<int64_t>(bytes, kMax - offset);
       for (bool upload : {true, false}) {
@@ -2384,11 +2385,13 @@ TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
         const double scale = routed ? 1.5 : 1.0;
         // The three passes into ref.
         if (stacked) {
-          cuda::launch_swiglu({.a = d_ab, .b = d_ab + F, .n = R * F, .limit = limit, .out = ref, .cols = F, .stride = 2 * F});
+          cuda::launch_swiglu(
+              {.a = d_ab, .b = d_ab + F, .n = R * F, .limit = limit, .out = ref, .cols = F, .stride = 2 * F});
         } else {
           for (int64_t r = 0; r < R; ++r) {
             ASSERT_EQ(cudaMemcpy(ref + r * F, d_ab + r * 2 * F, F * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
-            ASSERT_EQ(cudaMemcpy(h3 + r * F, d_ab + r * 2 * F + F, F * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(h3 + r * F, d_ab + r * 2 * F + F, F * sizeof(float), cudaMemcpyDeviceToDevice),
+                      cudaSuccess);
           }
           ASSERT_EQ(cudaMemcpy(h1, ref, R * F * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
           cuda::launch_swiglu({.a = ref, .b = h3, .n = R * F, .limit = limit});
