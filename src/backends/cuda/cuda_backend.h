@@ -144,14 +144,6 @@ void set_w4a8_wgmma_split(Backend& backend, int mode);
 // (kernels_linear.cu decode_quarter_blocks). The same bits any way. Process-wide; defined with the
 // kernels.
 void set_decode_quarter_blocks(int n);
-// Whether the split decode kernels' parts (the FP8 linears' and the routed experts' quarters, the
-// bf16 linears' parts) may be added by each tile's last block instead of a parts-sum kernel after
-// (kernels_linear.cu tile_last_block; on by default, off with SPARROW_CUDA_DISABLE=tile_sums). The
-// same bits either way. Process-wide; defined with the kernels.
-void set_tile_sums(bool allowed);
-// The parts-sum kernels launched so far in this process (test support: with tile sums on, a split
-// decode linear launches none).
-uint64_t parts_sum_kernel_launches();
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);

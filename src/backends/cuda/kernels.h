@@ -73,9 +73,7 @@ struct DevView {
 // nodes, the same bytes), "swiglu_sim" (an FFN's SwiGLU, routing-weight rounding and fp8 rounding
 // before w2 in one kernel, launch_swiglu_sim_fp8; off: three passes, the same bits), "w4a8_early"
 // (the routed experts' decode kernel reads its plan and copies its first weight stages before its
-// wait for the previous grid, GroupedW4A8Args::plan_early; off: after it, the same bits),
-// "tile_sums" (the split decode kernels' parts added by each tile's last block, tile_last_block in
-// kernels_linear.cu; off: a parts-sum kernel after, the same bits) and
+// wait for the previous grid, GroupedW4A8Args::plan_early; off: after it, the same bits) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
@@ -316,11 +314,6 @@ struct GroupedW4A8Args {
   // (launch_fp8_wgmma_linear) the outputs rounded to bf16 (an op's round_bf16): in the quarters'
   // sum where one runs, else by launch_bf16_round after the kernel; the same values either way.
   bool round_bf16 = false;
-  // (set by the launchers: the decode kernel's split, tile_sums) the counter region through which
-  // each tile's last block adds the quarters into out, or -1 (a parts-sum kernel after); and that
-  // sum's bf16 rounding.
-  int sum_region = -1;
-  bool sum_round = false;
 };
 void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
@@ -354,10 +347,6 @@ struct Bf16LinearArgs {
   int64_t rows = 0, x_ld = 0;
   int N = 0, K = 0, R = 0;
   bool round_bf16 = false;  // the outputs rounded to bf16: in the parts' sum where one runs, else after
-  // (set by the launcher: the decode form, tile_sums) the counter region through which each tile's
-  // last block adds the parts into out, or -1 (a parts-sum kernel after); and that sum's rounding.
-  int sum_region = -1;
-  bool sum_round = false;
 };
 // The shapes the kernels take: K a multiple of 64, and a group's rows whole 128-row tiles (R % 128
 // == 0) unless there is one group (R == N); K below 2^31, N at most 65535 x 64 (the decode form's grid).

@@ -840,50 +840,6 @@ __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, ui
   hi_out = mag_hi | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
 }
 
-// ---- The split decode kernels' parts added by each tile's last block --------------------------------
-//
-// A split decode GEMM (K's quarters or bf16_parts over grid z) writes each part of a tile to its slice
-// of `partial`; the parts are added in order, out = (((p0 + p1) + p2) + ...), rounded to bf16 when
-// asked. With `tile_sums` on, the block of a tile (blockIdx.x, blockIdx.y) that finishes last does
-// that sum itself: every block makes its stores visible (__threadfence) and counts itself on the
-// tile's counter; the one that sees gridDim.z - 1 blocks before it reads the other blocks' parts
-// from L2 (__ldcg), adds them in the same order and sets the counter back to zero for the next
-// launch. The sum's order is fixed, whichever block comes last, so the bits are parts_sum_kernel's,
-// and a step has one kernel (and one boundary) fewer per split GEMM.
-//
-// The counters are static device memory, zero at load: kTileSumRegions regions, one for each of the
-// first host threads that launch a split GEMM (a thread's kernels run in order on its per-thread
-// default stream, and touch the counters only after their wait for the previous grid, so no two
-// launches of a region overlap). Later threads, and launches of more tiles than a region counts,
-// keep the parts-sum kernel.
-constexpr int kTileSumRegions = 4, kTileSumCounters = 16384;
-__device__ unsigned int g_tile_sum_counters[kTileSumRegions * kTileSumCounters];
-
-// Whether this block is the last of its tile's gridDim.z blocks to finish; then the other blocks'
-// stores are visible to it. Called by every thread of the block after its stores of its parts.
-__device__ inline bool tile_last_block(int region) {
-  __shared__ bool s_last;
-  __threadfence();  // this thread's parts, before the count below
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned int* c = &g_tile_sum_counters[region * kTileSumCounters + blockIdx.y * gridDim.x + blockIdx.x];
-    const bool last = atomicAdd(c, 1u) == gridDim.z - 1;
-    if (last) atomicExch(c, 0u);  // every block of the tile has counted: ready for the next launch
-    s_last = last;
-  }
-  __syncthreads();
-  const bool last = s_last;
-  if (last) __threadfence();  // the other blocks' parts, after their counts
-  return last;
-}
-
-// Output i's sum of its parts in order, partial [parts][stride] (through L2: other blocks wrote them).
-__device__ inline float parts_sum_at(const float* partial, int64_t stride, int parts, int64_t i, bool round) {
-  float s = __ldcg(partial + i);
-  for (int p = 1; p < parts; ++p) s += __ldcg(partial + p * stride + i);
-  return round ? dev_bf16_round(s) : s;
-}
-
 // The FP8 linear's weights in a stage: column c's 128 bytes of the group at fp8_wrow c. In the
 // decode kernel 144: the 16 bytes of padding put the 8 columns a quarter-warp reads at once on
 // different banks; the prefill kernel keeps 128 (2-way conflicts on those reads) so that two blocks
@@ -1162,19 +1118,6 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   cp_async_wait<0>();
   while (quarter < q_first + q_count) finish_quarter();
   if (!split) store(g.out + second_offset, total + tid, kThreads);
-  // Split: the tile's last block adds its quarters (all four slices) into out (tile_last_block).
-  if (split && g.sum_region >= 0 && tile_last_block(g.sum_region)) {
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
-        const int n = n0 + c0 + (c < 2 ? 0 : 8);
-        if (tr >= R || n >= N) continue;
-        const int64_t i = second_offset + (r0 + tr) * g.N + n;
-        g.out[i] = parts_sum_at(g.partial, outputs, kW4A8Warps, i, g.sum_round);
-      }
-  }
 }
 
 // The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
@@ -1183,37 +1126,21 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
 __global__ void parts_sum_kernel(float* out, const float* partial, int64_t count, int parts, bool round) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) out[i] = parts_sum_at(partial, count, parts, i, round);
+  if (i >= count) return;
+  float s = partial[i];
+  for (int p = 1; p < parts; ++p) s += partial[p * count + i];
+  out[i] = round ? dev_bf16_round(s) : s;
 }
-std::atomic<uint64_t> g_parts_sum_launches{0};  // parts_sum_kernel_launches
-bool fused_round_on() {
-  static const bool on = cuda_feature_on("fused_round");
-  return on;
-}
-// out [count] from partial [parts][count] (a no-op for count 0); `in_kernel`: the split kernel's
-// last blocks have written it (tile_sum_region), only a rounding pass may be left.
+// out [count] from partial [parts][count] (a no-op for count 0).
 // `round` in the sum unless SPARROW_CUDA_DISABLE=fused_round (then a bf16_round pass after, the same bits).
-void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false, bool in_kernel = false) {
+void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false) {
+  static const bool fused = cuda_feature_on("fused_round");
   if (count <= 0) return;
-  if (!in_kernel) {
-    launch(parts_sum_kernel, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused_round_on());
-    g_parts_sum_launches.fetch_add(1);
-  }
-  if (round && !fused_round_on()) launch_bf16_round(out, count);
+  launch(parts_sum_kernel, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
+  if (round && !fused) launch_bf16_round(out, count);
 }
-void add_quarters(float* out, const float* partial, int64_t count, bool round = false, bool in_kernel = false) {
-  add_parts(out, partial, count, kW4A8Warps, round, in_kernel);
-}
-
-std::atomic<bool> g_tile_sums_allowed{true};  // set_tile_sums (test support)
-// The counter region of the calling thread's split launch of `tiles` tiles (tile_last_block), or -1:
-// the parts-sum kernel adds the parts (`tile_sums` off, too many tiles, a fifth thread).
-int tile_sum_region(int64_t tiles) {
-  static const bool on = cuda_feature_on("tile_sums");
-  if (!on || !g_tile_sums_allowed.load() || tiles > kTileSumCounters) return -1;
-  static std::atomic<int> next_region{0};
-  thread_local const int region = next_region.fetch_add(1);
-  return region < kTileSumRegions ? region : -1;
+void add_quarters(float* out, const float* partial, int64_t count, bool round = false) {
+  add_parts(out, partial, count, kW4A8Warps, round);
 }
 
 // ---- The FP8 linear's prefill kernel: TMA, mbarriers, both wgmma operands in shared memory ----------
@@ -1556,16 +1483,6 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
     const int n = n0 + c0 + (c < 2 ? 0 : 8);
     if (t < a.rows && n < a.N) dst[t * a.N + n] = d[c];  // an empty part writes its zeros
   }
-  // The tile's last block adds its parts into out (tile_last_block).
-  if (a.sum_region >= 0 && tile_last_block(a.sum_region)) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t t = t0 + 2 * tig + (c & 1);
-      const int n = n0 + c0 + (c < 2 ? 0 : 8);
-      if (t < a.rows && n < a.N)
-        a.out[t * a.N + n] = parts_sum_at(a.partial, a.rows * a.N, static_cast<int>(gridDim.z), t * a.N + n, a.sum_round);
-    }
-  }
 }
 
 // TMA form: tiles of 128 weight rows (two consumer warpgroups of 64, wgmma's M) x 128 input rows
@@ -1790,20 +1707,14 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
-void set_tile_sums(bool allowed) { g_tile_sums_allowed.store(allowed); }
-uint64_t parts_sum_kernel_launches() { return g_parts_sum_launches.load(); }
 
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
   if (g.wgmma) {
     if (!g.tiled) {
-      const int64_t col_blocks = (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols);
-      const unsigned z = decode_quarter_blocks(g, g.max_items, col_blocks);
-      GroupedW4A8Args d = g;
-      d.sum_region = z > 1 ? tile_sum_region(g.max_items * col_blocks) : -1;
-      d.sum_round = false;
-      launch_w4a8_wgmma<8, 1>(d, g.max_items, z);
-      if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N, false, d.sum_region >= 0);
+      const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
+      launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
+      if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
@@ -1926,11 +1837,8 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   if (g.rows_total <= kTiledRows) {
     const int64_t items = (g.rows_total + 7) / 8;
     const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
-    GroupedW4A8Args d = g;
-    d.sum_region = z > 1 ? tile_sum_region(items * blocks_for(g.N, kWgCols)) : -1;
-    d.sum_round = g.round_bf16 && fused_round_on();
-    launch_w4a8_wgmma<8, 1, true>(d, items, z);
-    if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16, d.sum_region >= 0);
+    launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
     else if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
     return;
   }
@@ -1962,14 +1870,11 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   Bf16LinearArgs c = a;
   c.x = a.x + r0 * a.x_ld;
-  c.out = a.out + r0 * a.N;
   c.rows = n;
   const int parts = bf16_parts(a.N);
-  c.sum_region = tile_sum_region(static_cast<int64_t>(blocks_for(n, 8)) * blocks_for(a.N, kWgCols));
-  c.sum_round = a.round_bf16 && fused_round_on();
   launch(bf16_linear_decode_kernel, dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)),
          kWgThreads, kBf16DecSmemBytes, c);
-  add_parts(c.out, a.partial, n * a.N, parts, a.round_bf16, c.sum_region >= 0);
+  add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts, a.round_bf16);
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).

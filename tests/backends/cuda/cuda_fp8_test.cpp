@@ -492,59 +492,6 @@ TEST_F(CudaFp8Linear, RoundedOutputsAreTheSumsRoundedOnEveryPath) {
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
-// The split decode kernels' parts added by each tile's last block (tile_sums) give the bits of the
-// parts-sum kernel, launch after launch: the tile counters must be back at zero after every launch
-// (a counter left behind would leave the next launch's outputs unwritten or written from a tile's
-// missing parts). FP8 (wgmma, quarters over 2 and 4 blocks) and bf16 (input_bf16: 16 parts) linears
-// of N = 1000 (a partial last tile) at 1, 5, 37 and 64 rows, rounded and not, new inputs each run;
-// with tile sums on no parts-sum kernel may run.
-TEST_F(CudaFp8Linear, LastBlockPartsSumsGiveThePartsSumKernelsBits) {
-  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
-  if (!cuda::cuda_feature_on("tile_sums")) GTEST_SKIP() << "tile_sums is off";
-  cuda::set_fp8_gemm_in_linear(*gpu, true);
-  cuda::set_fp8_wgmma(*gpu, true);
-  Rng rng(619);
-  const int64_t N = 1000, K = 1024;
-  const StoredMatrix fp8 = fp8_matrix(rng, N, K, 128, 128, DType::kF8E8M0);
-  std::vector<float> vb = rng.normal(N * K);
-  const StoredMatrix b16 = float_matrix(DType::kBF16, N, K, vb);
-  for (const bool is_fp8 : {true, false})
-    for (const int qb : {2, 4}) {
-      if (!is_fp8 && qb == 4) continue;  // (the bf16 form's parts do not follow the quarter blocks)
-      cuda::set_decode_quarter_blocks(qb);
-      for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{37}, int64_t{64}})
-        for (const bool round : {false, true}) {
-          const std::string what = std::string(is_fp8 ? "fp8" : "bf16") + " T=" + std::to_string(T) + " quarter blocks " +
-                                   std::to_string(qb) + (round ? " rounded" : "");
-          auto run = [&](const std::vector<float>& x, bool tile_sums) {
-            cuda::set_tile_sums(tile_sums);
-            const Tensor xg = gpu->upload_f32(x, {T, K});
-            const Tensor og = gpu->alloc(ElemType::kF32, {T, N});
-            const uint64_t before = cuda::parts_sum_kernel_launches();
-            if (is_fp8) gpu->linear({.out = og, .in = xg, .weight = &fp8.w, .act_quant_fp8 = true, .round_bf16 = round});
-            else gpu->linear({.out = og, .in = xg, .weight = &b16.w, .round_bf16 = round, .input_bf16 = true});
-            std::vector<float> o = gpu->download_f32(og);
-            EXPECT_EQ(cuda::parts_sum_kernel_launches() == before, tile_sums) << what << ", tile sums " << tile_sums;
-            return o;
-          };
-          for (int rep = 0; rep < 3; ++rep) {
-            std::vector<float> x = rng.normal(T * K);
-            if (!is_fp8)
-              for (float& v : x) v = bf16_round(v);
-            const std::vector<float> ref = run(x, false), got = run(x, true);
-            ASSERT_EQ(got.size(), ref.size());
-            for (size_t i = 0; i < ref.size(); ++i)
-              ASSERT_TRUE(same_float(got[i], ref[i])) << what << ", run " << rep << ": output " << i << " " << got[i]
-                                                      << " against the parts-sum kernel's " << ref[i];
-          }
-        }
-    }
-  cuda::set_tile_sums(true);
-  cuda::set_decode_quarter_blocks(0);
-  cuda::set_fp8_wgmma(*gpu, cuda::cuda_feature_on("fp8_wgmma"));
-  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
-}
-
 // linears() of one input (the model's wq_a and wkv): the CUDA backend runs FP8 weights whose N are
 // multiples of 128 as one GEMM over the weights stacked (fp8_stack). Each output must be exactly
 // the matching columns of one linear over the stacked matrix built here by hand (which also checks
