@@ -100,6 +100,7 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
   if (T == 0) return true;
   const uint64_t fp = stack_fingerprint(ws);
   const DeviceBuffer* st = stacked_.find(ws[0]->data, fp);
+  bool fresh = false;
   if (!st) {
     const LongLived weight;
     DeviceBuffer b(static_cast<size_t>(N * K) * sizeof(uint16_t));
@@ -118,8 +119,9 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
       row += w->out;
     }
     st = &stacked_.put(ws[0]->data, fp, std::move(b));
+    fresh = true;
   }
-  gemm(out, in, T, 1, N, K, st->get());
+  gemm(out, in, T, 1, N, K, st->get(), false, fresh);
   return true;
 }
 
@@ -131,8 +133,20 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
   if (!takes(w) || K % 8 != 0 || R % 8 != 0) return false;
   if (!own_kernels(N, K, R) && !plan(R, K, G).ok) return false;
   if (T == 0 || N == 0) return true;
+  // An FP8 weight is read as stored by the decode form (`bf16_fp8_w`), where the block scales
+  // cover whole 64-row, 64-input steps: its bf16 copy is not made for decoding.
+  static const bool fp8_w = cuda_feature_on("bf16_fp8_w");
+  if (fp8_w && w.format == WeightFormat::kFp8Block && own_kernels(N, K, R) && bf16_wgmma_reads_f32(T) &&
+      w.block_out % 64 == 0 && w.block_in % 64 == 0) {
+    const DevWeight dw = device_weight();
+    if (reinterpret_cast<uintptr_t>(dw.data) % 16 == 0) {
+      gemm(out, in, T, G, R, K, nullptr, round_bf16, false, &dw);
+      return true;
+    }
+  }
   // A BF16 weight is used as uploaded; an FP8 one is decoded to bf16 once.
   const void* a_bf16 = nullptr;
+  bool fresh = false;
   if (w.format == WeightFormat::kFloat) {
     a_bf16 = device_weight().data;
   } else {
@@ -144,10 +158,11 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
       launch_weight_to_bf16(device_weight(), static_cast<uint16_t*>(b.get()));
       SPARROW_CUDA_CHECK(cudaGetLastError());
       wb = &weights_.put(w.data, fp, std::move(b));
+      fresh = true;
     }
     a_bf16 = wb->get();
   }
-  gemm(out, in, T, G, R, K, a_bf16, round_bf16);
+  gemm(out, in, T, G, R, K, a_bf16, round_bf16, fresh);
   return true;
 }
 
@@ -156,15 +171,30 @@ bool Bf16GroupedLinear::own_kernels(int64_t N, int64_t K, int64_t R) const {
 }
 
 void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
-                             bool round_bf16) {
-  xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
-  launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
-  SPARROW_CUDA_CHECK(cudaGetLastError());
-  if (own_kernels(G * R, K, R)) {
+                             bool round_bf16, bool fresh_weight, const DevWeight* w8) {
+  static const bool f32_in = cuda_feature_on("bf16_f32_in");
+  const bool own = own_kernels(G * R, K, R);
+  SPARROW_CHECK((w8 == nullptr || (own && bf16_wgmma_reads_f32(T))) && "e4m3 weights only in the wgmma decode form");
+  // The decode form reads the fp32 inputs itself, unless the weight's bf16 copy was written just now
+  // (by the launch right before: the kernel reads its first weight steps before its wait, which
+  // sees only what launches two back or earlier wrote).
+  const bool reads_f32 = own && f32_in && !fresh_weight && bf16_wgmma_reads_f32(T) &&
+                         reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  if (!reads_f32) {
+    xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
+    launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
+    SPARROW_CUDA_CHECK(cudaGetLastError());
+  }
+  last_f32_in_ = reads_f32;
+  last_fp8_weights_ = w8 != nullptr;
+  if (own) {
     const int64_t N = G * R;
     partial_.ensure(static_cast<size_t>(bf16_wgmma_partial_floats(T, N)) * sizeof(float));
-    launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(), .x = static_cast<const uint16_t*>(xb_.get()),
-                              .w = static_cast<const uint16_t*>(a_bf16), .rows = T, .x_ld = G * K,
+    launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(),
+                              .x = reads_f32 ? nullptr : static_cast<const uint16_t*>(xb_.get()),
+                              .x_f32 = reads_f32 ? in : nullptr,
+                              .w = static_cast<const uint16_t*>(a_bf16), .w8 = w8 != nullptr ? *w8 : DevWeight{},
+                              .rows = T, .x_ld = G * K,
                               .N = static_cast<int>(N), .K = static_cast<int>(K), .R = static_cast<int>(R),
                               .round_bf16 = round_bf16});
     launch_check("bf16 linear (wgmma)");

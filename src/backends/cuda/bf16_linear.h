@@ -58,6 +58,11 @@ class Bf16GroupedLinear {
   // unless SPARROW_CUDA_DISABLE=bf16_wgmma), and whether the last GEMM ran on them.
   void set_wgmma(bool on) { wgmma_ = on; }
   bool last_wgmma() const { return last_wgmma_; }
+  // Whether the last GEMM's kernel read the fp32 inputs itself (the decode form, `bf16_f32_in`), with
+  // no conversion pass before it.
+  bool last_f32_in() const { return last_f32_in_; }
+  // Whether it read an FP8 weight's codes and scales as stored (`bf16_fp8_w`), not its bf16 copy.
+  bool last_fp8_weights() const { return last_fp8_weights_; }
   // out [T, N1 + N2 + ...] from in [T, K] and the weights stacked row-wise (each one run() takes
   // with G = 1, one K), as one GEMM over the stack (decoded to bf16 once and cached): true when it
   // ran, false (nothing run) otherwise. `device_weight` uploads a weight as stored.
@@ -70,8 +75,10 @@ class Bf16GroupedLinear {
   // cuBLASLt (`bf16_wgmma`): a function of the shape alone, so a weight always takes one path.
   bool own_kernels(int64_t N, int64_t K, int64_t R) const;
   // The grouped GEMM of a bf16 weight already on the device (the plan of (R, K, G) must be ok).
+  // `fresh_weight`: a_bf16 was written by the launch just before (its first use). `w8`: instead of
+  // a_bf16, the FP8 weight as stored (the wgmma decode form only).
   void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
-            bool round_bf16 = false);
+            bool round_bf16 = false, bool fresh_weight = false, const DevWeight* w8 = nullptr);
   struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
   const Plan& plan(int64_t R, int64_t K, int64_t G);
 
@@ -84,6 +91,8 @@ class Bf16GroupedLinear {
   DeviceBuffer xb_;  // the bf16 input, kept between calls
   bool wgmma_ = cuda_feature_on("bf16_wgmma");
   bool last_wgmma_ = false;
+  bool last_f32_in_ = false;
+  bool last_fp8_weights_ = false;
   DeviceBuffer partial_;  // the wgmma kernels' part sums (bf16_wgmma_partial_floats), kept between calls
 };
 

@@ -1654,6 +1654,8 @@ class CudaBackend final : public Backend {
   void set_fp8_wgmma(bool on) { fp8_.set_wgmma(on); }
   void set_bf16_wgmma(bool on) { bf16_.set_wgmma(on); }
   bool bf16_last_wgmma() const { return bf16_.last_wgmma(); }
+  bool bf16_last_f32_in() const { return bf16_.last_f32_in(); }
+  bool bf16_last_fp8_weights() const { return bf16_.last_fp8_weights(); }
   OpProfiler& profiler() { return profiler_; }
   void set_step_graphs(bool on) { step_graphs_on_ = on; }
   StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
@@ -1739,6 +1741,8 @@ void set_fp8_gemm_in_linear(Backend& backend, bool on) { cuda_backend(backend).s
 void set_fp8_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_fp8_wgmma(on); }
 void set_bf16_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_bf16_wgmma(on); }
 bool bf16_linear_last_wgmma(Backend& backend) { return cuda_backend(backend).bf16_last_wgmma(); }
+bool bf16_linear_last_f32_in(Backend& backend) { return cuda_backend(backend).bf16_last_f32_in(); }
+bool bf16_linear_last_fp8_weights(Backend& backend) { return cuda_backend(backend).bf16_last_fp8_weights(); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 void set_moe_fused_act(Backend& backend, bool on) { cuda_backend(backend).set_moe_fused_act(on); }

@@ -118,6 +118,12 @@ void set_fp8_wgmma(Backend& backend, bool on);
 // last bf16 GEMM ran on them.
 void set_bf16_wgmma(Backend& backend, bool on);
 bool bf16_linear_last_wgmma(Backend& backend);
+// Whether that GEMM's kernel read its fp32 inputs itself (the decode form, up to 64 rows, once the
+// weight's bf16 copy exists; on unless SPARROW_CUDA_DISABLE=bf16_f32_in), with no conversion pass.
+bool bf16_linear_last_f32_in(Backend& backend);
+// Whether it read an FP8 weight as stored, e4m3 codes made bf16 in the kernel (the decode form, block
+// scales over whole 64 x 64 steps; on unless SPARROW_CUDA_DISABLE=bf16_fp8_w), not its bf16 copy.
+bool bf16_linear_last_fp8_weights(Backend& backend);
 // The routed MXFP4 experts under the reference numerics (fast, deepseek-ref) on the tensor cores
 // (W4A8: kernels.h launch_grouped_w4a8). On by default since its GPU run of 2026-12-01; off with
 // SPARROW_CUDA_DISABLE=w4a8 (or this call).

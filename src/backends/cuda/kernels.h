@@ -73,7 +73,11 @@ struct DevView {
 // nodes, the same bytes), "swiglu_sim" (an FFN's SwiGLU, routing-weight rounding and fp8 rounding
 // before w2 in one kernel, launch_swiglu_sim_fp8; off: three passes, the same bits), "w4a8_early"
 // (the routed experts' decode kernel reads its plan and copies its first weight stages before its
-// wait for the previous grid, GroupedW4A8Args::plan_early; off: after it, the same bits) and
+// wait for the previous grid, GroupedW4A8Args::plan_early; off: after it, the same bits),
+// "bf16_f32_in" (the bf16 GEMMs' decode form reads fp32 inputs and rounds them itself,
+// Bf16LinearArgs::x_f32; off: a conversion pass before it, the same bits), "bf16_fp8_w" (that
+// form reads FP8 weights as stored and makes them bf16 in registers, Bf16LinearArgs::w8; off: their
+// bf16 copy, the same bits) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 
@@ -343,7 +347,14 @@ struct Bf16LinearArgs {
   float* out;
   float* partial;
   const uint16_t* x;
-  const uint16_t* w;
+  // Or, where bf16_wgmma_reads_f32(rows), fp32 inputs [rows, x_ld] (16-byte aligned), rounded to bf16
+  // in the kernel (f32_to_bf16's bits): no conversion pass before.
+  const float* x_f32 = nullptr;
+  const uint16_t* w = nullptr;
+  // Or, where bf16_wgmma_reads_f32(rows), the weight as stored: e4m3 codes [N, K] with block scales
+  // (format kFp8Block, block_out and block_in multiples of 64, 16-byte aligned codes), each value
+  // made bf16(e4m3 x scale) in the kernel (launch_weight_to_bf16's bits): half the bf16 copy's bytes.
+  DevWeight w8{};
   int64_t rows = 0, x_ld = 0;
   int N = 0, K = 0, R = 0;
   bool round_bf16 = false;  // the outputs rounded to bf16: in the parts' sum where one runs, else after
@@ -353,6 +364,8 @@ struct Bf16LinearArgs {
 bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R);
 int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N);
 void launch_bf16_wgmma_linear(const Bf16LinearArgs& a);
+// Whether launch_bf16_wgmma_linear takes Bf16LinearArgs::x_f32 for `rows` rows (its decode form).
+bool bf16_wgmma_reads_f32(int64_t rows);
 // The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
 // eight per SM of an H200 (small batches), else 2.
 inline int w4a8_small_tiles(const GroupedW4A8Args& g) {

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "backends/cuda/device_common.cuh"
+#include "core/check.h"
 
 namespace sparrow::cuda {
 namespace {
@@ -1362,6 +1363,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 // form needs the blocks (with 4, the gate's 256 rows made 16 blocks on 132 SMs: 7.7 us for 2 MB
 // in ncu on 2026-12-02), 4 from 8192 (the head's 129,280 rows in 16 parts made 32,320 blocks of 4
 // steps: its step segment 0.316 -> 0.404 ms).
+__device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 constexpr int kBf16Step = 64;                   // inputs a step: one 128-byte row of bf16
 constexpr int kBf16MaxParts = 16;
 __host__ __device__ inline int bf16_parts(int64_t N) { return N >= 8192 ? 4 : kBf16MaxParts; }
@@ -1371,12 +1373,27 @@ __device__ __host__ inline int bf16_part(int p, int steps, int parts) { return p
 // blocks share an SM, where 8 stages held it to 2 and wo_a's blocks to two waves in ncu).
 constexpr int kBf16DecStages = 4;
 constexpr int kBf16DecPitch = 144;              // its weight rows' bytes in a stage (128 + 16: a quarter-warp's reads on 32 banks)
+constexpr int kBf16DecPitch8 = 80;              // (e4m3 weights) 64 + 16: the same reads on 32 banks
+template <bool kFp8W>
+__host__ __device__ constexpr int bf16_dec_pitch() { return kFp8W ? kBf16DecPitch8 : kBf16DecPitch; }
+template <bool kF32X, bool kFp8W>
 struct Bf16DecStage {
   uint8_t x[8 * 128];                           // chunk c (16 bytes) of row n at 128 c + 16 n: wgmma's no-swizzle core matrices
-  uint8_t w[kWgCols * kBf16DecPitch];
+  uint8_t w[kWgCols * bf16_dec_pitch<kFp8W>()];  // weight row r's step at pitch r (bf16, or e4m3 codes)
+  float xf[kF32X ? 8 * kBf16Step : 4];          // (fp32 inputs) row n's 64 at 64 n, rounded into x before use
 };
-static_assert(sizeof(Bf16DecStage) % 16 == 0, "stages stay 16-byte aligned");
-constexpr size_t kBf16DecSmemBytes = kBf16DecStages * sizeof(Bf16DecStage);
+template <bool kF32X, bool kFp8W>
+constexpr size_t bf16_dec_smem_bytes() {
+  static_assert(sizeof(Bf16DecStage<kF32X, kFp8W>) % 16 == 0, "stages stay 16-byte aligned");
+  return kBf16DecStages * sizeof(Bf16DecStage<kF32X, kFp8W>);
+}
+// Two e4m3 codes (low byte first) times their block's scale as a bf16 pair: bf16(e4m3 x scale) with
+// the product in fp32, weight_to_bf16_kernel's bits (weight_at) for every finite code.
+__device__ inline uint32_t e4m3x2_scaled_bf16x2(uint32_t two, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const float lo = __half2float(__ushort_as_half(h.x)) * scale, hi = __half2float(__ushort_as_half(h.y)) * scale;
+  return static_cast<uint32_t>(bf16_bits(lo)) | static_cast<uint32_t>(bf16_bits(hi)) << 16;
+}
 
 __device__ inline void wgmma_m64n8k16_bf16_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
   asm volatile(
@@ -1392,57 +1409,71 @@ __device__ inline void wgmma_m64n8k16_bf16_rs(float (&d)[4], const uint32_t (&a)
 // Thread (warp w, gid, tig) holds rows 16 w + gid and + 8; for wgmma i of a step, words 8 i + tig
 // (inputs 16 i + 2 tig, + 1) and 8 i + 4 + tig (16 i + 8 + 2 tig, + 1) of each: the m64nNk16 A
 // fragment with inputs in natural order.
+// kF32X: the inputs are fp32 (a.x_f32), copied as they are and rounded to bf16 in the kernel, each
+// thread its own copy's 4 values once they land (__float2bfloat16_rn: f32_to_bf16_kernel's bits).
+// kFp8W: the weight is its e4m3 codes and block scales (a.w8), each pair of codes made bf16 in
+// registers as the fragment is read (e4m3x2_scaled_bf16x2): half the bytes of the bf16 copy.
+template <bool kF32X, bool kFp8W>
 __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16LinearArgs a) {
   extern __shared__ __align__(128) uint8_t bf16_dec_smem[];
-  Bf16DecStage* ring = reinterpret_cast<Bf16DecStage*>(bf16_dec_smem);
+  using Stage = Bf16DecStage<kF32X, kFp8W>;
+  Stage* ring = reinterpret_cast<Stage*>(bf16_dec_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 8;
   const int n0 = static_cast<int>(blockIdx.y) * kWgCols, steps = a.K / kBf16Step;
   const int s_lo = bf16_part(blockIdx.z, steps, gridDim.z), s_hi = bf16_part(blockIdx.z + 1, steps, gridDim.z);
   const int64_t x_off = static_cast<int64_t>(n0 / a.R) * a.K;
   // Copies a step: weight pieces p = tid + 128 i (i < 4): row p / 8, chunk p % 8 (a quarter-warp one
-  // row's 128 bytes); input pieces tid < 64: row tid % 8, chunk tid / 8.
-  const uint8_t* wsrc[4];
-  bool wok[4];
-  int wdst[4];
+  // row's 128 bytes; e4m3: i < 2, row p / 4, chunk p % 4 of its 64); input pieces tid < 64: row
+  // tid % 8, chunk tid / 8.
+  constexpr int kWRow = kFp8W ? kBf16Step : 2 * kBf16Step;  // a weight row's bytes a step
+  constexpr int kWPieces = kWRow / 32, kChunks = kWRow / 16;
+  const uint8_t* wbase = kFp8W ? static_cast<const uint8_t*>(a.w8.data) : reinterpret_cast<const uint8_t*>(a.w);
+  const uint8_t* wsrc[kWPieces];
+  bool wok[kWPieces];
+  int wdst[kWPieces];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int p = tid + kWgThreads * i, row = p / 8, chunk = p % 8;
+  for (int i = 0; i < kWPieces; ++i) {
+    const int p = tid + kWgThreads * i, row = p / kChunks, chunk = p % kChunks;
     wok[i] = n0 + row < a.N;
-    wsrc[i] = reinterpret_cast<const uint8_t*>(a.w + (wok[i] ? static_cast<int64_t>(n0 + row) * a.K : 0)) + 16 * chunk +
-              2 * kBf16Step * s_lo;
-    wdst[i] = kBf16DecPitch * row + 16 * chunk;
+    wsrc[i] = wbase + (wok[i] ? static_cast<int64_t>(n0 + row) * a.K * (kWRow / kBf16Step) : 0) + 16 * chunk + kWRow * s_lo;
+    wdst[i] = bf16_dec_pitch<kFp8W>() * row + 16 * chunk;
   }
-  const int xrow = tid % 8, xchunk = tid / 8;
-  const bool xok = tid < 64 && t0 + xrow < a.rows;
-  const uint8_t* xsrc = reinterpret_cast<const uint8_t*>(a.x + (xok ? (t0 + xrow) * a.x_ld + x_off : 0)) + 16 * xchunk +
-                        2 * kBf16Step * s_lo;
-  const int xdst = 128 * xchunk + 16 * xrow;
+  // (fp32 inputs: pieces tid: row tid / 16, 16 bytes = inputs 4 (tid % 16) ..; once landed, their bf16
+  // bits go to half x_half of chunk x_chunk = (tid % 16) / 2 of the row.)
+  const int xrow = kF32X ? tid / 16 : tid % 8, xchunk = kF32X ? tid % 16 : tid / 8;
+  const bool xok = (kF32X || tid < 64) && t0 + xrow < a.rows;
+  constexpr int kXElem = kF32X ? 4 : 2;  // an input's bytes as copied
+  const uint8_t* xbase = kF32X ? reinterpret_cast<const uint8_t*>(a.x_f32) : reinterpret_cast<const uint8_t*>(a.x);
+  const uint8_t* xsrc = xbase + (xok ? ((t0 + xrow) * a.x_ld + x_off) * kXElem : 0) + 16 * xchunk + kXElem * kBf16Step * s_lo;
+  const int xdst = kF32X ? 4 * kBf16Step * xrow + 16 * xchunk : 128 * xchunk + 16 * xrow;
+  const int xhalf = 128 * (xchunk / 2) + 16 * xrow + 8 * (xchunk % 2);  // (fp32 inputs) the bf16 bits' place in x
   // The weights' first kBf16DecStages - 1 steps are copied before the wait for the previous grid
   // (programmatic dependent launch, device_common.cuh): they are a model's weights, or bf16 copies
-  // weight_to_bf16_kernel wrote before the input's conversion (Bf16GroupedLinear::gemm launches
-  // f32_to_bf16_kernel right before this kernel, and a kernel lets its successor start only after
-  // its own wait, so whatever the grid two launches back wrote is visible here). They join the
-  // first commit group; issue() skips them.
+  // weight_to_bf16_kernel wrote before the input's conversion (a copy made in this call is followed
+  // by the input's conversion pass, f32_to_bf16_kernel, never by this kernel directly:
+  // Bf16GroupedLinear::gemm; and a kernel lets its successor start only after its own wait, so
+  // whatever the grid two launches back wrote is visible here). They join the first commit group;
+  // issue() skips them.
   int prefetched = 0;
   for (; prefetched < kBf16DecStages - 1 && s_lo + prefetched < s_hi; ++prefetched) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      cp_async(ring[prefetched].w + wdst[i], wsrc[i] + 2 * kBf16Step * prefetched, wok[i], 16);
+    for (int i = 0; i < kWPieces; ++i) cp_async(ring[prefetched].w + wdst[i], wsrc[i] + kWRow * prefetched, wok[i], 16);
   }
   wait_previous_grid();
   int next = s_lo, next_stage = 0;
   auto issue = [&] {
     if (next < s_hi) {
-      Bf16DecStage& st = ring[next_stage];
+      Stage& st = ring[next_stage];
       const bool weights = next - s_lo >= prefetched;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kWPieces; ++i) {
         if (weights) cp_async(st.w + wdst[i], wsrc[i], wok[i], 16);
-        wsrc[i] += 2 * kBf16Step;
+        wsrc[i] += kWRow;
       }
-      if (tid < 64) cp_async(st.x + xdst, xsrc, xok, 16);
-      xsrc += 2 * kBf16Step;
+      if constexpr (kF32X) cp_async(reinterpret_cast<uint8_t*>(st.xf) + xdst, xsrc, xok, 16);
+      else if (tid < 64) cp_async(st.x + xdst, xsrc, xok, 16);
+      xsrc += kXElem * kBf16Step;
       next_stage = next_stage + 1 == kBf16DecStages ? 0 : next_stage + 1;
       ++next;
     }
@@ -1453,17 +1484,39 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
   for (int i = 0; i < kBf16DecStages - 1; ++i) issue();
   int stage = 0;
   for (int s = s_lo; s < s_hi; ++s) {
+    // (e4m3 weights: the step's block scale; the block's 64 rows and the step's 64 inputs lie in one
+    // scale block, launch_bf16_decode's requirement.)
+    const float w_scale = kFp8W ? dev_load(DevView{a.w8.scale, a.w8.scale_dtype},
+                                           (n0 / a.w8.block_out) * a.w8.scale_cols + (s * kBf16Step) / a.w8.block_in)
+                                : 0.0f;
     cp_async_wait<kBf16DecStages - 2>();  // this thread's copies of step s have landed
+    if constexpr (kF32X) {                // its 4 inputs into bf16 (the stage's last reader, step s - 4, is done)
+      const float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const uint8_t*>(ring[stage].xf) + xdst);
+      uint2 b;
+      b.x = static_cast<uint32_t>(bf16_bits(v.x)) | static_cast<uint32_t>(bf16_bits(v.y)) << 16;
+      b.y = static_cast<uint32_t>(bf16_bits(v.z)) | static_cast<uint32_t>(bf16_bits(v.w)) << 16;
+      *reinterpret_cast<uint2*>(ring[stage].x + xhalf) = b;
+    }
     fence_proxy_async_smem();             // and are visible to wgmma's reads
     __syncthreads();                      // everyone's; and everyone is done with the stage refilled next
     issue();                              // step s + kBf16DecStages - 1
-    const Bf16DecStage& st = ring[stage];
+    const Stage& st = ring[stage];
     stage = stage + 1 == kBf16DecStages ? 0 : stage + 1;
-    const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * c0) + tig;
-    const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * (c0 + 8)) + tig;
     uint32_t w[4][4];
+    if constexpr (kFp8W) {  // codes 16 i + 2 tig, + 1 (and + 8) of rows c0 and c0 + 8
+      const uint16_t* ra = reinterpret_cast<const uint16_t*>(st.w + kBf16DecPitch8 * c0) + tig;
+      const uint16_t* rb = reinterpret_cast<const uint16_t*>(st.w + kBf16DecPitch8 * (c0 + 8)) + tig;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i][0] = ra[8 * i], w[i][2] = ra[8 * i + 4], w[i][1] = rb[8 * i], w[i][3] = rb[8 * i + 4];
+      for (int i = 0; i < 4; ++i) {
+        w[i][0] = e4m3x2_scaled_bf16x2(ra[8 * i], w_scale), w[i][2] = e4m3x2_scaled_bf16x2(ra[8 * i + 4], w_scale);
+        w[i][1] = e4m3x2_scaled_bf16x2(rb[8 * i], w_scale), w[i][3] = e4m3x2_scaled_bf16x2(rb[8 * i + 4], w_scale);
+      }
+    } else {
+      const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * c0) + tig;
+      const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * (c0 + 8)) + tig;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i][0] = ra[8 * i], w[i][2] = ra[8 * i + 4], w[i][1] = rb[8 * i], w[i][3] = rb[8 * i + 4];
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) wgmma_fence_operand(d[r]);
     wgmma_fence();
@@ -1660,7 +1713,6 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
          kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>(), g);
 }
 
-__device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
   wait_previous_grid();
@@ -1863,17 +1915,28 @@ namespace {
 
 int64_t bf16_tma_tiles(int64_t rows, int64_t N) { return (rows + 127) / 128 * ((N + 127) / 128); }
 
+template <bool kF32X, bool kFp8W>
+void launch_bf16_decode_form(dim3 grid, const Bf16LinearArgs& c) {
+  static const bool smem_set =
+      cudaFuncSetAttribute(bf16_linear_decode_kernel<kF32X, kFp8W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bf16_dec_smem_bytes<kF32X, kFp8W>())) == cudaSuccess;
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  launch(bf16_linear_decode_kernel<kF32X, kFp8W>, grid, kWgThreads, bf16_dec_smem_bytes<kF32X, kFp8W>(), c);
+}
+
 // The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its quarters then added.
 void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
-  static const bool smem_set = cudaFuncSetAttribute(bf16_linear_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(kBf16DecSmemBytes)) == cudaSuccess;
-  (void)smem_set;  // a failure shows as the launch's error (launch_check)
   Bf16LinearArgs c = a;
-  c.x = a.x + r0 * a.x_ld;
+  if (a.x_f32 != nullptr) c.x_f32 = a.x_f32 + r0 * a.x_ld;
+  else c.x = a.x + r0 * a.x_ld;
   c.rows = n;
   const int parts = bf16_parts(a.N);
-  launch(bf16_linear_decode_kernel, dim3(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts)),
-         kWgThreads, kBf16DecSmemBytes, c);
+  const dim3 grid(blocks_for(n, 8), blocks_for(a.N, kWgCols), static_cast<unsigned>(parts));
+  const bool f32x = c.x_f32 != nullptr, fp8w = c.w8.data != nullptr;
+  if (f32x && fp8w) launch_bf16_decode_form<true, true>(grid, c);
+  else if (f32x) launch_bf16_decode_form<true, false>(grid, c);
+  else if (fp8w) launch_bf16_decode_form<false, true>(grid, c);
+  else launch_bf16_decode_form<false, false>(grid, c);
   add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts, a.round_bf16);
 }
 
@@ -1916,9 +1979,12 @@ int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N) {
   return bf16_parts(N) * (split ? rows : kTiledRows) * N;
 }
 
+bool bf16_wgmma_reads_f32(int64_t rows) { return rows <= kTiledRows; }
+
 void launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
   if (a.rows == 0 || a.N == 0) return;
   if (a.rows <= kTiledRows) return launch_bf16_decode(a, 0, a.rows);
+  SPARROW_CHECK(a.x != nullptr && a.w != nullptr && "the bf16 linears' TMA form reads bf16 inputs and weights");
   static const bool tma = cuda_feature_on("bf16_tma");
   const char* why = tma ? launch_bf16_tma(a) : "bf16_tma is off";
   if (why == nullptr) return;

@@ -531,6 +531,67 @@ TEST_F(CudaOps, Bf16GemmsAreBatchInvariantOnWgmmaAndCuBlasLt) {
   cuda::set_bf16_wgmma(*gpu, cuda::cuda_feature_on("bf16_wgmma"));
 }
 
+// The bf16 GEMMs' decode form reads fp32 inputs and rounds them to bf16 itself (`bf16_f32_in`: no
+// conversion pass before it), and FP8 weights as stored, made bf16 in registers (`bf16_fp8_w`: no
+// bf16 copy read): up to 64 rows its outputs must be the bits of the same rows through the
+// conversion pass, the bf16 weight copy and the TMA form (a batch of 300), and of the inputs
+// rounded to bf16 on the host first. Inputs that are not bf16 values, with round-to-even ties
+// (1 + 2^-8 and its neighbours' halves, both signs), bf16 subnormals, -0 and values that round up
+// to a new power of two; grouped FP8 weights (wo_a's shape, x_ld = G K) with e8m0 and with fp32
+// scales (whose products round), an FP8 weight whose 96-input scale blocks the decode form cannot
+// take (its bf16 copy then), BF16 weights with N not a multiple of 64 and N past 8192 (4 parts).
+TEST_F(CudaOps, Bf16DecodeFormRoundsItsFp32InputsAsTheConversionPass) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend's test support";
+  if (!cuda::cuda_feature_on("bf16_gemm") || !cuda::cuda_feature_on("bf16_wgmma")) GTEST_SKIP() << "bf16 wgmma is off";
+  const bool f32_in = cuda::cuda_feature_on("bf16_f32_in"), fp8_w = cuda::cuda_feature_on("bf16_fp8_w");
+  cuda::set_bf16_wgmma(*gpu, true);
+  Rng rng(53);
+  struct Case {
+    int64_t G, R, K;
+    bool fp8;
+    DType scale = DType::kF8E8M0;
+    int64_t block_in = 128;
+  };
+  for (const Case c : {Case{8, 128, 256, true}, Case{2, 128, 1152, true, DType::kF32}, Case{1, 256, 192, true, DType::kF32, 96},
+                       Case{1, 1000, 4096, false}, Case{1, 8200, 1088, false}}) {
+    const int64_t G = c.G, R = c.R, K = c.K, N = G * R, W = G * K;
+    const std::string tag = "G=" + std::to_string(G) + " R=" + std::to_string(R) + " K=" + std::to_string(K) +
+                            (c.fp8 ? " fp8 block_in " + std::to_string(c.block_in) : " bf16");
+    const StoredMatrix m = c.fp8 ? fp8_matrix(rng, N, K, 128, c.block_in, c.scale)
+                                 : float_matrix(DType::kBF16, N, K, rng.normal(N * K, 0.05));
+    const int64_t T = 300;
+    std::vector<float> x = rng.normal(T * W);
+    const float ties[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 0x1.ff8p0f, -0x1.ff8p-3f, 0x1p-130f,
+                          -0x1.8p-133f, -0.0f, 3.0f + 0x1p-7f};
+    for (int64_t i = 0; i < T * W; i += 7) x[i] = ties[(i / 7) % 9] * (i % 3 == 0 ? 1.0f : 0.5f);
+    auto run = [&](const std::vector<float>& in, int64_t rows) {
+      const Tensor xt = gpu->upload_f32(in, {rows, W});
+      const Tensor o = gpu->alloc(ElemType::kF32, {rows, N});
+      if (c.fp8) gpu->grouped_linear({.out = o, .in = xt, .weight = &m.w, .groups = G});
+      else gpu->linear({.out = o, .in = xt, .weight = &m.w, .input_bf16 = true});
+      return gpu->download_f32(o);
+    };
+    const std::vector<float> all = run(x, T);  // (also the weight's first use: its bf16 copy is made)
+    EXPECT_FALSE(cuda::bf16_linear_last_f32_in(*gpu)) << tag << ": 300 rows read fp32 inputs";
+    const std::vector<float> xr = host_bf16(x);
+    for (const auto& [t0, n] : {std::pair<int64_t, int64_t>{0, 1}, std::pair<int64_t, int64_t>{3, 5},
+                               std::pair<int64_t, int64_t>{0, 64}, std::pair<int64_t, int64_t>{250, 37}}) {
+      const std::vector<float> rows(x.begin() + t0 * W, x.begin() + (t0 + n) * W);
+      const std::vector<float> got = run(rows, n);
+      EXPECT_EQ(cuda::bf16_linear_last_f32_in(*gpu), f32_in) << tag << ": " << n << " rows";
+      EXPECT_EQ(cuda::bf16_linear_last_fp8_weights(*gpu), fp8_w && c.fp8 && c.block_in % 64 == 0) << tag << ": " << n << " rows";
+      const std::vector<float> pre = run(std::vector<float>(xr.begin() + t0 * W, xr.begin() + (t0 + n) * W), n);
+      for (int64_t i = 0; i < n * N; ++i) {
+        ASSERT_EQ(f32_to_bits(got[i]), f32_to_bits(all[t0 * N + i]))
+            << tag << ": row " << t0 + i / N << " output " << i % N << " in " << n << " rows against the batch of 300";
+        ASSERT_EQ(f32_to_bits(got[i]), f32_to_bits(pre[i]))
+            << tag << ": row " << t0 + i / N << " output " << i % N << " against the inputs rounded on the host";
+      }
+    }
+  }
+  cuda::set_bf16_wgmma(*gpu, cuda::cuda_feature_on("bf16_wgmma"));
+}
+
 TEST_F(CudaOps, RopeForwardAndInverseAtLargePositions) {
   Rng rng(51);
   RopeTable table{.inv_freq = {1.0, 0.31, 0.0123, 3.7e-4, 5.68e-7}};
