@@ -567,7 +567,8 @@ TEST_F(CudaOps, Bf16DecodeFormRoundsItsFp32InputsAsTheConversionPass) {
     auto run = [&](const std::vector<float>& in, int64_t rows) {
       const Tensor xt = gpu->upload_f32(in, {rows, W});
       const Tensor o = gpu->alloc(ElemType::kF32, {rows, N});
-      if (c.fp8) gpu->grouped_linear({.out = o, .in = xt, .weight = &m.w, .groups = G});
+      // (grouped_linear is a bf16 GEMM under round_bf16 only: the fast profiles' wo_a.)
+      if (c.fp8) gpu->grouped_linear({.out = o, .in = xt, .weight = &m.w, .groups = G, .round_bf16 = true});
       else gpu->linear({.out = o, .in = xt, .weight = &m.w, .input_bf16 = true});
       return gpu->download_f32(o);
     };
