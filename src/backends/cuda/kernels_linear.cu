@@ -1359,22 +1359,14 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 //
 // Unlike the FP8 kernels there is no scale to fold group by group, so the accumulator stays in the
 // tensor core for a whole part (no per-group fma pass). The part count is a function of N alone
-// (so a weight's bits never depend on the rows): 16 up to 8192 rows, where at one row the decode
+// (so a weight's bits never depend on the rows): 16 below 8192 rows, where at one row the decode
 // form needs the blocks (with 4, the gate's 256 rows made 16 blocks on 132 SMs: 7.7 us for 2 MB
-// in ncu on 2026-12-02; wo_a's 8192 rows, 8 groups of 1024, made 512 blocks, 0.65 waves: 20 us for
-// its 32 MB of e4m3 codes in ncu on 2026-12-03), 4 above (the head's 129,280 rows in 16 parts made
-// 32,320 blocks of 4 steps: its step segment 0.316 -> 0.404 ms). SPARROW_CUDA_BF16_PARTS4_FROM moves
-// the bound (tuning: it changes the bits of the rows it moves, the same for every M).
+// in ncu on 2026-12-02), 4 from 8192 (the head's 129,280 rows in 16 parts made 32,320 blocks of 4
+// steps: its step segment 0.316 -> 0.404 ms).
 __device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 constexpr int kBf16Step = 64;                   // inputs a step: one 128-byte row of bf16
 constexpr int kBf16MaxParts = 16;
-int bf16_parts(int64_t N) {
-  static const int64_t four_from = [] {
-    const char* v = std::getenv("SPARROW_CUDA_BF16_PARTS4_FROM");
-    return v != nullptr && *v != '\0' ? std::atoll(v) : int64_t{8193};
-  }();
-  return N >= four_from ? 4 : kBf16MaxParts;
-}
+__host__ __device__ inline int bf16_parts(int64_t N) { return N >= 8192 ? 4 : kBf16MaxParts; }
 // Part p of `steps` in `parts` is [bf16_part(p, steps, parts), bf16_part(p + 1, steps, parts)).
 __device__ __host__ inline int bf16_part(int p, int steps, int parts) { return p * steps / parts; }
 // The decode form's cp.async ring (a block's part is 4 steps at K = 4096; 4 stages of 10 KB let 5
