@@ -113,7 +113,7 @@ void set_fp8_wgmma(Backend& backend, bool on);
 // The fast profiles' bf16 GEMMs (wo_a's grouped one, the BF16 weights fed bf16 values: compressors,
 // indexer head weights, gate, head) on the project's wgmma kernels (kernels.h
 // launch_bf16_wgmma_linear) instead of cuBLASLt, where the shapes suit them (K a multiple of 64, a
-// group's rows whole 128-row tiles): K's parts (16 up to N = 8192, 4 above) in separate blocks at up
+// group's rows whole 128-row tiles): K's parts (16, or 4 from N = 8192) in separate blocks at up
 // to 64 rows, 128 x 128 TMA tiles above, the same bits for any M. On unless SPARROW_CUDA_DISABLE=bf16_wgmma; whether the
 // last bf16 GEMM ran on them.
 void set_bf16_wgmma(Backend& backend, bool on);

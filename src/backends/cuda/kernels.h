@@ -337,7 +337,7 @@ bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N);
 // The bf16 linears on the project's wgmma kernels (bf16_linear.h; kernels_linear.cu): out [rows, N]
 // fp32 = W [N, K] (bf16, row-major) times the bf16 inputs x [rows, x_ld], row n of W reading inputs
 // (n / R) K .. (n / R) K + K - 1 of a row (R rows a group: V4's grouped wo_a; R = N for one group).
-// One arithmetic for every rows: K in steps of 64, cut in 16 parts (4 above N = 8192), each part's wgmma k16
+// One arithmetic for every rows: K in steps of 64, cut in 16 parts (4 from N = 8192), each part's wgmma k16
 // accumulated by the tensor core from zero in input order, the parts added in order; up to 64 rows
 // 8-row items x 64 weight rows, a part a block (A from registers), above 128 x 128 tiles through
 // TMA (parts in separate work items where the tiles number fewer than the SMs). `partial` holds
