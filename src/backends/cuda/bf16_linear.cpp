@@ -173,13 +173,12 @@ bool Bf16GroupedLinear::own_kernels(int64_t N, int64_t K, int64_t R) const {
 void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
                              bool round_bf16, bool fresh_weight, const DevWeight* w8) {
   static const bool f32_in = cuda_feature_on("bf16_f32_in");
-  const bool own = own_kernels(G * R, K, R);
-  SPARROW_CHECK((w8 == nullptr || (own && bf16_wgmma_reads_f32(T))) && "e4m3 weights only in the wgmma decode form");
+  const bool own = own_kernels(G * R, K, R), decode_form = own && bf16_wgmma_reads_f32(T);
+  SPARROW_CHECK((w8 == nullptr || decode_form) && "e4m3 weights only in the wgmma decode form");
   // The decode form reads the fp32 inputs itself, unless the weight's bf16 copy was written just now
   // (by the launch right before: the kernel reads its first weight steps before its wait, which
   // sees only what launches two back or earlier wrote).
-  const bool reads_f32 = own && f32_in && !fresh_weight && bf16_wgmma_reads_f32(T) &&
-                         reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const bool reads_f32 = decode_form && f32_in && !fresh_weight && reinterpret_cast<uintptr_t>(in) % 16 == 0;
   if (!reads_f32) {
     xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
     launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);

@@ -1560,11 +1560,9 @@ class CudaBackend final : public Backend {
       launch_swiglu_sim_fp8({.out = h1, .a = a, .b = b, .R = R, .F = F, .stride = stride,
                              .limit = static_cast<float>(limit), .slots = ref.slots, .weights = ref.weights,
                              .scale = ref.scale, .block = kFp8ActBlock});
-    else if (stacked)
+    else  // (the strided form; with stride F it is h1 in place, the same values)
       launch_swiglu({.a = a, .b = b, .n = R * F, .limit = static_cast<float>(limit), .out = h1, .cols = F,
                      .stride = stride});
-    else
-      launch_swiglu({.a = a, .b = b, .n = R * F, .limit = static_cast<float>(limit)});
     if (fused) {
       launch_check("expert swiglu, routing weight, act_quant_fp8 rounding");
     } else if (ref.on) {

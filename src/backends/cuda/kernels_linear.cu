@@ -1372,10 +1372,9 @@ __device__ __host__ inline int bf16_part(int p, int steps, int parts) { return p
 // The decode form's cp.async ring (a block's part is 4 steps at K = 4096; 4 stages of 10 KB let 5
 // blocks share an SM, where 8 stages held it to 2 and wo_a's blocks to two waves in ncu).
 constexpr int kBf16DecStages = 4;
-constexpr int kBf16DecPitch = 144;              // its weight rows' bytes in a stage (128 + 16: a quarter-warp's reads on 32 banks)
-constexpr int kBf16DecPitch8 = 80;              // (e4m3 weights) 64 + 16: the same reads on 32 banks
+// Its weight rows' bytes in a stage: bf16 128 + 16, e4m3 64 + 16 (a quarter-warp's reads on 32 banks).
 template <bool kFp8W>
-__host__ __device__ constexpr int bf16_dec_pitch() { return kFp8W ? kBf16DecPitch8 : kBf16DecPitch; }
+__host__ __device__ constexpr int bf16_dec_pitch() { return kFp8W ? 80 : 144; }
 template <bool kF32X, bool kFp8W>
 struct Bf16DecStage {
   uint8_t x[8 * 128];                           // chunk c (16 bytes) of row n at 128 c + 16 n: wgmma's no-swizzle core matrices
@@ -1502,18 +1501,21 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
     issue();                              // step s + kBf16DecStages - 1
     const Stage& st = ring[stage];
     stage = stage + 1 == kBf16DecStages ? 0 : stage + 1;
+    // Rows c0 and c0 + 8 of the step; inputs 16 i + 2 tig, + 1 and 16 i + 8 + 2 tig, + 1 of each.
+    const uint8_t* row_a = st.w + bf16_dec_pitch<kFp8W>() * c0;
+    const uint8_t* row_b = st.w + bf16_dec_pitch<kFp8W>() * (c0 + 8);
     uint32_t w[4][4];
-    if constexpr (kFp8W) {  // codes 16 i + 2 tig, + 1 (and + 8) of rows c0 and c0 + 8
-      const uint16_t* ra = reinterpret_cast<const uint16_t*>(st.w + kBf16DecPitch8 * c0) + tig;
-      const uint16_t* rb = reinterpret_cast<const uint16_t*>(st.w + kBf16DecPitch8 * (c0 + 8)) + tig;
+    if constexpr (kFp8W) {  // a code pair (2 bytes) an input pair
+      const uint16_t* ra = reinterpret_cast<const uint16_t*>(row_a) + tig;
+      const uint16_t* rb = reinterpret_cast<const uint16_t*>(row_b) + tig;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         w[i][0] = e4m3x2_scaled_bf16x2(ra[8 * i], w_scale), w[i][2] = e4m3x2_scaled_bf16x2(ra[8 * i + 4], w_scale);
         w[i][1] = e4m3x2_scaled_bf16x2(rb[8 * i], w_scale), w[i][3] = e4m3x2_scaled_bf16x2(rb[8 * i + 4], w_scale);
       }
-    } else {
-      const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * c0) + tig;
-      const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + kBf16DecPitch * (c0 + 8)) + tig;
+    } else {  // a bf16 pair (a word) an input pair
+      const uint32_t* ra = reinterpret_cast<const uint32_t*>(row_a) + tig;
+      const uint32_t* rb = reinterpret_cast<const uint32_t*>(row_b) + tig;
 #pragma unroll
       for (int i = 0; i < 4; ++i) w[i][0] = ra[8 * i], w[i][2] = ra[8 * i + 4], w[i][1] = rb[8 * i], w[i][3] = rb[8 * i + 4];
     }
@@ -1712,7 +1714,6 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
          dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
          kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>(), g);
 }
-
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
   wait_previous_grid();
