@@ -150,12 +150,6 @@ void set_w4a8_wgmma_split(Backend& backend, int mode);
 // (kernels_linear.cu decode_quarter_blocks). The same bits any way. Process-wide; defined with the
 // kernels.
 void set_decode_quarter_blocks(int n);
-// The ring the FP8 linears' decode form copies its groups through: 0 (the default) the deep ring
-// (kernels_linear.cu kWgDeepStages) on grids of at most 264 blocks, 4 stages on larger ones; 1 always
-// 4 stages, 2 always the deep ring. The same bits any way. Process-wide; defined with the kernels.
-// decode_last_deep_ring says whether the last such launch took the deep ring.
-void set_decode_deep_ring(int mode);
-bool decode_last_deep_ring();
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);

@@ -1679,17 +1679,9 @@ constexpr int64_t kDecodeSplitBlocks = 2112;
 // sums) keep two blocks an SM, as the W4A8 prefill kernel's 4 do.
 template <int kN, bool kFp8W>
 __host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kWgStages; }
-// The FP8 linears' decode form on a small grid (two blocks an SM or fewer: wq_a with wkv, wo_b
-// and the shared expert at up to 8 rows, 96-256 blocks of 4-16 groups on 132 SMs) takes a ring of
-// kWgDeepStages: 8 groups in flight a block instead of 3 (two blocks an SM, 95 KB each), all of a
-// K = 4096 quarter's weights copied before the wait for the previous kernel. A block of few groups
-// otherwise pays the memory's latency group by group with the SMs half empty (ncu, 2026-12-03: wq_a
-// with wkv at one row, 96 blocks of 8 groups, 0.86 TB/s; wo_b 256 blocks of 16, 2.37 TB/s). The
-// ring's depth moves no arithmetic: the same bits. SPARROW_CUDA_DISABLE=deep_ring keeps 4 stages.
-constexpr int kWgDeepStages = 9;
-template <int kN, int kWG, bool kFp8W = false, int kStages = wg_stages<kN, kFp8W>()>
+template <int kN, int kWG, bool kFp8W = false>
 constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
-  return sizeof(WgStage<kN, kWG, kFp8W>) * kStages + sizeof(float) * (kN / 2) * kWgThreads * kWG;
+  return sizeof(WgStage<kN, kWG, kFp8W>) * wg_stages<kN, kFp8W>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
 // The blocks the decode kernel spreads K's quarters over (grid z: 1, 2 or 4; the same bits any
 // way): 1 without g.partial, set_decode_quarter_blocks's count where set, else the fewest that give
@@ -1697,8 +1689,6 @@ constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sum
 // Blocks of a few groups each spend most of their life starting; a grid of few blocks leaves SMs
 // idle. SPARROW_CUDA_DECODE_SPLIT_BLOCKS overrides the target (tuning).
 std::atomic<int> g_decode_quarter_blocks{0};  // set_decode_quarter_blocks
-std::atomic<int> g_decode_deep_ring{0};       // set_decode_deep_ring
-std::atomic<bool> g_decode_last_deep{false};  // decode_last_deep_ring
 unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t col_blocks) {
   if (g.partial == nullptr) return 1;
   if (const int n = g_decode_quarter_blocks.load(); n == 1 || n == 2 || n == 4) return static_cast<unsigned>(n);
@@ -1710,18 +1700,19 @@ unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t 
   return blocks >= target ? 1u : 2 * blocks >= target ? 2u : 4u;
 }
 
-template <int kN, int kWG, bool kFp8W = false, int kStages = wg_stages<kN, kFp8W>()>
+template <int kN, int kWG, bool kFp8W = false>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
-  constexpr size_t kSmem = wg_smem_bytes<kN, kWG, kFp8W, kStages>();
+  constexpr int kStages = wg_stages<kN, kFp8W>();
   static const bool smem_set = [] {
     return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)) == cudaSuccess;
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(wg_smem_bytes<kN, kWG, kFp8W>())) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const unsigned pair = !kFp8W && kN == 8 && g.w_b != nullptr ? 2 : 1;
   launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>,
          dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
-         kWgThreads * kWG, kSmem, g);
+         kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>(), g);
 }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
@@ -1769,8 +1760,6 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
-void set_decode_deep_ring(int mode) { g_decode_deep_ring.store(mode); }
-bool decode_last_deep_ring() { return g_decode_last_deep.load(); }
 
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
@@ -1901,12 +1890,7 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   if (g.rows_total <= kTiledRows) {
     const int64_t items = (g.rows_total + 7) / 8;
     const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
-    static const bool deep_on = cuda_feature_on("deep_ring");
-    const int mode = g_decode_deep_ring.load();
-    const bool deep = mode == 0 ? deep_on && items * blocks_for(g.N, kWgCols) * z <= 2 * sm_count() : mode == 2;
-    g_decode_last_deep.store(deep);
-    if (deep) launch_w4a8_wgmma<8, 1, true, kWgDeepStages>(g, items, z);
-    else launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    launch_w4a8_wgmma<8, 1, true>(g, items, z);
     if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
     else if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
     return;

@@ -378,27 +378,17 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
       for (int64_t n = 0; n < N; ++n)
         ASSERT_EQ(alone[n], all[t * N + n]) << "N=" << N << " K=" << K << ": token " << t << " alone differs";
     }
-    // The decode form's quarters over 1, 2 or 4 blocks (cuda::set_decode_quarter_blocks), each
-    // through the 4-stage ring and the deep one (cuda::set_decode_deep_ring: 9 stages, which a block
-    // of K = 4096 in one or two blocks wraps and one of 9 groups or fewer fills without wrapping).
+    // The decode form's quarters over 1, 2 or 4 blocks (cuda::set_decode_quarter_blocks).
     if (wgmma) {
-      for (int deep : {1, 2})
-        for (int qb : {1, 2, 4}) {
-          cuda::set_decode_quarter_blocks(qb);
-          cuda::set_decode_deep_ring(deep);
-          const std::vector<float> a = run(0, 37);
-          const bool a_deep = cuda::decode_last_deep_ring();
-          const std::vector<float> b = run(20, 1);
-          const bool b_deep = cuda::decode_last_deep_ring();
-          cuda::set_decode_quarter_blocks(0);
-          cuda::set_decode_deep_ring(0);
-          const std::string what = "N=" + std::to_string(N) + " K=" + std::to_string(K) + ", quarter blocks " +
-                                   std::to_string(qb) + (deep == 2 ? ", deep ring" : ", 4 stages");
-          EXPECT_EQ(a_deep, deep == 2) << what;
-          EXPECT_EQ(b_deep, deep == 2) << what;
-          for (int64_t i = 0; i < 37 * N; ++i) ASSERT_EQ(a[i], all[i]) << what << ": row " << i / N << " of 37";
-          for (int64_t n = 0; n < N; ++n) ASSERT_EQ(b[n], all[20 * N + n]) << what << ": token 20 alone";
-        }
+      for (int qb : {1, 2, 4}) {
+        cuda::set_decode_quarter_blocks(qb);
+        const std::vector<float> a = run(0, 37), b = run(20, 1);
+        cuda::set_decode_quarter_blocks(0);
+        for (int64_t i = 0; i < 37 * N; ++i)
+          ASSERT_EQ(a[i], all[i]) << "N=" << N << " K=" << K << ", quarter blocks " << qb << ": row " << i / N << " of 37";
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(b[n], all[20 * N + n]) << "N=" << N << " K=" << K << ", quarter blocks " << qb << ": token 20 alone";
+      }
     }
     // And in a batch of 4100 (M_pad 4112, past the size the plan is chosen for): the first 300 rows.
     {
