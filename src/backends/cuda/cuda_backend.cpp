@@ -1035,7 +1035,6 @@ class CudaBackend final : public Backend {
   // Routed experts grouped by expert (each expert's weights are read once per batch, over the
   // gathered rows of the tokens that picked it), then the shared expert, then the combine.
   void moe(const MoeParams& p) override {
-    moe_parts_consumed_ = 0;
     OpProfiler::Scope op_scope(profiler_, "moe");
     const int64_t T = p.x.dim(0), D = p.x.dim(1), K = p.experts.dim(1);
     const auto& routed = *p.routed;
@@ -1439,22 +1438,16 @@ class CudaBackend final : public Backend {
     // decode kernel reads the plan before its wait (GroupedW4A8Args::plan_early; SPARROW_CUDA_DISABLE=
     // w4a8_early: after it, the same bits).
     static const bool plan_early = cuda_feature_on("w4a8_early");
-    // The split decode kernel's quarters added by the projections' consumers (the fused SwiGLU pass
-    // after w1 / w3, the scatter after w2) instead of a parts_sum_kernel before each: the same
-    // additions in the same order (SPARROW_CUDA_DISABLE=moe_parts: the kernel).
-    static const bool parts_in_consumer = cuda_feature_on("moe_parts");
     // out = in x W^T over the plan; `in` is float rows (CUDA cores) or `codes` (w4a8).
     // w_b (w4a8 decode wgmma only): a second projection of the same shape into out + total * N.
-    // Returns the slices of `partial` its outputs were left in for the consumer to add (leave_parts:
-    // launch_grouped_w4a8), or 1 (out written).
     auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in, const Codes& codes,
-                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr, bool leave_parts = false) {
+                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr) {
       const auto* dw = static_cast<const DevWeight*>(w.get());
       const auto* offsets = static_cast<const int64_t*>(plan.offsets.get());
       const auto* items = static_cast<const int32_t*>(plan.items.get());
       const auto* n_items = static_cast<const int32_t*>(plan.n_items.get());
       if (w4a8) {
-        return launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
+        launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
                              .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
                              .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
                              .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled,
@@ -1462,12 +1455,12 @@ class CudaBackend final : public Backend {
                              .wgmma = wgmma, .wgmma_warpgroups = w4a8_wgmma_warpgroups_,
                              .partial = split ? partial.f32() : nullptr, .rows_total = total,
                              .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr,
-                             .plan_early = plan_early, .leave_parts = leave_parts && parts_in_consumer});
+                             .plan_early = plan_early});
+      } else {
+        launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
+                                      .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
+                                      .in_stride = shape.in, .format = shape.format, .vectorized = vec});
       }
-      launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
-                                    .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
-                                    .in_stride = shape.in, .format = shape.format, .vectorized = vec});
-      return 1;
     };
     // The profile's names of the two projection steps, by path: CUDA cores, then W4A8 (mma.sync or
     // wgmma, small or tiled kernel).
@@ -1479,13 +1472,11 @@ class CudaBackend final : public Backend {
                                           "moe/experts w2, scatter (w4a8 wgmma tiled)"};
     const int path = w4a8 ? 1 + (tiled ? 1 : 0) + (wgmma ? 2 : 0) : 0;
     std::optional<OpProfiler::Scope> part(std::in_place, profiler_, kW13[path]);
-    int h13_parts = 1;  // h1 and h3 as the sums of this many slices of `partial` (project)
     {
       // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
       const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
       if (pair) {
-        // (Left in `partial` only for the fused pass, which reads them; w2 reuses `partial` after it.)
-        h13_parts = project(tab.w1, f.w1, h1, x, xc, rows, &tab.w3, moe_fused_act_);
+        project(tab.w1, f.w1, h1, x, xc, rows, &tab.w3);
       } else {
         project(tab.w1, f.w1, h1, x, xc, rows);
         project(tab.w3, f.w3, h3, x, xc, rows);
@@ -1496,11 +1487,9 @@ class CudaBackend final : public Backend {
     if (w4a8 && moe_fused_act_) {
       // The three steps below in one kernel, the same bits (SPARROW_CUDA_DISABLE=moe_fused_act: in turn).
       hc = new_codes(total, F);
-      const bool summed = h13_parts == 1;
-      launch_swiglu_quant_fp8({.h1 = summed ? h1 : partial.f32(), .h3 = summed ? h3 : partial.f32() + total * F,
-                               .parts = h13_parts, .part_stride = 2 * total * F,
-                               .limit = static_cast<float>(p.swiglu_limit), .slots = slots, .weights = p.weights.f32(),
-                               .scale = combine_scale, .q = quant_args(hc, nullptr, F)});
+      launch_swiglu_quant_fp8({.h1 = h1, .h3 = h3, .limit = static_cast<float>(p.swiglu_limit),
+                               .slots = slots, .weights = p.weights.f32(), .scale = combine_scale,
+                               .q = quant_args(hc, nullptr, F)});
       launch_check("experts swiglu, routing weight, act_quant (w4a8)");
     } else {
       launch_swiglu({.a = h1, .b = h3, .n = total * F, .limit = static_cast<float>(p.swiglu_limit)});
@@ -1514,11 +1503,9 @@ class CudaBackend final : public Backend {
       }
     }
     part.emplace(profiler_, kW2[path]);
-    const int y_parts = project(tab.w2, f.w2, y.f32(), h1, hc, nullptr, nullptr, true);
+    project(tab.w2, f.w2, y.f32(), h1, hc, nullptr);
     launch_check("experts ffn");
-    moe_parts_consumed_ = (h13_parts > 1 ? 1 : 0) + (y_parts > 1 ? 1 : 0);
-    launch_expert_scatter({.contrib = contrib, .y = y_parts > 1 ? partial.f32() : y.f32(), .parts = y_parts,
-                           .part_stride = total * D, .slots = slots,
+    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
                            .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
                            .scale = static_cast<float>(combine_scale)});
     launch_check("experts scatter");
@@ -1632,7 +1619,6 @@ class CudaBackend final : public Backend {
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
   bool moe_fused_act_ = cuda_feature_on("moe_fused_act");
-  int moe_parts_consumed_ = 0;  // the last moe's projections whose quarters its consumers added (0 .. 2)
   bool fp8_stack_ = cuda_feature_on("fp8_stack");  // linears of one input as one GEMM (linears, swiglu_ffn)
   bool w4a8_wgmma_ = cuda_feature_on("w4a8_wgmma");
   int w4a8_wgmma_warpgroups_ = 0;
@@ -1668,7 +1654,6 @@ class CudaBackend final : public Backend {
   bool bf16_last_wgmma() const { return bf16_.last_wgmma(); }
   bool bf16_last_f32_in() const { return bf16_.last_f32_in(); }
   bool bf16_last_fp8_weights() const { return bf16_.last_fp8_weights(); }
-  int moe_parts_consumed() const { return moe_parts_consumed_; }
   OpProfiler& profiler() { return profiler_; }
   void set_step_graphs(bool on) { step_graphs_on_ = on; }
   StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
@@ -1756,7 +1741,6 @@ void set_bf16_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_bf16_
 bool bf16_linear_last_wgmma(Backend& backend) { return cuda_backend(backend).bf16_last_wgmma(); }
 bool bf16_linear_last_f32_in(Backend& backend) { return cuda_backend(backend).bf16_last_f32_in(); }
 bool bf16_linear_last_fp8_weights(Backend& backend) { return cuda_backend(backend).bf16_last_fp8_weights(); }
-int moe_last_parts_consumed(Backend& backend) { return cuda_backend(backend).moe_parts_consumed(); }
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 void set_moe_fused_act(Backend& backend, bool on) { cuda_backend(backend).set_moe_fused_act(on); }

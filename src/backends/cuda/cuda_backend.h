@@ -124,10 +124,6 @@ bool bf16_linear_last_f32_in(Backend& backend);
 // Whether it read an FP8 weight as stored, e4m3 codes made bf16 in the kernel (the decode form, block
 // scales over whole 64 x 64 steps; on unless SPARROW_CUDA_DISABLE=bf16_fp8_w), not its bf16 copy.
 bool bf16_linear_last_fp8_weights(Backend& backend);
-// Of the last moe's routed projections on the split decode wgmma kernel (w1 with w3, w2), how many
-// left K's quarters' sums for the next kernel to add (the fused SwiGLU pass, the scatter) instead of
-// a parts-sum kernel (on unless SPARROW_CUDA_DISABLE=moe_parts): 0, 1 or 2.
-int moe_last_parts_consumed(Backend& backend);
 // The routed MXFP4 experts under the reference numerics (fast, deepseek-ref) on the tensor cores
 // (W4A8: kernels.h launch_grouped_w4a8). On by default since its GPU run of 2026-12-01; off with
 // SPARROW_CUDA_DISABLE=w4a8 (or this call).

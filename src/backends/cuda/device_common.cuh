@@ -95,14 +95,6 @@ __device__ inline float dev_e2m1(uint8_t nibble) {
 // even, the default mode std::nearbyint uses on the host), so they agree with the host bit for bit.
 
 // bf16 round to nearest even; NaN stays NaN (quiet).
-// The value a parts_sum_kernel would have written at p: p[0] + p[stride] + ... over `parts` slices,
-// added in slice order (its bits); p[0] when parts is 1.
-__device__ inline float summed_parts(const float* p, int parts, int64_t stride) {
-  float s = p[0];
-  for (int q = 1; q < parts; ++q) s += p[q * stride];
-  return s;
-}
-
 __device__ inline float dev_bf16_round(float f) {
   uint32_t u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);

@@ -318,15 +318,8 @@ struct GroupedW4A8Args {
   // (launch_fp8_wgmma_linear) the outputs rounded to bf16 (an op's round_bf16): in the quarters'
   // sum where one runs, else by launch_bf16_round after the kernel; the same values either way.
   bool round_bf16 = false;
-  // (decode wgmma kernel, grouped experts) leave K's quarters' sums in partial where the kernel
-  // splits them, for the consumer to add (device_common.cuh summed_parts), instead of a
-  // parts_sum_kernel writing out.
-  bool leave_parts = false;
 };
-// Returns the slices the outputs were left in: 4 when g.leave_parts and the decode kernel split K's
-// quarters (out unwritten; output i is partial[i] + partial[P + i] + partial[2P + i] +
-// partial[3P + i] added in that order, P = (w_b ? 2 : 1) x rows_total x N), else 1 (out written).
-int launch_grouped_w4a8(const GroupedW4A8Args& g);
+void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block
@@ -485,10 +478,6 @@ void launch_route_scale_bf16(const RouteScaleArgs& a);
 struct SwigluQuantArgs {
   const float* h1;
   const float* h3;
-  // h1 and h3 as the sums of `parts` slices part_stride apart, added in slice order (the decode
-  // wgmma kernel's quarters left unsummed: launch_grouped_w4a8's leave_parts); 1: as they are.
-  int parts = 1;
-  int64_t part_stride = 0;
   float limit;
   const int32_t* slots;   // [R] (ignored when weights is null)
   const float* weights;   // [T*K] or null (g = 1)
@@ -681,9 +670,7 @@ void launch_swiglu(const SwigluArgs& a);
 // (ref_numerics: the routing weight went in before w2).
 struct ScatterArgs {
   float* contrib;         // [T*K, D]
-  const float* y;         // [R, D]; with parts > 1, the sum of that many slices part_stride apart, in order
-  int parts = 1;
-  int64_t part_stride = 0;
+  const float* y;         // [R, D]
   const int32_t* slots;   // [R]
   const float* weights;   // [T*K] or null
   int64_t R, D;

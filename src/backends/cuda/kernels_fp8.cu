@@ -123,14 +123,8 @@ __global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
   if (!act_quant_warp_pair(a, p)) return;
   const int64_t m = p.m, k0 = p.k0, at = m * a.K + k0;
   float x[kValuesPerLane], y[kValuesPerLane];
-  if (s.parts > 1) {  // the projections' quarters, added in order (parts_sum_kernel's bits)
-#pragma unroll
-    for (int i = 0; i < kValuesPerLane; ++i) {
-      x[i] = k0 + i < a.K ? summed_parts(s.h1 + at + i, s.parts, s.part_stride) : 0.0f;
-      y[i] = k0 + i < a.K ? summed_parts(s.h3 + at + i, s.parts, s.part_stride) : 0.0f;
-    }
-  } else if (k0 + kValuesPerLane <= a.K && a.K % 4 == 0 && reinterpret_cast<uintptr_t>(s.h1) % 16 == 0 &&
-             reinterpret_cast<uintptr_t>(s.h3) % 16 == 0) {
+  if (k0 + kValuesPerLane <= a.K && a.K % 4 == 0 && reinterpret_cast<uintptr_t>(s.h1) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(s.h3) % 16 == 0) {
     const float4 g1 = *reinterpret_cast<const float4*>(s.h1 + at), g3 = *reinterpret_cast<const float4*>(s.h3 + at);
     x[0] = g1.x, x[1] = g1.y, x[2] = g1.z, x[3] = g1.w;
     y[0] = g3.x, y[1] = g3.y, y[2] = g3.z, y[3] = g3.w;

@@ -1761,23 +1761,20 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
 
-int launch_grouped_w4a8(const GroupedW4A8Args& g) {
-  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return 1;
+void launch_grouped_w4a8(const GroupedW4A8Args& g) {
+  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
       launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
-      if (z == 1) return 1;
-      if (g.leave_parts) return kW4A8Warps;
-      add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
-      return 1;
+      if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
+      return;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
-    if (g.wgmma_warpgroups == 1) launch_w4a8_wgmma<64, 1>(g, g.max_tiles);
-    else launch_w4a8_wgmma<64, 2>(g, g.max_tiles);
-    return 1;
+    if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(g, g.max_tiles);
+    return launch_w4a8_wgmma<64, 2>(g, g.max_tiles);
   }
   if (g.tiled) {
     static const bool smem_set = [] {
@@ -1802,7 +1799,6 @@ int launch_grouped_w4a8(const GroupedW4A8Args& g) {
       launch(grouped_w4a8_kernel<2>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
              small_smem_bytes<2>(), g);
   }
-  return 1;
 }
 
 namespace {

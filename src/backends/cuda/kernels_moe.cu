@@ -84,8 +84,7 @@ __global__ void expert_scatter_kernel(ScatterArgs a) {
   if (i >= a.R * a.D) return;
   const int64_t r = i / a.D, d = i % a.D;
   const int64_t slot = a.slots[r];
-  const float y = summed_parts(a.y + i, a.parts, a.part_stride);
-  a.contrib[slot * a.D + d] = a.weights ? a.weights[slot] * a.scale * y : y;
+  a.contrib[slot * a.D + d] = a.weights ? a.weights[slot] * a.scale * a.y[i] : a.y[i];
 }
 
 // Slots are summed in slot order, then the shared expert: a token's result does not depend on

@@ -2243,31 +2243,18 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
     expect_same_bits(gpu->download_f32(o), g, "moe w4a8 wgmma tiled, warpgroups " + std::to_string(wg));
   }
   // The decode kernel with K's quarters in separate blocks (then added in order) or in one.
-  // Split, the quarters over 1, 2 or 4 blocks (each block's quarters into their own slices), added
-  // by the projections' consumers (`moe_parts`: the fused SwiGLU pass after w1 / w3, the scatter
-  // after w2) or by a parts-sum kernel (the unfused SwiGLU passes after w1 / w3).
+  // Split, the quarters over 1, 2 or 4 blocks (each block's quarters into their own slices).
   cuda::set_w4a8_tiled(*gpu, false);
-  const bool parts_on = cuda::cuda_feature_on("moe_parts") && cuda::cuda_feature_on("grouped_moe");
-  const bool pair_on = cuda::cuda_feature_on("w4a8_pair");
-  for (const bool fused : {true, false})
-    for (int split : {1, 2})
-      for (int qb : {0, 1, 2, 4}) {
-        if (split == 1 && qb > 0) continue;
-        cuda::set_moe_fused_act(*gpu, fused);
-        cuda::set_w4a8_wgmma_split(*gpu, split);
-        cuda::set_decode_quarter_blocks(qb);
-        const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
-        gpu->moe(in.gpu_params(o));
-        const std::string what = std::string("moe w4a8 wgmma decode kernel, ") + (fused ? "fused" : "unfused") +
-                                 " activation, split " + std::to_string(split) + ", quarter blocks " + std::to_string(qb);
-        if (split == 2 && qb > 1) {
-          EXPECT_EQ(cuda::moe_last_parts_consumed(*gpu), parts_on ? 1 + (fused && pair_on ? 1 : 0) : 0) << what;
-        } else if (split == 2 && qb == 1) {
-          EXPECT_EQ(cuda::moe_last_parts_consumed(*gpu), 0) << what;
-        }
-        expect_same_bits(gpu->download_f32(o), g, what);
-      }
-  cuda::set_moe_fused_act(*gpu, cuda::cuda_feature_on("moe_fused_act"));
+  for (int split : {1, 2})
+    for (int qb : {0, 1, 2, 4}) {
+      if (split == 1 && qb > 0) continue;
+      cuda::set_w4a8_wgmma_split(*gpu, split);
+      cuda::set_decode_quarter_blocks(qb);
+      const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
+      gpu->moe(in.gpu_params(o));
+      expect_same_bits(gpu->download_f32(o), g,
+                       "moe w4a8 wgmma decode kernel, split " + std::to_string(split) + ", quarter blocks " + std::to_string(qb));
+    }
   cuda::set_w4a8_wgmma_split(*gpu, 0);
   cuda::set_decode_quarter_blocks(0);
   // Longer K and more tiles: F = 1152, so w2's K is 9 groups of 128 inputs and every kernel's ring
