@@ -1,9 +1,6 @@
 // The KV record codec: see kv_record.h.
 #include "core/kv_record.h"
 
-#include <algorithm>
-#include <cmath>
-
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/quant.h"
@@ -22,16 +19,9 @@ KvRecordLayout kv_record_layout(int64_t dim, int64_t rope_dim) {
 }
 
 void kv_record_encode(const float* entry, const KvRecordLayout& l, uint8_t* out) {
-  for (int64_t b = 0; b < l.blocks; ++b) {
-    const float* x = entry + b * kKvRecordBlock;
-    float amax = 1e-4f;  // fp8_pow2_quant_sim's floor (NaN is skipped by max, as there)
-    for (int64_t i = 0; i < kKvRecordBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const int k = pow2_scale_exponent(amax, kE4m3Max);
-    const float s = std::ldexp(1.0f, k);
-    for (int64_t i = 0; i < kKvRecordBlock; ++i)
-      out[b * kKvRecordBlock + i] = f32_to_e4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max));
-    out[l.scales_at + b] = e8m0_from_exponent(k);
-  }
+  for (int64_t b = 0; b < l.blocks; ++b)
+    out[l.scales_at + b] = e8m0_from_exponent(
+        fp8_pow2_block_encode(entry + b * kKvRecordBlock, kKvRecordBlock, out + b * kKvRecordBlock));
   for (int64_t p = l.scales_at + l.blocks; p < l.rope_at; ++p) out[p] = 0;
   for (int64_t i = 0; i < l.rope_dim; ++i) {
     const uint16_t h = f32_to_bf16(entry[l.nope + i]);

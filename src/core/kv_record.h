@@ -26,10 +26,9 @@ struct KvRecordLayout {
 // (dim 512, rope 64): 448 + 7 + 1 + 128 = 584 bytes.
 KvRecordLayout kv_record_layout(int64_t dim, int64_t rope_dim);
 
-// entry [l.dim] -> out [l.bytes]. The nope blocks as fp8_pow2_quant_sim rounds them (amax floored at
-// 1e-4, s = 2^ceil(log2(amax / 448)), codes e4m3(clamp(x / s, ±448)), NaN kept as its code); the
-// RoPE dims rounded to bf16 (to nearest even). REQUIRES every value finite or NaN (an infinite
-// value has no scale, as in the simulation).
+// entry [l.dim] -> out [l.bytes]. Each nope block's codes and scale by fp8_pow2_block_encode (core/
+// quant.h, the encoder fp8_pow2_quant_sim rounds with); the RoPE dims rounded to bf16 (to nearest
+// even). REQUIRES every value finite or NaN (an infinite value has no scale, as in the simulation).
 void kv_record_encode(const float* entry, const KvRecordLayout& l, uint8_t* out);
 // rec [l.bytes] -> entry [l.dim]: code x scale (exact in fp32), bf16 widened.
 void kv_record_decode(const uint8_t* rec, const KvRecordLayout& l, float* entry);

@@ -62,4 +62,13 @@ int pow2_scale_exponent(float amax, float qmax) {
   return std::clamp(k, -127, 127);
 }
 
+int fp8_pow2_block_encode(const float* x, int64_t n, uint8_t* codes) {
+  float amax = 1e-4f;  // the reference's floor: an all-zero block still gets a finite scale
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const int k = pow2_scale_exponent(amax, kE4m3Max);
+  const float s = std::ldexp(1.0f, k);
+  for (int64_t i = 0; i < n; ++i) codes[i] = f32_to_e4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max));
+  return k;
+}
+
 }  // namespace sparrow

@@ -34,4 +34,10 @@ uint8_t e8m0_from_exponent(int k);
 // REQUIRES amax >= 0 and finite, qmax > 0.
 int pow2_scale_exponent(float amax, float qmax);
 
+// One block of the reference's power-of-two FP8 quantisation (spec §3.0.5, §3.0.6) as codes:
+// amax = max(|x|, 1e-4) (a NaN is skipped), k = pow2_scale_exponent(amax, 448),
+// codes[i] = e4m3(clamp(x[i] / 2^k, ±448)) (a NaN keeps its code); returns k. REQUIRES every x
+// finite or NaN. fp8_pow2_quant_sim's rounding and the KV record's bytes (core/kv_record.h).
+int fp8_pow2_block_encode(const float* x, int64_t n, uint8_t* codes);
+
 }  // namespace sparrow

@@ -50,12 +50,11 @@ void simulate_key_precision(float* x, int64_t n, KeyPrecision p) {
 }
 
 void fp8_pow2_quant_sim(float* x, int64_t n, int64_t block) {
+  std::vector<uint8_t> codes(static_cast<size_t>(std::min(n, block)));
   for (int64_t b = 0; b < n; b += block) {
     const int64_t e = std::min(n, b + block);
-    float amax = 1e-4f;  // the reference's floor: an all-zero block still gets a finite scale
-    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = std::ldexp(1.0f, pow2_scale_exponent(amax, kE4m3Max));
-    for (int64_t i = b; i < e; ++i) x[i] = e4m3_to_f32(f32_to_e4m3(std::clamp(x[i] / s, -kE4m3Max, kE4m3Max))) * s;
+    const float s = std::ldexp(1.0f, fp8_pow2_block_encode(x + b, e - b, codes.data()));
+    for (int64_t i = b; i < e; ++i) x[i] = e4m3_to_f32(codes[i - b]) * s;
   }
 }
 

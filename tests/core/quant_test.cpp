@@ -3,6 +3,7 @@
 // checked against a brute-force nearest-code search over the decoded tables.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -115,6 +116,37 @@ TEST(QuantE4m3, SaturatesLikeTheReferenceClampThenCast) {
   EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -10)), 0x00);            // half the smallest subnormal: to even (0)
   EXPECT_EQ(f32_to_e4m3(std::ldexp(1.5f, -10)), 0x01);            // above half: rounds up
   EXPECT_EQ(f32_to_e4m3(std::numeric_limits<float>::denorm_min()), 0x00);
+}
+
+// The reference's FP8 block quantisation as codes, against the spec written out in doubles: the
+// scale 2^k the smallest power of two with max(|x|, 1e-4) / 2^k <= 448 (NaN skipped), each code the
+// brute-force nearest of x / 2^k clamped; blocks of one magnitude each from 2^-30 to 2^30, an
+// all-zero block, a block under the floor, one with a NaN, one at exactly 448.
+TEST(QuantFp8Block, CodesAndScaleAreTheSpecs) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> mag(-30, 30);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = trial % 3 == 0 ? 45 : 128;
+    std::vector<float> x(static_cast<size_t>(n));
+    const float m = std::ldexp(1.0f, mag(rng));
+    for (float& v : x) v = normal(rng) * m;
+    if (trial == 1) std::fill(x.begin(), x.end(), 0.0f);
+    if (trial == 2) for (float& v : x) v *= 1e-12f;
+    if (trial == 4) x[7] = std::numeric_limits<float>::quiet_NaN();
+    if (trial == 5) x[0] = 448.0f, x[1] = -448.0f;
+    double amax = 1e-4;
+    for (float v : x)
+      if (!std::isnan(v)) amax = std::max(amax, std::fabs(static_cast<double>(v)));
+    int k_ref = -127;
+    while (amax / std::ldexp(1.0, k_ref) > 448.0) ++k_ref;
+    std::vector<uint8_t> codes(static_cast<size_t>(n));
+    ASSERT_EQ(fp8_pow2_block_encode(x.data(), n, codes.data()), k_ref) << "trial " << trial << " amax " << amax;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t want = std::isnan(x[i]) ? 0x7F : e4m3_brute(static_cast<float>(x[i] / std::ldexp(1.0, k_ref)));
+      ASSERT_EQ(codes[i], want) << "trial " << trial << " value " << i << " = " << x[i];
+    }
+  }
 }
 
 TEST(QuantE2m1, All16CodesDecodeExactly) {
