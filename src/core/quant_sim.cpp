@@ -1,6 +1,7 @@
 #include "core/quant_sim.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -50,10 +51,13 @@ void simulate_key_precision(float* x, int64_t n, KeyPrecision p) {
 }
 
 void fp8_pow2_quant_sim(float* x, int64_t n, int64_t block) {
-  std::vector<uint8_t> codes(static_cast<size_t>(std::min(n, block)));
+  // (The blocks used are 64 and 128: their codes on the stack, no allocation on the CPU's act_quant path.)
+  std::array<uint8_t, 128> small{};
+  std::vector<uint8_t> large(block > 128 ? static_cast<size_t>(std::min(n, block)) : 0);
+  uint8_t* const codes = block > 128 ? large.data() : small.data();
   for (int64_t b = 0; b < n; b += block) {
     const int64_t e = std::min(n, b + block);
-    const float s = std::ldexp(1.0f, fp8_pow2_block_encode(x + b, e - b, codes.data()));
+    const float s = std::ldexp(1.0f, fp8_pow2_block_encode(x + b, e - b, codes));
     for (int64_t i = b; i < e; ++i) x[i] = e4m3_to_f32(codes[i - b]) * s;
   }
 }
