@@ -60,6 +60,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--model-step-segments", opts->b.model_step_segments,
                 "After each model-step cell, 8 more steps with events around every graph segment's launch: each "
                 "layer's (and the head's) GPU time inside the captured step, and its cuBLASLt kernels");
+  cmd->add_flag("--kernel-trace", opts->b.kernel_trace,
+                "After each model-step cell, 8 more steps with every kernel of the graph segments reading the GPU's "
+                "timer around its wait for the kernel before it: per segment and kernel, the time it held the chain, "
+                "how long it sat resident before its predecessor finished, and its blocks' start spread (medians; "
+                "\"kernel_trace\" in the JSON)");
   cmd->add_flag("--graphs", opts->b.timing.graphs,
                 "Decode cells: run each step as a backend step, which the CUDA backend captures as a CUDA graph "
                 "(the timed figure then holds the host's capture before the GPU's work; \"queued\" the graph's GPU time)");

@@ -429,6 +429,7 @@ Status run_bench(const BenchOptions& o) {
                   {"model_step_contexts", o.model_step_contexts},
                   {"model_step_tokens", o.model_step_tokens},
                   {"model_step_segments", o.model_step_segments},
+                  {"kernel_trace", o.kernel_trace},
                   {"time_budget_s", o.time_budget_s}};
   r["floor_assumptions"] = {
       {"kv_record_bytes", kv_record_bytes(c)},
@@ -691,6 +692,47 @@ Status run_bench(const BenchOptions& o) {
       } else {
         cell["segments_status"] = ids.is_ok() ? "no graph segments (steps ran op by op)" : ids.status().message();
       }
+    }
+    // Where each segment's time goes kernel by kernel (the GPU's timer around every kernel's wait:
+    // cuda_backend.h set_kernel_trace), in a third short run.
+    if (o.kernel_trace && !steps.empty() && !deadline_passed()) {
+      constexpr int64_t kTraceSteps = 8;
+      cuda::kernel_trace(*backend);  // (nothing earlier counts)
+      cuda::set_kernel_trace(*backend, true);
+      Session session(*model, *backend);
+      auto ids = session.generate(prompt_of(C), 1 + kUntimed + kTraceSteps, nullptr);
+      cuda::set_kernel_trace(*backend, false);
+      std::vector<TracedLaunch> launches;
+      for (cuda::KernelTraceLaunch& l : cuda::kernel_trace(*backend)) {
+        TracedLaunch t{.segment = l.segment, .kernels = l.kernels, .complete = l.complete()};
+        for (const cuda::KernelTraceRecord& r : l.records)
+          t.records.push_back({.first_at_wait = r.first_at_wait, .first_past_wait = r.first_past_wait,
+                               .last_past_wait = r.last_past_wait, .blocks = r.blocks});
+        launches.push_back(std::move(t));
+      }
+      json js = json::array();
+      for (const TracedSegment& g : summarise_kernel_trace(launches)) {
+        std::printf("  kernel trace, segment %d: %d launches (%d skipped), first to last kernel %.1f us\n", g.segment,
+                    g.launches, g.skipped, g.span_us);
+        json ks = json::array();
+        for (size_t k = 0; k < g.kernels.size(); ++k) {
+          const TracedKernel& t = g.kernels[k];
+          std::printf("    %3zu %-44s blocks %6lld  chain %7.2f us  resident %7.2f us  spread %6.2f us\n", k,
+                      t.name.c_str(), static_cast<long long>(t.blocks), t.chain_us, t.resident_us, t.spread_us);
+          ks.push_back({{"name", t.name},
+                        {"blocks", t.blocks},
+                        {"chain_us", t.chain_us},
+                        {"resident_us", t.resident_us},
+                        {"spread_us", t.spread_us}});
+        }
+        js.push_back({{"segment", g.segment},
+                      {"launches", g.launches},
+                      {"skipped", g.skipped},
+                      {"span_us", g.span_us},
+                      {"kernels", ks}});
+      }
+      cell["kernel_trace"] = js;
+      if (!ids.is_ok()) cell["kernel_trace_status"] = ids.status().message();
     }
     std::fflush(stdout);
     r["model_step"].push_back(cell);

@@ -27,6 +27,7 @@ struct BenchOptions {
   std::vector<int64_t> model_step_contexts = {4096};
   int64_t model_step_tokens = 32;                // timed decode steps of that cell (after 3 untimed)
   bool model_step_segments = false;              // then each graph segment's GPU time (a second, short run)
+  bool kernel_trace = false;                     // then each segment's kernels' timestamps (a third, short run)
   std::string backend = "cuda";
   std::string precision = "fp32";
   IndexKeyFormat index_keys = IndexKeyFormat::kFp8;  // the floor's indexer key format

@@ -1,8 +1,10 @@
 #include "bench/floors.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "core/check.h"
 
@@ -240,6 +242,97 @@ std::vector<SegmentSummary> summarise_segments(const std::vector<SegmentSample>&
     out.push_back({.segment = segment, .median_ms = v[v.size() / 2], .nodes = l.nodes, .kernels = l.kernels,
                    .driver_kernels = l.driver_kernels});
   }
+  return out;
+}
+
+std::string short_kernel_name(const std::string& mangled) {
+  // The identifiers of the Itanium mangling are <length><chars>; the function's is the last one
+  // that ends in "kernel", its template arguments the L<type><value>E that follow it inside I..E.
+  std::string best;
+  size_t best_end = std::string::npos;
+  for (size_t i = 0; i < mangled.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(mangled[i]))) {  // (an identifier's digits are jumped over with it)
+      ++i;
+      continue;
+    }
+    size_t j = i, len = 0;
+    while (j < mangled.size() && std::isdigit(static_cast<unsigned char>(mangled[j])) && len < 100000)
+      len = len * 10 + static_cast<size_t>(mangled[j++] - '0');
+    if (len == 0 || j + len > mangled.size()) {
+      i = j;
+      continue;
+    }
+    const std::string id = mangled.substr(j, len);
+    if (id.size() >= 6 && id.compare(id.size() - 6, 6, "kernel") == 0) best = id, best_end = j + len;
+    i = j + len;
+  }
+  if (best.empty()) return mangled;
+  if (best_end < mangled.size() && mangled[best_end] == 'I') {
+    std::string args;
+    size_t k = best_end + 1;
+    while (k < mangled.size() && mangled[k] == 'L') {
+      size_t e = mangled.find('E', k);
+      if (e == std::string::npos) break;
+      // L<type code><value>E: the type is one letter for the builtins used here (i, b, l, j, m).
+      std::string v = mangled.substr(k + 2, e - k - 2);
+      if (!v.empty() && v[0] == 'n') v[0] = '-';
+      args += (args.empty() ? "" : ",") + v;
+      k = e + 1;
+    }
+    if (!args.empty()) best += "<" + args + ">";
+  }
+  return best;
+}
+
+std::vector<TracedSegment> summarise_kernel_trace(const std::vector<TracedLaunch>& launches) {
+  const auto median = [](std::vector<double> v) {
+    if (v.empty()) return -1.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::map<int, std::vector<const TracedLaunch*>> by_segment;
+  std::map<int, int> skipped;
+  for (const TracedLaunch& l : launches) {
+    if (!l.complete || l.records.size() != l.kernels.size() || l.records.empty()) {
+      ++skipped[l.segment];
+      continue;
+    }
+    std::vector<const TracedLaunch*>& v = by_segment[l.segment];
+    if (!v.empty() && v.front()->kernels != l.kernels) {
+      ++skipped[l.segment];
+      continue;
+    }
+    v.push_back(&l);
+  }
+  std::vector<TracedSegment> out;
+  for (auto& [segment, ls] : by_segment) {
+    TracedSegment t{.segment = segment, .launches = static_cast<int>(ls.size()), .skipped = skipped[segment]};
+    const size_t n = ls.front()->kernels.size();
+    std::vector<double> span;
+    for (const TracedLaunch* l : ls)
+      span.push_back(static_cast<double>(l->records.back().first_past_wait - l->records.front().first_past_wait) * 1e-3);
+    t.span_us = median(span);
+    for (size_t k = 0; k < n; ++k) {
+      std::vector<double> chain, resident, spread;
+      std::vector<double> blocks;
+      for (const TracedLaunch* l : ls) {
+        const TracedLaunch::Record& r = l->records[k];
+        if (k + 1 < n) chain.push_back(static_cast<double>(l->records[k + 1].first_past_wait - r.first_past_wait) * 1e-3);
+        resident.push_back(static_cast<double>(r.first_past_wait - r.first_at_wait) * 1e-3);
+        spread.push_back(static_cast<double>(r.last_past_wait - r.first_past_wait) * 1e-3);
+        blocks.push_back(static_cast<double>(r.blocks));
+      }
+      t.kernels.push_back({.name = short_kernel_name(ls.front()->kernels[k]),
+                           .chain_us = median(chain),
+                           .resident_us = median(resident),
+                           .spread_us = median(spread),
+                           .blocks = static_cast<int64_t>(median(blocks))});
+    }
+    out.push_back(std::move(t));
+  }
+  for (auto& [segment, n] : skipped)
+    if (!by_segment.count(segment)) out.push_back({.segment = segment, .skipped = n});
+  std::sort(out.begin(), out.end(), [](const TracedSegment& a, const TracedSegment& b) { return a.segment < b.segment; });
   return out;
 }
 

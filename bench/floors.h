@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/model_config.h"
@@ -150,5 +151,44 @@ struct SegmentSummary {
 // Per segment, over the last `last_steps` steps (a step: the samples from a segment 0 to the next);
 // in segment order, empty without samples.
 std::vector<SegmentSummary> summarise_segments(const std::vector<SegmentSample>& samples, size_t last_steps);
+
+// A model-step cell's kernel trace (`--kernel-trace`; cuda_backend.h set_kernel_trace): per traced
+// segment launch, its kernels' names in node order and the global timer's readings (ns) of each
+// launch in launch order: its earliest block before griddepcontrol.wait, the earliest and the
+// latest past it (past the wait = the kernel before it had finished).
+struct TracedLaunch {
+  int segment = 0;
+  std::vector<std::string> kernels;
+  struct Record {
+    uint64_t first_at_wait = 0, first_past_wait = 0, last_past_wait = 0;
+    int64_t blocks = 0;
+  };
+  std::vector<Record> records;  // one per kernel when complete
+  bool complete = false;
+};
+// Per segment and kernel position, medians over the complete launches of that segment (the upper
+// median of an even count), in µs: `chain` = the next kernel's first past-wait reading minus this
+// one's (the time this kernel held the chain: from its predecessor's end to its own; the segment's
+// last kernel has none, -1); `resident` = its first past-wait reading minus its first at-wait
+// reading (how long its earliest block sat at the wait before the predecessor finished: the
+// overlap programmatic dependent launch bought); `spread` = its latest past-wait reading minus its
+// earliest (its blocks' start spread). Launches whose kernel list differs from the segment's first
+// complete one are left out (counted in `skipped`).
+struct TracedKernel {
+  std::string name;  // short_kernel_name of the node's name
+  double chain_us = -1, resident_us = 0, spread_us = 0;
+  int64_t blocks = 0;
+};
+struct TracedSegment {
+  int segment = 0;
+  int launches = 0, skipped = 0;
+  double span_us = 0;  // median of the last kernel's first past-wait reading minus the first kernel's
+  std::vector<TracedKernel> kernels;
+};
+std::vector<TracedSegment> summarise_kernel_trace(const std::vector<TracedLaunch>& launches);
+// A kernel's mangled name made readable: its function name and integer / bool template arguments
+// ("_ZN7sparrow4cuda..25grouped_w4a8_wgmma_kernelILi8ELi1ELi4ELb1EEEv..." -> "grouped_w4a8_wgmma_kernel<8,1,4,1>");
+// a name it cannot read, as it is.
+std::string short_kernel_name(const std::string& mangled);
 
 }  // namespace sparrow::bench

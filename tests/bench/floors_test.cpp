@@ -337,5 +337,60 @@ TEST(SummariseSegments, MediansOverTheLastSteps) {
   EXPECT_TRUE(summarise_segments({}, 4).empty());
 }
 
+TEST(BenchFloors, ShortKernelNames) {
+  EXPECT_EQ(short_kernel_name("_ZN7sparrow4cuda50_GLOBAL__N__bfd6f308_17_kernels_linear_cu_6340f12b25grouped_w4a8_wgmma_"
+                              "kernelILi8ELi1ELi4ELb1EEEvNS0_15GroupedW4A8ArgsE"),
+            "grouped_w4a8_wgmma_kernel<8,1,4,1>");
+  EXPECT_EQ(short_kernel_name("_ZN7sparrow4cuda49_GLOBAL__N__2b895537_16_kernels_basic_cu_563fd95d15rms_norm_kernelILi16EEEv"
+                              "NS0_11RmsNormArgsE"),
+            "rms_norm_kernel<16>");
+  EXPECT_EQ(short_kernel_name("_ZN7sparrow4cuda47_GLOBAL__N__00ab6da7_14_kernels_moe_cu_5db84cc513router_kernelENS0_10RouterArgsE"),
+            "router_kernel");
+  EXPECT_EQ(short_kernel_name("(driver kernel)"), "(driver kernel)");
+  EXPECT_EQ(short_kernel_name("_Z3fooILin2EEvv"), "_Z3fooILin2EEvv");  // no "...kernel" identifier: as it is
+}
+
+// Timestamps in ns: the chain is the next kernel's past-wait minus this one's, medians over a
+// segment's complete launches with the same kernel list; others are counted as skipped.
+TEST(BenchFloors, KernelTraceSummary) {
+  using R = TracedLaunch::Record;
+  const std::vector<std::string> k3 = {"_Z8a_kernelv", "_Z8b_kernelv", "_Z8c_kernelv"};
+  std::vector<TracedLaunch> l;
+  // Segment 0, launch 1: a past its wait at 1000, b at 3000, c at 4000.
+  l.push_back({.segment = 0, .kernels = k3,
+               .records = {R{900, 1000, 1500, 4}, R{1200, 3000, 3100, 8}, R{2800, 4000, 4000, 1}}, .complete = true});
+  // Launch 2: a 10000, b 14000, c 15000; b sat 500 at its wait.
+  l.push_back({.segment = 0, .kernels = k3,
+               .records = {R{9000, 10000, 10200, 4}, R{13500, 14000, 14300, 8}, R{14900, 15000, 15000, 1}},
+               .complete = true});
+  // Launch 3: b past its wait 6000 after a, c 1000 after b.
+  l.push_back({.segment = 0, .kernels = k3,
+               .records = {R{19000, 20000, 20100, 4}, R{25000, 26000, 26000, 8}, R{26500, 27000, 27000, 1}},
+               .complete = true});
+  // Incomplete, and another kernel list: skipped.
+  l.push_back({.segment = 0, .kernels = k3, .records = {R{1, 2, 3, 1}}, .complete = false});
+  l.push_back({.segment = 0, .kernels = {"_Z8a_kernelv"}, .records = {R{1, 2, 3, 1}}, .complete = true});
+  l.push_back({.segment = 2, .kernels = {"_Z8z_kernelv"}, .records = {R{5, 5, 5, 1}}, .complete = false});
+  const std::vector<TracedSegment> t = summarise_kernel_trace(l);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].segment, 0);
+  EXPECT_EQ(t[0].launches, 3);
+  EXPECT_EQ(t[0].skipped, 2);
+  ASSERT_EQ(t[0].kernels.size(), 3u);
+  EXPECT_EQ(t[0].kernels[0].name, "a_kernel");
+  EXPECT_DOUBLE_EQ(t[0].kernels[0].chain_us, 4.0);   // {2, 4, 6}
+  EXPECT_DOUBLE_EQ(t[0].kernels[1].chain_us, 1.0);   // {1, 1, 1}
+  EXPECT_DOUBLE_EQ(t[0].kernels[2].chain_us, -1.0);  // the last: no next kernel
+  EXPECT_DOUBLE_EQ(t[0].kernels[0].resident_us, 1.0);
+  EXPECT_DOUBLE_EQ(t[0].kernels[1].resident_us, 1.0);  // {1.8, 0.5, 1.0}
+  EXPECT_DOUBLE_EQ(t[0].kernels[0].spread_us, 0.2);    // {0.5, 0.2, 0.1}
+  EXPECT_EQ(t[0].kernels[1].blocks, 8);
+  EXPECT_DOUBLE_EQ(t[0].span_us, 5.0);  // {3, 5, 7}
+  EXPECT_EQ(t[1].segment, 2);
+  EXPECT_EQ(t[1].launches, 0);
+  EXPECT_EQ(t[1].skipped, 1);
+  EXPECT_TRUE(summarise_kernel_trace({}).empty());
+}
+
 }  // namespace
 }  // namespace sparrow::bench

@@ -1659,6 +1659,8 @@ class CudaBackend final : public Backend {
   StepGraphStats step_graph_stats() const { return step_graphs_.stats(); }
   void set_step_segment_timing(bool on) { step_graphs_.set_timing(on); }
   std::vector<StepSegmentTime> step_segment_times() { return step_graphs_.take_times(); }
+  void set_kernel_trace(bool on) { step_graphs_.set_kernel_trace(on); }
+  std::vector<KernelTraceLaunch> kernel_trace() { return step_graphs_.take_kernel_trace(); }
   bool last_linear_vectorized() const { return last_linear_ == LinearPath::kVectorized; }
   bool last_linear_tensor_cores() const { return last_linear_ == LinearPath::kTensorCores; }
 };
@@ -1731,6 +1733,8 @@ void set_step_graphs(Backend& backend, bool on) { cuda_backend(backend).set_step
 StepGraphStats step_graph_stats(Backend& backend) { return cuda_backend(backend).step_graph_stats(); }
 void set_step_segment_timing(Backend& backend, bool on) { cuda_backend(backend).set_step_segment_timing(on); }
 std::vector<StepSegmentTime> step_segment_times(Backend& backend) { return cuda_backend(backend).step_segment_times(); }
+void set_kernel_trace(Backend& backend, bool on) { cuda_backend(backend).set_kernel_trace(on); }
+std::vector<KernelTraceLaunch> kernel_trace(Backend& backend) { return cuda_backend(backend).kernel_trace(); }
 
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }
 bool last_linear_tensor_cores(Backend& backend) { return cuda_backend(backend).last_linear_tensor_cores(); }

@@ -98,6 +98,26 @@ struct StepSegmentTime {
 };
 void set_step_segment_timing(Backend& backend, bool on);
 std::vector<StepSegmentTime> step_segment_times(Backend& backend);
+// Where a segment's time goes kernel by kernel (`sparrow bench --kernel-trace`): while on, each
+// graph-run segment's kernels read the GPU's global timer (ns) around their griddepcontrol.wait
+// (device_common.cuh), folded over each launch's blocks; kernel_trace waits for the segments
+// launched since it was switched on, returns them in launch order and forgets them. A launch's
+// records are in launch order (%gridid), one per kernel node when `complete`; `first_past_wait` is
+// when the kernel before it had finished. Up to 256 segments are traced until the next call.
+struct KernelTraceRecord {
+  uint64_t grid = 0;
+  uint64_t first_at_wait = 0, first_past_wait = 0, last_past_wait = 0;  // ns, the global timer's
+  int64_t blocks = 0;
+};
+struct KernelTraceLaunch {
+  int segment = 0;
+  std::vector<std::string> kernels;         // the graph's kernel nodes' (mangled) names, in capture order
+  std::vector<KernelTraceRecord> records;   // by grid id
+  int64_t collisions = 0;                   // blocks that found their launch's slot taken (then not recorded)
+  bool complete() const { return collisions == 0 && records.size() == kernels.size(); }
+};
+void set_kernel_trace(Backend& backend, bool on);
+std::vector<KernelTraceLaunch> kernel_trace(Backend& backend);
 
 // The fast profiles' FP8-stored linears (LinearParams::act_quant_fp8, 128x128 FP8 weights) through
 // linear_fp8_block's tensor-core GEMM with one cuBLASLt algorithm per weight shape for every M

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <utility>
@@ -25,8 +26,49 @@ namespace sparrow::cuda {
 // instructions do nothing. Most kernels wait first; the few that read weights (or compute from the
 // batch's uploads) before it are listed with their reasons in tests/backends/cuda/
 // check_kernel_launches.py, which a CTest runs over every kernel.
+//
+// Kernel timestamps (kernels.h KernelTraceSlot; the step graphs' set_kernel_trace): while this
+// translation unit's g_kernel_trace points at a region, each block's first thread reads the global
+// timer before and after the wait and folds the two into the slot of its launch (%gridid modulo
+// kKernelTraceSlots). Null (the default) costs a constant load and a branch.
+namespace {
+__constant__ KernelTraceSlot* g_kernel_trace = nullptr;
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void kernel_trace_record(KernelTraceSlot* region, uint64_t at_wait) {
+  const uint64_t past_wait = global_timer_ns();
+  uint64_t grid;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+  KernelTraceSlot& s = region[1 + grid % (kKernelTraceSlots - 1)];  // slot 0: the region's header
+  using ull = unsigned long long;
+  const ull old = atomicCAS(reinterpret_cast<ull*>(&s.grid), ~0ull, static_cast<ull>(grid));
+  if (old != ~0ull && old != grid) {  // another launch's slot: counted, not recorded
+    atomicAdd(reinterpret_cast<ull*>(&region[0].blocks), 1ull);
+    return;
+  }
+  atomicMin(reinterpret_cast<ull*>(&s.first_at_wait), static_cast<ull>(at_wait));
+  atomicMin(reinterpret_cast<ull*>(&s.first_past_wait), static_cast<ull>(past_wait));
+  atomicMin(reinterpret_cast<ull*>(&s.last_past_wait_inverted), ~static_cast<ull>(past_wait));
+  atomicAdd(reinterpret_cast<ull*>(&s.blocks), 1ull);
+}
+
+// This translation unit's g_kernel_trace, in stream order on the calling thread's default stream.
+inline cudaError_t set_kernel_trace_here(KernelTraceSlot* region) {
+  return cudaMemcpyToSymbolAsync(g_kernel_trace, &region, sizeof region, 0, cudaMemcpyHostToDevice, cudaStreamPerThread);
+}
+}  // namespace
+
 __device__ __forceinline__ void wait_previous_grid() {
+  KernelTraceSlot* const trace = g_kernel_trace;
+  const bool record = trace != nullptr && threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+  const uint64_t at_wait = record ? global_timer_ns() : 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (record) kernel_trace_record(trace, at_wait);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 

@@ -17,6 +17,22 @@
 
 namespace sparrow::cuda {
 
+// Kernel timestamps inside captured steps (StepGraphs::set_kernel_trace, device_common.cuh's
+// wait_previous_grid): a region of kKernelTraceSlots slots filled with 0xff bytes; slot 0's `blocks`
+// counts blocks that found their slot taken by another launch, slot 1 + gridid % (kKernelTraceSlots
+// - 1) holds a launch's global-timer readings (ns) folded over its blocks.
+constexpr int kKernelTraceSlots = 512;
+struct KernelTraceSlot {
+  uint64_t grid;                    // %gridid, ~0 while unused
+  uint64_t first_at_wait;           // the earliest block's reading before griddepcontrol.wait
+  uint64_t first_past_wait;         // the earliest after it: the previous grid had finished
+  uint64_t last_past_wait_inverted; // ~ the latest after it (a minimum, as the fill is 0xff)
+  uint64_t blocks;                  // the fill plus one a block: n blocks leave n - 1 (it wraps)
+};
+// Points every kernel translation unit's trace region at `region` (null: off), in stream order on
+// the calling thread's default stream.
+void set_kernel_trace(KernelTraceSlot* region);
+
 // Limits of the simple kernels, checked on the host before a launch.
 inline constexpr int kMaxStreams = 8;       // S (mHC): per-thread stream registers, mix <= (2+S)*S
 inline constexpr int kMaxRopePairs = 64;    // rope_dim / 2, passed by value in RopeTableArg

@@ -1735,4 +1735,7 @@ void launch_attention(const AttentionArgs& a) {
     launch(attention_kernel<false>, static_cast<unsigned>(a.T * a.H), kAttnThreads, 0, a);
 }
 
+// This translation unit's trace region (kernels.h set_kernel_trace).
+cudaError_t set_kernel_trace_attention(KernelTraceSlot* region) { return set_kernel_trace_here(region); }
+
 }  // namespace sparrow::cuda

@@ -901,4 +901,14 @@ void launch_window_append(const WindowAppendArgs& a) {
   if (a.T * a.Dh > 0) launch(window_append_kernel, blocks_for(a.T * a.Dh, kThreads), kThreads, 0, a);
 }
 
+cudaError_t set_kernel_trace_attention(KernelTraceSlot* region);
+cudaError_t set_kernel_trace_fp8(KernelTraceSlot* region);
+cudaError_t set_kernel_trace_linear(KernelTraceSlot* region);
+cudaError_t set_kernel_trace_moe(KernelTraceSlot* region);
+void set_kernel_trace(KernelTraceSlot* region) {
+  for (cudaError_t e : {set_kernel_trace_here(region), set_kernel_trace_attention(region), set_kernel_trace_fp8(region),
+                        set_kernel_trace_linear(region), set_kernel_trace_moe(region)})
+    SPARROW_CUDA_CHECK(e);
+}
+
 }  // namespace sparrow::cuda

@@ -355,4 +355,7 @@ void launch_act_dequant_fp8(const ActDequantFp8Args& a) {
   if (a.rows * a.K > 0) launch(act_dequant_fp8_kernel, blocks_for(a.rows * a.K, kDequantThreads), kDequantThreads, 0, a);
 }
 
+// This translation unit's trace region (kernels.h set_kernel_trace).
+cudaError_t set_kernel_trace_fp8(KernelTraceSlot* region) { return set_kernel_trace_here(region); }
+
 }  // namespace sparrow::cuda

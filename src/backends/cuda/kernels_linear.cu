@@ -2006,4 +2006,7 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
   else launch(grouped_expert_linear_kernel<0>, grid, 32 * kWarpsPerBlock, 0, g);
 }
 
+// This translation unit's trace region (kernels.h set_kernel_trace).
+cudaError_t set_kernel_trace_linear(KernelTraceSlot* region) { return set_kernel_trace_here(region); }
+
 }  // namespace sparrow::cuda

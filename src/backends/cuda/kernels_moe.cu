@@ -227,4 +227,7 @@ void launch_moe_combine(const CombineArgs& a) {
   if (a.round_bf16 && !fused) launch_bf16_round(a.out, a.T * a.D);
 }
 
+// This translation unit's trace region (kernels.h set_kernel_trace).
+cudaError_t set_kernel_trace_moe(KernelTraceSlot* region) { return set_kernel_trace_here(region); }
+
 }  // namespace sparrow::cuda

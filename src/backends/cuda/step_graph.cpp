@@ -160,6 +160,41 @@ void dump_nodes(cudaGraph_t graph, int segment) {
 
 }  // namespace
 
+void StepGraphs::set_kernel_trace(bool on) {
+  if (on && trace_dev_ == nullptr) {
+    const size_t bytes = sizeof(KernelTraceSlot) * kKernelTraceSlots * kTraceRegions;
+    SPARROW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&trace_dev_), bytes));
+    SPARROW_CUDA_CHECK(cudaMemsetAsync(trace_dev_, 0xff, bytes, cudaStreamPerThread));
+  }
+  trace_ = on;
+}
+
+std::vector<KernelTraceLaunch> StepGraphs::take_kernel_trace() {
+  std::vector<KernelTraceLaunch> out;
+  if (trace_dev_ == nullptr || traced_.empty()) return out;
+  const size_t region_slots = kKernelTraceSlots;
+  std::vector<KernelTraceSlot> host(region_slots * traced_.size());
+  SPARROW_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+  SPARROW_CUDA_CHECK(cudaMemcpy(host.data(), trace_dev_, host.size() * sizeof(KernelTraceSlot), cudaMemcpyDeviceToHost));
+  for (size_t r = 0; r < traced_.size(); ++r) {
+    const KernelTraceSlot* region = host.data() + r * region_slots;
+    KernelTraceLaunch l{.segment = traced_[r].segment, .kernels = std::move(traced_[r].kernels)};
+    l.collisions = static_cast<int64_t>(region[0].blocks + 1);  // (the fill wraps to 0 at the first)
+    for (size_t i = 1; i < region_slots; ++i) {
+      const KernelTraceSlot& s = region[i];
+      if (s.grid == ~uint64_t{0}) continue;
+      l.records.push_back({.grid = s.grid, .first_at_wait = s.first_at_wait, .first_past_wait = s.first_past_wait,
+                           .last_past_wait = ~s.last_past_wait_inverted, .blocks = static_cast<int64_t>(s.blocks + 1)});
+    }
+    std::sort(l.records.begin(), l.records.end(),
+              [](const KernelTraceRecord& a, const KernelTraceRecord& b) { return a.grid < b.grid; });
+    out.push_back(std::move(l));
+  }
+  SPARROW_CUDA_CHECK(cudaMemset(trace_dev_, 0xff, host.size() * sizeof(KernelTraceSlot)));
+  traced_.clear();
+  return out;
+}
+
 std::vector<StepSegmentTime> StepGraphs::take_times() {
   std::vector<StepSegmentTime> out;
   out.reserve(timed_.size());
@@ -210,6 +245,7 @@ StepGraphs::~StepGraphs() {
   for (auto& kept : kept_)
     for (Kept& k : kept) cudaGraphExecDestroy(k.exec);
   cudaStreamSynchronize(cudaStreamPerThread);
+  if (trace_dev_ != nullptr) cudaFree(trace_dev_);
   {
     StepMemory& m = step_memory();
     std::lock_guard<std::mutex> lock(m.mu);
@@ -404,7 +440,23 @@ void StepGraphs::finish_capture() {
     SPARROW_CUDA_CHECK(cudaEventCreate(&timed.stop));
     SPARROW_CUDA_CHECK(cudaEventRecord(timed.start, cudaStreamPerThread));
   }
+  // Traced: this launch's kernels record into region traced_.size() (set in stream order before
+  // the launch, cleared after it, so nothing else records there).
+  const bool traced = trace_ && trace_dev_ != nullptr && static_cast<int>(traced_.size()) < kTraceRegions;
+  if (traced) {
+    Traced t{.segment = segment_};
+    for (cudaGraphNode_t node : graph_nodes(graph)) {
+      if (node_type(node) != cudaGraphNodeTypeKernel) continue;
+      const char* name = "(driver kernel)";
+      if (cudaKernelNodeParams k{}; kernel_node_params(node, k) && cudaFuncGetName(&name, k.func) != cudaSuccess) name = "?";
+      cudaGetLastError();
+      t.kernels.emplace_back(name);
+    }
+    cuda::set_kernel_trace(trace_dev_ + traced_.size() * kKernelTraceSlots);
+    traced_.push_back(std::move(t));
+  }
   SPARROW_CUDA_CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
+  if (traced) cuda::set_kernel_trace(static_cast<KernelTraceSlot*>(nullptr));
   if (timing_) {
     SPARROW_CUDA_CHECK(cudaEventRecord(timed.stop, cudaStreamPerThread));
     timed_.push_back(timed);

@@ -34,10 +34,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/arena_blocks.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels.h"
 
 namespace sparrow::cuda {
 
@@ -62,6 +64,9 @@ class StepGraphs {
   // Events around every segment's launch while on (cuda_backend.h set_step_segment_timing).
   void set_timing(bool on) { timing_ = on; }
   std::vector<StepSegmentTime> take_times();  // waits for the timed launches
+  // Kernel timestamps in every segment launched while on (cuda_backend.h set_kernel_trace).
+  void set_kernel_trace(bool on);
+  std::vector<KernelTraceLaunch> take_kernel_trace();  // waits for the traced launches
 
   // The hooks (cuda_backend.cpp's device_alloc, device_free, host_to_device), valid while capturing.
   // `bytes` of the arena; memory that must outlive the step, or does not fit, from cudaMalloc
@@ -115,6 +120,14 @@ class StepGraphs {
   };
   bool timing_ = false;
   std::vector<Timed> timed_;
+  struct Traced {
+    int segment = 0;
+    std::vector<std::string> kernels;
+  };
+  static constexpr int kTraceRegions = 256;  // segments traced until take_kernel_trace
+  bool trace_ = false;
+  KernelTraceSlot* trace_dev_ = nullptr;     // kTraceRegions regions of kKernelTraceSlots, 0xff-filled
+  std::vector<Traced> traced_;               // region i: traced_[i]
 };
 
 // device_free's first question: whether `p` is a step arena's memory (its slot then counts one

@@ -495,6 +495,51 @@ TEST_F(CudaModelParity, CapturedStepsHaveNoFillOrUploadNodes) {
   else EXPECT_GT(with_copies, once) << "with copy_kernels off the step's uploads are nodes";
 }
 
+// The kernel trace (cuda::set_kernel_trace): every kernel of a traced segment records once, the
+// records in launch order are in the order of the graph's kernel nodes, each kernel got past its
+// wait only after the one before it had (the programmatic chain), and tracing changes no result.
+TEST_F(CudaModelParity, KernelTraceRecordsEveryKernelInChainOrder) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  const Model& model = **loaded;
+  const std::vector<int32_t> ids = random_ids(24, model.config().vocab_size, 93);
+  cuda::set_step_graphs(*gpu, true);
+  auto plain = Session(model, *gpu).logits(ids, 1);
+  ASSERT_TRUE(plain.is_ok());
+  cuda::kernel_trace(*gpu);  // (nothing earlier counts)
+  cuda::set_kernel_trace(*gpu, true);
+  auto traced = Session(model, *gpu).logits(ids, 1);
+  cuda::set_kernel_trace(*gpu, false);
+  const std::vector<cuda::KernelTraceLaunch> launches = cuda::kernel_trace(*gpu);
+  ASSERT_TRUE(traced.is_ok());
+  EXPECT_EQ(*traced, *plain) << "the trace changed the logits";
+  ASSERT_GE(launches.size(), 10u) << "the decode steps' segments were traced";
+  int complete = 0;
+  for (const cuda::KernelTraceLaunch& l : launches) {
+    const std::string what = "segment " + std::to_string(l.segment) + " (" + std::to_string(l.kernels.size()) +
+                             " kernels, " + std::to_string(l.records.size()) + " records, " +
+                             std::to_string(l.collisions) + " collisions)";
+    EXPECT_TRUE(l.complete()) << what;
+    if (!l.complete()) continue;
+    ++complete;
+    for (size_t k = 0; k < l.records.size(); ++k) {
+      const cuda::KernelTraceRecord& r = l.records[k];
+      EXPECT_GE(r.blocks, 1) << what << " kernel " << k;
+      EXPECT_LE(r.first_at_wait, r.first_past_wait) << what << " kernel " << k;
+      EXPECT_LE(r.first_past_wait, r.last_past_wait) << what << " kernel " << k;
+      if (k > 0) {
+        EXPECT_GT(r.grid, l.records[k - 1].grid) << what;
+        EXPECT_GE(r.first_past_wait, l.records[k - 1].first_past_wait) << what << " kernel " << k << " ("
+                                                                         << l.kernels[k] << ") passed its wait first";
+      }
+    }
+  }
+  EXPECT_EQ(complete, static_cast<int>(launches.size()));
+}
+
 // gather_rows on the device (the engine's last-token logits): rows picked, repeated and reordered.
 TEST(CudaGatherRows, PicksTheRows) {
   std::unique_ptr<Backend> gpu;
