@@ -725,11 +725,24 @@ Status run_bench(const BenchOptions& o) {
                         {"resident_us", t.resident_us},
                         {"spread_us", t.spread_us}});
         }
+        json names = json::array();
+        std::string top;
+        for (size_t i = 0; i < g.by_name.size(); ++i) {
+          const TracedSegment::ByName& b = g.by_name[i];
+          names.push_back({{"name", b.name}, {"chain_us", b.chain_us}, {"count", b.count}});
+          if (i < 8) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "%s %s %.1f (%d)", i ? "," : "", b.name.c_str(), b.chain_us, b.count);
+            top += buf;
+          }
+        }
+        std::printf("    chain time by kernel (us, launches):%s\n", top.c_str());
         js.push_back({{"segment", g.segment},
                       {"launches", g.launches},
                       {"skipped", g.skipped},
                       {"span_us", g.span_us},
-                      {"kernels", ks}});
+                      {"kernels", ks},
+                      {"by_name", names}});
       }
       cell["kernel_trace"] = js;
       if (!ids.is_ok()) cell["kernel_trace_status"] = ids.status().message();

@@ -328,6 +328,17 @@ std::vector<TracedSegment> summarise_kernel_trace(const std::vector<TracedLaunch
                            .spread_us = median(spread),
                            .blocks = static_cast<int64_t>(median(blocks))});
     }
+    std::map<std::string, TracedSegment::ByName> by_name;
+    for (const TracedKernel& k : t.kernels) {
+      if (k.chain_us < 0) continue;
+      TracedSegment::ByName& b = by_name[k.name];
+      b.name = k.name;
+      b.chain_us += k.chain_us;
+      ++b.count;
+    }
+    for (auto& [name, b] : by_name) t.by_name.push_back(b);
+    std::stable_sort(t.by_name.begin(), t.by_name.end(),
+                     [](const TracedSegment::ByName& a, const TracedSegment::ByName& b) { return a.chain_us > b.chain_us; });
     out.push_back(std::move(t));
   }
   for (auto& [segment, n] : skipped)

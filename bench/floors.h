@@ -184,6 +184,14 @@ struct TracedSegment {
   int launches = 0, skipped = 0;
   double span_us = 0;  // median of the last kernel's first past-wait reading minus the first kernel's
   std::vector<TracedKernel> kernels;
+  // The kernels' chain times summed by name (kernels without one left out), largest first: where
+  // the segment's time goes.
+  struct ByName {
+    std::string name;
+    double chain_us = 0;
+    int count = 0;
+  };
+  std::vector<ByName> by_name;
 };
 std::vector<TracedSegment> summarise_kernel_trace(const std::vector<TracedLaunch>& launches);
 // A kernel's mangled name made readable: its function name and integer / bool template arguments

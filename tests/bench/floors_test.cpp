@@ -386,6 +386,11 @@ TEST(BenchFloors, KernelTraceSummary) {
   EXPECT_DOUBLE_EQ(t[0].kernels[0].spread_us, 0.2);    // {0.5, 0.2, 0.1}
   EXPECT_EQ(t[0].kernels[1].blocks, 8);
   EXPECT_DOUBLE_EQ(t[0].span_us, 5.0);  // {3, 5, 7}
+  ASSERT_EQ(t[0].by_name.size(), 2u);  // c has no chain time
+  EXPECT_EQ(t[0].by_name[0].name, "a_kernel");
+  EXPECT_DOUBLE_EQ(t[0].by_name[0].chain_us, 4.0);
+  EXPECT_EQ(t[0].by_name[1].name, "b_kernel");
+  EXPECT_EQ(t[0].by_name[1].count, 1);
   EXPECT_EQ(t[1].segment, 2);
   EXPECT_EQ(t[1].launches, 0);
   EXPECT_EQ(t[1].skipped, 1);
