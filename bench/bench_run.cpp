@@ -316,6 +316,9 @@ Status run_bench(const BenchOptions& o) {
   if (!precision)
     return Status::invalid_argument("--precision: '" + o.precision + "' (choose fp32, deepseek-ref or fast)");
   if (!o.peaks_only && o.model_dir.empty()) return Status::invalid_argument("--model DIR is required (or --peaks-only)");
+  if (o.kernel_trace && !cuda::kernel_trace_compiled())
+    return Status::invalid_argument("--kernel-trace: this build has no kernel timestamps (configure with "
+                                    "-DSPARROW_KERNEL_TRACE=ON; they cost every kernel a little, so they are off by default)");
   const auto t_start = std::chrono::steady_clock::now();
 
   // The device first: without one nothing else is worth loading.

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -1733,7 +1734,18 @@ void set_step_graphs(Backend& backend, bool on) { cuda_backend(backend).set_step
 StepGraphStats step_graph_stats(Backend& backend) { return cuda_backend(backend).step_graph_stats(); }
 void set_step_segment_timing(Backend& backend, bool on) { cuda_backend(backend).set_step_segment_timing(on); }
 std::vector<StepSegmentTime> step_segment_times(Backend& backend) { return cuda_backend(backend).step_segment_times(); }
-void set_kernel_trace(Backend& backend, bool on) { cuda_backend(backend).set_kernel_trace(on); }
+bool kernel_trace_compiled() {
+#if defined(SPARROW_KERNEL_TRACE) && SPARROW_KERNEL_TRACE
+  return true;
+#else
+  return false;
+#endif
+}
+void set_kernel_trace(Backend& backend, bool on) {
+  if (on && !kernel_trace_compiled())
+    throw std::runtime_error("kernel trace: this build has no kernel timestamps (configure with -DSPARROW_KERNEL_TRACE=ON)");
+  cuda_backend(backend).set_kernel_trace(on);
+}
 std::vector<KernelTraceLaunch> kernel_trace(Backend& backend) { return cuda_backend(backend).kernel_trace(); }
 
 bool last_linear_vectorized(Backend& backend) { return cuda_backend(backend).last_linear_vectorized(); }

@@ -116,6 +116,8 @@ struct KernelTraceLaunch {
   int64_t collisions = 0;                   // blocks that found their launch's slot taken (then not recorded)
   bool complete() const { return collisions == 0 && records.size() == kernels.size(); }
 };
+// Whether this build records them (-DSPARROW_KERNEL_TRACE=ON); without, set_kernel_trace(on) throws.
+bool kernel_trace_compiled();
 void set_kernel_trace(Backend& backend, bool on);
 std::vector<KernelTraceLaunch> kernel_trace(Backend& backend);
 

@@ -27,10 +27,12 @@ namespace sparrow::cuda {
 // batch's uploads) before it are listed with their reasons in tests/backends/cuda/
 // check_kernel_launches.py, which a CTest runs over every kernel.
 //
-// Kernel timestamps (kernels.h KernelTraceSlot; the step graphs' set_kernel_trace): while this
-// translation unit's g_kernel_trace points at a region, each block's first thread reads the global
-// timer before and after the wait and folds the two into the slot of its launch (%gridid modulo
-// kKernelTraceSlots). Null (the default) costs a constant load and a branch.
+// Kernel timestamps (kernels.h KernelTraceSlot; the step graphs' set_kernel_trace), compiled in
+// only with -DSPARROW_KERNEL_TRACE=ON (a constant load and a branch in every wait cost the batch-1
+// step 2 %): while this translation unit's g_kernel_trace points at a region, each block's first
+// thread reads the global timer before and after the wait and folds the two into the slot of its
+// launch (%gridid modulo kKernelTraceSlots).
+#if defined(SPARROW_KERNEL_TRACE) && SPARROW_KERNEL_TRACE
 namespace {
 __constant__ KernelTraceSlot* g_kernel_trace = nullptr;
 
@@ -71,6 +73,16 @@ __device__ __forceinline__ void wait_previous_grid() {
   if (record) kernel_trace_record(trace, at_wait);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+#else
+namespace {
+inline cudaError_t set_kernel_trace_here(KernelTraceSlot*) { return cudaSuccess; }
+}  // namespace
+
+__device__ __forceinline__ void wait_previous_grid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+#endif
 
 // Asks L2 for the 128-byte lines of [p, p + bytes), the block's threads taking every
 // threads-th line: a hint (no register, nothing waits on it) that is safe before the wait for any

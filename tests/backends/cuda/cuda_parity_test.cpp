@@ -504,6 +504,7 @@ TEST_F(CudaModelParity, KernelTraceRecordsEveryKernelInChainOrder) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_GPU(gpu);
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  if (!cuda::kernel_trace_compiled()) GTEST_SKIP() << "a build without -DSPARROW_KERNEL_TRACE=ON";
   auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Model& model = **loaded;
