@@ -502,6 +502,21 @@ struct SwigluQuantArgs {
 };
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a);
 
+// The KV record (core/kv_record.h) on the device, the host codec's bytes and values: `rows` entries
+// of l.dim floats (in_stride apart) to records of l.bytes (rec_stride apart), and back. Encoding
+// takes a warp a 64-value block of the nope dims (amax by fmaxf over the warp, the scale and codes
+// as row_sim's fp8 rounding makes them) and a thread a RoPE value (bf16, to nearest even).
+struct KvRecordArgs {
+  const float* in = nullptr;   // encode: entries [rows][in_stride]
+  uint8_t* rec = nullptr;      // encode: records [rows][rec_stride]
+  const uint8_t* rec_in = nullptr;  // decode: records
+  float* out = nullptr;        // decode: entries [rows][out_stride]
+  int64_t rows = 0, in_stride = 0, rec_stride = 0, out_stride = 0;
+  int64_t nope = 0, blocks = 0, rope_dim = 0, scales_at = 0, rope_at = 0;  // from kv_record_layout
+};
+void launch_kv_record_encode(const KvRecordArgs& a);
+void launch_kv_record_decode(const KvRecordArgs& a);
+
 // launch_swiglu (strided), launch_route_scale_bf16 and launch_row_sim's fp8 pow2 rounding in blocks
 // of `block` (<= 128) on h in one pass, the same bits: out [R, F] = fp8_sim(bf16(g swiglu(a, b)))
 // with row r's values at a + r * stride and b + r * stride (a may be out itself, stride F), g as

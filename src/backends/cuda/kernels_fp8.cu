@@ -256,6 +256,56 @@ __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
                  [&](int64_t i, float v) { row[i] = v; });
 }
 
+// grid (rows), kKvRecordThreads: warp w encodes the nope blocks w, w + 8, ...; then every thread the
+// RoPE dims i = tid, tid + 256, ... and the padding bytes.
+constexpr int kKvRecordThreads = 256;
+__global__ void kv_record_encode_kernel(KvRecordArgs a) {
+  wait_previous_grid();
+  const int64_t r = blockIdx.x;
+  const float* in = a.in + r * a.in_stride;
+  uint8_t* rec = a.rec + r * a.rec_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t b = warp; b < a.blocks; b += kKvRecordThreads / 32) {
+    const float v0 = in[64 * b + lane], v1 = in[64 * b + lane + 32];
+    const float amax = warp_max(fmaxf(sim_amax_floor(true), fmaxf(fabsf(v0), fabsf(v1))));
+    const int k = dev_pow2_scale_exponent(amax, 448.0f);
+    const float s = dev_e8m0(static_cast<uint8_t>(k + 127));
+    const auto code = [s](float x) {
+      float q = x / s;
+      q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);
+      return dev_f32_to_e4m3(q);
+    };
+    rec[64 * b + lane] = code(v0);
+    rec[64 * b + lane + 32] = code(v1);
+    if (lane == 0) rec[a.scales_at + b] = static_cast<uint8_t>(k + 127);
+  }
+  for (int64_t p = a.scales_at + a.blocks + threadIdx.x; p < a.rope_at; p += blockDim.x) rec[p] = 0;
+  for (int64_t i = threadIdx.x; i < a.rope_dim; i += blockDim.x) {
+    // core/dtype.h f32_to_bf16's bits: to nearest even, a NaN quieted with its payload's top bits.
+    const uint32_t u = __float_as_uint(in[a.nope + i]);
+    const uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
+                                                        : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    rec[a.rope_at + 2 * i] = static_cast<uint8_t>(h & 0xffu);
+    rec[a.rope_at + 2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+}
+
+// grid (rows), kKvRecordThreads: thread per value.
+__global__ void kv_record_decode_kernel(KvRecordArgs a) {
+  wait_previous_grid();
+  const int64_t r = blockIdx.x;
+  const uint8_t* rec = a.rec_in + r * a.rec_stride;
+  float* out = a.out + r * a.out_stride;
+  for (int64_t i = threadIdx.x; i < a.nope + a.rope_dim; i += blockDim.x) {
+    if (i < a.nope) {
+      out[i] = dev_e4m3(rec[i]) * dev_e8m0(rec[a.scales_at + i / 64]);
+    } else {
+      const int64_t j = i - a.nope;
+      out[i] = dev_bf16(static_cast<uint16_t>(rec[a.rope_at + 2 * j] | (rec[a.rope_at + 2 * j + 1] << 8)));
+    }
+  }
+}
+
 __global__ void bf16_round_kernel(float* x, int64_t n) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
@@ -349,6 +399,13 @@ void launch_act_quant_fp8(const ActQuantFp8Args& a) {
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a) {
   const int64_t pairs = a.q.rows_pad * (a.q.k_pad / kFp8ActBlock);
   if (pairs > 0) launch(swiglu_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
+}
+
+void launch_kv_record_encode(const KvRecordArgs& a) {
+  if (a.rows > 0) launch(kv_record_encode_kernel, static_cast<unsigned>(a.rows), kKvRecordThreads, 0, a);
+}
+void launch_kv_record_decode(const KvRecordArgs& a) {
+  if (a.rows > 0) launch(kv_record_decode_kernel, static_cast<unsigned>(a.rows), kKvRecordThreads, 0, a);
 }
 
 void launch_act_dequant_fp8(const ActDequantFp8Args& a) {

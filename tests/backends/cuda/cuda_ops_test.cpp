@@ -16,6 +16,7 @@
 #include "backends/cpu/cpu_state.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels.h"
+#include "core/kv_record.h"
 #include "core/quant_sim.h"
 #include "cuda_test_util.h"
 #include "runtime/session.h"
@@ -2485,6 +2486,74 @@ TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
     }
     for (float* p : {d_ab, d_w, ref, got, h1, h3}) cudaFree(p);
     cudaFree(d_slots);
+  }
+}
+
+// The KV record's device codec (launch_kv_record_encode / decode) gives the host codec's bytes and
+// values (core/kv_record.h), bit for bit: V4-Flash's layout (7 blocks, a padding byte) and one of 2
+// blocks (none), strided rows, entries with per-block magnitudes 2^-40..2^40, an all-zero block, a
+// NaN and -0 in both parts, the e4m3 maximum, values past it.
+TEST(CudaKvRecord, DeviceCodecIsTheHostCodec) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_GPU(gpu);
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  std::mt19937 rng(584);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-40, 40);
+  for (const auto& [dim, rope] : {std::pair<int64_t, int64_t>{512, 64}, std::pair<int64_t, int64_t>{192, 64}}) {
+    const KvRecordLayout l = kv_record_layout(dim, rope);
+    const int64_t rows = 37, in_stride = dim + 5, rec_stride = l.bytes + 8;
+    std::vector<float> x(static_cast<size_t>(rows * in_stride), 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < dim / 64; ++b) {
+        const float m = std::ldexp(1.0f, exponent(rng));
+        for (int64_t i = 0; i < 64; ++i) x[r * in_stride + 64 * b + i] = normal(rng) * m;
+      }
+    for (int64_t i = 0; i < 64; ++i) x[1 * in_stride + i] = 0.0f;  // row 1: a zero block
+    x[2 * in_stride + 3] = std::numeric_limits<float>::quiet_NaN();
+    x[2 * in_stride + dim - 2] = std::numeric_limits<float>::quiet_NaN();
+    x[3 * in_stride + 5] = -0.0f, x[3 * in_stride + dim - 1] = -0.0f;
+    x[4 * in_stride + 7] = 448.0f, x[4 * in_stride + 8] = -9000.0f;
+    std::vector<uint8_t> want(static_cast<size_t>(rows * rec_stride), 0xab);
+    for (int64_t r = 0; r < rows; ++r) kv_record_encode(x.data() + r * in_stride, l, want.data() + r * rec_stride);
+    float *d_x = nullptr, *d_out = nullptr;
+    uint8_t *d_rec = nullptr, *d_want = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_x), x.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), x.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_rec), want.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_want), want.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_x, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_want, want.data(), want.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_rec, 0xab, want.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_out, 0xff, x.size() * sizeof(float)), cudaSuccess);
+    const cuda::KvRecordArgs args{.in = d_x, .rec = d_rec, .rec_in = d_want, .out = d_out, .rows = rows,
+                                  .in_stride = in_stride, .rec_stride = rec_stride, .out_stride = in_stride,
+                                  .nope = l.nope, .blocks = l.blocks, .rope_dim = l.rope_dim,
+                                  .scales_at = l.scales_at, .rope_at = l.rope_at};
+    cuda::launch_kv_record_encode(args);
+    cuda::launch_kv_record_decode(args);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> got(want.size());
+    std::vector<float> back(x.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), d_rec, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(back.data(), d_out, back.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t p = 0; p < rec_stride; ++p)  // (the bytes past a record stay as they were: 0xab)
+        ASSERT_EQ(got[r * rec_stride + p], want[r * rec_stride + p])
+            << "dim " << dim << ": row " << r << " byte " << p << " of the record";
+      std::vector<float> host(static_cast<size_t>(dim));
+      kv_record_decode(want.data() + r * rec_stride, l, host.data());
+      for (int64_t i = 0; i < dim; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &back[r * in_stride + i], 4);
+        std::memcpy(&b, &host[i], 4);
+        ASSERT_EQ(a, b) << "dim " << dim << ": row " << r << " value " << i << " decoded " << back[r * in_stride + i]
+                        << ", on the host " << host[i];
+      }
+    }
+    for (void* p : {static_cast<void*>(d_x), static_cast<void*>(d_out), static_cast<void*>(d_rec),
+                    static_cast<void*>(d_want)})
+      cudaFree(p);
   }
 }
 
