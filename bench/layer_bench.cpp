@@ -115,20 +115,38 @@ void reset_layer(cuda::LayerState& s, const ModelConfig& c, int64_t l, int64_t c
   if (c.attention[l] == AttentionKind::kCsa) set_counters(s.indexer, context);
 }
 
+// `rows` random rows of l.dim values encoded as FP8 KV records at `rec` (l.bytes apart).
+void fill_records(uint8_t* rec, const KvRecordLayout& l, int64_t rows, uint64_t seed) {
+  const cuda::DeviceBuffer values(static_cast<size_t>(rows * l.dim) * sizeof(float), false);
+  device_fill_normal(values.f32(), rows * l.dim, seed, 1.0f);
+  cuda::launch_kv_record_encode({.in = values.f32(), .rec = rec, .rows = rows, .in_stride = l.dim, .rec_stride = l.bytes,
+                                 .nope = l.nope, .blocks = l.blocks, .rope_dim = l.rope_dim, .scales_at = l.scales_at,
+                                 .rope_at = l.rope_at});
+}
+
 // bf16_copy: also the keys' bf16 copy the CUDA backend's compressor keeps for the tensor-core
-// scorer (CompressorBuffer::entries_bf16), as it would hold after `context` tokens.
-void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed, bool bf16_copy = false) {
+// scorer (CompressorBuffer::entries_bf16), as it would hold after `context` tokens. rec.bytes > 0:
+// the entries as FP8 KV records only (CompressorBuffer::entries_rec), as the compressor keeps the
+// compressed KV under the fast profiles.
+void fill_compressor(cuda::CompressorBuffer& buf, int64_t context, uint64_t seed, bool bf16_copy = false,
+                     const KvRecordLayout& rec = {}) {
   // Capacity first (reserve copies the `count` entries it holds), then the counters; one entry
   // more for the one this step may emit: no growth while timing.
   buf.count = 0;
   buf.mirrored = 0;
-  if (bf16_copy) buf.entries_bf16 = cuda::DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * buf.dim * sizeof(uint16_t));
+  buf.rec = rec;
+  if (bf16_copy && !buf.records())
+    buf.entries_bf16 = cuda::DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * buf.dim * sizeof(uint16_t));
   buf.reserve(context / buf.ratio + 1);
   set_counters(buf, context);
   const int64_t width = buf.overlap ? 2 * buf.dim : buf.dim;
-  device_fill_normal(buf.entries.f32(), (buf.count + 1) * buf.dim, seed + 1, 1.0f);
-  if (bf16_copy)
-    cuda::launch_f32_to_bf16(buf.entries.f32(), static_cast<uint16_t*>(buf.entries_bf16.get()), (buf.count + 1) * buf.dim);
+  if (buf.records()) {
+    fill_records(static_cast<uint8_t*>(buf.entries_rec.get()), buf.rec, buf.count + 1, seed + 1);
+  } else {
+    device_fill_normal(buf.entries.f32(), (buf.count + 1) * buf.dim, seed + 1, 1.0f);
+    if (bf16_copy)
+      cuda::launch_f32_to_bf16(buf.entries.f32(), static_cast<uint16_t*>(buf.entries_bf16.get()), (buf.count + 1) * buf.dim);
+  }
   device_fill_normal(buf.pending_kv.f32(), buf.ratio * width, seed + 2, 1.0f);
   device_fill_normal(buf.pending_gate.f32(), buf.ratio * width, seed + 3, 1.0f);
   if (buf.overlap) {
@@ -146,16 +164,28 @@ bool keys_bf16_copy(const Model& model) {
 bool kv_bf16_copy(const Model& model) {
   return cuda::compressor_keeps_bf16_copies(CompressorSlot::kMain, KeyPrecision::kF32, model.precision() != Precision::kFp32);
 }
+// Whether the CUDA backend stores this model's window and compressed KV as FP8 KV records (the
+// profiles that round the KV to them, where the layout allows: cuda::kv_records_layout).
+bool kv_records(const Model& model) {
+  return model.precision() != Precision::kFp32 && cuda::kv_records_layout(model.config()).bytes > 0;
+}
 
 // The state of layer l after `context` tokens, random contents (see layer_bench.h).
 std::unique_ptr<cuda::CudaSequenceState> make_filled_state(const ModelConfig& sc, int64_t l, int64_t context,
-                                                            uint64_t seed, bool index_keys_bf16, bool kv_bf16) {
+                                                            uint64_t seed, bool index_keys_bf16, bool kv_bf16,
+                                                            bool records) {
   auto st = std::make_unique<cuda::CudaSequenceState>(sc);
   cuda::LayerState& s = st->layer(l);
-  device_fill_normal(s.ring.f32(), sc.sliding_window * sc.head_dim, seed, 1.0f);
-  if (s.ring_bf16.get())  // the ring's bf16 copy, written with it
-    cuda::launch_f32_to_bf16(s.ring.f32(), static_cast<uint16_t*>(s.ring_bf16.get()), sc.sliding_window * sc.head_dim);
-  if (sc.attention[l] != AttentionKind::kSliding) fill_compressor(s.main, context, seed + 16, kv_bf16);
+  const KvRecordLayout rec = records ? s.rec : KvRecordLayout{};
+  if (rec.bytes > 0) {  // the ring as records only (RingForm::kRecords)
+    fill_records(static_cast<uint8_t*>(s.ring_rec.get()), rec, sc.sliding_window, seed);
+    s.ring_form = cuda::RingForm::kRecords;
+  } else {
+    device_fill_normal(s.ring.f32(), sc.sliding_window * sc.head_dim, seed, 1.0f);
+    if (s.ring_bf16.get())  // the ring's bf16 copy, written with it
+      cuda::launch_f32_to_bf16(s.ring.f32(), static_cast<uint16_t*>(s.ring_bf16.get()), sc.sliding_window * sc.head_dim);
+  }
+  if (sc.attention[l] != AttentionKind::kSliding) fill_compressor(s.main, context, seed + 16, kv_bf16, rec);
   if (sc.attention[l] == AttentionKind::kCsa) fill_compressor(s.indexer, context, seed + 32, index_keys_bf16);
   st->advance(context);
   return st;
@@ -341,7 +371,7 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
   for (int s = 0; s < out.state_sets; ++s)
     for (int64_t b = 0; b < B; ++b)
       states[s].push_back(make_filled_state(sc, l, C, o.seed * 1000003 + s * 7919 + b * 104729, keys_bf16_copy(model_),
-                                            kv_bf16_copy(model_)));
+                                            kv_bf16_copy(model_), kv_records(model_)));
   std::vector<std::vector<int32_t>> ids(inputs);
   std::vector<Tensor> pristine(inputs);
   for (int r = 0; r < inputs; ++r) {

@@ -288,8 +288,8 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   be.attention({.out = o, .q = q, .kv = kv, .selected = selected, .sinks = L.attn_sink, .batch = &batch, .layer = l,
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
-                 .bf16_operands = ref && nx.kv_fp8});
-  be.window_append({.kv = kv, .batch = &batch, .layer = l});
+                 .bf16_operands = ref && nx.kv_fp8, .kv_record = ref && nx.kv_fp8});
+  be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = ref && nx.kv_fp8});
   // V carried rotated dims: undo the rotation at the query position (spec §3.3).
   be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.core", o);

@@ -252,6 +252,10 @@ struct WindowAppendParams {
   Tensor kv;  // [T, Dh]
   const BatchInfo* batch;
   int64_t layer;
+  // The rows are FP8 KV record values (core/kv_record.h: the nope dims FP8 in blocks of 64 with
+  // power-of-two scales, the RoPE dims bf16; the fast profiles' kv after its quant_sim): a backend
+  // may store them as records (the CUDA backend does where the layer's KV can be records).
+  bool kv_record = false;
 };
 
 // Sparse attention with a per-head sink over (window entries) ∪ (compressed entries): all visible
@@ -274,6 +278,9 @@ struct AttentionParams {
   // then take the dot products and the weighted sum on bf16 tensor cores: the same products, fp32
   // sums in another order. The CPU ignores it.
   bool bf16_operands = false;
+  // Every key is an FP8 KV record value (WindowAppendParams::kv_record): a backend that stores the
+  // KV as records may read them, and encode this batch's kv so. The CPU ignores it.
+  bool kv_record = false;
 };
 
 // Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.

@@ -208,6 +208,15 @@ void CompressorBuffer::reserve(int64_t n) {
   if (n <= capacity) return;
   const LongLived state;
   const int64_t cap = std::max<int64_t>({n, 2 * capacity, 16});
+  if (records()) {
+    DeviceBuffer grown_rec(cap * rec.bytes);
+    if (count > 0)
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown_rec.get(), entries_rec.get(), count * rec.bytes, cudaMemcpyDeviceToDevice,
+                                         cudaStream_t{nullptr}));
+    entries_rec = std::move(grown_rec);
+    capacity = cap;
+    return;
+  }
   DeviceBuffer grown(cap * dim * sizeof(float));
   if (count > 0)
     SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown.get(), entries.get(), count * dim * sizeof(float),
@@ -223,13 +232,26 @@ void CompressorBuffer::reserve(int64_t n) {
   capacity = cap;
 }
 
+KvRecordLayout kv_records_layout(const ModelConfig& c) {
+  static const bool on = cuda_feature_on("kv_record") && cuda_feature_on("attn_mma") && cuda_feature_on("attn_split");
+  const int64_t nope = c.head_dim - c.rope_dim;
+  if (!on || !attention_mma_fits(c.num_heads, c.head_dim) || c.rope_dim < 0 || nope <= 0 || nope % kKvRecordBlock != 0)
+    return {};
+  const KvRecordLayout l = kv_record_layout(c.head_dim, c.rope_dim);
+  if (l.bytes % 8 != 0 || l.rope_at % 8 != 0 || l.bytes > 2 * c.head_dim) return {};
+  return l;
+}
+
 CudaSequenceState::CudaSequenceState(const ModelConfig& c) : layers_(c.num_layers) {
   const LongLived state;
+  const KvRecordLayout rec = kv_records_layout(c);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerState& s = layers_[l];
     s.window = c.sliding_window;
+    s.rec = rec;
     s.ring = DeviceBuffer(c.sliding_window * c.head_dim * sizeof(float));
     if (cuda_feature_on("attn_bf16_kv")) s.ring_bf16 = DeviceBuffer(c.sliding_window * c.head_dim * sizeof(uint16_t));
+    if (rec.bytes > 0) s.ring_rec = DeviceBuffer(c.sliding_window * rec.bytes);
     const int64_t m = c.compress_ratio[l];
     if (c.attention[l] == AttentionKind::kCsa) {
       s.main.init(m, c.head_dim, /*overlap=*/true);
@@ -763,6 +785,15 @@ class CudaBackend final : public Backend {
     const bool mirror_keys = compressor_keeps_bf16_copies(p.slot, p.key_precision, p.round_bf16);
     std::vector<const float*> mirror_src;  // the emitted rows whose sequences keep bf16 copies
     std::vector<uint16_t*> mirror_rows;    // and where their copies go
+    // The entries as FP8 KV records (CompressorBuffer::entries_rec): this call's are record values
+    // (the fast profiles' compressed KV: bf16, then FP8 in blocks of 64 on the nope dims), so
+    // encoding the compressor's output is the rounding entry_sim makes, stored as bytes.
+    const bool record_values = p.slot == CompressorSlot::kMain && p.round_bf16 && p.key_precision == KeyPrecision::kF32 &&
+                               p.entry_sim.size() == 1 && p.entry_sim[0] == QuantSimKind::kFp8Pow2Block64;
+    std::vector<int64_t> record_rows;       // per sequence in records: its first row in `fresh`
+    std::vector<uint8_t*> record_dst;       // the records of `fresh`'s rows
+    int64_t fresh_rows = 0;
+    KvRecordLayout fresh_layout{};
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
       CompressorBuffer& buf = p.slot == CompressorSlot::kMain ? state.main : state.indexer;
@@ -771,6 +802,23 @@ class CudaBackend final : public Backend {
       if (n == 0) continue;
       for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
       const int64_t emitted = (buf.pending + n) / m;
+      // A fresh buffer of a layer whose KV can be records, given record values: records from now on.
+      if (kv_records_ && record_values && buf.count == 0 && buf.capacity == 0 && state.rec.bytes > 0 && !buf.records() &&
+          state.rec.dim == p.dim && state.rec.rope_dim == p.rope->rope_dim())
+        buf.rec = state.rec;
+      if (buf.records()) {
+        if (!record_values)
+          throw std::runtime_error("compressor: layer " + std::to_string(p.layer) +
+                                   "'s compressed KV is stored as FP8 KV records, but this call's entries are not "
+                                   "record values (CompressorParams round_bf16 with entry_sim {fp8 pow2 block 64})");
+        buf.reserve(buf.count + emitted);
+        for (int64_t j = 0; j < emitted; ++j) record_dst.push_back(static_cast<uint8_t*>(buf.entries_rec.get()) + (buf.count + j) * buf.rec.bytes);
+        record_rows.push_back(fresh_rows);
+        fresh_layout = buf.rec;
+        fresh_rows += emitted;
+      } else {
+        record_rows.push_back(-1);
+      }
       // A sequence's bf16 copy starts with its first entry and continues while every batch has
       // made one (CompressorBuffer::entries_bf16).
       const bool mirror = mirror_keys && (buf.count == 0 || buf.mirror_complete());
@@ -778,10 +826,10 @@ class CudaBackend final : public Backend {
         const LongLived state;
         buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
       }
-      buf.reserve(buf.count + emitted);
-      if (post_pass)
+      if (!buf.records()) buf.reserve(buf.count + emitted);
+      if (post_pass && !buf.records())
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
-      if (mirror) {
+      if (mirror && !buf.records()) {
         for (int64_t j = 0; j < emitted; ++j) {
           mirror_src.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
           mirror_rows.push_back(static_cast<uint16_t*>(buf.entries_bf16.get()) + (buf.count + j) * p.dim);
@@ -793,7 +841,8 @@ class CudaBackend final : public Backend {
         jobs.push_back(j);
       }
       seqs.push_back({.pending_kv = buf.pending_kv.f32(), .pending_gate = buf.pending_gate.f32(),
-                      .prev_kv = buf.prev_kv.f32(), .prev_gate = buf.prev_gate.f32(), .entries = buf.entries.f32(),
+                      .prev_kv = buf.prev_kv.f32(), .prev_gate = buf.prev_gate.f32(),
+                      .entries = buf.records() ? nullptr : buf.entries.f32(), .entries_first = buf.records() ? buf.count : 0,
                       .t_begin = begin, .t_end = end, .pending = buf.pending, .count = buf.count,
                       .has_prev = buf.has_prev ? 1 : 0});
       buf.count += emitted;
@@ -801,6 +850,11 @@ class CudaBackend final : public Backend {
       if (emitted > 0 && p.overlap) buf.has_prev = true;
     }
     if (seqs.empty()) return;
+    // The records' sequences write their new entries into `fresh` (in fp32), encoded below.
+    const DeviceBuffer fresh =
+        fresh_rows > 0 ? DeviceBuffer::scratch(static_cast<size_t>(fresh_rows * p.dim) * sizeof(float)) : DeviceBuffer();
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (record_rows[i] >= 0) seqs[i].entries = fresh.f32() + record_rows[i] * p.dim;
     const DeviceBuffer plan = upload_vector(seqs);
     static const bool parallel = cuda_feature_on("compressor_parallel");
     const DeviceBuffer d_jobs = parallel && !jobs.empty() ? upload_vector(jobs) : DeviceBuffer();
@@ -829,6 +883,14 @@ class CudaBackend final : public Backend {
       launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
                       .dim = p.dim, .precision = p.key_precision});
       launch_check("compressor key precision");
+    }
+    if (fresh_rows > 0) {
+      const DeviceBuffer dst = upload_vector(record_dst);
+      const KvRecordLayout& l = fresh_layout;
+      launch_kv_record_encode({.in = fresh.f32(), .rec_rows = static_cast<uint8_t* const*>(dst.get()), .rows = fresh_rows,
+                               .in_stride = p.dim, .nope = l.nope, .blocks = l.blocks, .rope_dim = l.rope_dim,
+                               .scales_at = l.scales_at, .rope_at = l.rope_at});
+      launch_check("compressor records");
     }
     // The bf16 copies, after the roundings (a sequence whose copy broke off gets none).
     if (!mirror_rows.empty()) {
@@ -906,6 +968,10 @@ class CudaBackend final : public Backend {
     // The bf16 copies of the KV state (the ring's, written with it; the entries', complete from the
     // sequence's first entry), read by the tensor-core attention instead of the fp32 state.
     bool copies = true;
+    // The KV records (LayerState::ring_rec, CompressorBuffer::entries_rec): read when every token's
+    // state keeps them; needed when one keeps nothing else.
+    bool records = p.kv_record, records_only = false;
+    KvRecordLayout rec{};
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = batch.seq_of_token[t];
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
@@ -916,7 +982,13 @@ class CudaBackend final : public Backend {
       tk.batch_kv = p.kv.f32() + batch.seq_begin[s] * Dh;
       tk.ring_bf16 = static_cast<const uint16_t*>(state.ring_bf16.get());
       tk.entries_bf16 = static_cast<const uint16_t*>(state.main.entries_bf16.get());
+      tk.ring_rec = static_cast<const uint8_t*>(state.ring_rec.get());
+      tk.entries_rec = static_cast<const uint8_t*>(state.main.entries_rec.get());
       copies = copies && tk.ring_bf16 && (p.kind == AttentionKind::kSliding || state.main.mirror_complete());
+      const bool sliding = p.kind == AttentionKind::kSliding;
+      records = records && state.rec.bytes > 0 && state.ring_form != RingForm::kValues && (sliding || state.main.records());
+      records_only = records_only || state.ring_form == RingForm::kRecords || (!sliding && state.main.records());
+      rec = state.rec;
       tk.pos = pos;
       tk.first_pos = batch.positions[batch.seq_begin[s]];
       tk.n_window = std::clamp<int64_t>(p.window, 0, pos + 1);
@@ -941,10 +1013,28 @@ class CudaBackend final : public Backend {
     const bool mma = split_on && mma_on && p.bf16_operands && attention_mma_fits(H, Dh) &&
                      attention_splits(max_candidates, true) <= 8192;
     last_attention_mma_ = mma;
-    // Its keys from the bf16 copies when every token's are complete, this batch's kv converted once
+    // Its keys from the records where every token's state keeps them, this batch's kv encoded once;
+    // else from the bf16 copies when every token's are complete, this batch's kv converted once
     // (the same values as the kernel's own conversion: the same bits).
-    const bool bf16_keys = mma && copies && attention_bf16_kv_;
+    records = records && mma;
+    if (records_only && !records)
+      throw std::runtime_error(
+          "attention: layer " + std::to_string(p.layer) +
+          " stores its KV as FP8 KV records only, but this call cannot read them (it needs AttentionParams::kv_record, "
+          "bf16 operands and the tensor-core kernel for every token)");
+    last_attention_records_ = records;
+    const bool bf16_keys = !records && mma && copies && attention_bf16_kv_;
     last_attention_bf16_kv_ = bf16_keys;
+    DeviceBuffer kv_rec;
+    if (records) {
+      kv_rec = DeviceBuffer::scratch(static_cast<size_t>(T * rec.bytes));  // (every record written)
+      launch_kv_record_encode({.in = p.kv.f32(), .rec = static_cast<uint8_t*>(kv_rec.get()), .rows = T, .in_stride = Dh,
+                               .rec_stride = rec.bytes, .nope = rec.nope, .blocks = rec.blocks, .rope_dim = rec.rope_dim,
+                               .scales_at = rec.scales_at, .rope_at = rec.rope_at});
+      launch_check("attention kv records");
+      for (int64_t t = 0; t < T; ++t)
+        tokens[t].batch_kv_rec = static_cast<const uint8_t*>(kv_rec.get()) + batch.seq_begin[batch.seq_of_token[t]] * rec.bytes;
+    }
     DeviceBuffer kv_bf16;
     if (bf16_keys) {
       kv_bf16 = DeviceBuffer::scratch(static_cast<size_t>(T * Dh) * sizeof(uint16_t));  // (all converted)
@@ -970,8 +1060,8 @@ class CudaBackend final : public Backend {
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
-                      .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys,
-                      .round_bf16 = p.round_bf16});
+                      .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
+                      .rec = rec, .round_bf16 = p.round_bf16});
     launch_check("attention");
   }
 
@@ -984,27 +1074,51 @@ class CudaBackend final : public Backend {
     // Each token's ring slot, then its slot in the ring's bf16 copy (LayerState::ring_bf16) where
     // kept, in one upload (a copy is a node of a captured step of its own, and one between two
     // kernels cuts their programmatic dependent launch); null: skipped.
-    std::vector<void*> dst(2 * T, nullptr);
-    bool any_bf16 = false;
+    // A ring of records (RingForm::kRecords, chosen at a sequence's first append of record values
+    // where the layer's KV can be records) gets each token's record instead, in the third T.
+    std::vector<void*> dst(3 * T, nullptr);
+    bool any_values = false, any_bf16 = false, any_rec = false;
+    KvRecordLayout rec{};
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = batch.seq_of_token[t];
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
+      if (state.ring_form == RingForm::kUnset)
+        state.ring_form = kv_records_ && p.kv_record && state.rec.bytes > 0 ? RingForm::kRecords : RingForm::kValues;
+      if (state.ring_form == RingForm::kRecords && !p.kv_record)
+        throw std::runtime_error("window_append: layer " + std::to_string(p.layer) +
+                                 "'s window ring stores FP8 KV records, but this call's rows are not record values "
+                                 "(WindowAppendParams::kv_record)");
       const int64_t W = state.window, pos = batch.positions[t], last = batch.positions[batch.seq_end[s] - 1];
       if (W == 0 || pos <= last - W) continue;
+      if (state.ring_form == RingForm::kRecords) {
+        dst[2 * T + t] = static_cast<uint8_t*>(state.ring_rec.get()) + (pos % W) * state.rec.bytes;
+        rec = state.rec;
+        any_rec = true;
+        continue;
+      }
       SPARROW_CHECK_EQ(static_cast<int64_t>(state.ring.bytes()), W * Dh * static_cast<int64_t>(sizeof(float)));
       dst[t] = state.ring.f32() + (pos % W) * Dh;
+      any_values = true;
       if (state.ring_bf16.get()) {
         dst[T + t] = static_cast<uint16_t*>(state.ring_bf16.get()) + (pos % W) * Dh;
         any_bf16 = true;
       }
     }
-    if (T == 0) return;
-    if (!any_bf16) dst.resize(T);
+    if (T == 0 || !(any_values || any_rec)) return;
+    if (!any_rec) dst.resize(any_bf16 ? 2 * T : T);
     const DeviceBuffer d_dst = upload_vector(dst);
     void* const* d = static_cast<void* const*>(d_dst.get());
-    launch_window_append({.dst = reinterpret_cast<float* const*>(d), .kv = p.kv.f32(), .T = T, .Dh = Dh,
-                          .dst_bf16 = any_bf16 ? reinterpret_cast<uint16_t* const*>(d + T) : nullptr});
-    launch_check("window_append");
+    if (any_values) {
+      launch_window_append({.dst = reinterpret_cast<float* const*>(d), .kv = p.kv.f32(), .T = T, .Dh = Dh,
+                            .dst_bf16 = any_bf16 ? reinterpret_cast<uint16_t* const*>(d + T) : nullptr});
+      launch_check("window_append");
+    }
+    if (any_rec) {
+      launch_kv_record_encode({.in = p.kv.f32(), .rec_rows = reinterpret_cast<uint8_t* const*>(d + 2 * T), .rows = T,
+                               .in_stride = Dh, .nope = rec.nope, .blocks = rec.blocks, .rope_dim = rec.rope_dim,
+                               .scales_at = rec.scales_at, .rope_at = rec.rope_at});
+      launch_check("window_append records");
+    }
   }
 
   void router(const RouterParams& p) override {
@@ -1629,6 +1743,8 @@ class CudaBackend final : public Backend {
   bool last_indexer_mma_ = false;  // test support
   bool last_attention_mma_ = false;  // test support
   bool last_attention_bf16_kv_ = false;  // test support
+  bool last_attention_records_ = false;  // test support
+  bool kv_records_ = true;               // test support (set_kv_records)
   bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support
 
@@ -1643,6 +1759,8 @@ class CudaBackend final : public Backend {
   bool last_indexer_mma() const { return last_indexer_mma_; }
   bool last_attention_mma() const { return last_attention_mma_; }
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
+  bool last_attention_records() const { return last_attention_records_; }
+  void set_kv_records(bool on) { kv_records_ = on; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
   void set_indexer_mma_tiles(int tiles) { indexer_mma_tiles_ = tiles; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
@@ -1678,9 +1796,24 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
   LayerState& l = cuda_state(&state).layer(layer);
   const CompressorBuffer& buf = slot == CompressorSlot::kMain ? l.main : l.indexer;
   std::vector<float> v(buf.count * buf.dim);
-  if (!v.empty())
-    SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), buf.entries.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  if (v.empty()) return v;
+  if (buf.records()) {  // decoded on the device (launch_kv_record_decode)
+    const DeviceBuffer out(v.size() * sizeof(float), false);
+    launch_kv_record_decode({.rec_in = static_cast<const uint8_t*>(buf.entries_rec.get()), .out = out.f32(),
+                             .rows = buf.count, .rec_stride = buf.rec.bytes, .out_stride = buf.dim, .nope = buf.rec.nope,
+                             .blocks = buf.rec.blocks, .rope_dim = buf.rec.rope_dim, .scales_at = buf.rec.scales_at,
+                             .rope_at = buf.rec.rope_at});
+    launch_check("state_entries records");
+    SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), out.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), buf.entries.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return v;
+}
+
+bool state_keeps_records(SequenceState& state, int64_t layer) {
+  LayerState& l = cuda_state(&state).layer(layer);
+  return l.ring_form == RingForm::kRecords || l.main.records();
 }
 
 std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, KeyPrecision precision) {
@@ -1778,6 +1911,8 @@ bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool r
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
+bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
+void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }
 void set_attention_bf16_kv(Backend& backend, bool on) { cuda_backend(backend).set_attention_bf16_kv(on); }
 void set_indexer_mma_tiles(Backend& backend, int tiles) {
   SPARROW_CHECK(tiles >= 0 && tiles <= 8);

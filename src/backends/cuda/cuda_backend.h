@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_record.h"
 #include "ops/backend.h"
 #include "sparrow/status.h"
 
@@ -32,9 +33,19 @@ namespace cuda {
 // bf16 (`attn_mma`, `attn_bf16_kv`). The compressor op and the benchmark's state fill both ask here.
 bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16);
 
+// The KV record layout (core/kv_record.h) a model's window and compressed KV are stored in under
+// the fast profiles, or one with bytes = 0 where they stay values: the record needs its nope dims in
+// whole blocks of 64 and 8-byte multiples for its size and RoPE offset (the kernel's copies and
+// reads), the tensor-core attention (the one kernel that reads records) the model's heads and Dh,
+// and `kv_record`, `attn_mma` and `attn_split` must be on (SPARROW_CUDA_DISABLE).
+KvRecordLayout kv_records_layout(const ModelConfig& c);
+
 // Test support: the compressed entries (`slot` = kMain) or indexer keys (kIndexer) stored so far in
 // layer `layer` of a state created by the CUDA backend, [count, dim] row-major.
 std::vector<float> state_entries(SequenceState& state, int64_t layer, CompressorSlot slot);
+// Test support: whether layer `layer` of that state keeps its window ring or its compressed KV as
+// FP8 KV records (LayerState::ring_form, CompressorBuffer::entries_rec).
+bool state_keeps_records(SequenceState& state, int64_t layer);
 
 // Test support: `rows` ([n, dim] row-major) rounded on the device by the kernel the compressor uses
 // for `--index-keys`. REQUIRES a CUDA backend was created (the device is selected).
@@ -185,6 +196,11 @@ bool last_attention_tensor_cores(Backend& backend);
 // state was made; the entries', complete from the first; SPARROW_CUDA_DISABLE=attn_bf16_kv stops
 // keeping them), and a switch for tests: off, the kernel converts the fp32 state (the same bits).
 bool last_attention_bf16_kv(Backend& backend);
+// Test support: whether the last attention call read the FP8 KV records (AttentionArgs::records).
+bool last_attention_records(Backend& backend);
+// Test support: whether state buffers this backend starts from now on may store the KV as records
+// (default on; off: values, as with SPARROW_CUDA_DISABLE=kv_record).
+void set_kv_records(Backend& backend, bool on);
 void set_attention_bf16_kv(Backend& backend, bool on);
 // That scorer's tiles of 128 entries a block: 1 to 32, 0 (the default) chooses by the grid's size.
 // The same bits either way (test support).

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/kv_record.h"
 #include "core/model_config.h"
 #include "ops/backend.h"
 
@@ -151,18 +152,35 @@ struct CompressorBuffer {
   // entry since the first has been (mirrored == count), else the kernels read the fp32 entries.
   DeviceBuffer entries_bf16;
   int64_t mirrored = 0;
+  // The compressed KV stored as FP8 KV records only (core/kv_record.h): `entries_rec` [capacity,
+  // rec.bytes] instead of `entries` and `entries_bf16` (which stay empty). Chosen by the compressor
+  // at a sequence's first entries, when they are record values (the fast profiles) and the
+  // layer's KV can be records (LayerState::rec); kept from then on.
+  DeviceBuffer entries_rec;
+  KvRecordLayout rec{};
 
   void init(int64_t ratio, int64_t dim, bool overlap);
-  // Makes room for `n` entries in total, keeping the ones stored (and their bf16 copies).
+  // Makes room for `n` entries in total, keeping the ones stored (and their copies or records).
   void reserve(int64_t n);
   // Whether the bf16 copy holds every entry.
   bool mirror_complete() const { return entries_bf16.get() != nullptr && mirrored == count; }
+  bool records() const { return rec.bytes > 0; }
 };
+
+// How a layer's window ring holds its keys, fixed by the sequence's first window_append: as values
+// (`ring` in fp32 and `ring_bf16`), or as FP8 KV records only (`ring_rec`; the appended rows were
+// record values: WindowAppendParams::kv_record).
+enum class RingForm : uint8_t { kUnset, kValues, kRecords };
 
 struct LayerState {
   DeviceBuffer ring;         // [W, Dh]
   DeviceBuffer ring_bf16;    // [W, Dh] bf16 bits of the ring, written with it (the tensor-core attention)
+  DeviceBuffer ring_rec;     // [W, rec.bytes] the ring as records (rec.bytes > 0)
+  RingForm ring_form = RingForm::kUnset;
   int64_t window = 0;        // W
+  // The layout of this layer's KV records when its KV may be stored so (kv_records_layout), else
+  // bytes = 0.
+  KvRecordLayout rec{};
   CompressorBuffer main;     // CSA/HCA compressed K=V entries [C, Dh]
   CompressorBuffer indexer;  // CSA indexer keys [C, di]
 };

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/kv_record.h"
 #include "core/quant_sim.h"
 #include "core/tensor.h"
 
@@ -509,6 +510,7 @@ void launch_swiglu_quant_fp8(const SwigluQuantArgs& a);
 struct KvRecordArgs {
   const float* in = nullptr;   // encode: entries [rows][in_stride]
   uint8_t* rec = nullptr;      // encode: records [rows][rec_stride]
+  uint8_t* const* rec_rows = nullptr;  // encode, instead of rec: row r's record at rec_rows[r] (null: skipped)
   const uint8_t* rec_in = nullptr;  // decode: records
   float* out = nullptr;        // decode: entries [rows][out_stride]
   int64_t rows = 0, in_stride = 0, rec_stride = 0, out_stride = 0;
@@ -542,7 +544,8 @@ struct CompressorSeqArgs {
   float* pending_gate;    // [ratio, width]
   float* prev_kv;         // [ratio, dim] (overlapping form)
   float* prev_gate;       // [ratio, dim]
-  float* entries;         // [capacity, dim], room for every entry this batch emits
+  float* entries;         // room for every entry this batch emits: entry e at entries + (e - entries_first) * dim
+  int64_t entries_first;  // 0 (the state's entries), or `count` (the batch's new entries alone)
   int64_t t_begin, t_end; // batch rows
   int64_t pending, count; // before this batch
   int32_t has_prev;
@@ -624,6 +627,11 @@ struct AttnTokenArgs {
   const uint16_t* ring_bf16 = nullptr;
   const uint16_t* entries_bf16 = nullptr;
   const uint16_t* batch_kv_bf16 = nullptr;
+  // The same as FP8 KV records (AttentionArgs::records; core/kv_record.h, AttentionArgs::rec's
+  // layout): the ring's, the entries' and this batch's kv encoded.
+  const uint8_t* ring_rec = nullptr;
+  const uint8_t* entries_rec = nullptr;
+  const uint8_t* batch_kv_rec = nullptr;
   int64_t pos;             // absolute position
   int64_t first_pos;       // position of the sequence's first token in this batch
   int64_t n_window;        // window candidates: min(W, pos + 1)
@@ -655,6 +663,11 @@ struct AttentionArgs {
   // With mma: the keys read from the tokens' bf16 copies (AttnTokenArgs::*_bf16) instead of
   // converted from fp32 in the kernel; the same values, so the same bits.
   bool bf16_keys = false;
+  // With mma (instead of bf16_keys): the keys read from the tokens' FP8 KV records
+  // (AttnTokenArgs::*_rec, layout `rec`: bytes a multiple of 8, nope a multiple of 8) and decoded
+  // to bf16 in the kernel; the same values as the bf16 copies, so the same bits.
+  bool records = false;
+  KvRecordLayout rec{};
   bool round_bf16 = false;  // out stored rounded to bf16
 };
 void launch_attention(const AttentionArgs& a);

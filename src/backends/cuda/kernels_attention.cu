@@ -2,9 +2,11 @@
 // (spec §3.3, §5.2). They mirror src/backends/cpu/cpu_backend.cpp; the per-sequence buffers they
 // read and write are described in cuda_state.h.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
+#include "core/check.h"
 
 namespace sparrow::cuda {
 namespace {
@@ -84,7 +86,7 @@ __global__ void compressor_kernel(CompressorArgs a) {
     }
     if (++pending < m) continue;
     __syncthreads();  // the window's rows are complete
-    float* entry = s.entries + count * dim;
+    float* entry = s.entries + (count - s.entries_first) * dim;
     // Slots: the previous window's first halves (CSA, absent for window 0), then this window's
     // second halves (CSA) or whole rows (HCA). Softmax over slots per channel.
     float ss = 0.0f;
@@ -126,7 +128,7 @@ __global__ void compressor_entries_kernel(CompressorArgs a) {
   const int64_t e = a.jobs[2 * blockIdx.x + 1];
   const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
   const int64_t count = s.count + e;
-  float* entry = s.entries + count * dim;
+  float* entry = s.entries + (count - s.entries_first) * dim;
   const bool has_prev = a.overlap && (e > 0 || s.has_prev != 0);
   // Row q of this batch's windows (q counts from the first pending row): its kv and its gate with
   // the positional bias, as the walk buffers them.
@@ -1060,20 +1062,29 @@ __global__ void rows_to_bf16_kernel(const float* const* src, uint16_t* const* ds
 
 // Candidate j of a token: window positions first (older ones from the ring, this batch's from
 // batch_kv), then compressed entries (HCA: all visible; CSA: the selection, null for -1).
-// (Of the fp32 state, or of its bf16 copies: the bases passed.)
+// (Of the fp32 state, of its bf16 copies, or of the records: the bases passed, rows `stride`
+// elements apart.)
 template <class T>
 __device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
-                                        const T* ring, const T* entries, const T* batch_kv) {
+                                        const T* ring, const T* entries, const T* batch_kv, int64_t stride) {
   if (j < tk.n_window) {
     const int64_t q = tk.pos - tk.n_window + 1 + j;
-    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * a.Dh : ring + (q % a.window) * a.Dh;
+    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * stride : ring + (q % a.window) * stride;
   }
   const int64_t i = j - tk.n_window;
-  if (!a.csa) return entries + i * a.Dh;
+  if (!a.csa) return entries + i * stride;
   const int32_t w = a.selected[t * a.k + i];
   if (w < 0) return nullptr;
   if (w >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
-  return entries + static_cast<int64_t>(w) * a.Dh;
+  return entries + static_cast<int64_t>(w) * stride;
+}
+template <class T>
+__device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
+                                        const T* ring, const T* entries, const T* batch_kv) {
+  return candidate_in(a, tk, t, j, ring, entries, batch_kv, a.Dh);
+}
+__device__ inline const uint8_t* candidate_record(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j) {
+  return candidate_in(a, tk, t, j, tk.ring_rec, tk.entries_rec, tk.batch_kv_rec, a.rec.bytes);
 }
 __device__ inline const float* candidate(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j) {
   return candidate_in(a, tk, t, j, tk.ring, tk.entries, tk.batch_kv);
@@ -1315,12 +1326,17 @@ constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
 static_assert(kAttnMmaSplitCandidates % kAmChunk == 0, "whole chunks a split");
 
-// (Two key buffers with the bf16 copies: the next chunk's keys are copied in while this one's are
-// used; the fp32 state is converted as it is staged, one buffer.)
-size_t attention_mma_smem(int64_t Dh, bool bf16_keys) {
-  const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = bf16_keys ? 2 : 1;
-  return (kAmHeads + stages * kAmChunk) * rowb + sizeof(float) * kAmHeads * (kAmChunk + 1) + 3 * kAmHeads * kAmPRow +
-         3 * kAmHeads * sizeof(float) + stages * kAmChunk * sizeof(void*);
+// Where the kernel's keys come from (AttentionArgs::keys): converted from the fp32 state as they are
+// staged (one key buffer); the state's bf16 copies by cp.async into the other of two key buffers
+// while the chunk before is used; the FP8 KV records (core/kv_record.h) by cp.async into one record
+// buffer while the chunk before is used, decoded into the one key buffer at the chunk's start.
+enum AmKeys : int { kAmKeysF32 = 0, kAmKeysBf16 = 1, kAmKeysRecord = 2 };
+
+size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes) {
+  const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = keys == kAmKeysBf16 ? 2 : 1;
+  const size_t records = keys == kAmKeysRecord ? static_cast<size_t>(kAmChunk * rec_bytes + 15) / 16 * 16 : 0;
+  return (kAmHeads + stages * kAmChunk) * rowb + records + sizeof(float) * kAmHeads * (kAmChunk + 1) +
+         3 * kAmHeads * kAmPRow + 3 * kAmHeads * sizeof(float) + 2 * kAmChunk * sizeof(void*);
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -1338,19 +1354,22 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-template <int kDh, bool kBf16Keys>  // kBf16Keys: the keys from the state's bf16 copies (AttentionArgs::bf16_keys)
+template <int kDh, int kKeys>  // kKeys: AmKeys, where the keys come from
 __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   wait_previous_grid();
   extern __shared__ __align__(16) uint8_t am_smem[];
+  constexpr bool kBf16Keys = kKeys == kAmKeysBf16, kRecords = kKeys == kAmKeysRecord;
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = kBf16Keys ? 2 : 1;
+  const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
   uint8_t* qs = am_smem;
   uint8_t* ks0 = qs + kAmHeads * rowb;  // [kStages][kAmChunk rows]
-  float* logits = reinterpret_cast<float*>(ks0 + kStages * kAmChunk * rowb);
+  uint8_t* recs = ks0 + kStages * kAmChunk * rowb;  // [kAmChunk records] (kRecords)
+  float* logits = reinterpret_cast<float*>(recs + (kAmChunk * rec_bytes + 15) / 16 * 16);
   uint8_t* pw = reinterpret_cast<uint8_t*>(logits + kAmHeads * (kAmChunk + 1));
   float* st_alpha = reinterpret_cast<float*>(pw + 3 * kAmHeads * kAmPRow);
   float* st_m = st_alpha + kAmHeads;
   float* st_l = st_m + kAmHeads;
-  const void** kptr0 = reinterpret_cast<const void**>(st_l + kAmHeads);  // [kStages][kAmChunk]
+  const void** kptr0 = reinterpret_cast<const void**>(st_l + kAmHeads);  // [2][kAmChunk]
 
   const SplitBlock blk = split_block(a, t_base, kAmHeads);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -1385,6 +1404,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       const void* key = nullptr;
       if (c + tid < j_end) {
         if constexpr (kBf16Keys) key = candidate_in(a, tk, t, c + tid, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
+        else if constexpr (kRecords) key = candidate_record(a, tk, t, c + tid);
         else key = candidate(a, tk, t, c + tid);
       }
       kptr0[b * kAmChunk + tid] = key;
@@ -1402,14 +1422,67 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
     }
     cp_async_commit();
   };
-  if constexpr (kBf16Keys) {
+  // The records of chunk pointers b into the record buffer by cp.async, 8 bytes a copy (records are
+  // 8-byte multiples; a masked candidate's zero-filled, which decodes to zeros); one commit group.
+  auto issue_records = [&](int b) {
+    const int pieces = rec_bytes / 8;
+    for (int i = tid; i < kAmChunk * pieces; i += kAmThreads) {
+      const int r = i / pieces, piece = i % pieces;
+      const void* rec = kptr0[b * kAmChunk + r];
+      cp_async(recs + r * rec_bytes + 8 * piece,
+               rec ? static_cast<const void*>(static_cast<const uint8_t*>(rec) + 8 * piece) : static_cast<const void*>(a.q),
+               rec != nullptr, 8);
+    }
+    cp_async_commit();
+  };
+  if constexpr (kBf16Keys || kRecords) {
     fill_ptrs(j_begin, 0);
     __syncthreads();
-    issue(0);
+    if constexpr (kBf16Keys) issue(0);
+    else issue_records(0);
   }
-  int buf = 0;  // the chunk's key buffer
-  for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk, buf = kStages - 1 - buf) {
-    if constexpr (kBf16Keys) {
+  int buf = 0;  // the chunk's key buffer (kRecords: its pointer buffer)
+  for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk, buf = kBf16Keys || kRecords ? 1 - buf : 0) {
+    if constexpr (kRecords) {
+      // This chunk's records landed (everyone's copies; everyone is done with the key buffer), then
+      // decoded into the key buffer 16 bytes (8 dims) a piece: a nope piece from its 8 codes and
+      // its block's scale, code x scale exact in fp32 and in bf16 (the state's bf16 copy's bits); a
+      // RoPE piece as stored. Meanwhile the next chunk's addresses; then its records are copied in
+      // under this chunk's work.
+      const bool more = c0 + kAmChunk < j_end;
+      cp_async_wait<0>();
+      __syncthreads();
+      const int pb = buf;
+      if (more) fill_ptrs(c0 + kAmChunk, 1 - pb);
+      constexpr int kPieces = Dh / 8;
+      for (int i = tid; i < kAmChunk * kPieces; i += kAmThreads) {
+        const int r = i / kPieces, piece = i % kPieces, d = 8 * piece;
+        const uint8_t* rec = recs + r * rec_bytes;
+        uint4 v;
+        if (d < a.rec.nope) {
+          const uint2 codes = *reinterpret_cast<const uint2*>(rec + d);
+          const float sc = dev_e8m0(rec[a.rec.scales_at + d / kKvRecordBlock]);
+          const uint32_t w[2] = {codes.x, codes.y};
+          uint32_t o[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[h] & 0xffffu), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[h] >> 16), __NV_E4M3);
+            const float2 flo = __half22float2(__half2(lo)), fhi = __half22float2(__half2(hi));
+            o[2 * h] = pack_bf16x2(flo.x * sc, flo.y * sc);
+            o[2 * h + 1] = pack_bf16x2(fhi.x * sc, fhi.y * sc);
+          }
+          v = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+          const uint2* rp = reinterpret_cast<const uint2*>(rec + a.rec.rope_at + 2 * (d - a.rec.nope));
+          const uint2 lo = rp[0], hi = rp[1];
+          v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+        *reinterpret_cast<uint4*>(ks0 + r * rowb + 16 * piece) = v;
+      }
+      __syncthreads();  // the keys decoded (the record buffer free), the next addresses written
+      if (more) issue_records(1 - pb);
+    } else if constexpr (kBf16Keys) {
       // The next chunk's keys copied in under this chunk's work.
       const bool more = c0 + kAmChunk < j_end;
       if (more) fill_ptrs(c0 + kAmChunk, 1 - buf);
@@ -1448,7 +1521,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       }
       __syncthreads();
     }
-    const uint8_t* ks = ks0 + buf * kAmChunk * rowb;
+    const uint8_t* ks = ks0 + (kRecords ? 0 : buf) * kAmChunk * rowb;
     const void* const* kptr = kptr0 + buf * kAmChunk;
     // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7).
     {
@@ -1677,32 +1750,47 @@ void launch_attention(const AttentionArgs& a) {
   if (a.T * a.H == 0) return;
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
-    const size_t smem = attention_mma_smem(a.Dh, a.bf16_keys);
-    static bool opted = false;  // the attribute is per kernel
+    const int keys = a.records ? kAmKeysRecord : a.bf16_keys ? kAmKeysBf16 : kAmKeysF32;
+    const size_t smem = attention_mma_smem(a.Dh, keys, a.records ? a.rec.bytes : 0);
+    // The attribute is per kernel: the most any launch of it asks (records: at most 2 Dh bytes).
+    static bool opted = false;
     if (!opted) {
-      const auto opt_in = [](const void* kernel, int64_t Dh, bool bf16_keys) {
+      const auto opt_in = [](const void* kernel, int64_t Dh, int k) {
         SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(attention_mma_smem(Dh, bf16_keys))));
+                                                static_cast<int>(attention_mma_smem(Dh, k, 2 * Dh))));
       };
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, false>), 128, false);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, false>), 256, false);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, false>), 512, false);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, true>), 128, true);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, true>), 256, true);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, true>), 512, true);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, kAmKeysF32>), 128, kAmKeysF32);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, kAmKeysF32>), 256, kAmKeysF32);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, kAmKeysF32>), 512, kAmKeysF32);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, kAmKeysBf16>), 128, kAmKeysBf16);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, kAmKeysBf16>), 256, kAmKeysBf16);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, kAmKeysBf16>), 512, kAmKeysBf16);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, kAmKeysRecord>), 128, kAmKeysRecord);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, kAmKeysRecord>), 256, kAmKeysRecord);
+      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, kAmKeysRecord>), 512, kAmKeysRecord);
       opted = true;
     }
+    if (a.records)
+      SPARROW_CHECK(a.rec.bytes > 0 && a.rec.bytes % 8 == 0 && a.rec.bytes <= 2 * a.Dh && a.rec.nope % 8 == 0 &&
+                    a.rec.dim == a.Dh && a.rec.rope_at % 8 == 0);
+    const auto run = [&](auto kernel, dim3 grid, int64_t t_base) {
+      launch(kernel, grid, kAmThreads, smem, a, t_base, max_splits);
+    };
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const dim3 grid(static_cast<unsigned>(tp * a.H / kAmHeads), static_cast<unsigned>(max_splits));
-      if (a.bf16_keys) {
-        if (a.Dh == 512) launch(attention_mma_kernel<512, true>, grid, kAmThreads, smem, a, t_base, max_splits);
-        else if (a.Dh == 256) launch(attention_mma_kernel<256, true>, grid, kAmThreads, smem, a, t_base, max_splits);
-        else launch(attention_mma_kernel<128, true>, grid, kAmThreads, smem, a, t_base, max_splits);
+      if (keys == kAmKeysRecord) {
+        if (a.Dh == 512) run(attention_mma_kernel<512, kAmKeysRecord>, grid, t_base);
+        else if (a.Dh == 256) run(attention_mma_kernel<256, kAmKeysRecord>, grid, t_base);
+        else run(attention_mma_kernel<128, kAmKeysRecord>, grid, t_base);
+      } else if (keys == kAmKeysBf16) {
+        if (a.Dh == 512) run(attention_mma_kernel<512, kAmKeysBf16>, grid, t_base);
+        else if (a.Dh == 256) run(attention_mma_kernel<256, kAmKeysBf16>, grid, t_base);
+        else run(attention_mma_kernel<128, kAmKeysBf16>, grid, t_base);
       } else {
-        if (a.Dh == 512) launch(attention_mma_kernel<512, false>, grid, kAmThreads, smem, a, t_base, max_splits);
-        else if (a.Dh == 256) launch(attention_mma_kernel<256, false>, grid, kAmThreads, smem, a, t_base, max_splits);
-        else launch(attention_mma_kernel<128, false>, grid, kAmThreads, smem, a, t_base, max_splits);
+        if (a.Dh == 512) run(attention_mma_kernel<512, kAmKeysF32>, grid, t_base);
+        else if (a.Dh == 256) run(attention_mma_kernel<256, kAmKeysF32>, grid, t_base);
+        else run(attention_mma_kernel<128, kAmKeysF32>, grid, t_base);
       }
       if (max_splits > 1)  // (one split: every token written by the kernel)
         launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,

@@ -263,7 +263,8 @@ __global__ void kv_record_encode_kernel(KvRecordArgs a) {
   wait_previous_grid();
   const int64_t r = blockIdx.x;
   const float* in = a.in + r * a.in_stride;
-  uint8_t* rec = a.rec + r * a.rec_stride;
+  uint8_t* rec = a.rec_rows ? a.rec_rows[r] : a.rec + r * a.rec_stride;
+  if (rec == nullptr) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t b = warp; b < a.blocks; b += kKvRecordThreads / 32) {
     const float v0 = in[64 * b + lane], v1 = in[64 * b + lane + 32];
@@ -298,7 +299,10 @@ __global__ void kv_record_decode_kernel(KvRecordArgs a) {
   float* out = a.out + r * a.out_stride;
   for (int64_t i = threadIdx.x; i < a.nope + a.rope_dim; i += blockDim.x) {
     if (i < a.nope) {
-      out[i] = dev_e4m3(rec[i]) * dev_e8m0(rec[a.scales_at + i / 64]);
+      // (A NaN operand's bits as the host's product keeps them, the code's first: the GPU's product
+      // would give its canonical NaN.)
+      const float c = dev_e4m3(rec[i]), s = dev_e8m0(rec[a.scales_at + i / 64]);
+      out[i] = c != c ? c : s != s ? s : c * s;
     } else {
       const int64_t j = i - a.nope;
       out[i] = dev_bf16(static_cast<uint16_t>(rec[a.rope_at + 2 * j] | (rec[a.rope_at + 2 * j + 1] << 8)));

@@ -1384,6 +1384,129 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   }
 }
 
+// The KV stored as FP8 KV records (LayerState::ring_rec, CompressorBuffer::entries_rec: what the
+// fast profiles keep), every kind at V4's shape (64 heads, Dh 512 with 64 RoPE dims): two sequences
+// in shared batches on GPU states keeping records and on GPU states keeping values
+// (cuda::set_kv_records off when they start), with the same inputs, the kv rows record values as the
+// fast profile makes them. The attention outputs are the same bits (a record decodes to its bf16
+// copy's values), so are the compressed entries (decoded: entry_sim's values); the ring wraps (a
+// window of 70 under 150-token batches) and the entries' buffer grows (its records copied) on the way.
+// A call that would leave records unread or unwritten fails with an error naming the layer.
+TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "the CUDA backend's state";
+  const int64_t H = 64, Dh = 512, rope_dim = 64;
+  RopeTable rope;
+  for (int64_t i = 0; i < rope_dim / 2; ++i) rope.inv_freq.push_back(std::pow(10000.0, -2.0 * i / rope_dim));
+  ASSERT_EQ(rope.rope_dim(), rope_dim);
+  const KvRecordLayout l = kv_record_layout(Dh, rope_dim);
+  for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
+    Rng rng(584 + static_cast<int>(kind));
+    ModelConfig cfg = attn_config(kind, 70);
+    cfg.num_heads = H, cfg.head_dim = Dh, cfg.rope_dim = rope_dim;
+    if (cuda::kv_records_layout(cfg).bytes == 0) GTEST_SKIP() << "records are off (SPARROW_CUDA_DISABLE)";
+    const int64_t m = cfg.compress_ratio[0];
+    const bool csa = kind == AttentionKind::kCsa;
+    const int64_t k = csa ? 96 : 0;
+    const std::string name = kind == AttentionKind::kSliding ? "SWA" : csa ? "CSA" : "HCA";
+    Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
+    const CompressorCase main_case(rng, Dh, std::max<int64_t>(m, 1), csa);
+    std::unique_ptr<SequenceState> rec[2], val[2];
+    for (int s = 0; s < 2; ++s) rec[s] = gpu->create_sequence_state(cfg), val[s] = gpu->create_sequence_state(cfg);
+    const std::vector<int32_t> ids(200, 0);
+    for (auto [n0, n1] : {std::pair<int64_t, int64_t>{150, 150}, std::pair<int64_t, int64_t>{1, 1},
+                          std::pair<int64_t, int64_t>{5, 3}, std::pair<int64_t, int64_t>{1, 0},
+                          std::pair<int64_t, int64_t>{0, 2}, std::pair<int64_t, int64_t>{40, 1}}) {
+      const int64_t T = n0 + n1;
+      const auto batch_of = [&](std::unique_ptr<SequenceState>* st) {
+        std::vector<SequenceChunk> chunks;
+        if (n0 > 0) chunks.push_back({st[0].get(), std::span<const int32_t>(ids).subspan(0, n0)});
+        if (n1 > 0) chunks.push_back({st[1].get(), std::span<const int32_t>(ids).subspan(0, n1)});
+        return batch_build(chunks);
+      };
+      const BatchInfo br = batch_of(rec), bv = batch_of(val);
+      // kv: record values (encoded and decoded on the host); q: bf16 values.
+      std::vector<float> kv = rng.normal(T * Dh, 1.0);
+      std::vector<uint8_t> bytes(l.bytes);
+      for (int64_t t = 0; t < T; ++t) {
+        kv_record_encode(kv.data() + t * Dh, l, bytes.data());
+        kv_record_decode(bytes.data(), l, kv.data() + t * Dh);
+      }
+      std::vector<float> qv = rng.normal(T * H * Dh, 0.5);
+      for (float& x : qv) x = bf16_round(x);
+      std::vector<int32_t> sel(T * k);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t visible = (br.positions[t] + 1) / std::max<int64_t>(m, 1);
+        for (int64_t i = 0; i < k; ++i)
+          sel[t * k + i] = (i % 5 == 2 || visible == 0) ? -1 : static_cast<int32_t>(rng.integer(0, visible - 1));
+      }
+      const std::vector<float> ckv = csa || m > 0 ? rng.normal(T * main_case.width) : std::vector<float>{};
+      const std::vector<float> cgate = csa || m > 0 ? rng.normal(T * main_case.width, 2.0) : std::vector<float>{};
+      std::vector<float> out[2];
+      for (int side = 0; side < 2; ++side) {
+        const bool records = side == 0;
+        const BatchInfo& b = records ? br : bv;
+        cuda::set_kv_records(*gpu, records);
+        if (kind != AttentionKind::kSliding) {
+          CompressorParams cp = main_case.params(gpu->upload_f32(ckv, {T, main_case.width}),
+                                                 gpu->upload_f32(cgate, {T, main_case.width}), b, rope, CompressorSlot::kMain);
+          cp.round_bf16 = true;
+          cp.entry_sim = {QuantSimKind::kFp8Pow2Block64};
+          gpu->compressor(cp);
+        }
+        const Tensor q = gpu->upload_f32(qv, {T, H, Dh}), v = gpu->upload_f32(kv, {T, Dh});
+        const Tensor o = gpu->alloc(ElemType::kF32, {T, H, Dh});
+        gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
+                        .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m, .window = cfg.sliding_window,
+                        .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = true, .bf16_operands = true,
+                        .kv_record = true});
+        const std::string what = name + (records ? " records" : " values") + " batch (" + std::to_string(n0) + ", " +
+                                 std::to_string(n1) + ")";
+        // (A values state's first batch may read records: its kv is this batch's alone.)
+        if (records || n0 != 150) EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what;
+        out[side] = gpu->download_f32(o);
+        gpu->window_append({.kv = v, .batch = &b, .layer = 0, .kv_record = true});
+        for (int s = 0; s < 2; ++s) {
+          EXPECT_EQ(cuda::state_keeps_records(*(records ? rec : val)[s], 0), records) << what << " seq " << s;
+          (records ? rec : val)[s]->advance(s == 0 ? n0 : n1);
+        }
+      }
+      cuda::set_kv_records(*gpu, true);
+      const std::string what = name + " batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ")";
+      expect_same_bits(out[0], out[1], what + ": attention over records vs values");
+      if (kind != AttentionKind::kSliding)
+        for (int s = 0; s < 2; ++s)
+          expect_same_bits(cuda::state_entries(*rec[s], 0, CompressorSlot::kMain),
+                           cuda::state_entries(*val[s], 0, CompressorSlot::kMain), what + " entries seq " + std::to_string(s));
+    }
+    if (kind != AttentionKind::kSliding) EXPECT_GT(cuda::state_entries(*rec[0], 0, CompressorSlot::kMain).size(), 0u);
+    // Records, then a call whose rows are not record values: refused with the layer named.
+    std::vector<SequenceChunk> one{{rec[0].get(), std::span<const int32_t>(ids).subspan(0, 1)}};
+    const BatchInfo b1 = batch_build(one);
+    const Tensor v1 = gpu->upload_f32(std::vector<float>(Dh, 0.5f), {1, Dh});
+    const Tensor q1 = gpu->upload_f32(std::vector<float>(H * Dh, 0.25f), {1, H, Dh});
+    const Tensor o1 = gpu->alloc(ElemType::kF32, {1, H, Dh});
+    const Tensor s1 = csa ? gpu->upload_i32(std::vector<int32_t>(k, 0), {1, k}) : Tensor();
+    const auto message = [](auto&& f) {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    const std::string attn_error = message([&] {
+      gpu->attention({.out = o1, .q = q1, .kv = v1, .selected = s1, .sinks = sinks.view, .batch = &b1, .layer = 0,
+                      .kind = kind, .ratio = m, .window = cfg.sliding_window, .scale = 0.1, .round_bf16 = true,
+                      .bf16_operands = true});
+    });
+    EXPECT_NE(attn_error.find("layer 0"), std::string::npos) << name << ": " << attn_error;
+    EXPECT_NE(attn_error.find("records"), std::string::npos) << name << ": " << attn_error;
+    const std::string append_error = message([&] { gpu->window_append({.kv = v1, .batch = &b1, .layer = 0}); });
+    EXPECT_NE(append_error.find("layer 0"), std::string::npos) << name << ": " << append_error;
+    EXPECT_NE(append_error.find("kv_record"), std::string::npos) << name << ": " << append_error;
+  }
+}
+
 // No window and every selection -1: the sink is all a query has, and the output is 0.
 TEST_F(CudaOps, AttentionWithNothingButTheSink) {
   Rng rng(82);
