@@ -1061,7 +1061,7 @@ class CudaBackend final : public Backend {
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
                       .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
-                      .rec = rec, .round_bf16 = p.round_bf16});
+                      .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16});
     launch_check("attention");
   }
 
@@ -1745,6 +1745,7 @@ class CudaBackend final : public Backend {
   bool last_attention_bf16_kv_ = false;  // test support
   bool last_attention_records_ = false;  // test support
   bool kv_records_ = true;               // test support (set_kv_records)
+  int attention_block_heads_ = 0;        // test support (set_attention_block_heads)
   bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support
 
@@ -1761,6 +1762,7 @@ class CudaBackend final : public Backend {
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
   void set_kv_records(bool on) { kv_records_ = on; }
+  void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
   void set_indexer_mma_tiles(int tiles) { indexer_mma_tiles_ = tiles; }
   // The fast profiles' FP8-stored linears on the tensor cores (batch-invariant cuBLASLt plans).
@@ -1913,6 +1915,10 @@ bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }
+void set_attention_block_heads(Backend& backend, int heads) {
+  SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32);
+  cuda_backend(backend).set_attention_block_heads(heads);
+}
 void set_attention_bf16_kv(Backend& backend, bool on) { cuda_backend(backend).set_attention_bf16_kv(on); }
 void set_indexer_mma_tiles(Backend& backend, int tiles) {
   SPARROW_CHECK(tiles >= 0 && tiles <= 8);

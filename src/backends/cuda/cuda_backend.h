@@ -201,6 +201,9 @@ bool last_attention_records(Backend& backend);
 // Test support: whether state buffers this backend starts from now on may store the KV as records
 // (default on; off: values, as with SPARROW_CUDA_DISABLE=kv_record).
 void set_kv_records(Backend& backend, bool on);
+// Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, or 0
+// (the default: by the call's size).
+void set_attention_block_heads(Backend& backend, int heads);
 void set_attention_bf16_kv(Backend& backend, bool on);
 // That scorer's tiles of 128 entries a block: 1 to 32, 0 (the default) chooses by the grid's size.
 // The same bits either way (test support).

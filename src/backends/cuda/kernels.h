@@ -668,9 +668,14 @@ struct AttentionArgs {
   // to bf16 in the kernel; the same values as the bf16 copies, so the same bits.
   bool records = false;
   KvRecordLayout rec{};
+  // With mma: heads a block, 16 (Dh 256 or 512) or 32, or 0 to choose by the call's size; the same
+  // bits either way (tests force each).
+  int block_heads = 0;
   bool round_bf16 = false;  // out stored rounded to bf16
 };
 void launch_attention(const AttentionArgs& a);
+// The device's SM count (132 where it cannot be read), for launches sized to fill it.
+int sm_count();
 constexpr int64_t kAttnSplitCandidates = 64;
 constexpr int64_t kAttnMmaSplitCandidates = 512;
 // The shapes the tensor-core attention takes: heads in blocks of 32, Dh 128, 256 or 512.
@@ -694,6 +699,7 @@ struct RouterArgs {
   int64_t T, E, K;
   bool hash;
   float scale;                   // routed_scale, or 1 when the combine applies it
+  bool warp_topk = true;         // scored: the top-k by warp argmax rounds (set by launch_router: `router_warp`)
 };
 void launch_router(const RouterArgs& a);
 

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
 #include "core/check.h"
@@ -1332,11 +1334,11 @@ static_assert(kAttnMmaSplitCandidates % kAmChunk == 0, "whole chunks a split");
 // buffer while the chunk before is used, decoded into the one key buffer at the chunk's start.
 enum AmKeys : int { kAmKeysF32 = 0, kAmKeysBf16 = 1, kAmKeysRecord = 2 };
 
-size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes) {
+size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes, int64_t heads = kAmHeads) {
   const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = keys == kAmKeysBf16 ? 2 : 1;
   const size_t records = keys == kAmKeysRecord ? static_cast<size_t>(kAmChunk * rec_bytes + 15) / 16 * 16 : 0;
-  return (kAmHeads + stages * kAmChunk) * rowb + records + sizeof(float) * kAmHeads * (kAmChunk + 1) +
-         3 * kAmHeads * kAmPRow + 3 * kAmHeads * sizeof(float) + 2 * kAmChunk * sizeof(void*);
+  return (heads + stages * kAmChunk) * rowb + records + sizeof(float) * heads * (kAmChunk + 1) + 3 * heads * kAmPRow +
+         3 * heads * sizeof(float) + 2 * kAmChunk * sizeof(void*);
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -1354,30 +1356,37 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-template <int kDh, int kKeys>  // kKeys: AmKeys, where the keys come from
-__global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+// kKeys: AmKeys, where the keys come from. kHeads (32 or 16) heads a block, kWarps (8 or 16) warps:
+// each head's, candidate's and output dimension's arithmetic is the same whatever the two (the same
+// mma rows, the same sums in the same order), so the launch picks them by the call's size.
+template <int kDh, int kKeys, int kHeads = kAmHeads, int kWarps = kAmThreads / 32>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  static_assert((kHeads == 16 || kHeads == 32) && (kWarps == 8 || kWarps == 16),
+                "heads a block and warps");
+  constexpr int kH = kHeads, kT = 32 * kWarps, kMt = kHeads / 16;
+  static_assert(kDh % (16 * kWarps) == 0, "whole pairs of n8 tiles a warp in the weighted sum");
   wait_previous_grid();
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr bool kBf16Keys = kKeys == kAmKeysBf16, kRecords = kKeys == kAmKeysRecord;
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = kBf16Keys ? 2 : 1;
   const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
   uint8_t* qs = am_smem;
-  uint8_t* ks0 = qs + kAmHeads * rowb;  // [kStages][kAmChunk rows]
+  uint8_t* ks0 = qs + kH * rowb;  // [kStages][kAmChunk rows]
   uint8_t* recs = ks0 + kStages * kAmChunk * rowb;  // [kAmChunk records] (kRecords)
   float* logits = reinterpret_cast<float*>(recs + (kAmChunk * rec_bytes + 15) / 16 * 16);
-  uint8_t* pw = reinterpret_cast<uint8_t*>(logits + kAmHeads * (kAmChunk + 1));
-  float* st_alpha = reinterpret_cast<float*>(pw + 3 * kAmHeads * kAmPRow);
-  float* st_m = st_alpha + kAmHeads;
-  float* st_l = st_m + kAmHeads;
-  const void** kptr0 = reinterpret_cast<const void**>(st_l + kAmHeads);  // [2][kAmChunk]
+  uint8_t* pw = reinterpret_cast<uint8_t*>(logits + kH * (kAmChunk + 1));
+  float* st_alpha = reinterpret_cast<float*>(pw + 3 * kH * kAmPRow);
+  float* st_m = st_alpha + kH;
+  float* st_l = st_m + kH;
+  const void** kptr0 = reinterpret_cast<const void**>(st_l + kH);  // [2][kAmChunk]
 
-  const SplitBlock blk = split_block(a, t_base, kAmHeads);
+  const SplitBlock blk = split_block(a, t_base, kH);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
   const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * kAttnMmaSplitCandidates;
   if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
     if (n == 0 && s == 0)
-      for (int i = threadIdx.x; i < kAmHeads * kDh; i += kAmThreads) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
+      for (int i = threadIdx.x; i < kH * kDh; i += kT) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
     return;
   }
   const int64_t j_end = n - j_begin < kAttnMmaSplitCandidates ? n : j_begin + kAttnMmaSplitCandidates;
@@ -1385,18 +1394,18 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
 
   const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
   constexpr int row4 = Dh / 4;  // float4s a row
-  for (int i = tid; i < kAmHeads * row4; i += kAmThreads) {
+  for (int i = tid; i < kH * row4; i += kT) {
     const float4 v = qsrc[i];
     *reinterpret_cast<uint2*>(qs + (i / row4) * rowb + 8 * (i % row4)) =
         make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
   }
-  if (tid < kAmHeads) {
+  if (tid < kH) {
     st_m[tid] = -INFINITY;
     st_l[tid] = 0.0f;
   }
-  constexpr int nts = Dh / 64;  // n8 tiles of this warp's Dh / 8 dims (even: Dh % 128 == 0)
-  const int d0 = warp * (Dh / 8);
-  float acc[2][nts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
+  constexpr int nts = Dh / (8 * kWarps);  // n8 tiles of this warp's Dh / kWarps dims (even)
+  const int d0 = warp * (Dh / kWarps);
+  float acc[kMt][nts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
 
   // The addresses of chunk c's candidates into kptr0[buffer b] (null: masked, or past the split).
   auto fill_ptrs = [&](int64_t c, int b) {
@@ -1414,7 +1423,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   // The bf16 copies of those keys into key buffer b by cp.async, 8 pieces a thread (a masked
   // candidate's row zero-filled); one commit group.
   auto issue = [&](int b) {
-    for (int i = tid; i < kAmChunk * kPieces; i += kAmThreads) {
+    for (int i = tid; i < kAmChunk * kPieces; i += kT) {
       const void* row = kptr0[b * kAmChunk + i / kPieces];
       cp_async(ks0 + (b * kAmChunk + i / kPieces) * rowb + 16 * (i % kPieces),
                row ? static_cast<const void*>(static_cast<const uint4*>(row) + i % kPieces) : static_cast<const void*>(a.q),
@@ -1425,8 +1434,8 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   // The records of chunk pointers b into the record buffer by cp.async, 8 bytes a copy (records are
   // 8-byte multiples; a masked candidate's zero-filled, which decodes to zeros); one commit group.
   auto issue_records = [&](int b) {
-    const int pieces = rec_bytes / 8;
-    for (int i = tid; i < kAmChunk * pieces; i += kAmThreads) {
+    const int pieces = kRecords ? rec_bytes / 8 : 1;  // (only kRecords calls it)
+    for (int i = tid; i < kAmChunk * pieces; i += kT) {
       const int r = i / pieces, piece = i % pieces;
       const void* rec = kptr0[b * kAmChunk + r];
       cp_async(recs + r * rec_bytes + 8 * piece,
@@ -1455,7 +1464,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       const int pb = buf;
       if (more) fill_ptrs(c0 + kAmChunk, 1 - pb);
       constexpr int kPieces = Dh / 8;
-      for (int i = tid; i < kAmChunk * kPieces; i += kAmThreads) {
+      for (int i = tid; i < kAmChunk * kPieces; i += kT) {
         const int r = i / kPieces, piece = i % kPieces, d = 8 * piece;
         const uint8_t* rec = recs + r * rec_bytes;
         uint4 v;
@@ -1498,11 +1507,11 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       // The chunk's keys converted from the fp32 state to bf16 (exact: bf16 values) in 16-byte
       // pieces of 8 dims, two float4 a piece, 4 pieces a thread in flight; a masked row is zero.
       constexpr int total = kAmChunk * kPieces, kU = 4;
-      for (int i0 = tid; i0 < total; i0 += kU * kAmThreads) {
+      for (int i0 = tid; i0 < total; i0 += kU * kT) {
         uint4 v[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          const int i = i0 + u * kAmThreads;
+          const int i = i0 + u * kT;
           const void* row = i < total ? kptr0[i / kPieces] : nullptr;
           if (!row) {
             v[u] = make_uint4(0u, 0u, 0u, 0u);
@@ -1515,7 +1524,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
         }
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          const int i = i0 + u * kAmThreads;
+          const int i = i0 + u * kT;
           if (i < total) *reinterpret_cast<uint4*>(ks0 + (i / kPieces) * rowb + 16 * (i % kPieces)) = v[u];
         }
       }
@@ -1523,8 +1532,8 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
     }
     const uint8_t* ks = ks0 + (kRecords ? 0 : buf) * kAmChunk * rowb;
     const void* const* kptr = kptr0 + buf * kAmChunk;
-    // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7).
-    {
+    // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7): warps 0 .. 4 kMt - 1.
+    if (warp < 4 * kMt) {
       const int mt = warp / 4, nt = warp % 4;
       const uint8_t* arow = qs + (16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 16 * (lane / 16);
       const uint8_t* brow = ks + (8 * nt + (lane % 8)) * rowb + 16 * ((lane / 8) % 2);
@@ -1551,8 +1560,8 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
     __syncthreads();
     // Online softmax: warp w heads 4 w .. 4 w + 3, lane = candidate.
 #pragma unroll
-    for (int hh = 0; hh < kAmHeads / 8; ++hh) {
-      const int h = warp * (kAmHeads / 8) + hh;
+    for (int hh = 0; hh < kH / kWarps; ++hh) {
+      const int h = warp * (kH / kWarps) + hh;
       const float v = logits[h * (kAmChunk + 1) + lane];
       const float m_old = st_m[h];
       const float m_new = fmaxf(m_old, warp_max(v));
@@ -1569,7 +1578,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
       const __nv_bfloat16 terms[3] = {lo, mid, hi};
 #pragma unroll
       for (int term = 0; term < 3; ++term)
-        *reinterpret_cast<__nv_bfloat16*>(pw + (term * kAmHeads + h) * kAmPRow + 2 * lane) = terms[term];
+        *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
       __syncwarp();
       if (lane == 0) {
         st_alpha[h] = alpha;
@@ -1581,32 +1590,32 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
     // Weighted sum: the accumulators rescaled to the new max, then + p V for the chunk (the terms
     // small to large).
     {
-      float al[2][2];
+      float al[kMt][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) al[mt][h] = st_alpha[16 * mt + gid + 8 * h];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
         for (int nt = 0; nt < nts; ++nt)
 #pragma unroll
           for (int c = 0; c < 4; ++c) acc[mt][nt][c] *= al[mt][c / 2];
 #pragma unroll
       for (int kk = 0; kk < kAmChunk; kk += 16) {
-        uint32_t pa[3][2][4];
+        uint32_t pa[3][kMt][4];
 #pragma unroll
         for (int term = 0; term < 3; ++term)
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-            ldmatrix_x4(pa[term][mt], pw + (term * kAmHeads + 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * kAmPRow +
+          for (int mt = 0; mt < kMt; ++mt)
+            ldmatrix_x4(pa[term][mt], pw + (term * kH + 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * kAmPRow +
                                           2 * (kk + 8 * (lane / 16)));
 #pragma unroll
         for (int np = 0; np < nts / 2; ++np) {
           uint32_t vb[4];
           ldmatrix_x4_trans(vb, ks + (kk + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 2 * (d0 + 16 * np + 8 * (lane / 16)));
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
             for (int term = 0; term < 3; ++term) {
               mma_bf16_m16n8k16(acc[mt][2 * np], pa[term][mt], vb[0], vb[1]);
@@ -1621,7 +1630,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
     // and the combine skips the token). Per head ws = exp(m - M) and denom = exp(sink - M) + ws l,
     // M = max(sink, m); out = (0 + ws acc) / denom.
     __syncthreads();  // the last chunk's readers of st_alpha are done
-    if (tid < kAmHeads) {
+    if (tid < kH) {
       const float sink = dev_load(a.sinks, h0 + tid), m = st_m[tid];
       const float M = fmaxf(sink, m);
       const float ws = attn_split_weight(m, M);
@@ -1630,7 +1639,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
     }
     __syncthreads();
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
       for (int nt = 0; nt < nts; ++nt)
 #pragma unroll
@@ -1650,7 +1659,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
   // This split's weighted keys, max and exp-sum per head (attention_combine_kernel's layout).
   const int64_t th0 = (t - t_base) * a.H + h0;
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
     for (int nt = 0; nt < nts; ++nt) {
 #pragma unroll
@@ -1660,7 +1669,7 @@ __global__ void __launch_bounds__(kAmThreads, 2) attention_mma_kernel(AttentionA
         *reinterpret_cast<float2*>(out) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
     }
-  if (tid < kAmHeads) {
+  if (tid < kH) {
     float* out = a.split_scratch + ((th0 + tid) * max_splits + s) * (a.Dh + 2);
     out[a.Dh] = st_m[tid];
     out[a.Dh + 1] = st_l[tid];
@@ -1751,47 +1760,60 @@ void launch_attention(const AttentionArgs& a) {
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
     const int keys = a.records ? kAmKeysRecord : a.bf16_keys ? kAmKeysBf16 : kAmKeysF32;
-    const size_t smem = attention_mma_smem(a.Dh, keys, a.records ? a.rec.bytes : 0);
+    const int64_t rec_bytes = a.records ? a.rec.bytes : 0;
     // The attribute is per kernel: the most any launch of it asks (records: at most 2 Dh bytes).
     static bool opted = false;
     if (!opted) {
-      const auto opt_in = [](const void* kernel, int64_t Dh, int k) {
-        SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(attention_mma_smem(Dh, k, 2 * Dh))));
+      const auto opt_in = [](auto kernel, int64_t Dh, int k, int64_t heads) {
+        SPARROW_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(attention_mma_smem(Dh, k, 2 * Dh, heads))));
       };
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, kAmKeysF32>), 128, kAmKeysF32);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, kAmKeysF32>), 256, kAmKeysF32);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, kAmKeysF32>), 512, kAmKeysF32);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, kAmKeysBf16>), 128, kAmKeysBf16);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, kAmKeysBf16>), 256, kAmKeysBf16);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, kAmKeysBf16>), 512, kAmKeysBf16);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<128, kAmKeysRecord>), 128, kAmKeysRecord);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<256, kAmKeysRecord>), 256, kAmKeysRecord);
-      opt_in(reinterpret_cast<const void*>(attention_mma_kernel<512, kAmKeysRecord>), 512, kAmKeysRecord);
+      opt_in(attention_mma_kernel<128, kAmKeysF32>, 128, kAmKeysF32, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysF32>, 256, kAmKeysF32, 32);
+      opt_in(attention_mma_kernel<512, kAmKeysF32>, 512, kAmKeysF32, 32);
+      opt_in(attention_mma_kernel<128, kAmKeysBf16>, 128, kAmKeysBf16, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysBf16>, 256, kAmKeysBf16, 32);
+      opt_in(attention_mma_kernel<512, kAmKeysBf16>, 512, kAmKeysBf16, 32);
+      opt_in(attention_mma_kernel<128, kAmKeysRecord>, 128, kAmKeysRecord, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysRecord>, 256, kAmKeysRecord, 32);
+      opt_in(attention_mma_kernel<512, kAmKeysRecord>, 512, kAmKeysRecord, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysF32, 16, 16>, 256, kAmKeysF32, 16);
+      opt_in(attention_mma_kernel<512, kAmKeysF32, 16, 16>, 512, kAmKeysF32, 16);
+      opt_in(attention_mma_kernel<256, kAmKeysBf16, 16, 16>, 256, kAmKeysBf16, 16);
+      opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16>, 512, kAmKeysBf16, 16);
+      opt_in(attention_mma_kernel<256, kAmKeysRecord, 16, 16>, 256, kAmKeysRecord, 16);
+      opt_in(attention_mma_kernel<512, kAmKeysRecord, 16, 16>, 512, kAmKeysRecord, 16);
       opted = true;
     }
     if (a.records)
       SPARROW_CHECK(a.rec.bytes > 0 && a.rec.bytes % 8 == 0 && a.rec.bytes <= 2 * a.Dh && a.rec.nope % 8 == 0 &&
                     a.rec.dim == a.Dh && a.rec.rope_at % 8 == 0);
-    const auto run = [&](auto kernel, dim3 grid, int64_t t_base) {
-      launch(kernel, grid, kAmThreads, smem, a, t_base, max_splits);
-    };
+    // A call of few blocks (a decode batch) on 16 heads and 16 warps a block: twice the blocks, and
+    // each chunk's softmax and weighted sum spread over twice the warps; the same bits (`attn_narrow`
+    // off: 32 heads and 8 warps always).
+    static const bool narrow_on = cuda_feature_on("attn_narrow");
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
-      const dim3 grid(static_cast<unsigned>(tp * a.H / kAmHeads), static_cast<unsigned>(max_splits));
-      if (keys == kAmKeysRecord) {
-        if (a.Dh == 512) run(attention_mma_kernel<512, kAmKeysRecord>, grid, t_base);
-        else if (a.Dh == 256) run(attention_mma_kernel<256, kAmKeysRecord>, grid, t_base);
-        else run(attention_mma_kernel<128, kAmKeysRecord>, grid, t_base);
-      } else if (keys == kAmKeysBf16) {
-        if (a.Dh == 512) run(attention_mma_kernel<512, kAmKeysBf16>, grid, t_base);
-        else if (a.Dh == 256) run(attention_mma_kernel<256, kAmKeysBf16>, grid, t_base);
-        else run(attention_mma_kernel<128, kAmKeysBf16>, grid, t_base);
-      } else {
-        if (a.Dh == 512) run(attention_mma_kernel<512, kAmKeysF32>, grid, t_base);
-        else if (a.Dh == 256) run(attention_mma_kernel<256, kAmKeysF32>, grid, t_base);
-        else run(attention_mma_kernel<128, kAmKeysF32>, grid, t_base);
-      }
+      const bool narrow = a.Dh >= 256 && (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
+                                                                  tp * (a.H / kAmHeads) * max_splits < sm_count()));
+      const int heads = narrow ? 16 : kAmHeads;
+      const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads);
+      const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
+      const auto run = [&](auto kernel, int warps) { launch(kernel, grid, 32 * warps, smem, a, t_base, max_splits); };
+      const auto pick = [&](auto keys_c) {
+        constexpr int k = decltype(keys_c)::value;
+        if (narrow) {
+          if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16>, 16);
+          else run(attention_mma_kernel<256, k, 16, 16>, 16);
+        } else {
+          if (a.Dh == 512) run(attention_mma_kernel<512, k>, 8);
+          else if (a.Dh == 256) run(attention_mma_kernel<256, k>, 8);
+          else run(attention_mma_kernel<128, k>, 8);
+        }
+      };
+      if (keys == kAmKeysRecord) pick(std::integral_constant<int, kAmKeysRecord>{});
+      else if (keys == kAmKeysBf16) pick(std::integral_constant<int, kAmKeysBf16>{});
+      else pick(std::integral_constant<int, kAmKeysF32>{});
       if (max_splits > 1)  // (one split: every token written by the kernel)
         launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
                t_base, max_splits);

@@ -644,7 +644,11 @@ __global__ void __launch_bounds__(kThreads, 2) rms_norm_warp_kernel(RmsNormArgs 
 //
 // The angles come before the wait for the previous grid (device_common.cuh): the positions are the
 // batch's, uploaded from the host, and the table is an argument; no kernel writes either.
-__global__ void rope_kernel(RopeArgs a) {
+//
+// grid (T, head blocks): block y rotates heads [y * heads_per, (y + 1) * heads_per) of its token
+// (launch_rope: one block a token for large T; at a decode batch's few tokens the heads spread over
+// blocks of 8, each computing the token's angles itself: the same values).
+__global__ void rope_kernel(RopeArgs a, int64_t heads_per) {
   __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
   const int64_t t = blockIdx.x;
   const int pairs = a.table.pairs;
@@ -653,14 +657,15 @@ __global__ void rope_kernel(RopeArgs a) {
   wait_previous_grid();
   __syncthreads();
   // kRowUnroll pairs a thread read before any is written (each write held back the next reads).
-  const int64_t total = a.n * pairs;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per;
+  const int64_t total = (a.n - h0 < heads_per ? a.n - h0 : heads_per) * pairs;
   for (int64_t j0 = threadIdx.x; j0 < total; j0 += kRowUnroll * blockDim.x) {
     float2 v[kRowUnroll];
     float* at[kRowUnroll];
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
       const int64_t j = j0 + u * blockDim.x;
-      at[u] = j < total ? a.x + (t * a.n + j / pairs) * a.width + (a.width - 2 * pairs) + 2 * (j % pairs) : nullptr;
+      at[u] = j < total ? a.x + (t * a.n + h0 + j / pairs) * a.width + (a.width - 2 * pairs) + 2 * (j % pairs) : nullptr;
       if (at[u]) v[u] = make_float2(at[u][0], at[u][1]);
     }
 #pragma unroll
@@ -893,8 +898,15 @@ void launch_rms_norm(const RmsNormArgs& a) {
   else launch(rms_norm_kernel<0>, static_cast<unsigned>(a.rows), kThreads, 0, a);
 }
 
+// Heads a block at a decode batch's token counts (below kRopeSpreadTokens; `rope_spread` off: all of
+// a token's heads in one block): 8 (one pair a thread at V4's 32 pairs), so q's 64 heads take 8
+// blocks; the batch-1 step's ropes held its chain 2-5.5 us each in one block (H200, 2026-12-03).
+constexpr int64_t kRopeSpreadTokens = 32, kRopeSpreadHeads = 8;
 void launch_rope(const RopeArgs& a) {
-  if (a.T > 0 && a.n * a.table.pairs > 0) launch(rope_kernel, static_cast<unsigned>(a.T), kThreads, 0, a);
+  if (a.T <= 0 || a.n * a.table.pairs <= 0) return;
+  static const bool spread_on = cuda_feature_on("rope_spread");
+  const int64_t per = spread_on && a.T < kRopeSpreadTokens ? kRopeSpreadHeads : a.n;
+  launch(rope_kernel, dim3(static_cast<unsigned>(a.T), static_cast<unsigned>((a.n + per - 1) / per)), kThreads, 0, a, per);
 }
 
 void launch_window_append(const WindowAppendArgs& a) {

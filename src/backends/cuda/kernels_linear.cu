@@ -1834,16 +1834,6 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uin
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-int sm_count() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-                   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0
-               ? n
-               : 132;
-  }();
-  return sms;
-}
 int64_t fp8_tma_tiles(int64_t rows, int64_t N) { return (rows + kTmaRows - 1) / kTmaRows * blocks_for(N, kTmaCols); }
 
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
@@ -1880,6 +1870,17 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
 }
 
 }  // namespace
+
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0
+               ? n
+               : 132;
+  }();
+  return sms;
+}
 
 bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N) {
   return rows <= kTiledRows || fp8_tma_tiles(rows, N) < sm_count();

@@ -1362,6 +1362,16 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             cuda::set_attention_bf16_kv(*gpu, true);
             EXPECT_FALSE(cuda::last_attention_bf16_kv(*gpu)) << what;
             expect_same_bits(gpu->download_f32(converted), gpu->download_f32(og), what + ": bf16 copies vs converted");
+            // 16 heads and 16 warps a block (Dh 512; Dh 128 stays at 32) or 32 heads and 8 warps:
+            // the same bits (the launch picks by the call's size).
+            for (int heads : {16, 32}) {
+              const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
+              cuda::set_attention_block_heads(*gpu, heads);
+              gpu->attention(params(forced, qg, vg, sel_g, bg));
+              cuda::set_attention_block_heads(*gpu, 0);
+              expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og),
+                               what + ": " + std::to_string(heads) + " heads a block");
+            }
           }
           // Sequence 1's tokens alone.
           auto [b1c, b1g] = seqs.batches(0, n1);
@@ -1462,8 +1472,19 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
         const std::string what = name + (records ? " records" : " values") + " batch (" + std::to_string(n0) + ", " +
                                  std::to_string(n1) + ")";
         // (A values state's first batch may read records: its kv is this batch's alone.)
-        if (records || n0 != 150) EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what;
+        if (records || n0 != 150) {
+          EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what;
+        }
         out[side] = gpu->download_f32(o);
+        for (int heads : {16, 32}) {  // either block shape: the same bits
+          cuda::set_attention_block_heads(*gpu, heads);
+          gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
+                          .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
+                          .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
+                          .round_bf16 = true, .bf16_operands = true, .kv_record = true});
+          cuda::set_attention_block_heads(*gpu, 0);
+          expect_same_bits(gpu->download_f32(o), out[side], what + ", " + std::to_string(heads) + " heads a block");
+        }
         gpu->window_append({.kv = v, .batch = &b, .layer = 0, .kv_record = true});
         for (int s = 0; s < 2; ++s) {
           EXPECT_EQ(cuda::state_keeps_records(*(records ? rec : val)[s], 0), records) << what << " seq " << s;
@@ -1478,7 +1499,9 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
           expect_same_bits(cuda::state_entries(*rec[s], 0, CompressorSlot::kMain),
                            cuda::state_entries(*val[s], 0, CompressorSlot::kMain), what + " entries seq " + std::to_string(s));
     }
-    if (kind != AttentionKind::kSliding) EXPECT_GT(cuda::state_entries(*rec[0], 0, CompressorSlot::kMain).size(), 0u);
+    if (kind != AttentionKind::kSliding) {
+      EXPECT_GT(cuda::state_entries(*rec[0], 0, CompressorSlot::kMain).size(), 0u);
+    }
     // Records, then a call whose rows are not record values: refused with the layer named.
     std::vector<SequenceChunk> one{{rec[0].get(), std::span<const int32_t>(ids).subspan(0, 1)}};
     const BatchInfo b1 = batch_build(one);
