@@ -609,6 +609,33 @@ TEST_F(CudaOps, RopeForwardAndInverseAtLargePositions) {
   }
 }
 
+// A decode batch's rope spreads a token's heads over blocks of 8 (`rope_spread`, below 32 tokens);
+// a larger batch keeps a block a token: the same rotation of every (token, head, pair), so two
+// tokens alone give the bits they have as the first two of 40 (64 heads of 64 RoPE dims in rows of
+// 512, V4's q).
+TEST_F(CudaOps, RopeOfAFewTokensIsTheirRopeInALargeBatch) {
+  Rng rng(52);
+  RopeTable table;
+  for (int i = 0; i < 32; ++i) table.inv_freq.push_back(std::pow(10000.0, -i / 32.0));
+  const int64_t n = 64, width = 512, T = 40;
+  std::vector<int32_t> zeros(T, 0);
+  BatchInfo big = simple_batch(zeros);
+  for (int64_t t = 0; t < T; ++t) big.positions[t] = 4093 + 7 * t;
+  BatchInfo two = simple_batch({0, 0});
+  two.positions = {big.positions[0], big.positions[1]};
+  const std::vector<float> x = rng.normal(T * n * width);
+  for (RopeDirection dir : {RopeDirection::kForward, RopeDirection::kInverse}) {
+    const Tensor all = gpu->upload_f32(x, {T, n, width});
+    const Tensor first = gpu->upload_f32(std::vector<float>(x.begin(), x.begin() + 2 * n * width), {2, n, width});
+    gpu->rope({.x = all, .table = &table, .direction = dir, .round_bf16 = true}, big);
+    gpu->rope({.x = first, .table = &table, .direction = dir, .round_bf16 = true}, two);
+    const std::vector<float> a = gpu->download_f32(all);
+    expect_same_bits(gpu->download_f32(first), std::vector<float>(a.begin(), a.begin() + 2 * n * width),
+                     std::string("rope ") + (dir == RopeDirection::kForward ? "forward" : "inverse"));
+    EXPECT_NE(a, x);  // (it rotated)
+  }
+}
+
 // ---- compressors, indexer, attention ------------------------------------------------------------
 
 // One layer of the given kind; sizes small and odd where the formats allow.
@@ -1634,6 +1661,41 @@ TEST_F(CudaOps, RouterScoredHashAndForcedBothPlacements) {
       EXPECT_EQ(gpu->download_i32(eg), cpu->download_i32(ec)) << what;
       expect_close(*gpu, wg, *cpu, wc, kOpTol, what + " weights");
     }
+  }
+}
+
+// V4's router size (256 experts, top 6; the warp's argmax rounds, `router_warp`, hold 8 experts a
+// lane) with ties everywhere: experts in groups of four with identical gate rows and biases, so
+// every score comes four times and the order among equals is by index; tokens alone and 40 at once.
+TEST_F(CudaOps, RouterTopkOf256WithTiedGroups) {
+  Rng rng(256);
+  const int64_t E = 256, D = 16, K = 6;
+  std::vector<float> g = rng.normal(E * D, 0.25), b = rng.normal(E, 0.05);
+  for (int64_t e = 0; e < E; ++e) {
+    std::copy(g.begin() + (e / 4 * 4) * D, g.begin() + (e / 4 * 4 + 1) * D, g.begin() + e * D);
+    b[e] = b[e / 4 * 4];
+  }
+  const StoredMatrix gate = float_matrix(DType::kBF16, E, D, g);
+  const Stored bias = stored_floats(DType::kF32, {E}, b);
+  for (int64_t T : {1, 40}) {
+    const BatchInfo batch = simple_batch(std::vector<int32_t>(T, 0));
+    auto [xc, xg] = both_f32(rng.normal(T * D), {T, D});
+    auto [ec, eg] = both_alloc(ElemType::kI32, {T, K});
+    auto [wc, wg] = both_alloc(ElemType::kF32, {T, K});
+    auto params = [&](const Tensor& e, const Tensor& w, const Tensor& x) {
+      return RouterParams{.out_experts = e, .out_weights = w, .x = x, .gate = &gate.w, .bias = bias.view,
+                          .batch = &batch, .kind = MoeKind::kScored, .k = K, .routed_scale = 2.5,
+                          .placement = RoutedScalePlacement::kInRouterWeights};
+    };
+    cpu->router(params(ec, wc, xc));
+    gpu->router(params(eg, wg, xg));
+    const std::vector<int32_t> want = cpu->download_i32(ec);
+    EXPECT_EQ(gpu->download_i32(eg), want) << T << " tokens";
+    expect_close(*gpu, wg, *cpu, wc, kOpTol, std::to_string(T) + " tokens' weights");
+    int64_t tied = 0;  // (the case is what it says: picks whose group mate was picked too)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i + 1 < K; ++i) tied += want[t * K + i] / 4 == want[t * K + i + 1] / 4 ? 1 : 0;
+    EXPECT_GT(tied, 0) << T << " tokens";
   }
 }
 
