@@ -1361,11 +1361,10 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 // mma rows, the same sums in the same order), so the launch picks them by the call's size.
 template <int kDh, int kKeys, int kHeads = kAmHeads, int kWarps = kAmThreads / 32>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
-  static_assert((kHeads == 16 || kHeads == 32) && (kWarps == 8 || kWarps == 16),
-                "heads a block and warps");
+  wait_previous_grid();
+  static_assert((kHeads == 16 || kHeads == 32) && (kWarps == 8 || kWarps == 16), "heads a block and warps");
   constexpr int kH = kHeads, kT = 32 * kWarps, kMt = kHeads / 16;
   static_assert(kDh % (16 * kWarps) == 0, "whole pairs of n8 tiles a warp in the weighted sum");
-  wait_previous_grid();
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr bool kBf16Keys = kKeys == kAmKeysBf16, kRecords = kKeys == kAmKeysRecord;
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = kBf16Keys ? 2 : 1;
