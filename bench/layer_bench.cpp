@@ -164,10 +164,11 @@ bool keys_bf16_copy(const Model& model) {
 bool kv_bf16_copy(const Model& model) {
   return cuda::compressor_keeps_bf16_copies(CompressorSlot::kMain, KeyPrecision::kF32, model.precision() != Precision::kFp32);
 }
-// Whether the CUDA backend stores this model's window and compressed KV as FP8 KV records (the
-// profiles that round the KV to them, where the layout allows: cuda::kv_records_layout).
-bool kv_records(const Model& model) {
-  return model.precision() != Precision::kFp32 && cuda::kv_records_layout(model.config()).bytes > 0;
+// Whether the CUDA backend stores this model's window and compressed KV as FP8 KV records (when it
+// keeps records, cuda::kv_records; the profiles that round the KV to them, where the layout allows).
+bool kv_records(const Model& model, Backend& backend) {
+  return model.precision() != Precision::kFp32 && cuda::kv_records(backend) &&
+         cuda::kv_records_layout(model.config()).bytes > 0;
 }
 
 // The state of layer l after `context` tokens, random contents (see layer_bench.h).
@@ -371,7 +372,7 @@ CellTiming LayerBench::decode(int64_t l, int64_t B, int64_t C, const TimingOptio
   for (int s = 0; s < out.state_sets; ++s)
     for (int64_t b = 0; b < B; ++b)
       states[s].push_back(make_filled_state(sc, l, C, o.seed * 1000003 + s * 7919 + b * 104729, keys_bf16_copy(model_),
-                                            kv_bf16_copy(model_), kv_records(model_)));
+                                            kv_bf16_copy(model_), kv_records(model_, backend_)));
   std::vector<std::vector<int32_t>> ids(inputs);
   std::vector<Tensor> pristine(inputs);
   for (int r = 0; r < inputs; ++r) {

@@ -76,6 +76,10 @@ bool cuda_feature_on(const char* name) {
   static const std::vector<std::string> disabled = env_names("SPARROW_CUDA_DISABLE");
   return std::find(disabled.begin(), disabled.end(), name) == disabled.end();
 }
+bool cuda_feature_enabled(const char* name) {
+  static const std::vector<std::string> enabled = env_names("SPARROW_CUDA_ENABLE");
+  return std::find(enabled.begin(), enabled.end(), name) != enabled.end();
+}
 
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
 // work runs there): a cudaFree would synchronise the whole device, and the forward allocates and
@@ -233,7 +237,7 @@ void CompressorBuffer::reserve(int64_t n) {
 }
 
 KvRecordLayout kv_records_layout(const ModelConfig& c) {
-  static const bool on = cuda_feature_on("kv_record") && cuda_feature_on("attn_mma") && cuda_feature_on("attn_split");
+  static const bool on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_split");
   const int64_t nope = c.head_dim - c.rope_dim;
   if (!on || !attention_mma_fits(c.num_heads, c.head_dim) || c.rope_dim < 0 || nope <= 0 || nope % kKvRecordBlock != 0)
     return {};
@@ -1744,7 +1748,7 @@ class CudaBackend final : public Backend {
   bool last_attention_mma_ = false;  // test support
   bool last_attention_bf16_kv_ = false;  // test support
   bool last_attention_records_ = false;  // test support
-  bool kv_records_ = true;               // test support (set_kv_records)
+  bool kv_records_ = cuda_feature_enabled("kv_record");  // set_kv_records; SPARROW_CUDA_ENABLE=kv_record
   int attention_block_heads_ = 0;        // test support (set_attention_block_heads)
   bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support
@@ -1762,6 +1766,7 @@ class CudaBackend final : public Backend {
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
   void set_kv_records(bool on) { kv_records_ = on; }
+  bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
   void set_indexer_mma_tiles(int tiles) { indexer_mma_tiles_ = tiles; }
@@ -1915,6 +1920,7 @@ bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }
+bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }
 void set_attention_block_heads(Backend& backend, int heads) {
   SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32);
   cuda_backend(backend).set_attention_block_heads(heads);

@@ -33,11 +33,11 @@ namespace cuda {
 // bf16 (`attn_mma`, `attn_bf16_kv`). The compressor op and the benchmark's state fill both ask here.
 bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16);
 
-// The KV record layout (core/kv_record.h) a model's window and compressed KV are stored in under
-// the fast profiles, or one with bytes = 0 where they stay values: the record needs its nope dims in
-// whole blocks of 64 and 8-byte multiples for its size and RoPE offset (the kernel's copies and
-// reads), the tensor-core attention (the one kernel that reads records) the model's heads and Dh,
-// and `kv_record`, `attn_mma` and `attn_split` must be on (SPARROW_CUDA_DISABLE).
+// The KV record layout (core/kv_record.h) a model's window and compressed KV can be stored in under
+// the fast profiles (when the backend keeps records: kv_records below), or one with bytes = 0 where
+// they stay values: the record needs its nope dims in whole blocks of 64 and 8-byte multiples for
+// its size and RoPE offset (the kernel's copies and reads), the tensor-core attention (the one
+// kernel that reads records) the model's heads and Dh, and `attn_mma` and `attn_split` on.
 KvRecordLayout kv_records_layout(const ModelConfig& c);
 
 // Test support: the compressed entries (`slot` = kMain) or indexer keys (kIndexer) stored so far in
@@ -198,9 +198,11 @@ bool last_attention_tensor_cores(Backend& backend);
 bool last_attention_bf16_kv(Backend& backend);
 // Test support: whether the last attention call read the FP8 KV records (AttentionArgs::records).
 bool last_attention_records(Backend& backend);
-// Test support: whether state buffers this backend starts from now on may store the KV as records
-// (default on; off: values, as with SPARROW_CUDA_DISABLE=kv_record).
+// Whether state buffers this backend starts from now on store the KV as FP8 KV records where they
+// can (LayerState::ring_rec, CompressorBuffer::entries_rec): off by default (slower in the
+// attention, kernels.h cuda_feature_enabled), on with SPARROW_CUDA_ENABLE=kv_record or here.
 void set_kv_records(Backend& backend, bool on);
+bool kv_records(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, or 0
 // (the default: by the call's size).
 void set_attention_block_heads(Backend& backend, int heads);
@@ -210,6 +212,7 @@ void set_attention_bf16_kv(Backend& backend, bool on);
 void set_indexer_mma_tiles(Backend& backend, int tiles);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
 bool cuda_feature_on(const char* name);
+bool cuda_feature_enabled(const char* name);
 
 // Test support: whether the last `linear` or `grouped_linear` call ran the vectorized kernel of the fast profiles
 // (kernels.h, LinearArgs::vectorized) rather than the element-wise one.

@@ -94,16 +94,19 @@ struct DevView {
 // "bf16_f32_in" (the bf16 GEMMs' decode form reads fp32 inputs and rounds them itself,
 // Bf16LinearArgs::x_f32; off: a conversion pass before it, the same bits), "bf16_fp8_w" (that
 // form reads FP8 weights as stored and makes them bf16 in registers, Bf16LinearArgs::w8; off: their
-// bf16 copy, the same bits), "kv_record" (under the fast profiles the window ring and the compressed KV
-// kept as 584-byte FP8 KV records only, read and decoded by the tensor-core attention; off: fp32
-// state and bf16 copies, the same bits), "attn_narrow" (that attention on blocks of 16 heads and 16
+// bf16 copy, the same bits), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
 // warps when a call has fewer blocks than SMs; off: 32 heads and 8 warps, the same bits),
 // "router_warp" (the scored router's top-k by a warp's argmax rounds; off: a rank count a thread,
 // the same experts), "rope_spread" (rope at decode sizes over blocks of 8 heads; off: a block a
-// token, the same bits), "hc_pre_early" (hc_pre4's stream loads before its Sinkhorn where one
-// round of loads covers the block; off: after it, the same bits) and
+// token, the same bits) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
+// SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
+// the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
+// and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
+// the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
+// H200, 2026-12-03). Read once per process.
+bool cuda_feature_enabled(const char* name);
 
 struct DevWeight {
   WeightFormat format = WeightFormat::kFloat;
@@ -145,7 +148,6 @@ struct HcPreArgs {
   // in turn.
   float* mix = nullptr;
   bool round_bf16 = false;  // out_input stored rounded to bf16
-  bool early_loads = true;  // hc_pre4: a one-round block's stream loads before its Sinkhorn (set by launch_hc_pre)
 };
 // launch_hc_pre_mix makes the mix values into a.mix (nothing when it is null), launch_hc_pre the
 // rest (the mix values made per token when a.mix is null); hc_pre is both, in that order.

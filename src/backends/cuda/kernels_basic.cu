@@ -405,20 +405,21 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
 // same bits). A block a token kept seven warps waiting on the eighth's Sinkhorn, at one block an SM
 // (142 registers): an 8K prefill's hc_pre without its mix 1.01 -> 0.36 ms (two calls, H200); at 8
 // and 256 tokens, 8 tokens a block left most SMs idle (0.033 -> 0.052 ms, 0.049 -> 0.056), so
-// launch_hc_pre takes fewer tokens a block there. A bound of two blocks an SM (96 registers; three
-// spilled 88 bytes once the early loads below held a round of loads over the Sinkhorn). REQUIRES
-// D % 4 == 0, 16-byte aligned streams and out_input.
+// launch_hc_pre takes fewer tokens a block there. REQUIRES D % 4 == 0, 16-byte aligned streams and
+// out_input.
 constexpr int kPre4Tokens = kThreads / 32, kPre4Unroll = 4;
-__global__ void __launch_bounds__(kThreads, 2) hc_pre4_kernel(HcPreArgs a, int per_block) {
+__global__ void __launch_bounds__(kThreads, 3) hc_pre4_kernel(HcPreArgs a, int per_block) {
   wait_previous_grid();
   constexpr int S = 4, nmix = (2 + S) * S;
   __shared__ float pre[kPre4Tokens][S];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * per_block;
   const int w = threadIdx.x / 32;
   const int nt = a.T - t0 < per_block ? static_cast<int>(a.T - t0) : per_block;
+  if (w < nt) hc_pre_weights_s4(a, a.mix + (t0 + w) * nmix, pre[w], t0 + w);
+  __syncthreads();
   const int64_t D4 = a.D / 4, total = nt * D4;
-  float4 x[kPre4Unroll][S];
-  const auto load = [&](int64_t i0) {
+  for (int64_t i0 = threadIdx.x; i0 < total; i0 += kPre4Unroll * kThreads) {
+    float4 x[kPre4Unroll][S];
 #pragma unroll
     for (int u = 0; u < kPre4Unroll; ++u) {
       const int64_t i = i0 + u * kThreads;
@@ -427,16 +428,6 @@ __global__ void __launch_bounds__(kThreads, 2) hc_pre4_kernel(HcPreArgs a, int p
       for (int j = 0; j < S; ++j)
         x[u][j] = i < total ? *reinterpret_cast<const float4*>(a.streams + (t * S + j) * a.D + d) : make_float4(0, 0, 0, 0);
     }
-  };
-  // When the block's columns are one round of loads (a decode batch's token), they are loaded before
-  // the Sinkhorn, which the streams do not depend on: the loads' latency under it (a batch-1 call
-  // held the step's chain 7.3-7.6 us on the H200, 2026-12-03). `hc_pre_early` off: after it.
-  const bool early = a.early_loads && total <= kPre4Unroll * kThreads;
-  if (early) load(threadIdx.x);
-  if (w < nt) hc_pre_weights_s4(a, a.mix + (t0 + w) * nmix, pre[w], t0 + w);
-  __syncthreads();
-  for (int64_t i0 = threadIdx.x; i0 < total; i0 += kPre4Unroll * kThreads) {
-    if (!early) load(i0);
 #pragma unroll
     for (int u = 0; u < kPre4Unroll; ++u) {
       const int64_t i = i0 + u * kThreads;
@@ -866,10 +857,7 @@ void launch_hc_pre(const HcPreArgs& a) {
   if (pre4_on && a.S == 4 && a.mix && a.D % 4 == 0 && aligned16(a.streams) && aligned16(a.out_input)) {
     // 8 tokens a block where that still gives every SM a few blocks (an 8K prefill), else fewer.
     const int per_block = a.T >= 4096 ? kPre4Tokens : a.T >= 2048 ? 4 : a.T >= 1024 ? 2 : 1;
-    static const bool early_on = cuda_feature_on("hc_pre_early");
-    HcPreArgs args = a;
-    args.early_loads = early_on;
-    launch(hc_pre4_kernel, blocks_for(a.T, per_block), kThreads, 0, args, per_block);
+    launch(hc_pre4_kernel, blocks_for(a.T, per_block), kThreads, 0, a, per_block);
   } else {
     launch(hc_pre_kernel, static_cast<unsigned>(a.T), kThreads, 0, a);
   }

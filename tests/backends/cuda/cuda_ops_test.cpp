@@ -1422,10 +1422,10 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
 }
 
 // The KV stored as FP8 KV records (LayerState::ring_rec, CompressorBuffer::entries_rec: what the
-// fast profiles keep), every kind at V4's shape (64 heads, Dh 512 with 64 RoPE dims): two sequences
-// in shared batches on GPU states keeping records and on GPU states keeping values
-// (cuda::set_kv_records off when they start), with the same inputs, the kv rows record values as the
-// fast profile makes them. The attention outputs are the same bits (a record decodes to its bf16
+// fast profiles keep under SPARROW_CUDA_ENABLE=kv_record), every kind at V4's shape (64 heads, Dh
+// 512 with 64 RoPE dims): two sequences in shared batches on GPU states keeping records and on GPU
+// states keeping values (cuda::set_kv_records on and off when they start), with the same inputs,
+// the kv rows record values as the fast profile makes them. The attention outputs are the same bits (a record decodes to its bf16
 // copy's values), so are the compressed entries (decoded: entry_sim's values); the ring wraps (a
 // window of 70 under 150-token batches) and the entries' buffer grows (its records copied) on the way.
 // A call that would leave records unread or unwritten fails with an error naming the layer.
@@ -1518,7 +1518,7 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
           (records ? rec : val)[s]->advance(s == 0 ? n0 : n1);
         }
       }
-      cuda::set_kv_records(*gpu, true);
+      cuda::set_kv_records(*gpu, cuda::cuda_feature_enabled("kv_record"));  // (the default again)
       const std::string what = name + " batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ")";
       expect_same_bits(out[0], out[1], what + ": attention over records vs values");
       if (kind != AttentionKind::kSliding)

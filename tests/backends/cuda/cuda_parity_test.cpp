@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <stdexcept>
 
 #include "backends/cuda/cuda_backend.h"
 #include "core/argmax.h"
@@ -504,7 +505,15 @@ TEST_F(CudaModelParity, KernelTraceRecordsEveryKernelInChainOrder) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_GPU(gpu);
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
-  if (!cuda::kernel_trace_compiled()) GTEST_SKIP() << "a build without -DSPARROW_KERNEL_TRACE=ON";
+  if (!cuda::kernel_trace_compiled()) {  // (a build without the timestamps says so)
+    try {
+      cuda::set_kernel_trace(*gpu, true);
+      FAIL() << "set_kernel_trace(on) in a build without -DSPARROW_KERNEL_TRACE=ON did not throw";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("SPARROW_KERNEL_TRACE"), std::string::npos) << e.what();
+    }
+    return;
+  }
   auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Model& model = **loaded;
