@@ -1302,15 +1302,16 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 
 // The fast profiles' attention on the tensor cores (AttentionParams::bf16_operands): q, the
 // batch's keys and the compressed entries bf16 values (the compressor's bf16 rounding); every kind,
-// 32 heads x Dh 128 and V4's 64 x 512; candidates past one split of 512 (CSA: a window of 70 and
-// 600 selections, 40 of them -1 and one more every 7th; HCA: 550 entries). Held at the op bar to
-// the fp32 CUDA-core kernels on the same device state (the two compressors' bf16 roundings of an
-// entry can differ by an ulp, so the CPU's entries are not the GPU's), and to the CPU where the
-// inputs are the same (window only); the keys read from the state's bf16 copies and converted in
-// the kernel give the same bits; sequence 1's tokens alone give the same bits as in their batch.
+// 32 heads x Dh 128 and 256 and V4's 64 x 512 (the 16-head blocks take Dh 256 and 512); candidates
+// past one split of 512 (CSA: a window of 70 and 600 selections, 40 of them -1 and one more every
+// 7th; HCA: 550 entries). Held at the op bar to the fp32 CUDA-core kernels on the same device state
+// (the two compressors' bf16 roundings of an entry can differ by an ulp, so the CPU's entries are
+// not the GPU's), and to the CPU where the inputs are the same (window only); the keys read from
+// the state's bf16 copies and converted in the kernel give the same bits, so do both block shapes;
+// sequence 1's tokens alone give the same bits as in their batch.
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
-  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{64, 512}}) {
+  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512}}) {
     for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
       Rng rng(90 + Dh + static_cast<int>(kind));
       ModelConfig cfg = attn_config(kind, 70);
