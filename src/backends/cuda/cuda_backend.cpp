@@ -825,7 +825,7 @@ class CudaBackend final : public Backend {
       }
       // A sequence's bf16 copy starts with its first entry and continues while every batch has
       // made one (CompressorBuffer::entries_bf16).
-      const bool mirror = mirror_keys && (buf.count == 0 || buf.mirror_complete());
+      const bool mirror = !buf.records() && mirror_keys && (buf.count == 0 || buf.mirror_complete());
       if (mirror && !buf.entries_bf16.get()) {
         const LongLived state;
         buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
@@ -1816,6 +1816,11 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
   }
   SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), buf.entries.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return v;
+}
+
+int64_t state_entry_bytes(SequenceState& state, int64_t layer) {
+  const CompressorBuffer& m = cuda_state(&state).layer(layer).main;
+  return static_cast<int64_t>(m.entries.bytes() + m.entries_bf16.bytes() + m.entries_rec.bytes());
 }
 
 bool state_keeps_records(SequenceState& state, int64_t layer) {

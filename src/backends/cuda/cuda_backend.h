@@ -46,6 +46,8 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
 // Test support: whether layer `layer` of that state keeps its window ring or its compressed KV as
 // FP8 KV records (LayerState::ring_form, CompressorBuffer::entries_rec).
 bool state_keeps_records(SequenceState& state, int64_t layer);
+// Test support: the device bytes layer `layer`'s compressed KV holds (entries, bf16 copies, records).
+int64_t state_entry_bytes(SequenceState& state, int64_t layer);
 
 // Test support: `rows` ([n, dim] row-major) rounded on the device by the kernel the compressor uses
 // for `--index-keys`. REQUIRES a CUDA backend was created (the device is selected).
