@@ -1529,9 +1529,10 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
     }
     if (kind != AttentionKind::kSliding) {
       EXPECT_GT(cuda::state_entries(*rec[0], 0, CompressorSlot::kMain).size(), 0u);
-      // Records only: 584 bytes an entry against the values' 2048 + 1024 (the same capacities).
+      // Records only: 584 bytes an entry against the values' 2048 (+ 1024 for the bf16 copies where
+      // kept), at the same capacities; records with a bf16 copy too would be 1608.
       for (int s = 0; s < 2; ++s)
-        EXPECT_LT(5 * cuda::state_entry_bytes(*rec[s], 0), cuda::state_entry_bytes(*val[s], 0)) << name << " seq " << s;
+        EXPECT_LT(3 * cuda::state_entry_bytes(*rec[s], 0), cuda::state_entry_bytes(*val[s], 0)) << name << " seq " << s;
     }
     // Records, then a call whose rows are not record values: refused with the layer named.
     std::vector<SequenceChunk> one{{rec[0].get(), std::span<const int32_t>(ids).subspan(0, 1)}};
