@@ -990,7 +990,11 @@ class CudaBackend final : public Backend {
       tk.entries_rec = static_cast<const uint8_t*>(state.main.entries_rec.get());
       copies = copies && tk.ring_bf16 && (p.kind == AttentionKind::kSliding || state.main.mirror_complete());
       const bool sliding = p.kind == AttentionKind::kSliding;
-      records = records && state.rec.bytes > 0 && state.ring_form != RingForm::kValues && (sliding || state.main.records());
+      // (A ring not yet written is read from nowhere; it takes records only where the backend keeps
+      // them, so that a sequence's first call does not take the records' path when they are off.)
+      const bool ring_records =
+          state.ring_form == RingForm::kRecords || (state.ring_form == RingForm::kUnset && kv_records_);
+      records = records && state.rec.bytes > 0 && ring_records && (sliding || state.main.records());
       records_only = records_only || state.ring_form == RingForm::kRecords || (!sliding && state.main.records());
       rec = state.rec;
       tk.pos = pos;
