@@ -656,15 +656,20 @@ Status run_bench(const BenchOptions& o) {
                   "all layers + head", human_size(C).c_str(), med, f.total_s() * 1e3, med / (f.total_s() * 1e3),
                   sorted.size(), mean, f.layers_s * 1e3, f.head_s * 1e3, prompt_s);
     }
-    // Each segment's GPU time inside the captured step (events around its graph's launch), in a
-    // second short run so that the events stay out of the timed steps.
+    // The prompt and `n` more steps with an instrument switched on around them (`set`), in a short
+    // run of their own so that the instrument stays out of the timed steps.
+    const auto instrumented = [&](auto set, int64_t n) {
+      set(true);
+      Session session(*model, *backend);
+      auto ids = session.generate(prompt_of(C), 1 + kUntimed + n, nullptr);
+      set(false);
+      return ids;
+    };
+    // Each segment's GPU time inside the captured step (events around its graph's launch).
     if (o.model_step_segments && !steps.empty() && !deadline_passed()) {
       constexpr int64_t kSegmentSteps = 8;
       cuda::step_segment_times(*backend);  // (nothing earlier counts)
-      cuda::set_step_segment_timing(*backend, true);
-      Session session(*model, *backend);
-      auto ids = session.generate(prompt_of(C), 1 + kUntimed + kSegmentSteps, nullptr);
-      cuda::set_step_segment_timing(*backend, false);
+      auto ids = instrumented([&](bool on) { cuda::set_step_segment_timing(*backend, on); }, kSegmentSteps);
       std::vector<SegmentSample> samples;
       for (const cuda::StepSegmentTime& t : cuda::step_segment_times(*backend))
         samples.push_back({.segment = t.segment, .ms = t.ms, .nodes = t.nodes, .kernels = t.kernels,
@@ -697,14 +702,11 @@ Status run_bench(const BenchOptions& o) {
       }
     }
     // Where each segment's time goes kernel by kernel (the GPU's timer around every kernel's wait:
-    // cuda_backend.h set_kernel_trace), in a third short run.
+    // cuda_backend.h set_kernel_trace).
     if (o.kernel_trace && !steps.empty() && !deadline_passed()) {
       constexpr int64_t kTraceSteps = 8;
       cuda::kernel_trace(*backend);  // (nothing earlier counts)
-      cuda::set_kernel_trace(*backend, true);
-      Session session(*model, *backend);
-      auto ids = session.generate(prompt_of(C), 1 + kUntimed + kTraceSteps, nullptr);
-      cuda::set_kernel_trace(*backend, false);
+      auto ids = instrumented([&](bool on) { cuda::set_kernel_trace(*backend, on); }, kTraceSteps);
       std::vector<TracedLaunch> launches;
       for (cuda::KernelTraceLaunch& l : cuda::kernel_trace(*backend)) {
         TracedLaunch t{.segment = l.segment, .kernels = l.kernels, .complete = l.complete()};

@@ -164,20 +164,20 @@ bool keys_bf16_copy(const Model& model) {
 bool kv_bf16_copy(const Model& model) {
   return cuda::compressor_keeps_bf16_copies(CompressorSlot::kMain, KeyPrecision::kF32, model.precision() != Precision::kFp32);
 }
-// Whether the CUDA backend stores this model's window and compressed KV as FP8 KV records (when it
-// keeps records, cuda::kv_records; the profiles that round the KV to them, where the layout allows).
+// Whether the CUDA backend stores this model's window and compressed KV as FP8 KV records: when it
+// keeps records (cuda::kv_records) under the profiles that round the KV to them; the state made with
+// it says whether the layout allows (LayerState::rec).
 bool kv_records(const Model& model, Backend& backend) {
-  return model.precision() != Precision::kFp32 && cuda::kv_records(backend) &&
-         cuda::kv_records_layout(model.config()).bytes > 0;
+  return model.precision() != Precision::kFp32 && cuda::kv_records(backend);
 }
 
 // The state of layer l after `context` tokens, random contents (see layer_bench.h).
 std::unique_ptr<cuda::CudaSequenceState> make_filled_state(const ModelConfig& sc, int64_t l, int64_t context,
                                                             uint64_t seed, bool index_keys_bf16, bool kv_bf16,
                                                             bool records) {
-  auto st = std::make_unique<cuda::CudaSequenceState>(sc);
+  auto st = std::make_unique<cuda::CudaSequenceState>(sc, records);
   cuda::LayerState& s = st->layer(l);
-  const KvRecordLayout rec = records ? s.rec : KvRecordLayout{};
+  const KvRecordLayout rec = s.rec;
   if (rec.bytes > 0) {  // the ring as records only (RingForm::kRecords)
     fill_records(static_cast<uint8_t*>(s.ring_rec.get()), rec, sc.sliding_window, seed);
     s.ring_form = cuda::RingForm::kRecords;
@@ -313,7 +313,7 @@ Expected<double> LayerBench::warm(int64_t l, int64_t tokens, uint64_t seed) {
   if (std::string why = fits_or_reason(need, "holding the layer's weights and a warm-up forward"); !why.empty())
     return Status::unsupported(why);
   const auto t0 = std::chrono::steady_clock::now();
-  auto state = std::make_unique<cuda::CudaSequenceState>(sc);
+  auto state = std::make_unique<cuda::CudaSequenceState>(sc, cuda::kv_records(backend_));
   BatchInfo batch;
   batch.token_ids = random_ids(tokens, c.vocab_size, seed);
   batch.positions.resize(tokens);
@@ -469,7 +469,7 @@ CellTiming LayerBench::prefill(int64_t l, int64_t N, const TimingOptions& o) {
   time_steps(
       o,
       [&](int) {
-        state = std::make_unique<cuda::CudaSequenceState>(sc);  // a fresh, empty sequence per step
+        state = std::make_unique<cuda::CudaSequenceState>(sc, cuda::kv_records(backend_));  // a fresh sequence per step
         batch.seqs = {state.get()};
         BENCH_CUDA(cudaMemcpyAsync(streams.f32(), pristine.f32(), static_cast<size_t>(stream_bytes),
                                    cudaMemcpyDeviceToDevice, 0));
@@ -479,7 +479,7 @@ CellTiming LayerBench::prefill(int64_t l, int64_t N, const TimingOptions& o) {
     profile_step(
         backend_,
         [&](int) {
-          state = std::make_unique<cuda::CudaSequenceState>(sc);
+          state = std::make_unique<cuda::CudaSequenceState>(sc, cuda::kv_records(backend_));
           batch.seqs = {state.get()};
           BENCH_CUDA(cudaMemcpyAsync(streams.f32(), pristine.f32(), static_cast<size_t>(stream_bytes),
                                      cudaMemcpyDeviceToDevice, 0));

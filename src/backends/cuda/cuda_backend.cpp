@@ -246,9 +246,9 @@ KvRecordLayout kv_records_layout(const ModelConfig& c) {
   return l;
 }
 
-CudaSequenceState::CudaSequenceState(const ModelConfig& c) : layers_(c.num_layers) {
+CudaSequenceState::CudaSequenceState(const ModelConfig& c, bool kv_records) : layers_(c.num_layers) {
   const LongLived state;
-  const KvRecordLayout rec = kv_records_layout(c);
+  const KvRecordLayout rec = kv_records ? kv_records_layout(c) : KvRecordLayout{};
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerState& s = layers_[l];
     s.window = c.sliding_window;
@@ -489,7 +489,7 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<SequenceState> create_sequence_state(const ModelConfig& config) override {
-    return std::make_unique<CudaSequenceState>(config);
+    return std::make_unique<CudaSequenceState>(config, kv_records_);
   }
 
   // The CPU layout, except that compressed entries grow by doubling from 16 (CompressorBuffer::
@@ -807,33 +807,31 @@ class CudaBackend final : public Backend {
       for (int64_t t = begin; t < end; ++t) SPARROW_CHECK_EQ(batch.positions[t], buf.count * m + buf.pending + (t - begin));
       const int64_t emitted = (buf.pending + n) / m;
       // A fresh buffer of a layer whose KV can be records, given record values: records from now on.
-      if (kv_records_ && record_values && buf.count == 0 && buf.capacity == 0 && state.rec.bytes > 0 && !buf.records() &&
+      if (record_values && buf.count == 0 && buf.capacity == 0 && state.rec.bytes > 0 && !buf.records() &&
           state.rec.dim == p.dim && state.rec.rope_dim == p.rope->rope_dim())
         buf.rec = state.rec;
-      if (buf.records()) {
-        if (!record_values)
-          throw std::runtime_error("compressor: layer " + std::to_string(p.layer) +
-                                   "'s compressed KV is stored as FP8 KV records, but this call's entries are not "
-                                   "record values (CompressorParams round_bf16 with entry_sim {fp8 pow2 block 64})");
-        buf.reserve(buf.count + emitted);
-        for (int64_t j = 0; j < emitted; ++j) record_dst.push_back(static_cast<uint8_t*>(buf.entries_rec.get()) + (buf.count + j) * buf.rec.bytes);
-        record_rows.push_back(fresh_rows);
-        fresh_layout = buf.rec;
-        fresh_rows += emitted;
-      } else {
-        record_rows.push_back(-1);
-      }
+      if (buf.records() && !record_values)
+        throw std::runtime_error("compressor: layer " + std::to_string(p.layer) +
+                                 "'s compressed KV is stored as FP8 KV records, but this call's entries are not "
+                                 "record values (CompressorParams round_bf16 with entry_sim {fp8 pow2 block 64})");
       // A sequence's bf16 copy starts with its first entry and continues while every batch has
-      // made one (CompressorBuffer::entries_bf16).
+      // made one (CompressorBuffer::entries_bf16); records have none.
       const bool mirror = !buf.records() && mirror_keys && (buf.count == 0 || buf.mirror_complete());
       if (mirror && !buf.entries_bf16.get()) {
         const LongLived state;
         buf.entries_bf16 = DeviceBuffer(std::max<int64_t>(buf.capacity, 1) * p.dim * sizeof(uint16_t));
       }
-      if (!buf.records()) buf.reserve(buf.count + emitted);
-      if (post_pass && !buf.records())
+      buf.reserve(buf.count + emitted);
+      record_rows.push_back(buf.records() ? fresh_rows : -1);
+      if (buf.records()) {
+        for (int64_t j = 0; j < emitted; ++j)
+          record_dst.push_back(static_cast<uint8_t*>(buf.entries_rec.get()) + (buf.count + j) * buf.rec.bytes);
+        fresh_layout = buf.rec;
+        fresh_rows += emitted;
+      } else if (post_pass) {
         for (int64_t j = 0; j < emitted; ++j) emitted_rows.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
-      if (mirror && !buf.records()) {
+      }
+      if (mirror) {
         for (int64_t j = 0; j < emitted; ++j) {
           mirror_src.push_back(buf.entries.f32() + (buf.count + j) * p.dim);
           mirror_rows.push_back(static_cast<uint16_t*>(buf.entries_bf16.get()) + (buf.count + j) * p.dim);
@@ -990,11 +988,7 @@ class CudaBackend final : public Backend {
       tk.entries_rec = static_cast<const uint8_t*>(state.main.entries_rec.get());
       copies = copies && tk.ring_bf16 && (p.kind == AttentionKind::kSliding || state.main.mirror_complete());
       const bool sliding = p.kind == AttentionKind::kSliding;
-      // (A ring not yet written is read from nowhere; it takes records only where the backend keeps
-      // them, so that a sequence's first call does not take the records' path when they are off.)
-      const bool ring_records =
-          state.ring_form == RingForm::kRecords || (state.ring_form == RingForm::kUnset && kv_records_);
-      records = records && state.rec.bytes > 0 && ring_records && (sliding || state.main.records());
+      records = records && state.rec.bytes > 0 && state.ring_form != RingForm::kValues && (sliding || state.main.records());
       records_only = records_only || state.ring_form == RingForm::kRecords || (!sliding && state.main.records());
       rec = state.rec;
       tk.pos = pos;
@@ -1091,7 +1085,7 @@ class CudaBackend final : public Backend {
       const int64_t s = batch.seq_of_token[t];
       LayerState& state = cuda_state(batch.seqs[s]).layer(p.layer);
       if (state.ring_form == RingForm::kUnset)
-        state.ring_form = kv_records_ && p.kv_record && state.rec.bytes > 0 ? RingForm::kRecords : RingForm::kValues;
+        state.ring_form = p.kv_record && state.rec.bytes > 0 ? RingForm::kRecords : RingForm::kValues;
       if (state.ring_form == RingForm::kRecords && !p.kv_record)
         throw std::runtime_error("window_append: layer " + std::to_string(p.layer) +
                                  "'s window ring stores FP8 KV records, but this call's rows are not record values "

@@ -200,9 +200,10 @@ bool last_attention_tensor_cores(Backend& backend);
 bool last_attention_bf16_kv(Backend& backend);
 // Test support: whether the last attention call read the FP8 KV records (AttentionArgs::records).
 bool last_attention_records(Backend& backend);
-// Whether state buffers this backend starts from now on store the KV as FP8 KV records where they
-// can (LayerState::ring_rec, CompressorBuffer::entries_rec): off by default (slower in the
-// attention, kernels.h cuda_feature_enabled), on with SPARROW_CUDA_ENABLE=kv_record or here.
+// Whether sequence states this backend creates from now on may keep their KV as FP8 KV records
+// (LayerState::ring_rec, CompressorBuffer::entries_rec; the states' records are then chosen by the
+// first calls whose rows are record values): off by default (slower in the attention, kernels.h
+// cuda_feature_enabled), on with SPARROW_CUDA_ENABLE=kv_record or here.
 void set_kv_records(Backend& backend, bool on);
 bool kv_records(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, or 0

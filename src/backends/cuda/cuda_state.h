@@ -178,8 +178,8 @@ struct LayerState {
   DeviceBuffer ring_rec;     // [W, rec.bytes] the ring as records (rec.bytes > 0)
   RingForm ring_form = RingForm::kUnset;
   int64_t window = 0;        // W
-  // The layout of this layer's KV records when its KV may be stored so (kv_records_layout), else
-  // bytes = 0.
+  // The layout of this layer's KV records when its KV may be stored so (the state was made keeping
+  // records and kv_records_layout allows them), else bytes = 0.
   KvRecordLayout rec{};
   CompressorBuffer main;     // CSA/HCA compressed K=V entries [C, Dh]
   CompressorBuffer indexer;  // CSA indexer keys [C, di]
@@ -187,7 +187,9 @@ struct LayerState {
 
 class CudaSequenceState final : public SequenceState {
  public:
-  explicit CudaSequenceState(const ModelConfig& c);
+  // kv_records: the state may keep its KV as FP8 KV records (LayerState::rec set where the model's
+  // shape allows, cuda_backend.h kv_records_layout; the backend's setting, set_kv_records).
+  explicit CudaSequenceState(const ModelConfig& c, bool kv_records = false);
   int64_t length() const override { return length_; }
   void advance(int64_t n) override { length_ += n; }
   LayerState& layer(int64_t l);

@@ -148,13 +148,15 @@ __device__ inline float dev_e2m1(uint8_t nibble) {
 // Only integer operations, comparisons, exact scalings by powers of two and rintf (round half to
 // even, the default mode std::nearbyint uses on the host), so they agree with the host bit for bit.
 
-// bf16 round to nearest even; NaN stays NaN (quiet).
-__device__ inline float dev_bf16_round(float f) {
+// f32 -> bf16 bits, round to nearest even; NaN stays NaN (quiet, its payload's top bits kept).
+__device__ inline uint16_t dev_f32_to_bf16(float f) {
   uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
-  return __uint_as_float((u >> 16) << 16);
+  return static_cast<uint16_t>(u >> 16);
 }
+// bf16 round to nearest even, as an f32.
+__device__ inline float dev_bf16_round(float f) { return dev_bf16(dev_f32_to_bf16(f)); }
 
 // f32 -> OCP e4m3fn byte: |x| >= 448 and ±inf saturate to ±448, NaN gives 0x7F | sign.
 __device__ inline uint8_t dev_f32_to_e4m3(float x) {

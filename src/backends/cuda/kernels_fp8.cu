@@ -163,11 +163,14 @@ __device__ inline float sim_amax_floor(bool fp8) { return fp8 ? 1e-4f : 6.0f * 0
 __device__ inline float sim_scale(float amax, bool fp8) {
   return dev_e8m0(static_cast<uint8_t>(dev_pow2_scale_exponent(amax, fp8 ? 448.0f : 6.0f) + 127));
 }
+__device__ inline float sim_clamped(float x, float s, float m) {
+  const float q = x / s;
+  return q < -m ? -m : (m < q ? m : q);
+}
+// x's e4m3 code at scale s (the KV record's bytes, kv_record_encode_kernel; sim_round's fp8 value).
+__device__ inline uint8_t sim_fp8_code(float x, float s) { return dev_f32_to_e4m3(sim_clamped(x, s, 448.0f)); }
 __device__ inline float sim_round(float x, float s, bool fp8) {
-  const float m = fp8 ? 448.0f : 6.0f;
-  float q = x / s;
-  q = q < -m ? -m : (m < q ? m : q);
-  return fp8 ? dev_e4m3(dev_f32_to_e4m3(q)) * s : dev_e2m1(dev_f32_to_e2m1(q)) * s;
+  return fp8 ? dev_e4m3(sim_fp8_code(x, s)) * s : dev_e2m1(dev_f32_to_e2m1(sim_clamped(x, s, 6.0f))) * s;
 }
 
 // grid (n), block kRowSimThreads: block r rounds row r. Threads own disjoint values (bf16: a
@@ -271,21 +274,13 @@ __global__ void kv_record_encode_kernel(KvRecordArgs a) {
     const float amax = warp_max(fmaxf(sim_amax_floor(true), fmaxf(fabsf(v0), fabsf(v1))));
     const int k = dev_pow2_scale_exponent(amax, 448.0f);
     const float s = dev_e8m0(static_cast<uint8_t>(k + 127));
-    const auto code = [s](float x) {
-      float q = x / s;
-      q = q < -448.0f ? -448.0f : (448.0f < q ? 448.0f : q);
-      return dev_f32_to_e4m3(q);
-    };
-    rec[64 * b + lane] = code(v0);
-    rec[64 * b + lane + 32] = code(v1);
+    rec[64 * b + lane] = sim_fp8_code(v0, s);
+    rec[64 * b + lane + 32] = sim_fp8_code(v1, s);
     if (lane == 0) rec[a.scales_at + b] = static_cast<uint8_t>(k + 127);
   }
   for (int64_t p = a.scales_at + a.blocks + threadIdx.x; p < a.rope_at; p += blockDim.x) rec[p] = 0;
   for (int64_t i = threadIdx.x; i < a.rope_dim; i += blockDim.x) {
-    // core/dtype.h f32_to_bf16's bits: to nearest even, a NaN quieted with its payload's top bits.
-    const uint32_t u = __float_as_uint(in[a.nope + i]);
-    const uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
-                                                        : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    const uint16_t h = dev_f32_to_bf16(in[a.nope + i]);  // (core/dtype.h f32_to_bf16's bits)
     rec[a.rope_at + 2 * i] = static_cast<uint8_t>(h & 0xffu);
     rec[a.rope_at + 2 * i + 1] = static_cast<uint8_t>(h >> 8);
   }

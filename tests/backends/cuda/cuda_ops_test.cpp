@@ -1425,7 +1425,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
 // The KV stored as FP8 KV records (LayerState::ring_rec, CompressorBuffer::entries_rec: what the
 // fast profiles keep under SPARROW_CUDA_ENABLE=kv_record), every kind at V4's shape (64 heads, Dh
 // 512 with 64 RoPE dims): two sequences in shared batches on GPU states keeping records and on GPU
-// states keeping values (cuda::set_kv_records on and off when they start), with the same inputs,
+// states keeping values (cuda::set_kv_records on and off when they are made), with the same inputs,
 // the kv rows record values as the fast profile makes them. The attention outputs are the same bits (a record decodes to its bf16
 // copy's values), so are the compressed entries (decoded: entry_sim's values); the ring wraps (a
 // window of 70 under 150-token batches) and the entries' buffer grows (its records copied) on the way.
@@ -1449,7 +1449,11 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
     Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
     const CompressorCase main_case(rng, Dh, std::max<int64_t>(m, 1), csa);
     std::unique_ptr<SequenceState> rec[2], val[2];
-    for (int s = 0; s < 2; ++s) rec[s] = gpu->create_sequence_state(cfg), val[s] = gpu->create_sequence_state(cfg);
+    cuda::set_kv_records(*gpu, true);
+    for (int s = 0; s < 2; ++s) rec[s] = gpu->create_sequence_state(cfg);
+    cuda::set_kv_records(*gpu, false);
+    for (int s = 0; s < 2; ++s) val[s] = gpu->create_sequence_state(cfg);
+    cuda::set_kv_records(*gpu, cuda::cuda_feature_enabled("kv_record"));  // (the default again)
     const std::vector<int32_t> ids(200, 0);
     for (auto [n0, n1] : {std::pair<int64_t, int64_t>{150, 150}, std::pair<int64_t, int64_t>{1, 1},
                           std::pair<int64_t, int64_t>{5, 3}, std::pair<int64_t, int64_t>{1, 0},
@@ -1483,7 +1487,6 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
       for (int side = 0; side < 2; ++side) {
         const bool records = side == 0;
         const BatchInfo& b = records ? br : bv;
-        cuda::set_kv_records(*gpu, records);
         if (kind != AttentionKind::kSliding) {
           CompressorParams cp = main_case.params(gpu->upload_f32(ckv, {T, main_case.width}),
                                                  gpu->upload_f32(cgate, {T, main_case.width}), b, rope, CompressorSlot::kMain);
@@ -1516,7 +1519,6 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
           (records ? rec : val)[s]->advance(s == 0 ? n0 : n1);
         }
       }
-      cuda::set_kv_records(*gpu, cuda::cuda_feature_enabled("kv_record"));  // (the default again)
       const std::string what = name + " batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ")";
       expect_same_bits(out[0], out[1], what + ": attention over records vs values");
       if (kind != AttentionKind::kSliding)
