@@ -125,6 +125,14 @@ Status Model::check_backend(const Backend& backend) const {
   return Status::ok();
 }
 
+// A sub-layer's output whose hc_post has not run yet: the next hc_boundary applies it, so a backend
+// can fuse it with the next sub-layer's hc_pre and norm. `layer` tags the tap of the streams it makes.
+struct Model::PendingPost {
+  Tensor sublayer, post, comb;
+  int64_t layer = -1;
+  const char* tap_name = nullptr;
+};
+
 Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
   const bool ref = numerics_of(precision_).round_bf16;
@@ -137,10 +145,13 @@ Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions&
   be.embed({.out = streams, .table = &weights_.embed}, batch);
   if (ref) be.quant_sim({.x = streams, .row = D, .dims = D, .kind = QuantSimKind::kBf16});
   if (opt.tap) (*opt.tap)("embed", streams);
+  // Each layer's last hc_post runs in the next layer's first boundary (or before the head).
+  PendingPost pending;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    layer_forward(be, batch, l, streams, opt);
+    layer_forward(be, batch, l, streams, opt, &pending);
     be.step_segment();
   }
+  apply_pending(be, pending, streams, opt);
   // hidden is (T, D)
   Tensor hidden = be.alloc(ElemType::kF32, {T, D});
   be.hc_head({.out = hidden, .streams = streams, .weights = &weights_.hc_head, .hc_eps = c.hc_eps,
@@ -156,38 +167,61 @@ Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions&
   return logits;
 }
 
-// One decoder layer: mHC around attention, then mHC around the MoE (spec §3.5).
+// The streams' update by `pending` (if any; its tap after it) and the hc_pre and input norm of the
+// sub-layer at `site` (Backend::hc_boundary); `pending` is then empty.
+void Model::hc_boundary(Backend& be, PendingPost& pending, Tensor& streams, const HcWeights& site,
+                        const TensorView& norm, const Tensor& u, const Tensor& post, const Tensor& comb,
+                        const ForwardOptions& opt) const {
+  const ModelConfig& c = config_;
+  const bool ref = numerics_of(precision_).round_bf16;
+  be.hc_boundary({.post = {.streams = streams, .sublayer = pending.sublayer, .post = pending.post,
+                           .comb = pending.comb, .round_bf16 = ref},
+                  .pre = {.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &site,
+                          .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps,
+                          .round_bf16 = ref},
+                  .norm_weight = norm,
+                  .norm_eps = c.rms_norm_eps,
+                  .norm_round_bf16 = ref});
+  if (!pending.sublayer.empty()) tap(opt, pending.layer, pending.tap_name, streams);
+  pending = {};
+}
+
+void Model::apply_pending(Backend& be, PendingPost& pending, Tensor& streams, const ForwardOptions& opt) const {
+  if (pending.sublayer.empty()) return;
+  be.hc_post({.streams = streams, .sublayer = pending.sublayer, .post = pending.post, .comb = pending.comb,
+              .round_bf16 = numerics_of(precision_).round_bf16});
+  tap(opt, pending.layer, pending.tap_name, streams);
+  pending = {};
+}
+
+// One decoder layer: mHC around attention, then mHC around the MoE (spec §3.5). The MoE's hc_post
+// is left in `carry` for the next layer's first boundary when carry is set (the whole model), else
+// applied here. The taps come in the order of the unfused ops'.
 void Model::layer_forward(Backend& be, const BatchInfo& batch, int64_t l, Tensor& streams,
-                          const ForwardOptions& opt) const {
+                          const ForwardOptions& opt, PendingPost* carry) const {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[l];
-  const bool ref = numerics_of(precision_).round_bf16;
   const int64_t T = batch.num_tokens(), S = c.hc_mult, D = c.hidden_size;
   Tensor u = be.alloc(ElemType::kF32, {T, D});
-  Tensor post = be.alloc(ElemType::kF32, {T, S});
-  Tensor comb = be.alloc(ElemType::kF32, {T, S, S});
+  Tensor post_attn = be.alloc(ElemType::kF32, {T, S}), comb_attn = be.alloc(ElemType::kF32, {T, S, S});
+  Tensor post_ffn = be.alloc(ElemType::kF32, {T, S}), comb_ffn = be.alloc(ElemType::kF32, {T, S, S});
+  PendingPost local;
+  PendingPost& pending = carry ? *carry : local;
 
-  be.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &L.hc_attn,
-             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps,
-             .round_bf16 = ref});
-  tap(opt, l, "hc_attn.post", post);
-  tap(opt, l, "hc_attn.comb", comb);
-  be.rms_norm({.out = u, .in = u, .weight = L.attn_norm, .group = D, .eps = c.rms_norm_eps, .round_bf16 = ref});
+  hc_boundary(be, pending, streams, L.hc_attn, L.attn_norm, u, post_attn, comb_attn, opt);
+  tap(opt, l, "hc_attn.post", post_attn);
+  tap(opt, l, "hc_attn.comb", comb_attn);
   tap(opt, l, "attn.in", u);
   Tensor y = attention_forward(be, batch, l, u, opt);
-  be.hc_post({.streams = streams, .sublayer = y, .post = post, .comb = comb, .round_bf16 = ref});
-  tap(opt, l, "hc_attn.out", streams);
 
-  be.hc_pre({.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &L.hc_ffn,
-             .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps,
-             .round_bf16 = ref});
-  tap(opt, l, "hc_ffn.post", post);
-  tap(opt, l, "hc_ffn.comb", comb);
-  be.rms_norm({.out = u, .in = u, .weight = L.ffn_norm, .group = D, .eps = c.rms_norm_eps, .round_bf16 = ref});
+  pending = {.sublayer = y, .post = post_attn, .comb = comb_attn, .layer = l, .tap_name = "hc_attn.out"};
+  hc_boundary(be, pending, streams, L.hc_ffn, L.ffn_norm, u, post_ffn, comb_ffn, opt);
+  tap(opt, l, "hc_ffn.post", post_ffn);
+  tap(opt, l, "hc_ffn.comb", comb_ffn);
   tap(opt, l, "moe.in", u);
   Tensor z = moe_forward(be, batch, l, u, opt);
-  be.hc_post({.streams = streams, .sublayer = z, .post = post, .comb = comb, .round_bf16 = ref});
-  tap(opt, l, "hc_ffn.out", streams);
+  pending = {.sublayer = z, .post = post_ffn, .comb = comb_ffn, .layer = l, .tap_name = "hc_ffn.out"};
+  if (!carry) apply_pending(be, pending, streams, opt);
 }
 
 // Spec §3.3. x is (T, D); returns (T, D). Under deepseek-ref the linears the release stores as

@@ -91,11 +91,18 @@ class Model {
   Tensor forward(Backend& backend, const BatchInfo& batch, const ForwardOptions& options = {}) const;
   // One decoder layer alone over `streams` [T, S, D], in place (`sparrow bench` times layers).
   void forward_layer(Backend& backend, const BatchInfo& batch, int64_t layer, Tensor& streams,
-                     const ForwardOptions& options = {}) const { layer_forward(backend, batch, layer, streams, options); }
+                     const ForwardOptions& options = {}) const {
+    layer_forward(backend, batch, layer, streams, options, nullptr);
+  }
 
  private:
   Model() = default;
-  void layer_forward(Backend& be, const BatchInfo& batch, int64_t l, Tensor& streams, const ForwardOptions& opt) const;
+  struct PendingPost;
+  void layer_forward(Backend& be, const BatchInfo& batch, int64_t l, Tensor& streams, const ForwardOptions& opt,
+                     PendingPost* carry) const;
+  void hc_boundary(Backend& be, PendingPost& pending, Tensor& streams, const HcWeights& site, const TensorView& norm,
+                   const Tensor& u, const Tensor& post, const Tensor& comb, const ForwardOptions& opt) const;
+  void apply_pending(Backend& be, PendingPost& pending, Tensor& streams, const ForwardOptions& opt) const;
   Tensor attention_forward(Backend& be, const BatchInfo& batch, int64_t l, const Tensor& x,
                            const ForwardOptions& opt) const;
   Tensor moe_forward(Backend& be, const BatchInfo& batch, int64_t l, const Tensor& x, const ForwardOptions& opt) const;

@@ -119,6 +119,19 @@ struct HcPostParams {
   bool round_bf16 = false;  // streams rounded to bf16 once, post and comb kept fp32 (deepseek-ref)
 };
 
+// The mHC work between two sub-layers (spec §3.5): the sub-layer before's hc_post (skipped when
+// post.sublayer is empty: the first layer's attention has none), the next sub-layer's hc_pre on the
+// streams it left, and the RMS norm of that sub-layer's input u = pre.out_input, in place. By default
+// the three ops in that order; a backend may run them as one (CUDA at decode sizes) but must give
+// their results. REQUIRES: post.streams is pre.streams when post is given.
+struct HcBoundaryParams {
+  HcPostParams post;
+  HcPreParams pre;
+  TensorView norm_weight;  // [D]: the sub-layer's input norm
+  double norm_eps;
+  bool norm_round_bf16 = false;
+};
+
 struct HcHeadParams {
   Tensor out;        // [T, D]
   Tensor streams;    // [T, S, D]
@@ -349,6 +362,8 @@ class Backend {
   virtual void hc_pre(const HcPreParams& p) = 0;
   virtual void hc_post(const HcPostParams& p) = 0;
   virtual void hc_head(const HcHeadParams& p) = 0;
+  // hc_post (when given), hc_pre and the input's rms_norm (HcBoundaryParams); backends may fuse them.
+  virtual void hc_boundary(const HcBoundaryParams& p);
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void linear(const LinearParams& p) = 0;
   // Several linears of one input (every p.in the same tensor, the same flags): by default linear()
@@ -406,6 +421,13 @@ class StepScope {
  private:
   Backend& backend_;
 };
+
+inline void Backend::hc_boundary(const HcBoundaryParams& p) {
+  if (!p.post.sublayer.empty()) hc_post(p.post);
+  hc_pre(p.pre);
+  rms_norm({.out = p.pre.out_input, .in = p.pre.out_input, .weight = p.norm_weight, .group = p.pre.out_input.dim(1),
+            .eps = p.norm_eps, .round_bf16 = p.norm_round_bf16});
+}
 
 inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>& rows) {
   const int64_t n = in.numel() / in.dim(0);
