@@ -546,6 +546,45 @@ class CudaBackend final : public Backend {
     launch_check("hc_post");
   }
 
+  // One kernel at decode sizes when hc_fused_ is set (launch_hc_boundary; meant to give the three
+  // ops' bits), else the three.
+  void hc_boundary(const HcBoundaryParams& p) override {
+    last_hc_boundary_fused_ = false;
+    const int64_t T = p.pre.streams.dim(0), S = p.pre.streams.dim(1), D = p.pre.streams.dim(2);
+    const DType nw = p.norm_weight.data ? p.norm_weight.dtype : DType::kF32;
+    const HcWeights& hw = *p.pre.weights;
+    const bool f32 = hw.fn.dtype == DType::kF32 && hw.base.dtype == DType::kF32 && hw.scale.dtype == DType::kF32;
+    const bool has_post = !p.post.sublayer.empty();
+    const bool one_rounding =
+        p.pre.round_bf16 == p.norm_round_bf16 && (!has_post || p.post.round_bf16 == p.pre.round_bf16);
+    if (!hc_fused_ || !one_rounding || !hc_boundary_fits(T, S, D, f32, nw)) return Backend::hc_boundary(p);
+    last_hc_boundary_fused_ = true;
+    OpProfiler::Scope op_scope(profiler_, "hc_boundary");
+    SPARROW_CHECK_EQ(p.pre.weights->fn.numel(), (2 + S) * S * S * D);
+    SPARROW_CHECK_EQ(p.pre.out_input.numel(), T * D);
+    if (p.norm_weight.data) SPARROW_CHECK_EQ(p.norm_weight.numel(), D);
+    if (has_post) {
+      SPARROW_CHECK(p.post.streams.f32() == p.pre.streams.f32());
+      SPARROW_CHECK_EQ(p.post.sublayer.numel(), T * D);
+      SPARROW_CHECK_EQ(p.post.post.numel(), T * S);
+      SPARROW_CHECK_EQ(p.post.comb.numel(), T * S * S);
+    }
+    hc_arrivals_.ensure(kHcBoundaryMaxTokens * sizeof(unsigned));  // zeroed once; each call leaves them zero
+    const DeviceBuffer mix = DeviceBuffer::scratch(static_cast<size_t>(T * (2 + S) * S) * sizeof(float));
+    const HcPreArgs pre{.out_input = p.pre.out_input.f32(), .out_post = p.pre.out_post.f32(),
+                        .out_comb = p.pre.out_comb.f32(), .streams = p.pre.streams.f32(),
+                        .fn = dev_view(p.pre.weights->fn), .base = dev_view(p.pre.weights->base),
+                        .scale = dev_view(p.pre.weights->scale), .T = T, .S = S, .D = D,
+                        .sinkhorn_iters = p.pre.sinkhorn_iters, .hc_eps = static_cast<float>(p.pre.hc_eps),
+                        .norm_eps = static_cast<float>(p.pre.norm_eps), .mix = mix.f32(),
+                        .round_bf16 = p.pre.round_bf16};
+    launch_hc_boundary({.pre = pre, .sublayer = has_post ? p.post.sublayer.f32() : nullptr,
+                        .post = has_post ? p.post.post.f32() : nullptr, .comb = has_post ? p.post.comb.f32() : nullptr,
+                        .norm_weight = dev_view(p.norm_weight), .norm_eps = static_cast<float>(p.norm_eps),
+                        .round_bf16 = p.pre.round_bf16, .arrivals = static_cast<unsigned*>(hc_arrivals_.get())});
+    launch_check("hc_boundary");
+  }
+
   void hc_head(const HcHeadParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "hc_head");
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
@@ -1729,6 +1768,7 @@ class CudaBackend final : public Backend {
   std::vector<bool> warm_steps_ = std::vector<bool>(kMaxGraphTokens + 1);  // by token count: run before
   Fp8Linear fp8_;
   Bf16GroupedLinear bf16_;
+  DeviceBuffer hc_arrivals_;  // launch_hc_boundary's counters (kernels.h HcBoundaryArgs::arrivals)
   OpProfiler profiler_;
   enum class LinearPath : uint8_t { kElementWise, kVectorized, kTensorCores };
   LinearPath last_linear_ = LinearPath::kElementWise;  // test support
@@ -1748,6 +1788,8 @@ class CudaBackend final : public Backend {
   bool last_attention_records_ = false;  // test support
   bool kv_records_ = cuda_feature_enabled("kv_record");  // set_kv_records; SPARROW_CUDA_ENABLE=kv_record
   int attention_block_heads_ = 0;        // test support (set_attention_block_heads)
+  bool hc_fused_ = cuda_feature_enabled("hc_fused");  // set_hc_fused; SPARROW_CUDA_ENABLE=hc_fused
+  bool last_hc_boundary_fused_ = false;
   bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support
 
@@ -1764,6 +1806,9 @@ class CudaBackend final : public Backend {
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
   void set_kv_records(bool on) { kv_records_ = on; }
+  void set_hc_fused(bool on) { hc_fused_ = on; }
+  bool hc_fused() const { return hc_fused_; }
+  bool last_hc_boundary_fused() const { return last_hc_boundary_fused_; }
   bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
@@ -1923,6 +1968,9 @@ bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }
+void set_hc_fused(Backend& backend, bool on) { cuda_backend(backend).set_hc_fused(on); }
+bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
+bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }
 void set_attention_block_heads(Backend& backend, int heads) {
   SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32);

@@ -206,6 +206,12 @@ bool last_attention_records(Backend& backend);
 // cuda_feature_enabled), on with SPARROW_CUDA_ENABLE=kv_record or here.
 void set_kv_records(Backend& backend, bool on);
 bool kv_records(Backend& backend);
+// Whether Backend::hc_boundary runs as one kernel where launch_hc_boundary takes the call (kernels.h
+// hc_boundary_fits): off by default, on with SPARROW_CUDA_ENABLE=hc_fused or here; and whether the
+// last hc_boundary call did (test support).
+void set_hc_fused(Backend& backend, bool on);
+bool hc_fused(Backend& backend);
+bool last_hc_boundary_fused(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, or 0
 // (the default: by the call's size).
 void set_attention_block_heads(Backend& backend, int heads);

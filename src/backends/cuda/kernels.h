@@ -105,7 +105,10 @@ bool cuda_feature_on(const char* name);
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
-// H200, 2026-12-03). Read once per process.
+// H200, 2026-12-03), "hc_fused" (Backend::hc_boundary at decode sizes in one kernel,
+// launch_hc_boundary, instead of the hc_post, hc_pre and rms_norm kernels: meant to give their
+// bits, the batch-1 step 2 % shorter on the H200, 2026-12-03; opt-in until its bit-for-bit test
+// has passed on a GPU in the form committed). Read once per process.
 bool cuda_feature_enabled(const char* name);
 
 struct DevWeight {
@@ -163,6 +166,28 @@ struct HcPostArgs {
   bool round_bf16 = false;  // the streams stored rounded to bf16
 };
 void launch_hc_post(const HcPostArgs& a);
+
+// The mHC boundary of Backend::hc_boundary in one kernel: the sub-layer before's hc_post (when
+// `sublayer` is set), hc_pre with its mix and Sinkhorn, and the RMS norm of u, each value with the
+// bits launch_hc_post, launch_hc_pre_mix / launch_hc_pre and launch_rms_norm give it (so a step's
+// bits do not depend on whether it ran here). Where hc_boundary_fits says so.
+struct HcBoundaryArgs {
+  HcPreArgs pre;               // pre.mix: [T, (2 + S) * S] scratch, required; pre.round_bf16 unused
+  const float* sublayer;       // [T, D] the sub-layer before's output, or null: no hc_post
+  const float* post;           // [T, S]    its post and comb (HcPostArgs)
+  const float* comb;           // [T, S, S]
+  DevView norm_weight;         // [D], data null for the unweighted norm
+  float norm_eps = 0.0f;
+  bool round_bf16 = false;     // the new streams, u and the norm's output each rounded to bf16
+  unsigned* arrivals;          // [T] counters, zero before a call and left zero after it
+};
+// At most this many tokens a call (the arrival counters a backend keeps).
+constexpr int64_t kHcBoundaryMaxTokens = 16;
+// The calls launch_hc_boundary takes: S = 4, D = 4096 (V4-Flash) or 512, 1 <= T <=
+// kHcBoundaryMaxTokens, the mix weights (fn, base, scale) f32, the norm's f32 or bf16 (pass kF32
+// for an unweighted norm). The caller also needs one rounding flag for all three ops.
+bool hc_boundary_fits(int64_t T, int64_t S, int64_t D, bool f32_mix_weights, DType norm_weight);
+void launch_hc_boundary(const HcBoundaryArgs& a);
 
 struct HcHeadArgs {
   float* out;             // [T, D]

@@ -20,6 +20,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxMix = (2 + kMaxStreams) * kMaxStreams;
+// Norm groups up to this size take a warp a row (rms_norm_warp_kernel), larger ones a block.
+constexpr int64_t kNormWarpGroup = 2048;
 
 __device__ inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -502,6 +504,153 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
   }
 }
 
+// The mHC boundary (kernels.h HcBoundaryArgs) for S = 4 and D = 256 kCols: grid (T * nmix), block
+// b making mix b % nmix of token b / nmix. Every block makes all of its token's new streams X' in
+// registers (thread tid: column tid + 256 v of each stream; the sums of hc_post4_kernel) and its one
+// mix value from them as hc_mix_tile_kernel makes it (the thread's elements tid, tid + 256, ... of
+// the flattened streams in order, then hc_mix_tile_reduce). The streams are read by all nmix blocks
+// of the token, so none writes them; the token's last block to arrive (an atomic count, reset by
+// that block) reads the nmix values, runs hc_pre_weights_s4 (post, comb, pre), writes X' from its
+// registers, u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of the
+// kernel launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at or
+// below it). Each value's operations and their order are those of the three ops' kernels, for the
+// same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the norm's, bf16 or f32) are loaded into registers before the
+// wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
+// compile-time: a first form with dev_load's switch over every stored dtype at each of its 80
+// weight loads, the column count and the roundings at run time was 9.7K instructions, and at one
+// block an SM its warps waited on instruction fetch (62 % of the stall samples; 38.5 us in ncu on
+// the H200, against 24 us for the four kernels it replaces).
+template <int kCols, bool kRound>
+__global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a) {
+  constexpr int S = 4, nmix = (2 + S) * S;
+  constexpr int64_t D = static_cast<int64_t>(kCols) * kThreads, width = S * D;
+  const HcPreArgs& p = a.pre;
+  const int64_t t = blockIdx.x / nmix, m = blockIdx.x % nmix;
+  const int tid = threadIdx.x;
+  const auto round = [](float v) {
+    if constexpr (kRound) return dev_bf16_round(v);
+    else return v;
+  };
+  float w[S][kCols], nw[kCols];
+  const float* fn = static_cast<const float*>(p.fn.data) + m * width + tid;
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) w[s][v] = fn[s * D + v * kThreads];
+  if (a.norm_weight.data == nullptr) {
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) nw[v] = 1.0f;
+  } else if (a.norm_weight.dtype == DType::kBF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(a.norm_weight.data) + tid;
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) nw[v] = dev_bf16(src[v * kThreads]);
+  } else {
+    const float* src = static_cast<const float*>(a.norm_weight.data) + tid;
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) nw[v] = src[v * kThreads];
+  }
+  wait_previous_grid();
+  float* X = const_cast<float*>(p.streams) + t * width + tid;  // (written: hc_post's in/out)
+  float x[kCols][S];
+#pragma unroll
+  for (int v = 0; v < kCols; ++v)
+#pragma unroll
+    for (int j = 0; j < S; ++j) x[v][j] = X[j * D + v * kThreads];
+  if (a.sublayer != nullptr) {
+    float pk[S], c[S][S];
+#pragma unroll
+    for (int k = 0; k < S; ++k) pk[k] = a.post[t * S + k];
+#pragma unroll
+    for (int j = 0; j < S; ++j)
+#pragma unroll
+      for (int k = 0; k < S; ++k) c[j][k] = a.comb[t * S * S + j * S + k];
+    const float* ys = a.sublayer + t * D + tid;
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) {
+      const float y = ys[v * kThreads];
+      float xn[S];
+#pragma unroll
+      for (int k = 0; k < S; ++k) {
+        float acc = pk[k] * y;
+#pragma unroll
+        for (int j = 0; j < S; ++j) acc += c[j][k] * x[v][j];
+        xn[k] = round(acc);
+      }
+#pragma unroll
+      for (int k = 0; k < S; ++k) x[v][k] = xn[k];
+    }
+  }
+  float ss[1] = {0.0f}, acc[1][1] = {{0.0f}};
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) {
+      ss[0] += x[v][s] * x[v][s];
+      acc[0][0] += w[s][v] * x[v][s];
+    }
+  hc_mix_tile_reduce<1, 1>(ss, acc, 1, t, m, width, nmix, p.norm_eps, p.mix);  // thread 0 writes the value
+  __shared__ bool last;
+  if (tid == 0) {
+    __threadfence();  // the mix value visible before the count says it is there
+    last = atomicAdd(a.arrivals + t, 1u) == nmix - 1;
+    if (last) {
+      __threadfence();
+      atomicExch(a.arrivals + t, 0u);  // every block of the token has counted: ready for the next call
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+
+  __shared__ float mix[nmix];
+  __shared__ float pre[S];
+  if (tid < nmix) mix[tid] = __ldcg(p.mix + t * nmix + tid);
+  __syncthreads();
+  // (With plain f32 loads of base and scale here instead of dev_load, `mix * scale + base` came out
+  // as one fma, unlike in hc_pre4_kernel: comb a few ulps apart at scales other than 1, H200.)
+  if (tid < 32) hc_pre_weights_s4(p, mix, pre, t);
+  __syncthreads();
+  float u[kCols];
+#pragma unroll
+  for (int v = 0; v < kCols; ++v) {
+    if (a.sublayer != nullptr)
+#pragma unroll
+      for (int k = 0; k < S; ++k) X[k * D + v * kThreads] = x[v][k];
+    float acc2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S; ++j) acc2 += pre[j] * x[v][j];
+    u[v] = round(acc2);
+  }
+  float sq = 0.0f;
+  if constexpr (D > kNormWarpGroup) {
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) sq += u[v] * u[v];
+    sq = block_sum(sq);
+  } else {
+    // A warp's order: lane l's squares of elements l, l + 32, ... (rms_norm_warp_kernel).
+    __shared__ float row[D];
+    __shared__ float total;
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) row[tid + v * kThreads] = u[v];
+    __syncthreads();
+    if (tid < 32) {
+      float l2 = 0.0f;
+      for (int i = tid; i < D; i += 32) l2 += row[i] * row[i];
+      l2 = warp_sum(l2);
+      if (tid == 0) total = l2;
+    }
+    __syncthreads();
+    sq = total;
+  }
+  const float inv = 1.0f / sqrtf(sq / static_cast<float>(D) + a.norm_eps);
+  float* out = p.out_input + t * D + tid;
+#pragma unroll
+  for (int v = 0; v < kCols; ++v) {
+    float o = u[v] * inv;
+    if (a.norm_weight.data) o *= nw[v];
+    out[v * kThreads] = round(o);
+  }
+}
+
 // grid (T): the final stream collapse (spec §3.6): no post, no comb, no Sinkhorn.
 __global__ void hc_head_kernel(HcHeadArgs a) {
   wait_previous_grid();
@@ -607,7 +756,6 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
 // kThreads / 32 rows a block (a 256-thread block a row left most threads idle on 2 values each of
 // the 8K prefill's 524,288 q-head rows; rms_norm's 5 calls there went 2.48 -> 0.84 ms on the H200). Lane l sums the squares of elements l, l + 32, ...
 // in order, then warp_sum; the row's arithmetic does not depend on how many rows there are.
-constexpr int64_t kNormWarpGroup = 2048;
 // kPer > 0: the row in registers (rms_norm_row_regs; group <= 32 kPer).
 template <int kPer>
 __global__ void __launch_bounds__(kThreads, 2) rms_norm_warp_kernel(RmsNormArgs a) {
@@ -869,6 +1017,26 @@ void launch_hc_post(const HcPostArgs& a) {
     launch(hc_post4_kernel<4>, blocks_for(a.T * a.D / 4, kThreads), kThreads, 0, a);
   else
     launch(hc_post_kernel, blocks_for(a.T * a.D, kThreads), kThreads, 0, a);
+}
+
+bool hc_boundary_fits(int64_t T, int64_t S, int64_t D, bool f32_mix_weights, DType norm_weight) {
+  return S == 4 && T >= 1 && T <= kHcBoundaryMaxTokens && (D == 16 * kThreads || D == 2 * kThreads) &&
+         f32_mix_weights && (norm_weight == DType::kF32 || norm_weight == DType::kBF16);
+}
+
+void launch_hc_boundary(const HcBoundaryArgs& a) {
+  const DevView& f = a.pre.fn;
+  const bool f32 = f.dtype == DType::kF32 && a.pre.base.dtype == DType::kF32 && a.pre.scale.dtype == DType::kF32;
+  const DType nw = a.norm_weight.data ? a.norm_weight.dtype : DType::kF32;
+  SPARROW_CHECK(hc_boundary_fits(a.pre.T, a.pre.S, a.pre.D, f32, nw) && a.pre.mix != nullptr && a.arrivals != nullptr);
+  const unsigned blocks = static_cast<unsigned>(a.pre.T * (2 + a.pre.S) * a.pre.S);
+  if (a.pre.D == 16 * kThreads) {
+    if (a.round_bf16) launch(hc_boundary_kernel<16, true>, blocks, kThreads, 0, a);
+    else launch(hc_boundary_kernel<16, false>, blocks, kThreads, 0, a);
+  } else {
+    if (a.round_bf16) launch(hc_boundary_kernel<2, true>, blocks, kThreads, 0, a);
+    else launch(hc_boundary_kernel<2, false>, blocks, kThreads, 0, a);
+  }
 }
 
 void launch_hc_head(const HcHeadArgs& a) {

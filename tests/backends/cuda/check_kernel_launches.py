@@ -23,6 +23,8 @@ LATE_WAITERS = {
     "rope_kernel",
     # Reads its pinned host source (a captured step's staging, which no kernel writes) first.
     "upload_pinned_kernel",
+    # Loads its mix and norm weights (model weights, never written by a kernel) into registers first.
+    "hc_boundary_kernel",
     # Ask L2 for their weight rows first (prefetch_l2: a hint, safe for any memory).
     "hc_mix_tile_kernel",
     "rms_norm_kernel",

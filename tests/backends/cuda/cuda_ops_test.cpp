@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -205,6 +206,87 @@ TEST_F(CudaOps, HcPostMatchesCpu) {
   cpu->hc_post({.streams = xc, .sublayer = yc, .post = pc, .comb = cc});
   gpu->hc_post({.streams = xg, .sublayer = yg, .post = pg, .comb = cg});
   expect_close(*gpu, xg, *cpu, xc, kOpTol, "hc_post");
+}
+
+// Backend::hc_boundary (the sub-layer before's hc_post, hc_pre, the input's rms_norm) in one kernel
+// at decode sizes (opt-in: the test turns it on): streams, u, post and comb the same bits as the
+// three ops' kernels (the default body, called here by name) and close to the CPU's. D = 4096
+// (V4-Flash: a block's norm order) and 512 (a warp's norm order); 1 to 16 tokens; with and without
+// the hc_post before, bf16 roundings on and off, weighted and unweighted norms, mix scales other
+// than 1 (at 1, as in the synthetic checkpoints, `mix * scale + base` is exact whether or not it
+// is one fma, which hid a difference there); and calls the kernel does not take (17 tokens,
+// D = 2304, bf16 mix weights), which must give the same. The fused call runs twice: the kernel's
+// arrival counters must be back at zero after each call.
+TEST_F(CudaOps, HcBoundaryIsItsThreeOpsBitForBit) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  const bool was = cuda::hc_fused(*gpu);
+  cuda::set_hc_fused(*gpu, true);
+  Rng rng(25);
+  constexpr int64_t S = 4, mix = (2 + S) * S;
+  struct Case {
+    int64_t D, T;
+    bool post, round, bf16_fn, weighted;
+  };
+  const Case cases[] = {{4096, 1, true, false, false, true}, {4096, 3, false, false, false, true},
+                        {4096, 16, true, true, false, true}, {4096, 2, true, true, false, false},
+                        {512, 1, true, false, false, true},  {512, 16, false, true, false, true},
+                        {512, 5, true, false, true, true},   {2304, 3, true, false, false, true},
+                        {4096, 17, true, false, false, true}};
+  for (const Case& k : cases) {
+    const int64_t D = k.D, T = k.T;
+    const std::string tag = " D=" + std::to_string(D) + " T=" + std::to_string(T) + (k.post ? " post" : "") +
+                            (k.round ? " round" : "") + (k.bf16_fn ? " bf16-fn" : "") + (k.weighted ? "" : " unweighted");
+    const bool fits = T <= cuda::kHcBoundaryMaxTokens && D != 2304 && !k.bf16_fn;
+    EXPECT_EQ(cuda::hc_boundary_fits(T, S, D, !k.bf16_fn, DType::kBF16), fits) << tag;
+    Stored fn = stored_floats(k.bf16_fn ? DType::kBF16 : DType::kF32, {mix, S * D}, rng.normal(mix * S * D, 0.05));
+    Stored base = stored_floats(DType::kF32, {mix}, rng.normal(mix));
+    Stored scale = stored_floats(DType::kF32, {3}, rng.uniform(3, 0.5, 1.5));
+    Stored nw = stored_floats(DType::kBF16, {D}, rng.normal(D, 1.0, 0.3));
+    const HcWeights w{.fn = fn.view, .base = base.view, .scale = scale.view};
+    const std::vector<float> x = rng.normal(T * S * D), y = rng.normal(T * D), post = rng.uniform(T * S, 0, 2),
+                             comb = rng.uniform(T * S * S, 0, 1);
+    // One backend's run from fresh copies of the inputs: streams, u, post, comb.
+    const auto run = [&](Backend& b, bool fused) {
+      const Tensor xs = b.upload_f32(x, {T, S, D}), ys = b.upload_f32(y, {T, D}), ps = b.upload_f32(post, {T, S}),
+                   cs = b.upload_f32(comb, {T, S, S});
+      const Tensor u = b.alloc(ElemType::kF32, {T, D}), po = b.alloc(ElemType::kF32, {T, S}),
+                   co = b.alloc(ElemType::kF32, {T, S, S});
+      const HcBoundaryParams hp{
+          .post = {.streams = xs, .sublayer = k.post ? ys : Tensor(), .post = ps, .comb = cs, .round_bf16 = k.round},
+          .pre = {.out_input = u, .out_post = po, .out_comb = co, .streams = xs, .weights = &w, .sinkhorn_iters = 20,
+                  .hc_eps = 1e-6, .norm_eps = 1e-6, .round_bf16 = k.round},
+          .norm_weight = k.weighted ? nw.view : TensorView{},
+          .norm_eps = 1e-6,
+          .norm_round_bf16 = k.round};
+      if (fused) {
+        b.hc_boundary(hp);
+        EXPECT_EQ(cuda::last_hc_boundary_fused(b), fits) << tag;
+      } else {
+        b.Backend::hc_boundary(hp);
+      }
+      return std::array<std::vector<float>, 4>{b.download_f32(xs), b.download_f32(u), b.download_f32(po),
+                                               b.download_f32(co)};
+    };
+    const auto want = run(*gpu, false);
+    const char* names[4] = {"streams", "u", "post", "comb"};
+    for (int r = 0; r < 2; ++r) {
+      const auto got = run(*gpu, true);
+      for (int o = 0; o < 4; ++o)
+        expect_same_bits(got[o], want[o], std::string("hc_boundary ") + names[o] + " call " + std::to_string(r) + tag);
+    }
+    const auto ref = run(*cpu, false);
+    // Unrounded: fp32 sums in another order, about 1e-7 of the streams' size (a few units). Rounded,
+    // one flipped bf16 rounding of a stream value (an ulp: 2^-8 of up to about 4) moves u by pre_j
+    // times that, which is large next to a u near 0: hence the absolute term; elsewhere u and the
+    // norm's output each rounded, two bf16 ulps apart at most.
+    const Tolerance tol = k.round ? Tolerance{.atol = 2e-2, .rtol = 2.0 / 128, .max_cosine_distance = 1e-5}
+                                  : Tolerance{.atol = 1e-5, .rtol = 1e-4, .max_cosine_distance = 1e-9};
+    for (int o = 0; o < 4; ++o) {
+      const CompareResult c = compare_f32(want[o], ref[o], tol);
+      EXPECT_TRUE(c.ok) << "hc_boundary " << names[o] << " vs the CPU" << tag << ": " << c.message;
+    }
+  }
+  cuda::set_hc_fused(*gpu, was);
 }
 
 TEST_F(CudaOps, HcHeadMatchesCpu) {
