@@ -13,6 +13,7 @@ void add_synth_command(CLI::App& app) {
     std::string preset = "v4-flash", out, variant = "flash";
     int64_t layers = 4, experts = 256;
     uint64_t seed = 0;
+    double hc_scale_std = 0.0;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
@@ -23,6 +24,10 @@ void add_synth_command(CLI::App& app) {
   cmd->add_option("--out", opts->out, "Output directory")->required();
   cmd->add_option("--experts", opts->experts, "Routed experts per layer (V4-Flash has 256)")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Random seed (values depend only on seed, tensor name and row)")
+      ->capture_default_str();
+  cmd->add_option("--hc-scale-std", opts->hc_scale_std,
+                  "Spread of the mHC sites' scales around 1 (0: exactly 1, where mix * scale is exact and an fma "
+                  "and a rounded product then sum agree; the GPU checks use 0.1 so that bit checks see the difference)")
       ->capture_default_str();
   cmd->add_option("--variant", opts->variant, "flash: e8m0 scales, MXFP4 experts; flash-base: F32 scales, FP8 experts")
       ->check(CLI::IsMember({"flash", "flash-base"}))
@@ -39,7 +44,7 @@ void add_synth_command(CLI::App& app) {
       total = all;
       bar.update(done, all, "GB", 1e-9);
     };
-    const Status st = checkpoint_synthesize(opts->out, *config, opts->seed, options);
+    const Status st = checkpoint_synthesize(opts->out, *config, opts->seed, options, opts->hc_scale_std);
     bar.finish();
     if (!st.is_ok()) fail(st);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

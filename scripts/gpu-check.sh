@@ -11,7 +11,8 @@
 #     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
 #                 CUDA runtime linked statically); default: configure and build build-gpu/ here
 #     --synth     also write a synthetic V4-Flash with `sparrow synth` (real dimensions, released
-#                 formats, 8 experts a layer; 2 layers are about 2.6 GB, in $TMPDIR or /tmp) and
+#                 formats, 8 experts a layer, mHC scales spread around 1 by --hc-scale-std 0.1;
+#                 2 layers are about 2.6 GB, in $TMPDIR or /tmp) and
 #                 compare CUDA with CPU logits on a prompt, one-shot and token by token
 #     --synth-layers N  its main layers (default 2: SWA, SWA; 4 adds a CSA and an HCA layer)
 #     --synth-tokens N  prompt length (default 40; 128 or more lets the HCA layer emit an entry)
@@ -142,7 +143,8 @@ if [ "$synth" -eq 1 ]; then
   name="synth V4-Flash $synth_layers layers, $synth_tokens tokens"
   t0=$(date +%s)
   rm -rf "$model"
-  if "$bin/sparrow" synth --layers "$synth_layers" --experts 8 --out "$model" >>"$logs/synth.log" 2>&1 &&
+  # Scales other than 1, so that `mix * scale + base` rounded once (fma) or twice differ (synth --help).
+  if "$bin/sparrow" synth --layers "$synth_layers" --experts 8 --hc-scale-std 0.1 --out "$model" >>"$logs/synth.log" 2>&1 &&
      "$bin/sparrow" logits --model "$model" --ids $ids --out "$logs/synth.cpu.npy" >>"$logs/synth.log" 2>&1 &&
      "$bin/sparrow" logits --backend cuda --precision fp32 --model "$model" --ids $ids --out "$logs/synth.cuda.npy" >>"$logs/synth.log" 2>&1 &&
      "$bin/sparrow" logits --backend cuda --precision fp32 --model "$model" --ids $ids --chunk 1 --out "$logs/synth.cuda.decode.npy" \

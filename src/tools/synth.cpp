@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/quant.h"
 #include "core/thread_pool.h"
@@ -37,7 +38,8 @@ inline float approx_normal(uint64_t& state) {
 
 class RandomSource : public TensorSource {
  public:
-  RandomSource(const ModelConfig& c, uint64_t seed) : c_(c), seed_(seed) {}
+  RandomSource(const ModelConfig& c, uint64_t seed, double hc_scale_std)
+      : c_(c), seed_(seed), hc_scale_std_(static_cast<float>(hc_scale_std)) {}
 
   Status float_rows(const ReleasedTensor& t, int64_t r0, int64_t r1, float* out) override {
     const int64_t C = t.cols();
@@ -126,7 +128,7 @@ class RandomSource : public TensorSource {
       case TensorKind::kLinear: return normal(0.0f, 1.0f / std::sqrt(static_cast<float>(C)));
       case TensorKind::kNorm: return normal(1.0f, 0.02f);
       case TensorKind::kHcFn: return normal(0.0f, 0.5f / std::sqrt(static_cast<float>(C)));
-      case TensorKind::kHcScale: return normal(1.0f, 0.0f);
+      case TensorKind::kHcScale: return normal(1.0f, hc_scale_std_);
       case TensorKind::kSink: return normal(0.0f, 0.5f);
       case TensorKind::kApe: return normal(0.0f, 0.1f);
       case TensorKind::kGateBias: return normal(0.0f, 0.01f);
@@ -151,6 +153,7 @@ class RandomSource : public TensorSource {
 
   const ModelConfig& c_;
   uint64_t seed_;
+  float hc_scale_std_;
 };
 
 }  // namespace
@@ -212,8 +215,13 @@ Expected<ModelConfig> synth_preset_config(const std::string& preset, int64_t lay
 }
 
 Status checkpoint_synthesize(const std::filesystem::path& dir, const ModelConfig& c, uint64_t seed,
-                             const ReleasedWriteOptions& options) {
-  RandomSource source(c, seed);
+                             const ReleasedWriteOptions& options, double hc_scale_std) {
+  if (!(hc_scale_std >= 0.0 && hc_scale_std <= 1.0)) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", hc_scale_std);
+    return Status::invalid_argument(std::string("--hc-scale-std ") + v + " is outside [0, 1]");
+  }
+  RandomSource source(c, seed, hc_scale_std);
   return released_checkpoint_write(dir, c, source, options);
 }
 

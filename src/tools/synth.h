@@ -38,8 +38,12 @@ Expected<ModelConfig> v4_flash_config(int64_t layers, int64_t experts);
 // The config of a named preset ("v4-flash"); InvalidArgument for an unknown name.
 Expected<ModelConfig> synth_preset_config(const std::string& preset, int64_t layers, int64_t experts);
 
-// Writes a random checkpoint for `c` (any DeepSeek-V4 config) to `dir`.
+// Writes a random checkpoint for `c` (any DeepSeek-V4 config) to `dir`. The mHC sites' scales are
+// exactly 1 unless `hc_scale_std` > 0 draws them from N(1, hc_scale_std^2): at 1 a product
+// mix * scale is exact, so a kernel that rounds `mix * scale + base` once (an fma) and one that
+// rounds twice give the same bits there, and bit-for-bit checks on such a model cannot tell them
+// apart (the GPU checks use 0.1).
 Status checkpoint_synthesize(const std::filesystem::path& dir, const ModelConfig& c, uint64_t seed,
-                             const ReleasedWriteOptions& options = {});
+                             const ReleasedWriteOptions& options = {}, double hc_scale_std = 0.0);
 
 }  // namespace sparrow

@@ -146,6 +146,46 @@ TEST(Synth, ValuesDependOnlyOnSeedNameAndRow) {
   fs::remove_all(dir);
 }
 
+// The mHC scales are exactly 1 by default and spread around 1 with --hc-scale-std; nothing else
+// changes; a spread outside [0, 1] is refused by name.
+TEST(Synth, HcScaleSpreadIsOptInAndChangesOnlyTheScales) {
+  const fs::path dir = make_temp_dir("synth_hc_scale");
+  const ModelConfig c = mini_flash(2);
+  ASSERT_TRUE(checkpoint_synthesize(dir / "one", c, 7).is_ok());
+  ASSERT_TRUE(checkpoint_synthesize(dir / "spread", c, 7, {}, 0.1).is_ok());
+  const Status bad = checkpoint_synthesize(dir / "bad", c, 7, {}, -0.5);
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("--hc-scale-std"), std::string::npos) << bad.message();
+  auto one = SafetensorsCheckpoint::open(dir / "one"), spread = SafetensorsCheckpoint::open(dir / "spread");
+  ASSERT_TRUE(one.is_ok() && spread.is_ok());
+  const auto floats = [](const TensorView* t) {
+    std::vector<float> v(t->numel());
+    std::memcpy(v.data(), t->data, t->nbytes);
+    return v;
+  };
+  int scales = 0, off_one = 0;
+  for (const std::string& name : (*one)->names()) {
+    const TensorView *a = (*one)->find(name), *b = (*spread)->find(name);
+    ASSERT_NE(b, nullptr) << name;
+    const bool scale = name.size() > 6 && name.compare(name.size() - 6, 6, "_scale") == 0 &&
+                       name.find("hc_") != std::string::npos;
+    if (!scale) {
+      EXPECT_TRUE(a->nbytes == b->nbytes && std::memcmp(a->data, b->data, a->nbytes) == 0) << name;
+      continue;
+    }
+    ++scales;
+    for (float v : floats(a)) EXPECT_EQ(v, 1.0f) << name;
+    for (float v : floats(b)) {
+      EXPECT_GT(v, 0.5f) << name;
+      EXPECT_LT(v, 1.5f) << name;
+      off_one += v != 1.0f;
+    }
+  }
+  EXPECT_EQ(scales, 2 * 2 + 1);  // attn and ffn sites of 2 layers, and the head
+  EXPECT_GT(off_one, 10);
+  fs::remove_all(dir);
+}
+
 double rms(const std::vector<float>& v) {
   double s = 0;
   for (float x : v) s += static_cast<double>(x) * x;
