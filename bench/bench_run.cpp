@@ -340,9 +340,12 @@ Status run_bench(const BenchOptions& o) {
   r["date"] = date;
   r["started_utc"] = utc_now("%Y-%m-%dT%H:%M:%SZ");
   r["command"] = o.command_line;
-  // The switched-off paths (docs/cuda.md), so that an A/B's two records say which side they are.
+  // The switched-off and opted-in paths (docs/cuda.md), so that an A/B's two records say which side
+  // they are.
   const char* disabled = std::getenv("SPARROW_CUDA_DISABLE");
   r["cuda_disable"] = disabled != nullptr ? disabled : "";
+  const char* enabled = std::getenv("SPARROW_CUDA_ENABLE");
+  r["cuda_enable"] = enabled != nullptr ? enabled : "";
   r["device"] = {{"compute_capability", std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor)},
                  {"sms", dev.sms},
                  {"l2_bytes", dev.l2_bytes},

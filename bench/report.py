@@ -28,12 +28,16 @@ def ctx(n):
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def switches(d):
+    """The record's switched-off and opted-in paths (older records name neither or only the first)."""
+    off, on = d.get("cuda_disable"), d.get("cuda_enable")
+    return (f", SPARROW_CUDA_DISABLE={off}" if off else "") + (f", SPARROW_CUDA_ENABLE={on}" if on else "")
+
+
 def main(path):
     d = json.load(open(path))
     p = d["peaks"]
-    off = d.get("cuda_disable")
-    print(f"{d['card']}, {d['date']}, `{d['command']}` ({d['wall_s']:.0f} s)"
-          + (f", SPARROW_CUDA_DISABLE={off}" if off else "") + "\n")
+    print(f"{d['card']}, {d['date']}, `{d['command']}` ({d['wall_s']:.0f} s)" + switches(d) + "\n")
     print("| HBM copy (GB/s) | bf16 GEMM (TFLOP/s) | FP8 GEMM, per-tensor (TFLOP/s) | FP8 GEMM, 1×128 × 128×128 blocks (TFLOP/s) |")
     print("|---|---|---|---|")
     print(f"| {p['hbm']['value'] / 1e9:.0f} | {p['bf16_gemm']['value'] / 1e12:.1f} | {p['fp8_gemm']['value'] / 1e12:.1f} "
@@ -202,9 +206,8 @@ def median(v):
 
 def compare(before_path, after_path):
     a, b = json.load(open(before_path)), json.load(open(after_path))
-    def side(d):  # the date, and the switched-off paths where the record names them
-        off = d.get("cuda_disable")
-        return d["date"] + (f", SPARROW_CUDA_DISABLE={off}" if off else "")
+    def side(d):  # the date, and the switched paths where the record names them
+        return d["date"] + switches(d)
     print(f"{before_path} ({side(a)}) -> {after_path} ({side(b)})\n")
     print("| cell | timed ms | change | GPU's own ms | change |")
     print("|---|---|---|---|---|")
