@@ -119,9 +119,8 @@ void reset_layer(cuda::LayerState& s, const ModelConfig& c, int64_t l, int64_t c
 void fill_records(uint8_t* rec, const KvRecordLayout& l, int64_t rows, uint64_t seed) {
   const cuda::DeviceBuffer values(static_cast<size_t>(rows * l.dim) * sizeof(float), false);
   device_fill_normal(values.f32(), rows * l.dim, seed, 1.0f);
-  cuda::launch_kv_record_encode({.in = values.f32(), .rec = rec, .rows = rows, .in_stride = l.dim, .rec_stride = l.bytes,
-                                 .nope = l.nope, .blocks = l.blocks, .rope_dim = l.rope_dim, .scales_at = l.scales_at,
-                                 .rope_at = l.rope_at});
+  cuda::launch_kv_record_encode(
+      {.in = values.f32(), .rec = rec, .rows = rows, .in_stride = l.dim, .rec_stride = l.bytes, .layout = l});
 }
 
 // bf16_copy: also the keys' bf16 copy the CUDA backend's compressor keeps for the tensor-core

@@ -131,6 +131,9 @@ struct Model::PendingPost {
   Tensor sublayer, post, comb;
   int64_t layer = -1;
   const char* tap_name = nullptr;
+  HcPostParams params(const Tensor& streams, bool round_bf16) const {
+    return {.streams = streams, .sublayer = sublayer, .post = post, .comb = comb, .round_bf16 = round_bf16};
+  }
 };
 
 Tensor Model::forward(Backend& be, const BatchInfo& batch, const ForwardOptions& opt) const {
@@ -174,8 +177,7 @@ void Model::hc_boundary(Backend& be, PendingPost& pending, Tensor& streams, cons
                         const ForwardOptions& opt) const {
   const ModelConfig& c = config_;
   const bool ref = numerics_of(precision_).round_bf16;
-  be.hc_boundary({.post = {.streams = streams, .sublayer = pending.sublayer, .post = pending.post,
-                           .comb = pending.comb, .round_bf16 = ref},
+  be.hc_boundary({.post = pending.params(streams, ref),
                   .pre = {.out_input = u, .out_post = post, .out_comb = comb, .streams = streams, .weights = &site,
                           .sinkhorn_iters = c.hc_sinkhorn_iters, .hc_eps = c.hc_eps, .norm_eps = c.rms_norm_eps,
                           .round_bf16 = ref},
@@ -188,8 +190,7 @@ void Model::hc_boundary(Backend& be, PendingPost& pending, Tensor& streams, cons
 
 void Model::apply_pending(Backend& be, PendingPost& pending, Tensor& streams, const ForwardOptions& opt) const {
   if (pending.sublayer.empty()) return;
-  be.hc_post({.streams = streams, .sublayer = pending.sublayer, .post = pending.post, .comb = pending.comb,
-              .round_bf16 = numerics_of(precision_).round_bf16});
+  be.hc_post(pending.params(streams, numerics_of(precision_).round_bf16));
   tap(opt, pending.layer, pending.tap_name, streams);
   pending = {};
 }

@@ -517,17 +517,23 @@ class CudaBackend final : public Backend {
     launch_check("embed");
   }
 
-  void hc_pre(const HcPreParams& p) override {
-    OpProfiler::Scope op_scope(profiler_, "hc_pre");
+  // hc_pre's kernel arguments (shapes checked), the mix values into `mix` (HcPreArgs::mix).
+  HcPreArgs hc_pre_args(const HcPreParams& p, float* mix) {
     const int64_t T = p.streams.dim(0), S = p.streams.dim(1), D = p.streams.dim(2);
     SPARROW_CHECK_LE(S, kMaxStreams);
     SPARROW_CHECK_EQ(p.weights->fn.numel(), (2 + S) * S * S * D);
+    return {.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
+            .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
+            .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
+            .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps), .mix = mix,
+            .round_bf16 = p.round_bf16};
+  }
+
+  void hc_pre(const HcPreParams& p) override {
+    OpProfiler::Scope op_scope(profiler_, "hc_pre");
+    const int64_t T = p.streams.dim(0), S = p.streams.dim(1);
     const DeviceBuffer mix = hc_mix_scratch(T * (2 + S) * S);
-    const HcPreArgs args{.out_input = p.out_input.f32(), .out_post = p.out_post.f32(), .out_comb = p.out_comb.f32(),
-                         .streams = p.streams.f32(), .fn = dev_view(p.weights->fn), .base = dev_view(p.weights->base),
-                         .scale = dev_view(p.weights->scale), .T = T, .S = S, .D = D, .sinkhorn_iters = p.sinkhorn_iters,
-                         .hc_eps = static_cast<float>(p.hc_eps), .norm_eps = static_cast<float>(p.norm_eps),
-                         .mix = mix.f32(), .round_bf16 = p.round_bf16};
+    const HcPreArgs args = hc_pre_args(p, mix.f32());
     {
       OpProfiler::Scope part(profiler_, "hc_pre/mix");
       launch_hc_pre_mix(args);
@@ -560,7 +566,6 @@ class CudaBackend final : public Backend {
     if (!hc_fused_ || !one_rounding || !hc_boundary_fits(T, S, D, f32, nw)) return Backend::hc_boundary(p);
     last_hc_boundary_fused_ = true;
     OpProfiler::Scope op_scope(profiler_, "hc_boundary");
-    SPARROW_CHECK_EQ(p.pre.weights->fn.numel(), (2 + S) * S * S * D);
     SPARROW_CHECK_EQ(p.pre.out_input.numel(), T * D);
     if (p.norm_weight.data) SPARROW_CHECK_EQ(p.norm_weight.numel(), D);
     if (has_post) {
@@ -571,14 +576,7 @@ class CudaBackend final : public Backend {
     }
     hc_arrivals_.ensure(kHcBoundaryMaxTokens * sizeof(unsigned));  // zeroed once; each call leaves them zero
     const DeviceBuffer mix = DeviceBuffer::scratch(static_cast<size_t>(T * (2 + S) * S) * sizeof(float));
-    const HcPreArgs pre{.out_input = p.pre.out_input.f32(), .out_post = p.pre.out_post.f32(),
-                        .out_comb = p.pre.out_comb.f32(), .streams = p.pre.streams.f32(),
-                        .fn = dev_view(p.pre.weights->fn), .base = dev_view(p.pre.weights->base),
-                        .scale = dev_view(p.pre.weights->scale), .T = T, .S = S, .D = D,
-                        .sinkhorn_iters = p.pre.sinkhorn_iters, .hc_eps = static_cast<float>(p.pre.hc_eps),
-                        .norm_eps = static_cast<float>(p.pre.norm_eps), .mix = mix.f32(),
-                        .round_bf16 = p.pre.round_bf16};
-    launch_hc_boundary({.pre = pre, .sublayer = has_post ? p.post.sublayer.f32() : nullptr,
+    launch_hc_boundary({.pre = hc_pre_args(p.pre, mix.f32()), .sublayer = has_post ? p.post.sublayer.f32() : nullptr,
                         .post = has_post ? p.post.post.f32() : nullptr, .comb = has_post ? p.post.comb.f32() : nullptr,
                         .norm_weight = dev_view(p.norm_weight), .norm_eps = static_cast<float>(p.norm_eps),
                         .round_bf16 = p.pre.round_bf16, .arrivals = static_cast<unsigned*>(hc_arrivals_.get())});
@@ -927,10 +925,8 @@ class CudaBackend final : public Backend {
     }
     if (fresh_rows > 0) {
       const DeviceBuffer dst = upload_vector(record_dst);
-      const KvRecordLayout& l = fresh_layout;
       launch_kv_record_encode({.in = fresh.f32(), .rec_rows = static_cast<uint8_t* const*>(dst.get()), .rows = fresh_rows,
-                               .in_stride = p.dim, .nope = l.nope, .blocks = l.blocks, .rope_dim = l.rope_dim,
-                               .scales_at = l.scales_at, .rope_at = l.rope_at});
+                               .in_stride = p.dim, .layout = fresh_layout});
       launch_check("compressor records");
     }
     // The bf16 copies, after the roundings (a sequence whose copy broke off gets none).
@@ -1070,8 +1066,7 @@ class CudaBackend final : public Backend {
     if (records) {
       kv_rec = DeviceBuffer::scratch(static_cast<size_t>(T * rec.bytes));  // (every record written)
       launch_kv_record_encode({.in = p.kv.f32(), .rec = static_cast<uint8_t*>(kv_rec.get()), .rows = T, .in_stride = Dh,
-                               .rec_stride = rec.bytes, .nope = rec.nope, .blocks = rec.blocks, .rope_dim = rec.rope_dim,
-                               .scales_at = rec.scales_at, .rope_at = rec.rope_at});
+                               .rec_stride = rec.bytes, .layout = rec});
       launch_check("attention kv records");
       for (int64_t t = 0; t < T; ++t)
         tokens[t].batch_kv_rec = static_cast<const uint8_t*>(kv_rec.get()) + batch.seq_begin[batch.seq_of_token[t]] * rec.bytes;
@@ -1156,8 +1151,7 @@ class CudaBackend final : public Backend {
     }
     if (any_rec) {
       launch_kv_record_encode({.in = p.kv.f32(), .rec_rows = reinterpret_cast<uint8_t* const*>(d + 2 * T), .rows = T,
-                               .in_stride = Dh, .nope = rec.nope, .blocks = rec.blocks, .rope_dim = rec.rope_dim,
-                               .scales_at = rec.scales_at, .rope_at = rec.rope_at});
+                               .in_stride = Dh, .layout = rec});
       launch_check("window_append records");
     }
   }
@@ -1850,9 +1844,7 @@ std::vector<float> state_entries(SequenceState& state, int64_t layer, Compressor
   if (buf.records()) {  // decoded on the device (launch_kv_record_decode)
     const DeviceBuffer out(v.size() * sizeof(float), false);
     launch_kv_record_decode({.rec_in = static_cast<const uint8_t*>(buf.entries_rec.get()), .out = out.f32(),
-                             .rows = buf.count, .rec_stride = buf.rec.bytes, .out_stride = buf.dim, .nope = buf.rec.nope,
-                             .blocks = buf.rec.blocks, .rope_dim = buf.rec.rope_dim, .scales_at = buf.rec.scales_at,
-                             .rope_at = buf.rec.rope_at});
+                             .rows = buf.count, .rec_stride = buf.rec.bytes, .out_stride = buf.dim, .layout = buf.rec});
     launch_check("state_entries records");
     SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), out.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return v;

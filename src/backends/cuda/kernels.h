@@ -549,7 +549,7 @@ struct KvRecordArgs {
   const uint8_t* rec_in = nullptr;  // decode: records
   float* out = nullptr;        // decode: entries [rows][out_stride]
   int64_t rows = 0, in_stride = 0, rec_stride = 0, out_stride = 0;
-  int64_t nope = 0, blocks = 0, rope_dim = 0, scales_at = 0, rope_at = 0;  // from kv_record_layout
+  KvRecordLayout layout{};     // kv_record_layout's
 };
 void launch_kv_record_encode(const KvRecordArgs& a);
 void launch_kv_record_decode(const KvRecordArgs& a);

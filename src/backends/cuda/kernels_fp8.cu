@@ -264,43 +264,45 @@ __global__ void row_sim_block_kernel(RowSimArgs a, int64_t blocks_per_row) {
 constexpr int kKvRecordThreads = 256;
 __global__ void kv_record_encode_kernel(KvRecordArgs a) {
   wait_previous_grid();
+  const KvRecordLayout& l = a.layout;
   const int64_t r = blockIdx.x;
   const float* in = a.in + r * a.in_stride;
   uint8_t* rec = a.rec_rows ? a.rec_rows[r] : a.rec + r * a.rec_stride;
   if (rec == nullptr) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t b = warp; b < a.blocks; b += kKvRecordThreads / 32) {
+  for (int64_t b = warp; b < l.blocks; b += kKvRecordThreads / 32) {
     const float v0 = in[64 * b + lane], v1 = in[64 * b + lane + 32];
     const float amax = warp_max(fmaxf(sim_amax_floor(true), fmaxf(fabsf(v0), fabsf(v1))));
     const int k = dev_pow2_scale_exponent(amax, 448.0f);
     const float s = dev_e8m0(static_cast<uint8_t>(k + 127));
     rec[64 * b + lane] = sim_fp8_code(v0, s);
     rec[64 * b + lane + 32] = sim_fp8_code(v1, s);
-    if (lane == 0) rec[a.scales_at + b] = static_cast<uint8_t>(k + 127);
+    if (lane == 0) rec[l.scales_at + b] = static_cast<uint8_t>(k + 127);
   }
-  for (int64_t p = a.scales_at + a.blocks + threadIdx.x; p < a.rope_at; p += blockDim.x) rec[p] = 0;
-  for (int64_t i = threadIdx.x; i < a.rope_dim; i += blockDim.x) {
-    const uint16_t h = dev_f32_to_bf16(in[a.nope + i]);  // (core/dtype.h f32_to_bf16's bits)
-    rec[a.rope_at + 2 * i] = static_cast<uint8_t>(h & 0xffu);
-    rec[a.rope_at + 2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  for (int64_t p = l.scales_at + l.blocks + threadIdx.x; p < l.rope_at; p += blockDim.x) rec[p] = 0;
+  for (int64_t i = threadIdx.x; i < l.rope_dim; i += blockDim.x) {
+    const uint16_t h = dev_f32_to_bf16(in[l.nope + i]);  // (core/dtype.h f32_to_bf16's bits)
+    rec[l.rope_at + 2 * i] = static_cast<uint8_t>(h & 0xffu);
+    rec[l.rope_at + 2 * i + 1] = static_cast<uint8_t>(h >> 8);
   }
 }
 
 // grid (rows), kKvRecordThreads: thread per value.
 __global__ void kv_record_decode_kernel(KvRecordArgs a) {
   wait_previous_grid();
+  const KvRecordLayout& l = a.layout;
   const int64_t r = blockIdx.x;
   const uint8_t* rec = a.rec_in + r * a.rec_stride;
   float* out = a.out + r * a.out_stride;
-  for (int64_t i = threadIdx.x; i < a.nope + a.rope_dim; i += blockDim.x) {
-    if (i < a.nope) {
+  for (int64_t i = threadIdx.x; i < l.nope + l.rope_dim; i += blockDim.x) {
+    if (i < l.nope) {
       // (A NaN operand's bits as the host's product keeps them, the code's first: the GPU's product
       // would give its canonical NaN.)
-      const float c = dev_e4m3(rec[i]), s = dev_e8m0(rec[a.scales_at + i / 64]);
+      const float c = dev_e4m3(rec[i]), s = dev_e8m0(rec[l.scales_at + i / 64]);
       out[i] = c != c ? c : s != s ? s : c * s;
     } else {
-      const int64_t j = i - a.nope;
-      out[i] = dev_bf16(static_cast<uint16_t>(rec[a.rope_at + 2 * j] | (rec[a.rope_at + 2 * j + 1] << 8)));
+      const int64_t j = i - l.nope;
+      out[i] = dev_bf16(static_cast<uint16_t>(rec[l.rope_at + 2 * j] | (rec[l.rope_at + 2 * j + 1] << 8)));
     }
   }
 }

@@ -51,6 +51,10 @@ __global__ void router_kernel(RouterArgs a) {
     // 3.4, 2026-12-03.) Scores that are NaN are not ordered by either.
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
+      // (v, e) before (best, best_e): the higher score, then the lower expert; best_e < 0 is none.
+      const auto better = [](float v, int32_t e, float best, int32_t best_e) {
+        return e >= 0 && (best_e < 0 || v > best || (v == best && e < best_e));
+      };
       uint64_t taken = 0;  // bit j: expert lane + 32 j
       for (int64_t r = 0; r < K; ++r) {
         float best = -INFINITY;
@@ -59,13 +63,13 @@ __global__ void router_kernel(RouterArgs a) {
           if ((taken >> j) & 1u) continue;
           const int32_t e = lane + 32 * j;
           const float v = biased[e];
-          if (best_e < 0 || v > best || (v == best && e < best_e)) best = v, best_e = e;
+          if (better(v, e, best, best_e)) best = v, best_e = e;
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
           const float ov = __shfl_xor_sync(0xffffffffu, best, off);
           const int32_t oe = __shfl_xor_sync(0xffffffffu, best_e, off);
-          if (oe >= 0 && (best_e < 0 || ov > best || (ov == best && oe < best_e))) best = ov, best_e = oe;
+          if (better(ov, oe, best, best_e)) best = ov, best_e = oe;
         }
         if (best_e >= 0 && (best_e & 31) == lane) taken |= uint64_t{1} << (best_e >> 5);
         if (lane == 0) chosen[r] = best_e;

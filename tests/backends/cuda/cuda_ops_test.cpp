@@ -162,7 +162,7 @@ TEST_F(CudaOps, HcPreMatchesCpu) {
 // outputs are the same bits in calls of 4100 tokens (partial tiles of 4 at the end), 21 (a partial
 // tile of 1) and 3; S = 4 (24 mixes) and S = 2 (8).
 TEST_F(CudaOps, HcPreIsBatchInvariant) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(24);
   for (auto [S, D] : {std::pair<int64_t, int64_t>{4, 256}, std::pair<int64_t, int64_t>{2, 96},
                       std::pair<int64_t, int64_t>{4, 4096}}) {
@@ -218,7 +218,7 @@ TEST_F(CudaOps, HcPostMatchesCpu) {
 // D = 2304, bf16 mix weights), which must give the same. The fused call runs twice: the kernel's
 // arrival counters must be back at zero after each call.
 TEST_F(CudaOps, HcBoundaryIsItsThreeOpsBitForBit) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   const bool was = cuda::hc_fused(*gpu);
   cuda::set_hc_fused(*gpu, true);
   Rng rng(25);
@@ -552,7 +552,7 @@ TEST_F(CudaOps, GroupedLinearUnderBf16Profiles) {
 // fewer steps than parts (empty parts) and N past 8192 (4 parts, not 16) among them; within the op bar of the CPU's fp32 sums of the same products.
 // (With SPARROW_CUDA_DISABLE=bf16_tma, the decode form in 64-row chunks: the same bits.)
 TEST_F(CudaOps, Bf16GemmsAreBatchInvariantOnWgmmaAndCuBlasLt) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend's test support";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   if (!cuda::cuda_feature_on("bf16_gemm")) GTEST_SKIP() << "bf16_gemm is off";
   Rng rng(47);
   struct Case {
@@ -624,7 +624,7 @@ TEST_F(CudaOps, Bf16GemmsAreBatchInvariantOnWgmmaAndCuBlasLt) {
 // scales (whose products round), an FP8 weight whose 96-input scale blocks the decode form cannot
 // take (its bf16 copy then), BF16 weights with N not a multiple of 64 and N past 8192 (4 parts).
 TEST_F(CudaOps, Bf16DecodeFormRoundsItsFp32InputsAsTheConversionPass) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend's test support";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   if (!cuda::cuda_feature_on("bf16_gemm") || !cuda::cuda_feature_on("bf16_wgmma")) GTEST_SKIP() << "bf16 wgmma is off";
   const bool f32_in = cuda::cuda_feature_on("bf16_f32_in"), fp8_w = cuda::cuda_feature_on("bf16_fp8_w");
   cuda::set_bf16_wgmma(*gpu, true);
@@ -944,7 +944,7 @@ TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
 // 4096 keys), and 5000 (past the kernel's 4096 keys: the rank-by-counting kernel). Every slot is
 // checked (the helper fills them with garbage first). Exact equality.
 TEST_F(CudaOps, IndexerSelectionMatchesRankRule) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(73);
   for (int64_t C : {int64_t{40000}, int64_t{9001}}) {
     constexpr int kRows = 12;
@@ -1513,7 +1513,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
 // window of 70 under 150-token batches) and the entries' buffer grows (its records copied) on the way.
 // A call that would leave records unread or unwritten fails with an error naming the layer.
 TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "the CUDA backend's state";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   const int64_t H = 64, Dh = 512, rope_dim = 64;
   RopeTable rope;
   for (int64_t i = 0; i < rope_dim / 2; ++i) rope.inv_freq.push_back(std::pow(10000.0, -2.0 * i / rope_dim));
@@ -2369,7 +2369,7 @@ bool moe_ran(Backend& gpu, const MoeParams& p, const std::string& op) {
 // 16 rows per expert (two tiles of 8), odd N; the output is bf16, so most values are the same bits
 // and the rest one rounding apart. The profile shows which path ran.
 TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(207);
   const int64_t T = 40, K = 2;
   std::vector<int32_t> experts(T * K);
@@ -2397,7 +2397,7 @@ TEST_F(CudaOps, MoeW4A8ExpertsMatchCpu) {
 // tile of 64 and a partial one), the others 50, expert 5 none; N = 96 and 256, K = 256 and 96 (a
 // partial group of 128 inputs).
 TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(208);
   const int64_t T = 150, K = 2;
   const std::vector<int32_t> experts = expert0_heavy_choices(T, 100);
@@ -2425,7 +2425,7 @@ TEST_F(CudaOps, MoeW4A8TiledKernelGivesTheSmallKernelsBits) {
 // the W4A8 path ran (where the experts are grouped: SPARROW_CUDA_DISABLE=grouped_moe takes the
 // per-expert path, which has no fused kernel). (Each test has its own backend: no switch restored.)
 TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(209);
   cuda::set_w4a8_experts(*gpu, true);
   cuda::set_w4a8_tiled(*gpu, true);
@@ -2456,7 +2456,7 @@ TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
 // (N = 96 and 256: a partial 32-column block and a 16-column one past N), 7 to 16 rows an expert
 // (full and partial tiles of 8).
 TEST_F(CudaOps, MoeW4A8SmallKernelWidthGivesTheSameBits) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(210);
   const int64_t T = 23, K = 3;
   std::vector<int32_t> experts(T * K);
@@ -2486,7 +2486,7 @@ TEST_F(CudaOps, MoeW4A8SmallKernelWidthGivesTheSameBits) {
 // "mostly the same bf16 bits" with the cosine bound the other W4A8 tests use. The profile shows the
 // wgmma kernel ran.
 TEST_F(CudaOps, MoeW4A8WgmmaMatchesCpuAndTheMmaKernels) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(211);
   const int64_t T = 40, K = 2;
   std::vector<int32_t> experts(T * K);
@@ -2511,7 +2511,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaMatchesCpuAndTheMmaKernels) {
 // output the same arithmetic: the MoE's output is the same bits with the tiled kernel on and off.
 // Expert 0 gets 100 rows (a full tile of 64 and a partial one), the others 50, expert 5 none.
 TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(212);
   const int64_t T = 150, K = 2;
   const std::vector<int32_t> experts = expert0_heavy_choices(T, 100);
@@ -2580,7 +2580,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
 // above, and expert 0's far blocks must weigh enough in the output that dropping them would not.
 // (Each test has its own backend, so the switches set here need no restoring.)
 TEST_F(CudaOps, MoeW4A8WgmmaFarAndNanScales) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(213);
   const int64_t T = 24, K = 2;
   std::vector<int32_t> experts(T * K);
@@ -2639,7 +2639,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaFarAndNanScales) {
 // the one-expert-at-a-time fallback, whose sums differ; a token's output is the same bits as in a
 // call of 100 tokens.
 TEST_F(CudaOps, MoeGroupedBeyondGridYItemsIsBatchInvariant) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(209);
   const MoeCase mc = make_moe(rng, 8, 64, 32, true);
   const int64_t T = 90000, K = 6, D = mc.D, T_small = 100;
@@ -2671,8 +2671,7 @@ TEST_F(CudaOps, MoeGroupedBeyondGridYItemsIsBatchInvariant) {
 // nothing around them: each case between guard bytes of another value.
 TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   constexpr int64_t kMax = 70003, kGuard = 64;
   uint8_t* dev = nullptr;
   uint8_t* pinned = nullptr;
@@ -2712,8 +2711,7 @@ TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
 // the block, values past the clamp limit, a zero row (the scale's floor).
 TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   const float limit = 7.0f;
@@ -2789,8 +2787,7 @@ TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
 // NaN and -0 in both parts, the e4m3 maximum, values past it.
 TEST(CudaKvRecord, DeviceCodecIsTheHostCodec) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   std::mt19937 rng(584);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-40, 40);
@@ -2822,8 +2819,7 @@ TEST(CudaKvRecord, DeviceCodecIsTheHostCodec) {
     ASSERT_EQ(cudaMemset(d_out, 0xff, x.size() * sizeof(float)), cudaSuccess);
     const cuda::KvRecordArgs args{.in = d_x, .rec = d_rec, .rec_in = d_want, .out = d_out, .rows = rows,
                                   .in_stride = in_stride, .rec_stride = rec_stride, .out_stride = in_stride,
-                                  .nope = l.nope, .blocks = l.blocks, .rope_dim = l.rope_dim,
-                                  .scales_at = l.scales_at, .rope_at = l.rope_at};
+                                  .layout = l};
     cuda::launch_kv_record_encode(args);
     cuda::launch_kv_record_decode(args);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

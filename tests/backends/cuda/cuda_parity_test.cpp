@@ -365,8 +365,7 @@ TEST(CudaFastParityNeedle, LogitsAndDecisionsMatchCpuFast) {
 // with profiling off nothing is recorded.
 TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   const auto dir = fixtures_dir() / "mixed_hc2";
   auto model = Model::load(dir);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
@@ -414,8 +413,7 @@ TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
 // mostly through kept executable graphs updated in place. A run that reads taps back runs op by op.
 TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   for (Precision precision : {Precision::kFp32, Precision::kFast}) {
     auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = precision});
     ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -466,8 +464,7 @@ TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
 // printed, not judged.
 TEST_F(CudaModelParity, CapturedStepsHaveNoFillOrUploadNodes) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Model& model = **loaded;
@@ -503,8 +500,7 @@ TEST_F(CudaModelParity, CapturedStepsHaveNoFillOrUploadNodes) {
 // wait only after the one before it had (the programmatic chain), and tracing changes no result.
 TEST_F(CudaModelParity, KernelTraceRecordsEveryKernelInChainOrder) {
   std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_GPU(gpu);
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself";
+  SPARROW_REQUIRE_CUDA(gpu);
   if (!cuda::kernel_trace_compiled()) {  // (a build without the timestamps says so)
     try {
       cuda::set_kernel_trace(*gpu, true);

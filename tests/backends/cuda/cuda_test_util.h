@@ -45,6 +45,20 @@ inline std::unique_ptr<Backend> cuda_backend_or_null(std::string* why) {
     if (!ptr) GTEST_SKIP() << "no GPU: " << why_;                      \
   } while (0)
 
+// Skips the calling test unless `ptr` is the CUDA backend itself: a test of its own kernels, state
+// or test support (under SPARROW_CUDA_TESTS_ON_CPU=1 `ptr` is a CPU backend).
+#define SPARROW_SKIP_UNLESS_CUDA(ptr)                                                          \
+  do {                                                                                         \
+    if (std::string((ptr)->name()) != "cuda") GTEST_SKIP() << "needs the CUDA backend itself"; \
+  } while (0)
+
+// SPARROW_REQUIRE_GPU, then SPARROW_SKIP_UNLESS_CUDA.
+#define SPARROW_REQUIRE_CUDA(ptr) \
+  do {                            \
+    SPARROW_REQUIRE_GPU(ptr);     \
+    SPARROW_SKIP_UNLESS_CUDA(ptr); \
+  } while (0)
+
 inline std::filesystem::path fixtures_dir() {
   if (const char* env = std::getenv("SPARROW_FIXTURES_DIR"); env && *env) return env;
   return SPARROW_FIXTURES_DIR;
