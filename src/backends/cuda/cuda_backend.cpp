@@ -552,8 +552,8 @@ class CudaBackend final : public Backend {
     launch_check("hc_post");
   }
 
-  // One kernel at decode sizes when hc_fused_ is set (launch_hc_boundary; meant to give the three
-  // ops' bits), else the three.
+  // One kernel at decode sizes when hc_fused_ is set (launch_hc_boundary; the three ops' bits,
+  // CudaOps.HcBoundaryIsItsThreeOpsBitForBit), else the three.
   void hc_boundary(const HcBoundaryParams& p) override {
     last_hc_boundary_fused_ = false;
     const int64_t T = p.pre.streams.dim(0), S = p.pre.streams.dim(1), D = p.pre.streams.dim(2);
@@ -1782,7 +1782,7 @@ class CudaBackend final : public Backend {
   bool last_attention_records_ = false;  // test support
   bool kv_records_ = cuda_feature_enabled("kv_record");  // set_kv_records; SPARROW_CUDA_ENABLE=kv_record
   int attention_block_heads_ = 0;        // test support (set_attention_block_heads)
-  bool hc_fused_ = cuda_feature_enabled("hc_fused");  // set_hc_fused; SPARROW_CUDA_ENABLE=hc_fused
+  bool hc_fused_ = cuda_feature_on("hc_fused");  // set_hc_fused; SPARROW_CUDA_DISABLE=hc_fused
   bool last_hc_boundary_fused_ = false;
   bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support

@@ -207,7 +207,7 @@ bool last_attention_records(Backend& backend);
 void set_kv_records(Backend& backend, bool on);
 bool kv_records(Backend& backend);
 // Whether Backend::hc_boundary runs as one kernel where launch_hc_boundary takes the call (kernels.h
-// hc_boundary_fits): off by default, on with SPARROW_CUDA_ENABLE=hc_fused or here; and whether the
+// hc_boundary_fits): on by default, off with SPARROW_CUDA_DISABLE=hc_fused or here; and whether the
 // last hc_boundary call did (test support).
 void set_hc_fused(Backend& backend, bool on);
 bool hc_fused(Backend& backend);

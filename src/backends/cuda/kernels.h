@@ -98,17 +98,16 @@ struct DevView {
 // warps when a call has fewer blocks than SMs; off: 32 heads and 8 warps, the same bits),
 // "router_warp" (the scored router's top-k by a warp's argmax rounds; off: a rank count a thread,
 // the same experts), "rope_spread" (rope at decode sizes over blocks of 8 heads; off: a block a
-// token, the same bits) and
+// token, the same bits), "hc_fused" (Backend::hc_boundary at decode sizes in one kernel,
+// launch_hc_boundary; off: the hc_post, hc_pre and rms_norm kernels, the same bits; on: the
+// graph segments of the batch-1 step 1.5-2 % shorter on the H200, 2026-12-03) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
-// H200, 2026-12-03), "hc_fused" (Backend::hc_boundary at decode sizes in one kernel,
-// launch_hc_boundary, instead of the hc_post, hc_pre and rms_norm kernels: meant to give their
-// bits, the batch-1 step 2 % shorter on the H200, 2026-12-03; opt-in until its bit-for-bit test
-// has passed on a GPU in the form committed). Read once per process.
+// H200, 2026-12-03). Read once per process.
 bool cuda_feature_enabled(const char* name);
 
 struct DevWeight {
