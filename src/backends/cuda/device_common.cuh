@@ -225,6 +225,20 @@ __device__ inline float dev_load(const DevView& v, int64_t i) {
   return __uint_as_float(0x7fc00000u);  // the host refuses these dtypes before a launch
 }
 
+// dev_load behind a call: its switch over the dtypes once in a kernel's code, not inlined at each
+// load. For the loads off a kernel's hot dtypes (which it reads inline): a small kernel runs once an
+// SM a step and waits to fetch its code, and each inlined switch added about 0.5 KB (rms_norm_warp's
+// 32 unrolled weight loads made it 56 KB; docs/perf.md, "twenty-first run"). The same values.
+static __device__ __noinline__ float dev_load_call(DevView v, int64_t i) { return dev_load(v, i); }
+
+// dev_load with bf16 and f32 (the weights' and activations' usual dtypes) inline, the rest through
+// dev_load_call. The same values.
+__device__ inline float dev_load_hot(const DevView& v, int64_t i) {
+  if (v.dtype == DType::kBF16) return dev_bf16(static_cast<const uint16_t*>(v.data)[i]);
+  if (v.dtype == DType::kF32) return static_cast<const float*>(v.data)[i];
+  return dev_load_call(v, i);
+}
+
 // out[u] = element first + u * step of v for the u with first + u * step < n, `fill` for the rest
 // (and for all of them when v is empty). dev_load in a loop converts each value right after its
 // load behind the dtype's switch, so the loads go out one at a time; here the switch is taken once
@@ -244,7 +258,7 @@ __device__ inline void dev_load_many(const DevView& v, int first, int step, int 
     for (int u = 0; u < kN; ++u) out[u] = first + u * step < n ? static_cast<const float*>(v.data)[first + u * step] : fill;
   } else {
 #pragma unroll
-    for (int u = 0; u < kN; ++u) out[u] = v.data && first + u * step < n ? dev_load(v, first + u * step) : fill;
+    for (int u = 0; u < kN; ++u) out[u] = v.data && first + u * step < n ? dev_load_call(v, first + u * step) : fill;
   }
 }
 

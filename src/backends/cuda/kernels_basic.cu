@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* stre
       for (int k = 0; k < kTok; ++k) xs[k][u] = i < width && k < nt ? streams[(t0 + k) * width + i] : 0.0f;
 #pragma unroll
       for (int mm = 0; mm < kMix; ++mm)
-        ws[mm][u] = i < width ? (f32 ? static_cast<const float*>(fn.data)[(m0 + mm) * width + i] : dev_load(fn, (m0 + mm) * width + i))
+        ws[mm][u] = i < width ? (f32 ? static_cast<const float*>(fn.data)[(m0 + mm) * width + i] : dev_load_call(fn, (m0 + mm) * width + i))
                               : 0.0f;
     }
 #pragma unroll
@@ -266,17 +266,23 @@ __device__ inline void normalise_lines(float* m, int64_t S, int64_t line_step, i
   }
 }
 
+// mix * scale + base as the CPU reference computes it: a rounded product, then a rounded sum. Left to
+// the compiler it became one fma where base and scale came by plain loads (the fused boundary's first
+// Sinkhorn: comb 1-6 ulps off hc_pre4_kernel's at scales other than 1, H200) and two operations
+// where they came through dev_load's switch; spelled out, the bits no longer depend on the loads.
+__device__ inline float hc_affine(float mix, float scale, float base) { return __fadd_rn(__fmul_rn(mix, scale), base); }
+
 // pre, post and comb of token t from its mix values, Sinkhorn with eps in every denominator (one
 // thread; comb in local memory). S = 4 (V4's) takes hc_pre_weights_s4, a warp with the same bits.
 __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre, int64_t t) {
   const int64_t S = a.S;
   const float eps = a.hc_eps;
-  const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
+  const float scale_pre = dev_load_call(a.scale, 0), scale_post = dev_load_call(a.scale, 1), scale_comb = dev_load_call(a.scale, 2);
   float comb[kMaxStreams * kMaxStreams];
 #pragma unroll
   for (int64_t j = 0; j < S; ++j) {
-    pre[j] = sigmoidf(mix[j] * scale_pre + dev_load(a.base, j)) + eps;
-    a.out_post[t * S + j] = 2.0f * sigmoidf(mix[S + j] * scale_post + dev_load(a.base, S + j));
+    pre[j] = sigmoidf(hc_affine(mix[j], scale_pre, dev_load_call(a.base, j))) + eps;
+    a.out_post[t * S + j] = 2.0f * sigmoidf(hc_affine(mix[S + j], scale_post, dev_load_call(a.base, S + j)));
   }
 #pragma unroll
   for (int64_t j = 0; j < S; ++j) {
@@ -284,7 +290,7 @@ __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre,
     float mx = -INFINITY;
 #pragma unroll
     for (int64_t k = 0; k < S; ++k) {
-      comb[j * S + k] = mix[2 * S + j * S + k] * scale_comb + dev_load(a.base, 2 * S + j * S + k);
+      comb[j * S + k] = hc_affine(mix[2 * S + j * S + k], scale_comb, dev_load_call(a.base, 2 * S + j * S + k));
       mx = fmaxf(mx, comb[j * S + k]);
     }
     float sum = 0.0f;
@@ -311,15 +317,15 @@ __device__ void hc_pre_weights_s4(const HcPreArgs& a, const float* mix, float* p
   constexpr int S = 4;
   const int lane = threadIdx.x % 32, j = (lane / S) % S, k = lane % S, row0 = lane & ~(S - 1);
   const float eps = a.hc_eps;
-  const float scale_pre = dev_load(a.scale, 0), scale_post = dev_load(a.scale, 1), scale_comb = dev_load(a.scale, 2);
+  const float scale_pre = dev_load_call(a.scale, 0), scale_post = dev_load_call(a.scale, 1), scale_comb = dev_load_call(a.scale, 2);
   if (lane < S) {
-    pre[lane] = sigmoidf(mix[lane] * scale_pre + dev_load(a.base, lane)) + eps;
-    a.out_post[t * S + lane] = 2.0f * sigmoidf(mix[S + lane] * scale_post + dev_load(a.base, S + lane));
+    pre[lane] = sigmoidf(hc_affine(mix[lane], scale_pre, dev_load_call(a.base, lane))) + eps;
+    a.out_post[t * S + lane] = 2.0f * sigmoidf(hc_affine(mix[S + lane], scale_post, dev_load_call(a.base, S + lane)));
   }
   const auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, (row0 + kk) & 31); };
   const auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, jj * S + k); };
   // Row j: softmax over k, then + eps.
-  float c = mix[2 * S + j * S + k] * scale_comb + dev_load(a.base, 2 * S + j * S + k);
+  float c = hc_affine(mix[2 * S + j * S + k], scale_comb, dev_load_call(a.base, 2 * S + j * S + k));
   float mx = -INFINITY;
 #pragma unroll
   for (int kk = 0; kk < S; ++kk) mx = fmaxf(mx, row_at(c, kk));
@@ -605,8 +611,6 @@ __global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a)
   __shared__ float pre[S];
   if (tid < nmix) mix[tid] = __ldcg(p.mix + t * nmix + tid);
   __syncthreads();
-  // (With plain f32 loads of base and scale here instead of dev_load, `mix * scale + base` came out
-  // as one fma, unlike in hc_pre4_kernel: comb a few ulps apart at scales other than 1, H200.)
   if (tid < 32) hc_pre_weights_s4(p, mix, pre, t);
   __syncthreads();
   float u[kCols];
@@ -659,7 +663,7 @@ __global__ void hc_head_kernel(HcHeadArgs a) {
   const int64_t t = blockIdx.x, S = a.S, D = a.D;
   const float* X = a.streams + t * S * D;
   hc_mix_or_load(X, S * D, a.fn, S, a.norm_eps, a.mix, mix);
-  if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(mix[threadIdx.x] * dev_load(a.scale, 0) + dev_load(a.base, threadIdx.x)) + a.hc_eps;
+  if (threadIdx.x < S) pre[threadIdx.x] = sigmoidf(hc_affine(mix[threadIdx.x], dev_load_call(a.scale, 0), dev_load_call(a.base, threadIdx.x))) + a.hc_eps;
   __syncthreads();
   if (S == 4) hc_collapse<4>(X, pre, S, D, a.out + t * D, a.round_bf16);
   else hc_collapse<0>(X, pre, S, D, a.out + t * D, a.round_bf16);
@@ -678,7 +682,7 @@ __device__ inline void rms_norm_write(const RmsNormArgs& a, const float* x, floa
       v[u] = 0.0f;
       if (i < n) {
         v[u] = x[i] * inv;
-        if (a.weight.data) v[u] *= dev_load(a.weight, i);
+        if (a.weight.data) v[u] *= dev_load_hot(a.weight, i);
       }
     }
 #pragma unroll
