@@ -1880,6 +1880,10 @@ std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, Key
 
 std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const std::vector<int64_t>& visible,
                                          int64_t k) {
+  return indexer_select_rows(scores, visible, k, IndexerSelectKernel::kAuto);
+}
+std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const std::vector<int64_t>& visible,
+                                         int64_t k, IndexerSelectKernel kernel) {
   const int64_t T = static_cast<int64_t>(visible.size());
   SPARROW_CHECK(T > 0 && k > 0 && static_cast<int64_t>(scores.size()) % T == 0);
   const int64_t C = static_cast<int64_t>(scores.size()) / T;
@@ -1888,7 +1892,7 @@ std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const
   const DeviceBuffer d_out = upload_vector(std::vector<int32_t>(T * k, 0x7f7f7f7f));  // (the launch writes every slot)
   launch_indexer_select({.out_indices = static_cast<int32_t*>(d_out.get()), .scores = d_scores.f32(), .q = nullptr,
                          .head_weights = nullptr, .keys = nullptr, .visible = static_cast<const int64_t*>(d_visible.get()),
-                         .T = T, .Hi = 0, .di = 0, .k = k, .C = C, .scale = 1.0f});
+                         .T = T, .Hi = 0, .di = 0, .k = k, .C = C, .scale = 1.0f, .select = kernel});
   launch_check("indexer_select_rows");
   std::vector<int32_t> out(T * k);
   SPARROW_CUDA_CHECK(cudaMemcpy(out.data(), d_out.get(), out.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));

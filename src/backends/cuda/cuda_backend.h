@@ -59,6 +59,10 @@ std::vector<float> key_sim_rows(const std::vector<float>& rows, int64_t dim, Key
 // visible count. REQUIRES a CUDA backend was created.
 std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const std::vector<int64_t>& visible,
                                          int64_t k);
+// The same through one kernel (kernels.h IndexerSelectKernel; the kernel's bounds are not checked).
+enum class IndexerSelectKernel : int;
+std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const std::vector<int64_t>& visible,
+                                         int64_t k, IndexerSelectKernel kernel);
 
 // Test support for linear_fp8_block (backends/cuda/fp8_linear.h). REQUIRES `backend` was made by
 // make_cuda_backend. The path its last call took: "tensor cores: <cuBLASLt version, shape>" or

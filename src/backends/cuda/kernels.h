@@ -107,7 +107,12 @@ bool cuda_feature_on(const char* name);
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
-// H200, 2026-12-03). Read once per process.
+// H200, 2026-12-03), "select_rank" (the indexer's top-k of a small call by rank counting over many
+// blocks, indexer_rank_select_fits, instead of the radix kernel's one block a token: the same slots
+// and logits, the batch-1 step's graph segments 1.8 % shorter on the H200, 2026-12-03; opt-in
+// because that run's grid and shared memory followed the row length, so a captured CSA layer's
+// graph changed shape every few entries and was instantiated anew (StepGraphsGiveTheSameBits); the
+// launch now rounds them up to a power of two, not yet run on a GPU). Read once per process.
 bool cuda_feature_enabled(const char* name);
 
 struct DevWeight {
@@ -618,6 +623,19 @@ struct KeySimArgs {
 };
 void launch_key_sim(const KeySimArgs& a);
 
+// The indexer's top-k kernels, each giving the same slots (test support forces one; kAuto chooses):
+// kRank counts each entry's rank against every other in shared memory, over many blocks (small
+// calls: indexer_rank_select_fits); kRadix, a block a token, radix passes then a sort; kCount, the
+// reference, a thread an entry counting in global memory.
+enum class IndexerSelectKernel : int { kAuto, kRank, kRadix, kCount };
+// The rank-counting kernel's bounds, for C the row length rounded up to a power of two (the launch's
+// grid and shared memory): every row in shared memory (C <= 8192, 32 KB), and T * C * C at most 2^24 (about 3 us of the H200's issue rate; one block a token of the
+// radix kernel took 20 us at C = 1024, H200 2026-12-03).
+constexpr int64_t kRankSelectMaxC = 8192;
+inline bool indexer_rank_select_fits(int64_t T, int64_t C) {
+  return T > 0 && C > 0 && C <= kRankSelectMaxC && T * C * C <= (int64_t{1} << 24);
+}
+
 struct IndexerArgs {
   int32_t* out_indices;         // [T, k], every slot written (-1 past the token's visible count)
   float* scores;                // [T, C] scratch: score of every visible entry, -inf past them
@@ -637,6 +655,7 @@ struct IndexerArgs {
   // be bf16 values (the fast profile with --index-keys bf16 or fp4), indexer_mma_fits(Hi, di).
   const uint16_t* const* keys_bf16 = nullptr;
   int mma_tiles = 0;  // tiles of 128 entries a block of that scorer, 1 to 32; 0 chooses (the same bits)
+  IndexerSelectKernel select = IndexerSelectKernel::kAuto;  // the top-k kernel (all give the same slots)
 };
 // Scores into `scores`, then top-k by rank (higher score first, then the lower index).
 void launch_indexer_topk(const IndexerArgs& a);

@@ -712,6 +712,54 @@ __global__ void indexer_radix_select_kernel(IndexerArgs a, int64_t pow2) {
     a.out_indices[t * k + i] = i < take ? static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(cand[i] & 0xffffffffu)) : -1;
 }
 
+// The rank rule counted in shared memory, for small calls (indexer_rank_select_fits): grid (T,
+// C' / 32), block 32 * kRankWarps, dynamic shared memory: a row of C' order bits (C' = C rounded up
+// to a power of two, at least 32: launch_indexer_select). Every block
+// reads its token's scores into shared memory as order bits (rank_key's high word); lane l of each
+// warp holds entry 32 y + l and counts the entries of the warp's slice of the row (warp i: the i-th
+// of kRankWarps equal parts) that rank above it: a higher key, or the same key at a lower index
+// (rank_key's order, the radix kernel's: the same slots). All lanes read the same key at once (a
+// shared-memory broadcast). Warp 0 adds the slices' counts in warp order and writes the entry to
+// its slot when the rank is below k; the ranks are a permutation, so every slot below the visible
+// count is written once, and the token's block 0 writes -1 past it. At one token and 1024 entries
+// the radix kernel (one block: 14 barriers' radix passes and a bitonic sort of 512 keys) held the
+// batch-1 CSA step 20 us (H200, 2026-12-03); here 32 blocks of a 1024-step scan.
+constexpr int kRankWarps = 8;
+__global__ void __launch_bounds__(32 * kRankWarps) indexer_rank_select_kernel(IndexerArgs a) {
+  wait_previous_grid();
+  extern __shared__ uint32_t row_bits[];  // [C]
+  __shared__ uint32_t partial[kRankWarps][32];
+  const int64_t t = blockIdx.x;
+  const uint32_t E = static_cast<uint32_t>(a.visible[t]), k = static_cast<uint32_t>(a.k);
+  int32_t* out = a.out_indices + t * a.k;
+  if (blockIdx.y == 0)
+    for (uint32_t i = E + threadIdx.x; i < k; i += blockDim.x) out[i] = -1;
+  const uint32_t w0 = blockIdx.y * 32u;
+  if (w0 >= E) return;  // (the whole block)
+  const float* sc = a.scores + t * a.C;
+  for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) row_bits[i] = order_bits(sc[i]);
+  __syncthreads();
+  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const uint32_t w = w0 + lane;
+  const uint32_t mine = w < E ? row_bits[w] : 0u;
+  const uint32_t slice = (E + kRankWarps - 1) / kRankWarps;
+  const uint32_t v0 = warp * slice < E ? warp * slice : E, v1 = v0 + slice < E ? v0 + slice : E;
+  uint32_t above = 0;
+#pragma unroll 8
+  for (uint32_t v = v0; v < v1; ++v) {
+    const uint32_t u = row_bits[v];
+    above += (u > mine) | ((u == mine) & (v < w));
+  }
+  partial[warp][lane] = above;
+  __syncthreads();
+  if (warp == 0 && w < E) {
+    uint32_t rank = 0;
+#pragma unroll
+    for (int i = 0; i < kRankWarps; ++i) rank += partial[i][lane];
+    if (rank < k) out[rank] = static_cast<int32_t>(w);
+  }
+}
+
 // grid (T, ceil(C / kScoreEntries)), block 32 * kScoreWarps, dynamic shared memory: the token's q
 // [Hi, di + 1] (padded: conflict-free column reads), one key row per warp [di], and the per-head
 // terms [kScoreWarps, Hi]. Warp w scores entries w, w + kScoreWarps, ... of the block's tile: lane l
@@ -1732,10 +1780,30 @@ void launch_indexer_topk(const IndexerArgs& a) {
 void launch_indexer_select(const IndexerArgs& a) {
   if (a.T == 0 || a.C == 0 || a.k <= 0) return;
   static const bool fast = cuda_feature_on("indexer_fast");
+  static const bool rank = cuda_feature_enabled("select_rank");  // opt-in for now (kernels.h)
   const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
   int64_t pow2 = 1;
   while (pow2 < a.k) pow2 <<= 1;
-  if (fast && pow2 <= kSelectCap && a.C < (int64_t{1} << 31)) {
+  const bool radix_fits = pow2 <= kSelectCap && a.C < (int64_t{1} << 31);
+  // The rank kernel's grid and shared memory for a row of C rounded up to a power of two: a captured
+  // step's kernel nodes then keep their shape as the entries grow one by one, so the kept graph is
+  // updated in place, not instantiated anew (step_graph.cpp; sized by C itself, the longest visible
+  // row, a CSA layer's node changed with every entry, every 4 tokens, and
+  // CudaModelParity.StepGraphsGiveTheSameBits found kept graphs seldom reused). Blocks past a
+  // token's entries leave at once.
+  int64_t c_pow2 = 32;
+  while (c_pow2 < a.C) c_pow2 <<= 1;
+  IndexerSelectKernel kernel = a.select;
+  if (kernel == IndexerSelectKernel::kAuto)
+    kernel = fast && rank && indexer_rank_select_fits(a.T, c_pow2) ? IndexerSelectKernel::kRank
+             : fast && radix_fits                                ? IndexerSelectKernel::kRadix
+                                                                 : IndexerSelectKernel::kCount;
+  if (kernel == IndexerSelectKernel::kRank) {
+    SPARROW_CHECK_LE(c_pow2, kRankSelectMaxC);
+    launch(indexer_rank_select_kernel, dim3(static_cast<unsigned>(a.T), blocks_for(c_pow2, 32)), 32 * kRankWarps,
+           c_pow2 * sizeof(uint32_t), a);
+  } else if (kernel == IndexerSelectKernel::kRadix) {
+    SPARROW_CHECK(radix_fits);
     launch(indexer_radix_select_kernel, static_cast<unsigned>(a.T), kSelectThreads, kSelectCap * sizeof(uint64_t), a, pow2);
   } else {
     SPARROW_CUDA_CHECK(cudaMemsetAsync(a.out_indices, 0xff, a.T * a.k * sizeof(int32_t), 0));  // -1: unranked slots

@@ -943,50 +943,102 @@ TEST_F(CudaOps, IndexerTopkManyEntriesMatchesCpu) {
 // aligned rows: vector loads) and 9001 (rows at every alignment); k from 7 to 4000 (sorts of 8 to
 // 4096 keys), and 5000 (past the kernel's 4096 keys: the rank-by-counting kernel). Every slot is
 // checked (the helper fills them with garbage first). Exact equality.
+// kSelectRows rows of C scores in the patterns below (each row's own), visible counts C but for rows
+// 6 to 9.
+constexpr int kSelectRows = 12;
+std::vector<float> selection_rows(Rng& rng, int64_t C) {
+  std::vector<float> scores(kSelectRows * C);
+  for (int r = 0; r < kSelectRows; ++r) {
+    float* row = scores.data() + r * C;
+    const std::vector<float> z = rng.normal(C);
+    for (int64_t w = 0; w < C; ++w) {
+      switch (r) {
+        case 0: row[w] = z[w]; break;                                      // spread out
+        case 1: row[w] = 1.0f + 1e-4f * z[w]; break;                       // every pass on the score bits
+        case 2: row[w] = std::floor(4.0f * z[w]); break;                   // ~30 values: ties into the index bits
+        case 3: row[w] = 0.0f; break;                                      // one tie, more than the shared memory
+        case 4: row[w] = z[w] > 0.5f ? 2.0f : -1.0f; break;                // two values
+        case 5:  // -inf, and zeros of both signs among a few values
+          row[w] = w % 3 == 0 ? -INFINITY : std::floor(z[w]) == 0.0f ? (w % 2 ? -0.0f : 0.0f) : std::floor(z[w]);
+          break;
+        case 10: row[w] = z[w] + (w % 1024 < 128 ? 10.0f : 0.0f); break;  // the sample misleads: too few clear
+        case 11: row[w] = z[w] + (w % 1024 < 128 ? 0.0f : 10.0f); break;  // too many clear
+        default: row[w] = 100.0f * z[w]; break;
+      }
+    }
+  }
+  return scores;
+}
+
+// Every slot of `got` ([rows, k]) against the rank rule on the host: a stable sort by score,
+// descending (-0 ties +0), cut at min(visible, k), -1 after.
+void expect_rank_rule(const std::vector<int32_t>& got, const std::vector<float>& scores,
+                      const std::vector<int64_t>& visible, int64_t C, int64_t k, const std::string& what) {
+  for (size_t r = 0; r < visible.size(); ++r) {
+    const float* row = scores.data() + r * C;
+    std::vector<int32_t> order(visible[r]);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+    order.resize(std::min<int64_t>(visible[r], k));
+    order.resize(k, -1);
+    const std::vector<int32_t> mine(got.begin() + r * k, got.begin() + (r + 1) * k);
+    const auto diff = std::mismatch(mine.begin(), mine.end(), order.begin());
+    EXPECT_TRUE(diff.first == mine.end()) << what << " C " << C << " row " << r << " k " << k << ": slot "
+                                          << (diff.first - mine.begin()) << " got " << *diff.first << " want "
+                                          << *diff.second;
+  }
+}
+
 TEST_F(CudaOps, IndexerSelectionMatchesRankRule) {
   SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(73);
   for (int64_t C : {int64_t{40000}, int64_t{9001}}) {
-    constexpr int kRows = 12;
-    std::vector<float> scores(kRows * C);
-    std::vector<int64_t> visible(kRows, C);
-    for (int r = 0; r < kRows; ++r) {
-      float* row = scores.data() + r * C;
-      const std::vector<float> z = rng.normal(C);
-      for (int64_t w = 0; w < C; ++w) {
-        switch (r) {
-          case 0: row[w] = z[w]; break;                                      // spread out
-          case 1: row[w] = 1.0f + 1e-4f * z[w]; break;                       // every pass on the score bits
-          case 2: row[w] = std::floor(4.0f * z[w]); break;                   // ~30 values: ties into the index bits
-          case 3: row[w] = 0.0f; break;                                      // one tie, more than the shared memory
-          case 4: row[w] = z[w] > 0.5f ? 2.0f : -1.0f; break;                // two values
-          case 5:  // -inf, and zeros of both signs among a few values
-            row[w] = w % 3 == 0 ? -INFINITY : std::floor(z[w]) == 0.0f ? (w % 2 ? -0.0f : 0.0f) : std::floor(z[w]);
-            break;
-          case 10: row[w] = z[w] + (w % 1024 < 128 ? 10.0f : 0.0f); break;  // the sample misleads: too few clear
-          case 11: row[w] = z[w] + (w % 1024 < 128 ? 0.0f : 10.0f); break;  // too many clear
-          default: row[w] = 100.0f * z[w]; break;
-        }
-      }
-    }
+    const std::vector<float> scores = selection_rows(rng, C);
+    std::vector<int64_t> visible(kSelectRows, C);
     visible[6] = 300;   // fewer than most k
     visible[7] = 3000;  // fewer than the shared-memory candidates
     visible[8] = 0;
     visible[9] = C - 1;
-    for (int64_t k : {int64_t{7}, int64_t{512}, int64_t{1000}, int64_t{4000}, int64_t{5000}}) {
-      const std::vector<int32_t> got = cuda::indexer_select_rows(scores, visible, k);
-      for (int r = 0; r < kRows; ++r) {
-        const float* row = scores.data() + r * C;
-        std::vector<int32_t> order(visible[r]);
-        std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
-        order.resize(std::min<int64_t>(visible[r], k));
-        order.resize(k, -1);
-        const std::vector<int32_t> mine(got.begin() + r * k, got.begin() + (r + 1) * k);
-        const auto diff = std::mismatch(mine.begin(), mine.end(), order.begin());
-        EXPECT_TRUE(diff.first == mine.end())
-            << "C " << C << " row " << r << " k " << k << ": slot " << (diff.first - mine.begin()) << " got "
-            << *diff.first << " want " << *diff.second;
+    for (int64_t k : {int64_t{7}, int64_t{512}, int64_t{1000}, int64_t{4000}, int64_t{5000}})
+      expect_rank_rule(cuda::indexer_select_rows(scores, visible, k), scores, visible, C, k, "auto");
+  }
+}
+
+// The rank-counting kernel (cuda::IndexerSelectKernel::kRank, chosen for small calls: one decode
+// token at up to 4096 entries) against the rank rule and against the radix and counting kernels,
+// slot for slot, on the score patterns above: C from 1 to 8192 (its bound; 1000 and 777: rows at
+// every alignment, partial last blocks of 32), k from 1 to past C, one token and several (the
+// token's block 0 writes the -1 slots; a block past the visible count writes nothing else).
+TEST_F(CudaOps, IndexerRankSelectionIsTheOtherKernelsSelection) {
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
+  Rng rng(74);
+  using cuda::IndexerSelectKernel;
+  EXPECT_TRUE(cuda::indexer_rank_select_fits(1, 1024));
+  EXPECT_TRUE(cuda::indexer_rank_select_fits(1, 4096));
+  EXPECT_FALSE(cuda::indexer_rank_select_fits(2, 4096));
+  EXPECT_FALSE(cuda::indexer_rank_select_fits(256, 1024));
+  EXPECT_FALSE(cuda::indexer_rank_select_fits(1, 16384));
+  for (int64_t C : {int64_t{1}, int64_t{33}, int64_t{777}, int64_t{1000}, int64_t{1024}, int64_t{8192}}) {
+    const std::vector<float> scores = selection_rows(rng, C);
+    std::vector<int64_t> visible(kSelectRows, C);
+    visible[6] = C / 3;
+    visible[7] = C > 1 ? C - 31 : 1;
+    visible[8] = 0;
+    visible[9] = C - 1;
+    for (auto& v : visible) v = std::max<int64_t>(v, 0);
+    for (int64_t k : {int64_t{1}, int64_t{7}, int64_t{512}, int64_t{600}, C + 5}) {
+      const std::string tag = "C " + std::to_string(C) + " k " + std::to_string(k);
+      const std::vector<int32_t> rank = cuda::indexer_select_rows(scores, visible, k, IndexerSelectKernel::kRank);
+      expect_rank_rule(rank, scores, visible, C, k, "rank kernel");
+      EXPECT_EQ(rank, cuda::indexer_select_rows(scores, visible, k, IndexerSelectKernel::kCount)) << tag;
+      if (k <= 4096) {
+        EXPECT_EQ(rank, cuda::indexer_select_rows(scores, visible, k, IndexerSelectKernel::kRadix)) << tag;
+      }
+      // One token alone (row 0, then row 5's signed zeros and -inf).
+      for (int r : {0, 5}) {
+        const std::vector<float> one(scores.begin() + r * C, scores.begin() + (r + 1) * C);
+        const std::vector<int32_t> got = cuda::indexer_select_rows(one, {C}, k, IndexerSelectKernel::kRank);
+        EXPECT_EQ(got, std::vector<int32_t>(rank.begin() + r * k, rank.begin() + (r + 1) * k)) << tag << " row " << r;
       }
     }
   }
