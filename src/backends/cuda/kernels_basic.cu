@@ -267,8 +267,8 @@ __device__ inline void normalise_lines(float* m, int64_t S, int64_t line_step, i
 }
 
 // mix * scale + base as the CPU reference computes it: a rounded product, then a rounded sum. Left to
-// the compiler it became one fma where base and scale came by plain loads (the fused boundary's first
-// Sinkhorn: comb 1-6 ulps off hc_pre4_kernel's at scales other than 1, H200) and two operations
+// the compiler it became one fma where base and scale came by plain loads (a form of the fused
+// boundary's Sinkhorn: comb 1-6 ulps off hc_pre4_kernel's at scales other than 1, H200) and two operations
 // where they came through dev_load's switch; spelled out, the bits no longer depend on the loads.
 __device__ inline float hc_affine(float mix, float scale, float base) { return __fadd_rn(__fmul_rn(mix, scale), base); }
 
