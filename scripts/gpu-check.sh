@@ -116,6 +116,14 @@ if SPARROW_CUDA_ENABLE=$opt_in "$bin/sparrow_cuda_tests" --gtest_color=no >"$log
 else
   row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" FAIL "$(failed_detail "$logs/gtest-opt-in.log")"
 fi
+# The tensor-core attention's split size is a process-wide knob (SPARROW_CUDA_ATTN_MMA_SPLIT, default
+# 512): the attention and parity tests again at 128 (a CSA token's 640 candidates in 5 splits).
+if SPARROW_CUDA_ATTN_MMA_SPLIT=128 "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*:*Parity*' \
+    >"$logs/gtest-split-128.log" 2>&1; then
+  row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-split-128.log" | grep -oE '[0-9]+' | head -1) passed"
+else
+  row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" FAIL "$(failed_detail "$logs/gtest-split-128.log")"
+fi
 worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)
 [ -n "$worst" ] && row "gtest parity, worst of $(grep -c '^\[cuda-parity\]' "$logs/gtest.log") runs" PASS "rel $worst"
 

@@ -692,6 +692,7 @@ struct AttnTokenArgs {
   int64_t n_entries;       // entries stored (selections must be below)
 };
 
+constexpr int64_t kAttnMmaSplitDefault = 512;  // attn_mma_split_candidates() without the variable
 struct AttentionArgs {
   float* out;                    // [T, H, Dh]
   float* scratch;                // [T * H, max_candidates]
@@ -708,8 +709,8 @@ struct AttentionArgs {
   // The split depends only on the token's own candidate count: batch invariant. `scratch` is unused.
   float* split_scratch = nullptr;  // [split_tokens_per_pass, H, max_splits, Dh + 2]
   int64_t split_tokens_per_pass = 0;
-  // The splits on the bf16 tensor cores (attention_mma_kernel), each of kAttnMmaSplitCandidates
-  // candidates; split_scratch may be null when no token has more than one split. REQUIRES q and
+  // The splits on the bf16 tensor cores (attention_mma_kernel), each of attn_mma_split_candidates()
+  // candidates (launch_attention sets mma_split to it); split_scratch may be null when no token has more than one split. REQUIRES q and
   // the keys bf16 values (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte
   // aligned rows.
   bool mma = false;
@@ -725,17 +726,27 @@ struct AttentionArgs {
   // bits either way (tests force each).
   int block_heads = 0;
   bool round_bf16 = false;  // out stored rounded to bf16
+  int64_t mma_split = kAttnMmaSplitDefault;  // set by launch_attention: attn_mma_split_candidates()
 };
 void launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.
 int sm_count();
 constexpr int64_t kAttnSplitCandidates = 64;
-constexpr int64_t kAttnMmaSplitCandidates = 512;
+// The tensor-core attention's candidates a split: 512, or SPARROW_CUDA_ATTN_MMA_SPLIT (a multiple of
+// 32 from 32 to 8192; read once per process; another value throws naming the variable). A split's
+// size is part of a token's arithmetic (which candidates share a running max and sum), so it is one
+// value for the whole process: the splits still depend only on the token's own candidates (batch
+// and chunking invariant), and a run with another value gives other bits, close to the CPU's
+// either way. At one token a CSA layer's 640 candidates are 2 splits of 512 and 128, the first one
+// walked in 16 chunks of 32 on its blocks alone (42.9 us of the batch-1 step's chain, H200
+// 2026-12-03): a knob to A/B smaller splits (more blocks, shorter walks, more combine work), not yet
+// run on a GPU.
+int64_t attn_mma_split_candidates();
 // The shapes the tensor-core attention takes: heads in blocks of 32, Dh 128, 256 or 512.
 inline bool attention_mma_fits(int64_t H, int64_t Dh) { return H > 0 && H % 32 == 0 && (Dh == 128 || Dh == 256 || Dh == 512); }
 // Blocks of the split attention for a (token, head) with `candidates` candidates (at least 1).
 inline int64_t attention_splits(int64_t candidates, bool mma = false) {
-  const int64_t per = mma ? kAttnMmaSplitCandidates : kAttnSplitCandidates;
+  const int64_t per = mma ? attn_mma_split_candidates() : kAttnSplitCandidates;
   return (std::max<int64_t>(candidates, 1) + per - 1) / per;
 }
 

@@ -4,6 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
@@ -1330,7 +1333,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
   const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
-  const int64_t per = a.mma ? kAttnMmaSplitCandidates : kAttnSplitCandidates;
+  const int64_t per = a.mma ? a.mma_split : kAttnSplitCandidates;
   const int64_t splits = (n + per - 1) / per;  // 0 when n is
   if (a.mma && splits <= 1) return;
   const float* part = a.split_scratch + th * max_splits * (a.Dh + 2);
@@ -1360,7 +1363,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // with the keys on the tensor cores. Only the order of the fp32 sums differs from the CPU.
 //
 // grid (tokens of the pass * H / 32, splits), block 8 warps: 32 heads of one token over one split
-// of kAttnMmaSplitCandidates candidates, taken in chunks of 32 (flash-attention's online softmax
+// of a.mma_split candidates (a multiple of 32), taken in chunks of 32 (flash-attention's online softmax
 // across the chunks). Shared memory: q [32 heads, Dh] and the chunk's keys [32, Dh] as bf16 (rows
 // padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
 // weights' three bf16 terms [3, 32, 32 (+8)], per head the running max, sum and rescale factor.
@@ -1374,7 +1377,6 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
-static_assert(kAttnMmaSplitCandidates % kAmChunk == 0, "whole chunks a split");
 
 // Where the kernel's keys come from (AttentionArgs::keys): converted from the fp32 state as they are
 // staged (one key buffer); the state's bf16 copies by cp.async into the other of two key buffers
@@ -1430,13 +1432,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const SplitBlock blk = split_block(a, t_base, kH);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
   const AttnTokenArgs& tk = blk.tk;
-  const int64_t j_begin = s * kAttnMmaSplitCandidates;
+  const int64_t j_begin = s * a.mma_split;
   if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
     if (n == 0 && s == 0)
       for (int i = threadIdx.x; i < kH * kDh; i += kT) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
     return;
   }
-  const int64_t j_end = n - j_begin < kAttnMmaSplitCandidates ? n : j_begin + kAttnMmaSplitCandidates;
+  const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
 
   const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
@@ -1672,7 +1674,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       }
     }
   }
-  if (n <= kAttnMmaSplitCandidates) {
+  if (n <= a.mma_split) {
     // The token's only split: attention_combine_kernel's arithmetic for one split, here (no scratch,
     // and the combine skips the token). Per head ws = exp(m - M) and denom = exp(sink - M) + ws l,
     // M = max(sink, m); out = (0 + ws acc) / denom.
@@ -1822,8 +1824,24 @@ namespace {
 size_t combine_smem(int64_t max_splits) { return static_cast<size_t>((max_splits + 3) / 4 * 4) * sizeof(float); }
 }  // namespace
 
-void launch_attention(const AttentionArgs& a) {
-  if (a.T * a.H == 0) return;
+int64_t attn_mma_split_candidates() {
+  static const int64_t per = [] {
+    const char* v = std::getenv("SPARROW_CUDA_ATTN_MMA_SPLIT");
+    if (v == nullptr || *v == '\0') return kAttnMmaSplitDefault;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || n < kAmChunk || n > 8192 || n % kAmChunk != 0)
+      throw std::runtime_error(std::string("SPARROW_CUDA_ATTN_MMA_SPLIT=") + v +
+                               ": the tensor-core attention's candidates a split must be a multiple of 32 from 32 to 8192");
+    return static_cast<int64_t>(n);
+  }();
+  return per;
+}
+
+void launch_attention(const AttentionArgs& args) {
+  if (args.T * args.H == 0) return;
+  AttentionArgs a = args;
+  a.mma_split = attn_mma_split_candidates();
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
     const int keys = a.records ? kAmKeysRecord : a.bf16_keys ? kAmKeysBf16 : kAmKeysF32;
