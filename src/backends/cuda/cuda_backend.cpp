@@ -557,13 +557,13 @@ class CudaBackend final : public Backend {
   void hc_boundary(const HcBoundaryParams& p) override {
     last_hc_boundary_fused_ = false;
     const int64_t T = p.pre.streams.dim(0), S = p.pre.streams.dim(1), D = p.pre.streams.dim(2);
-    const DType nw = p.norm_weight.data ? p.norm_weight.dtype : DType::kF32;
     const HcWeights& hw = *p.pre.weights;
-    const bool f32 = hw.fn.dtype == DType::kF32 && hw.base.dtype == DType::kF32 && hw.scale.dtype == DType::kF32;
     const bool has_post = !p.post.sublayer.empty();
     const bool one_rounding =
         p.pre.round_bf16 == p.norm_round_bf16 && (!has_post || p.post.round_bf16 == p.pre.round_bf16);
-    if (!hc_fused_ || !one_rounding || !hc_boundary_fits(T, S, D, f32, nw)) return Backend::hc_boundary(p);
+    if (!hc_fused_ || !one_rounding ||
+        !hc_boundary_fits(T, S, D, dev_view(hw.fn), dev_view(hw.base), dev_view(hw.scale), dev_view(p.norm_weight)))
+      return Backend::hc_boundary(p);
     last_hc_boundary_fused_ = true;
     OpProfiler::Scope op_scope(profiler_, "hc_boundary");
     SPARROW_CHECK_EQ(p.pre.out_input.numel(), T * D);

@@ -191,6 +191,10 @@ constexpr int64_t kHcBoundaryMaxTokens = 16;
 // kHcBoundaryMaxTokens, the mix weights (fn, base, scale) f32, the norm's f32 or bf16 (pass kF32
 // for an unweighted norm). The caller also needs one rounding flag for all three ops.
 bool hc_boundary_fits(int64_t T, int64_t S, int64_t D, bool f32_mix_weights, DType norm_weight);
+// The same from the call's weights (fn, base, scale; the norm's, data null for none): the one place
+// the backend's choice and the launch's check derive the dtype conditions.
+bool hc_boundary_fits(int64_t T, int64_t S, int64_t D, const DevView& fn, const DevView& base, const DevView& scale,
+                      const DevView& norm_weight);
 void launch_hc_boundary(const HcBoundaryArgs& a);
 
 struct HcHeadArgs {
@@ -629,8 +633,9 @@ void launch_key_sim(const KeySimArgs& a);
 // reference, a thread an entry counting in global memory.
 enum class IndexerSelectKernel : int { kAuto, kRank, kRadix, kCount };
 // The rank-counting kernel's bounds, for C the row length rounded up to a power of two (the launch's
-// grid and shared memory): every row in shared memory (C <= 8192, 32 KB), and T * C * C at most 2^24 (about 3 us of the H200's issue rate; one block a token of the
-// radix kernel took 20 us at C = 1024, H200 2026-12-03).
+// grid and shared memory): every row in shared memory (C <= 8192, 32 KB), and T * C * C at most
+// 2^24 comparisons (an estimate from the H200's issue rate: about 3 us, not measured; one block a
+// token of the radix kernel took 20 us at C = 1024, H200 2026-12-03).
 constexpr int64_t kRankSelectMaxC = 8192;
 inline bool indexer_rank_select_fits(int64_t T, int64_t C) {
   return T > 0 && C > 0 && C <= kRankSelectMaxC && T * C * C <= (int64_t{1} << 24);
@@ -710,8 +715,8 @@ struct AttentionArgs {
   float* split_scratch = nullptr;  // [split_tokens_per_pass, H, max_splits, Dh + 2]
   int64_t split_tokens_per_pass = 0;
   // The splits on the bf16 tensor cores (attention_mma_kernel), each of attn_mma_split_candidates()
-  // candidates (launch_attention sets mma_split to it); split_scratch may be null when no token has more than one split. REQUIRES q and
-  // the keys bf16 values (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte
+  // candidates (launch_attention sets mma_split to it); split_scratch may be null when no token has
+  // more than one split. REQUIRES q and the keys bf16 values (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte
   // aligned rows.
   bool mma = false;
   // With mma: the keys read from the tokens' bf16 copies (AttnTokenArgs::*_bf16) instead of

@@ -266,10 +266,11 @@ __device__ inline void normalise_lines(float* m, int64_t S, int64_t line_step, i
   }
 }
 
-// mix * scale + base as the CPU reference computes it: a rounded product, then a rounded sum. Left to
-// the compiler it became one fma where base and scale came by plain loads (a form of the fused
-// boundary's Sinkhorn: comb 1-6 ulps off hc_pre4_kernel's at scales other than 1, H200) and two operations
-// where they came through dev_load's switch; spelled out, the bits no longer depend on the loads.
+// mix * scale + base as the CPU reference computes it: a rounded product, then a rounded sum. Left
+// to the compiler it became one fma where base and scale came by plain loads (a form of the fused
+// boundary's Sinkhorn: comb 1-6 ulps off hc_pre4_kernel's at scales other than 1, H200) and two
+// operations where they came through dev_load's switch; spelled out, the bits no longer depend on
+// the loads.
 __device__ inline float hc_affine(float mix, float scale, float base) { return __fadd_rn(__fmul_rn(mix, scale), base); }
 
 // pre, post and comb of token t from its mix values, Sinkhorn with eps in every denominator (one
@@ -520,8 +521,8 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
 // registers, u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of the
 // kernel launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at or
 // below it). Each value's operations and their order are those of the three ops' kernels, for the
-// same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the norm's, bf16 or f32) are loaded into registers before the
-// wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
+// same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the norm's,
+// bf16 or f32) are loaded into registers before the wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
 // compile-time: a first form with dev_load's switch over every stored dtype at each of its 80
 // weight loads, the column count and the roundings at run time was 9.7K instructions, and at one
 // block an SM its warps waited on instruction fetch (62 % of the stall samples; 38.5 us in ncu on
@@ -1028,11 +1029,15 @@ bool hc_boundary_fits(int64_t T, int64_t S, int64_t D, bool f32_mix_weights, DTy
          f32_mix_weights && (norm_weight == DType::kF32 || norm_weight == DType::kBF16);
 }
 
+bool hc_boundary_fits(int64_t T, int64_t S, int64_t D, const DevView& fn, const DevView& base, const DevView& scale,
+                      const DevView& norm_weight) {
+  const bool f32 = fn.dtype == DType::kF32 && base.dtype == DType::kF32 && scale.dtype == DType::kF32;
+  return hc_boundary_fits(T, S, D, f32, norm_weight.data ? norm_weight.dtype : DType::kF32);
+}
+
 void launch_hc_boundary(const HcBoundaryArgs& a) {
-  const DevView& f = a.pre.fn;
-  const bool f32 = f.dtype == DType::kF32 && a.pre.base.dtype == DType::kF32 && a.pre.scale.dtype == DType::kF32;
-  const DType nw = a.norm_weight.data ? a.norm_weight.dtype : DType::kF32;
-  SPARROW_CHECK(hc_boundary_fits(a.pre.T, a.pre.S, a.pre.D, f32, nw) && a.pre.mix != nullptr && a.arrivals != nullptr);
+  SPARROW_CHECK(hc_boundary_fits(a.pre.T, a.pre.S, a.pre.D, a.pre.fn, a.pre.base, a.pre.scale, a.norm_weight) &&
+                a.pre.mix != nullptr && a.arrivals != nullptr);
   const unsigned blocks = static_cast<unsigned>(a.pre.T * (2 + a.pre.S) * a.pre.S);
   if (a.pre.D == 16 * kThreads) {
     if (a.round_bf16) launch(hc_boundary_kernel<16, true>, blocks, kThreads, 0, a);
