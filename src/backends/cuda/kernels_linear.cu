@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "backends/cuda/device_common.cuh"
@@ -859,6 +861,29 @@ struct WgStage {
   float sa[kN];                     // activation scales of the group
 };
 
+// The ring's depth in slots of kSpan groups, and the blocks an SM the launch bounds ask for. The
+// decode kernel's span (SPARROW_CUDA_W4A8_SPAN, w4a8_decode_span: 1, 2 or 4 groups a slot) sets how
+// many contiguous bytes of a weight column one copy round reads: 64 a group, so at span 1 each
+// 128-byte line is fetched in two halves a group apart; span 2 reads whole lines, span 4 two.
+// Every output's arithmetic is the same at any span (a slot's groups are summed one by one).
+// At span 1, 4 slots (6 or 8 measured slower on the H200, 2026-12-02: w1 + w3 at batch 256 1.04 ->
+// 1.20 / 1.18 ms); wider slots 3 (span 2: 6 blocks an SM, two slots of 8 KB of weights in flight
+// each). The FP8 linear's prefill stages hold twice the weight bytes: 3 of them (107 KB with the
+// quarter sums) keep two blocks an SM, as the W4A8 prefill kernel's 4 do.
+constexpr int kWgStages = 4;
+template <int kN, bool kFp8W, int kSpan = 1>
+__host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kSpan == 1 ? kWgStages : 3; }
+template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
+__host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
+  return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
+}
+template <int kN, int kWG, bool kFp8W, int kSpan>
+__host__ __device__ constexpr int wg_min_blocks() {
+  if (kN != 8) return 4 / kWG;
+  const int fit = static_cast<int>((227 * 1024) / (wg_smem_bytes<kN, kWG, kFp8W, kSpan>() + 1024));
+  return fit < 8 ? fit : 8;
+}
+
 // kWG warpgroups a block, warpgroup v the block's columns 64 v .. 64 v + 63, all of them the same rows.
 // Each kernel in the loop form measured faster for it (H200, layer 0 of the synthetic V4-Flash): the
 // decode kernel advances its copy sources a group at a time (with sources from the group and
@@ -867,8 +892,10 @@ struct WgStage {
 // gave 80 and a batch-256 layer 2.5-3 % slower, 2026-12-02); the prefill kernel offsets them by the
 // group number under a bound of two blocks (128 registers, 8 bytes spilled; w1 + w3 of an 8K
 // prefill 6.84 ms against 7.54 for the advancing form on 2026-12-02, w2 4.26 against 4.49).
-template <int kN, int kWG, int kStages, bool kFp8W = false>
-__global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
+template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1>
+__global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
+    grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
+  static_assert(kSpan == 1 || (kN == 8 && !kFp8W), "slots of several groups: the W4A8 decode kernel only");
   // The experts' items come from the device plan, a kernel's output: wait first, unless the plan was
   // written two launches back or earlier (g.plan_early, the decode kernel only): then the items, the
   // rows and the first weight stages are read before the wait, as the FP8 form (whose weights come
@@ -930,27 +957,35 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   }
   __syncthreads();
 
-  // This thread's copies a group: weight pieces p = tid, tid + kThreads (column p / 4, block p % 4),
-  // code pieces p = tid + kThreads i < 8 kN (row p % kN, chunk p / kN: a quarter-warp fills one
-  // chunk of 8 rows, 128 contiguous bytes of the stage; a row's 8 chunks, the earlier mapping, fell
-  // in one bank group), column tid's packed scales (tid < kCols), row tid's activation scale (tid < kN).
+  // Ring slot s is ring[kSpan s .. kSpan s + kSpan - 1], one Stage a group.
+  // This thread's copies a slot: weight pieces p = tid, tid + kThreads, ... (column p / (4 kSpan), its
+  // 16-byte chunk c = p % (4 kSpan) of the slot's 64 kSpan contiguous bytes: group c / 4, block c % 4),
+  // code pieces p = tid + kThreads i < 8 kN kSpan (group p / (8 kN); within it q = p % (8 kN): row
+  // q % kN, chunk q / kN: a quarter-warp fills one chunk of 8 rows, 128 contiguous bytes of the stage;
+  // a row's 8 chunks, the earlier mapping, fell in one bank group), column tid's packed scales (tid <
+  // kCols), row tid's activation scale (tid < kN), each for the slot's groups.
   // (FP8: weight pieces p = tid + kThreads i, i < 4: column p / 8, chunk p % 8 of its 128 bytes; a
   // quarter-warp copies one column's group, and thread 0 the block's scale.)
-  constexpr int kWPieces = kFp8W ? 4 : 2;
+  constexpr int kWPieces = kFp8W ? 4 : 2 * kSpan;
   constexpr int kGroupBytes = kFp8W ? kW4A8GroupK : kW4A8GroupK / 2;  // a column's bytes of a group
+  constexpr int kSlotBytes = kGroupBytes * kSpan;
+  static_assert(kThreads % (4 * kSpan) == 0, "a thread's weight pieces share their chunk");
   const auto* wdata = kFp8W ? g.w_codes : static_cast<const uint8_t*>(W.data);
   const int64_t col_bytes = kFp8W ? K : K / 2;
+  // The group within a slot of this thread's weight pieces (the same for all of them).
+  const int wsub = kFp8W ? 0 : (tid % (4 * kSpan)) / 4;
   const uint8_t* wsrc[kWPieces];
-  int wdst[kWPieces];
+  int wdst[kWPieces];  // bytes from the slot's first Stage
   bool wok[kWPieces];
 #pragma unroll
   for (int i = 0; i < kWPieces; ++i) {
-    const int p = tid + kThreads * i, col = kFp8W ? p / 8 : p / 4, chunk = kFp8W ? p % 8 : p % 4;
+    const int p = tid + kThreads * i, col = kFp8W ? p / 8 : p / (4 * kSpan), chunk = kFp8W ? p % 8 : p % (4 * kSpan);
     wok[i] = n0 + col < N;
     wsrc[i] = wdata + (wok[i] ? (n0 + col) * col_bytes : 0) + 16 * chunk + kGroupBytes * g_lo;
-    wdst[i] = kFp8W ? fp8_wrow<kN>() * col + 16 * chunk : 16 * p;
+    wdst[i] = static_cast<int>(offsetof(Stage, w)) +
+              (kFp8W ? fp8_wrow<kN>() * col + 16 * chunk : static_cast<int>(sizeof(Stage)) * wsub + 64 * col + 16 * (chunk % 4));
   }
-  constexpr int kXPieces = (8 * kN + kThreads - 1) / kThreads;
+  constexpr int kXPieces = (8 * kN * kSpan + kThreads - 1) / kThreads;
   const bool scol_ok = kFp8W ? tid == 0 : tid < kCols && n0 + tid < N;
   const uint8_t* ssrc =
       kFp8W ? reinterpret_cast<const uint8_t*>(g.w_scales + (n0 / 128) * g.w_scale_ld + g_lo)
@@ -958,63 +993,78 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   const int64_t arow = tid < kN ? s_src[tid] : -1;
   const bool arow_ok = arow >= 0;
   const float* asrc = g.scales + static_cast<int64_t>(g_lo) * g.rows_pad + (arow_ok ? arow : 0);
-  // Code piece i: its place in a stage and its source at group g_lo (g.codes when the row is past R).
-  int xdst[kXPieces];
+  // Code piece i: its place in a slot (bytes from its first Stage), its group in the slot, and its
+  // source at group g_lo (g.codes when the row is past R).
+  int xdst[kXPieces], xsub[kXPieces];
   const uint8_t* xsrc[kXPieces];
   bool xok[kXPieces];
 #pragma unroll
   for (int i = 0; i < kXPieces; ++i) {
-    const int p = tid + kThreads * i, row = p % kN, chunk = (p / kN) % 8;
+    const int p = tid + kThreads * i, q = p % (8 * kN), row = q % kN, chunk = q / kN;
     const int64_t src = s_src[row];
-    xok[i] = p < 8 * kN && src >= 0;
-    xdst[i] = ((chunk * (kN / 8)) + row / 8) * 128 + (row % 8) * 16;
-    xsrc[i] = (xok[i] ? g.codes + src * g.k_pad + 16 * chunk : g.codes) + kW4A8GroupK * g_lo;
+    xok[i] = p < 8 * kN * kSpan && src >= 0;
+    xsub[i] = p / (8 * kN);
+    xdst[i] = static_cast<int>(sizeof(Stage)) * xsub[i] + static_cast<int>(offsetof(Stage, x)) +
+              ((chunk * (kN / 8)) + row / 8) * 128 + (row % 8) * 16;
+    xsrc[i] = (xok[i] ? g.codes + src * g.k_pad + 16 * chunk : g.codes) + kW4A8GroupK * (g_lo + xsub[i]);
   }
   // The weights and their scales come from the host (Fp8Linear's uploads, the model's experts), never
-  // from a kernel: when reading early, the first kStages - 1 groups' are copied into stages 0 ..
+  // from a kernel: when reading early, the first kStages - 1 slots' are copied into slots 0 ..
   // kStages - 2 before the wait for the previous grid, so that under programmatic dependent launch
   // they stream in while that grid finishes. They join the first commit group below (issue() then
   // skips them). The rows' codes and scales are the previous kernel's output: after the wait.
-  int prefetched = 0;
+  int prefetched = 0;  // slots
   if (early) {
-    for (; prefetched < kStages - 1 && g_lo + prefetched < g_hi; ++prefetched) {
-      Stage& st = ring[prefetched];
+    for (; prefetched < kStages - 1 && g_lo + kSpan * prefetched < g_hi; ++prefetched) {
+      uint8_t* slot = reinterpret_cast<uint8_t*>(ring + kSpan * prefetched);
+      const bool in = g_lo + kSpan * prefetched + wsub < g_hi;
 #pragma unroll
-      for (int i = 0; i < kWPieces; ++i) cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * prefetched, wok[i], 16);
-      if (kFp8W ? tid == 0 : tid < kCols) cp_async(&st.ws[kFp8W ? 0 : tid], ssrc + 4 * prefetched, scol_ok, 4);
+      for (int i = 0; i < kWPieces; ++i) cp_async(slot + wdst[i], wsrc[i] + kSlotBytes * prefetched, wok[i] && in, 16);
+      if (kFp8W ? tid == 0 : tid < kCols)
+#pragma unroll
+        for (int j = 0; j < kSpan; ++j)
+          cp_async(&ring[kSpan * prefetched + j].ws[kFp8W ? 0 : tid], ssrc + 4 * (kSpan * prefetched + j),
+                   scol_ok && g_lo + kSpan * prefetched + j < g_hi, 4);
     }
     wait_previous_grid();
   }
-  // Copies the next group (g_lo, g_lo + 1, ...) into the next stage (a source whose copy is off is
-  // not read: cp.async with no source bytes). The decode kernel advances its sources a group a call;
-  // the prefill kernel (g_lo = 0) offsets them by the group, into stage group % kStages (see the
-  // launch bounds).
+  // Copies the next slot's groups (g_lo, g_lo + 1, ...; the last slot's past g_hi left out) into the
+  // next slot (a source whose copy is off is not read: cp.async with no source bytes). The decode
+  // kernel advances its sources a slot a call; the prefill kernel (g_lo = 0, kSpan = 1) offsets them
+  // by the group, into slot group % kStages (see the launch bounds).
   constexpr bool kAdvance = kN == 8;
   int next_group = g_lo, next_stage_index = 0;
   auto issue = [&] {
     if (next_group < g_hi) {
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
-      const bool weights = next_group - g_lo >= prefetched;
-      Stage& st = ring[kAdvance ? next_stage_index : static_cast<int>(dg % kStages)];
+      const bool weights = next_group - g_lo >= kSpan * prefetched;
+      Stage* slot_st = ring + kSpan * (kAdvance ? next_stage_index : static_cast<int>(dg % kStages));
+      uint8_t* slot = reinterpret_cast<uint8_t*>(slot_st);
+      const bool w_in = next_group + wsub < g_hi;
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i) {
-        if (weights) cp_async(st.w + wdst[i], wsrc[i] + kGroupBytes * dg, wok[i], 16);
-        if constexpr (kAdvance) wsrc[i] += kGroupBytes;
+        if (weights) cp_async(slot + wdst[i], wsrc[i] + kGroupBytes * dg, wok[i] && w_in, 16);
+        if constexpr (kAdvance) wsrc[i] += kSlotBytes;
       }
 #pragma unroll
       for (int i = 0; i < kXPieces; ++i)
-        if (tid + kThreads * i < 8 * kN) {
-          cp_async(st.x + xdst[i], xsrc[i] + kW4A8GroupK * dg, xok[i], 16);
-          if constexpr (kAdvance) xsrc[i] += kW4A8GroupK;
+        if (tid + kThreads * i < 8 * kN * kSpan) {
+          cp_async(slot + xdst[i], xsrc[i] + kW4A8GroupK * dg, xok[i] && next_group + xsub[i] < g_hi, 16);
+          if constexpr (kAdvance) xsrc[i] += kW4A8GroupK * kSpan;
         }
-      if ((kFp8W ? tid == 0 : tid < kCols) && weights) cp_async(&st.ws[kFp8W ? 0 : tid], ssrc + 4 * dg, scol_ok, 4);
-      if (tid < kN) cp_async(&st.sa[tid], asrc + dg * g.rows_pad, arow_ok, 4);
+#pragma unroll
+      for (int j = 0; j < kSpan; ++j) {
+        const bool in = next_group + j < g_hi;
+        if ((kFp8W ? tid == 0 : tid < kCols) && weights)
+          cp_async(&slot_st[j].ws[kFp8W ? 0 : tid], ssrc + 4 * (dg + j), scol_ok && in, 4);
+        if (tid < kN) cp_async(&slot_st[j].sa[tid], asrc + (dg + j) * g.rows_pad, arow_ok && in, 4);
+      }
       if constexpr (kAdvance) {
-        ssrc += 4;
-        asrc += g.rows_pad;
+        ssrc += 4 * kSpan;
+        asrc += g.rows_pad * kSpan;
         next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
       }
-      ++next_group;
+      next_group += kSpan;
     }
     cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
   };
@@ -1026,7 +1076,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   float acc[kAcc], d[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
-  float* total = reinterpret_cast<float*>(ring + kStages);
+  float* total = reinterpret_cast<float*>(ring + kStages * kSpan);
   const int c0 = 16 * warp + gid;
   // Where this block's outputs go: out [rows_total, N] (the pair's second projection rows_total x N
   // further on), or quarter q's slice of partial [4, pair x rows_total, N].
@@ -1061,59 +1111,65 @@ __global__ void __launch_bounds__(kWgThreads * kWG, kN == 8 ? 8 : 4 / kWG) group
   };
   for (int i = 0; i < kStages - 1; ++i) issue();
   int stage_index = 0, quarter_end = w4a8_quarter(q_first + 1, groups);
-  for (int kg = g_lo; kg < g_hi; ++kg) {
-    while (kg >= quarter_end) {
-      finish_quarter();
-      quarter_end = w4a8_quarter(quarter + 1, groups);
-    }
-    cp_async_wait<kStages - 2>();  // this thread's copies of group kg have landed
+  for (int kg0 = g_lo; kg0 < g_hi; kg0 += kSpan) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of the slot of group kg0 have landed
     fence_proxy_async_smem();      // and are visible to wgmma's reads
-    __syncthreads();               // everyone's; and everyone is done with the stage refilled next
-    issue();                       // group kg + kStages - 1
-    const Stage& st = ring[kAdvance ? stage_index : (kg - g_lo) % kStages];
+    __syncthreads();               // everyone's; and everyone is done with the slot refilled next
+    issue();                       // the slot kStages - 1 ahead
+    const Stage* slot = ring + kSpan * (kAdvance ? stage_index : ((kg0 - g_lo) / kSpan) % kStages);
     if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
-    uint32_t a[4][4];
-    float cs[2];
-    if constexpr (kFp8W) {
-      // The inputs in their natural order (the codes are not in w4a8_order here, so that the TMA
-      // kernel's shared-memory A holds the same bytes in the same k-slots): instruction i's
-      // k-slots 4 tig .. 4 tig + 3 are the group's bytes 32 i + 4 tig .., slots 16 + 4 tig .. bytes
-      // 32 i + 16 + 4 tig ..: words 8 i + tig and 8 i + 4 + tig of the column (the decode rows'
-      // 144-byte pitch puts a quarter-warp's 32 words on 32 banks).
-      const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * c0) + tig;
-      const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * (c0 + 8)) + tig;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i][0] = ra[8 * i], a[i][2] = ra[8 * i + 4], a[i][1] = rb[8 * i], a[i][3] = rb[8 * i + 4];
-      cs[0] = cs[1] = __uint_as_float(st.ws[0]);
-    } else {
-      uint32_t tab[2][2];
-      w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-      w4a8_e5m2_table(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
-      const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
-      const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
-      const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
-        e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
+    for (int sub = 0; sub < kSpan; ++sub) {
+      const int kg = kg0 + sub;
+      if (kg >= g_hi) break;
+      while (kg >= quarter_end) {
+        finish_quarter();
+        quarter_end = w4a8_quarter(quarter + 1, groups);
       }
-    }
+      const Stage& st = slot[sub];
+      uint32_t a[4][4];
+      float cs[2];
+      if constexpr (kFp8W) {
+        // The inputs in their natural order (the codes are not in w4a8_order here, so that the TMA
+        // kernel's shared-memory A holds the same bytes in the same k-slots): instruction i's
+        // k-slots 4 tig .. 4 tig + 3 are the group's bytes 32 i + 4 tig .., slots 16 + 4 tig .. bytes
+        // 32 i + 16 + 4 tig ..: words 8 i + tig and 8 i + 4 + tig of the column (the decode rows'
+        // 144-byte pitch puts a quarter-warp's 32 words on 32 banks).
+        const uint32_t* ra = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * c0) + tig;
+        const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * (c0 + 8)) + tig;
 #pragma unroll
-    for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-    wgmma_fence();
+        for (int i = 0; i < 4; ++i) a[i][0] = ra[8 * i], a[i][2] = ra[8 * i + 4], a[i][1] = rb[8 * i], a[i][3] = rb[8 * i + 4];
+        cs[0] = cs[1] = __uint_as_float(st.ws[0]);
+      } else {
+        uint32_t tab[2][2];
+        w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
+        w4a8_e5m2_table(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+        const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
+        const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
+        const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      wgmma_w4a8<kN, kFp8W>(d, a[i], wgmma_desc(st.x + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
-    wgmma_commit();
-    wgmma_wait<0>();
+        for (int i = 0; i < 4; ++i) {
+          e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
+          e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
+        }
+      }
 #pragma unroll
-    for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
+      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
+      wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const float2 sa = *reinterpret_cast<const float2*>(&st.sa[8 * j + 2 * tig]);
+      for (int i = 0; i < 4; ++i)
+        wgmma_w4a8<kN, kFp8W>(d, a[i], wgmma_desc(st.x + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
 #pragma unroll
-      for (int c = 0; c < 4; ++c)
-        acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sa.y : sa.x), acc[4 * j + c]);
+      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        const float2 sa = *reinterpret_cast<const float2*>(&st.sa[8 * j + 2 * tig]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sa.y : sa.x), acc[4 * j + c]);
+      }
     }
   }
   cp_async_wait<0>();
@@ -1667,22 +1723,11 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
   }
 }
 
-// The ring's depth (6 or 8 groups for the decode kernel measured slower on the H200, 2026-12-02:
-// w1 + w3 at batch 256 1.04 -> 1.20 / 1.18 ms).
-constexpr int kWgStages = 4;
 // decode_quarter_blocks' target grid: 16 blocks an SM of the H200's 132. Measured there (8-layer
 // synthetic V4-Flash, 2026-12-02, GPU time a layer against always 4): batch 1 -1.2 / -1.9 %,
 // batch 8 -3.4 / -3.2 % (SWA / CSA layer); 528 about the same, 1056 less, never splitting (1) +5 to
 // +7 % at batch 1.
 constexpr int64_t kDecodeSplitBlocks = 2112;
-// The FP8 linear's prefill stages hold twice the weight bytes: 3 of them (107 KB with the quarter
-// sums) keep two blocks an SM, as the W4A8 prefill kernel's 4 do.
-template <int kN, bool kFp8W>
-__host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kWgStages; }
-template <int kN, int kWG, bool kFp8W = false>
-constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
-  return sizeof(WgStage<kN, kWG, kFp8W>) * wg_stages<kN, kFp8W>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
-}
 // The blocks the decode kernel spreads K's quarters over (grid z: 1, 2 or 4; the same bits any
 // way): 1 without g.partial, set_decode_quarter_blocks's count where set, else the fewest that give
 // the grid at least kDecodeSplitBlocks blocks (items x column blocks of all four quarters each).
@@ -1700,19 +1745,35 @@ unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t 
   return blocks >= target ? 1u : 2 * blocks >= target ? 2u : 4u;
 }
 
-template <int kN, int kWG, bool kFp8W = false>
+template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
-  constexpr int kStages = wg_stages<kN, kFp8W>();
+  constexpr int kStages = wg_stages<kN, kFp8W, kSpan>();
+  constexpr size_t kSmem = wg_smem_bytes<kN, kWG, kFp8W, kSpan>();
   static const bool smem_set = [] {
-    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(wg_smem_bytes<kN, kWG, kFp8W>())) == cudaSuccess;
+    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const unsigned pair = !kFp8W && kN == 8 && g.w_b != nullptr ? 2 : 1;
-  launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W>,
+  launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
          dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
-         kWgThreads * kWG, wg_smem_bytes<kN, kWG, kFp8W>(), g);
+         kWgThreads * kWG, kSmem, g);
+}
+
+// The W4A8 decode kernel's span (groups a ring slot): set_w4a8_decode_span's where set (1, 2 or 4),
+// else SPARROW_CUDA_W4A8_SPAN's, else 1. The same bits at any span.
+std::atomic<int> g_w4a8_decode_span{0};  // set_w4a8_decode_span
+int w4a8_decode_span() {
+  if (const int n = g_w4a8_decode_span.load(); n == 1 || n == 2 || n == 4) return n;
+  static const int from_env = [] {
+    const char* v = std::getenv("SPARROW_CUDA_W4A8_SPAN");
+    if (v == nullptr || *v == '\0') return 1;
+    const std::string s(v);
+    if (s != "1" && s != "2" && s != "4")
+      throw std::runtime_error("SPARROW_CUDA_W4A8_SPAN=" + s + ": the W4A8 decode kernel's groups a copy round must be 1, 2 or 4");
+    return std::stoi(s);
+  }();
+  return from_env;
 }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
@@ -1760,13 +1821,17 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
+void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
-      launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
+      const int span = w4a8_decode_span();
+      if (span == 4) launch_w4a8_wgmma<8, 1, false, 4>(g, g.max_items, z);
+      else if (span == 2) launch_w4a8_wgmma<8, 1, false, 2>(g, g.max_items, z);
+      else launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
       if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }
