@@ -768,8 +768,8 @@ struct RouterArgs {
   int64_t T, E, K;
   bool hash;
   float scale;                   // routed_scale, or 1 when the combine applies it
-  bool warp_topk = true;         // scored: the top-k by warp argmax rounds (set by launch_router: `router_warp`)
 };
+// (Scored routing takes its top-k by warp argmax rounds unless SPARROW_CUDA_DISABLE=router_warp.)
 void launch_router(const RouterArgs& a);
 
 // h = silu(min(a, L)) * clamp(b, -L, L) (no clamp when limit <= 0), written over a.

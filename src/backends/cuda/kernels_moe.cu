@@ -26,7 +26,8 @@ __device__ inline float log_sqrt_softplus(float x) {
 // grid (T), dynamic shared 2*E floats. Scores in log space; scored routing picks by rank of
 // score + bias (higher first, then the lower expert); weights g_i = s_i / sum s from the unbiased
 // scores, evaluated as exp(log s_i - max) / sum exp(. - max), times `scale`.
-__global__ void router_kernel(RouterArgs a) {
+// warp_topk: scored top-k by warp argmax rounds (`router_warp`, launch_router) or by rank counting.
+__global__ void router_kernel(RouterArgs a, bool warp_topk) {
   wait_previous_grid();
   extern __shared__ float shared[];
   float* log_score = shared;     // [E]
@@ -43,7 +44,7 @@ __global__ void router_kernel(RouterArgs a) {
   } else if (a.hash) {
     const int64_t id = a.token_ids[t];
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) chosen[i] = static_cast<int32_t>(dev_load_index(a.tid2eid, id * K + i));
-  } else if (E <= 32 * 64 && K <= E && a.warp_topk) {
+  } else if (E <= 32 * 64 && K <= E && warp_topk) {
     // Warp 0 takes the K best in K rounds of a warp argmax over the experts not yet taken (higher
     // biased score first, then the lower expert), which is the rank order below: the same experts in
     // the same slots. (A thread a expert counting its rank walked all E scores for the best ones: on
@@ -137,9 +138,7 @@ __global__ void moe_combine_kernel(CombineArgs a) {
 void launch_router(const RouterArgs& a) {
   if (a.T == 0) return;
   static const bool warp_topk = cuda_feature_on("router_warp");
-  RouterArgs args = a;
-  args.warp_topk = warp_topk;
-  launch(router_kernel, static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float), args);
+  launch(router_kernel, static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float), a, warp_topk);
 }
 
 namespace {
