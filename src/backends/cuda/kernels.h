@@ -100,19 +100,19 @@ struct DevView {
 // the same experts), "rope_spread" (rope at decode sizes over blocks of 8 heads; off: a block a
 // token, the same bits), "hc_fused" (Backend::hc_boundary at decode sizes in one kernel,
 // launch_hc_boundary; off: the hc_post, hc_pre and rms_norm kernels, the same bits; on: the
-// graph segments of the batch-1 step 1.5-2 % shorter on the H200, 2026-12-03) and
-// "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
+// graph segments of the batch-1 step 1.5-2 % shorter on the H200, 2026-12-03), "select_rank" (the
+// indexer's top-k of a small call by rank counting over many blocks, indexer_rank_select_fits,
+// instead of the radix kernel's one block a token: the same slots and logits; the batch-1 step's
+// graph segments 1.7-1.8 % shorter on the H200, 2026-12-03; its grid and shared memory follow the
+// row length rounded up to a power of two, so a captured CSA layer's graph keeps its shape until
+// the row doubles) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read
+// once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
-// H200, 2026-12-03), "select_rank" (the indexer's top-k of a small call by rank counting over many
-// blocks, indexer_rank_select_fits, instead of the radix kernel's one block a token: the same slots
-// and logits, the batch-1 step's graph segments 1.8 % shorter on the H200, 2026-12-03; opt-in
-// because that run's grid and shared memory followed the row length, so a captured CSA layer's
-// graph changed shape every few entries and was instantiated anew (StepGraphsGiveTheSameBits); the
-// launch now rounds them up to a power of two, not yet run on a GPU). Read once per process.
+// H200, 2026-12-03). Read once per process.
 bool cuda_feature_enabled(const char* name);
 
 struct DevWeight {

@@ -1782,7 +1782,7 @@ void launch_indexer_topk(const IndexerArgs& a) {
 void launch_indexer_select(const IndexerArgs& a) {
   if (a.T == 0 || a.C == 0 || a.k <= 0) return;
   static const bool fast = cuda_feature_on("indexer_fast");
-  static const bool rank = cuda_feature_enabled("select_rank");  // opt-in for now (kernels.h)
+  static const bool rank = cuda_feature_on("select_rank");
   const dim3 grid(static_cast<unsigned>(a.T), blocks_for(a.C, kThreads));
   int64_t pow2 = 1;
   while (pow2 < a.k) pow2 <<= 1;

@@ -1761,19 +1761,24 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
 }
 
 // The W4A8 decode kernel's span (groups a ring slot): set_w4a8_decode_span's where set (1, 2 or 4),
-// else SPARROW_CUDA_W4A8_SPAN's, else 1. The same bits at any span.
+// else SPARROW_CUDA_W4A8_SPAN's, else 2 for a grid whose blocks each take all of K (quarters = 1)
+// and 1 for a split grid. The same bits at any span. Measured on the H200 (layer 0 of a 1-layer
+// synthetic V4-Flash, 2026-12-03, two rounds): w1 + w3 / w2 at batch 256 1.029 / 0.549-0.550 ms at
+// span 1, 0.979 / 0.520-0.521 at 2, 1.244-1.246 / 0.694-0.695 at 4 (3 blocks an SM); at batch 8
+// 0.175-0.176 / 0.091-0.092, 0.161-0.162 / 0.085, 0.196 / 0.109-0.110; at batch 1 (4 quarter
+// blocks of 8 groups) 0.037 / 0.024 at span 1, 0.039 / 0.024-0.025 at 2.
 std::atomic<int> g_w4a8_decode_span{0};  // set_w4a8_decode_span
-int w4a8_decode_span() {
+int w4a8_decode_span(unsigned quarters) {
   if (const int n = g_w4a8_decode_span.load(); n == 1 || n == 2 || n == 4) return n;
   static const int from_env = [] {
     const char* v = std::getenv("SPARROW_CUDA_W4A8_SPAN");
-    if (v == nullptr || *v == '\0') return 1;
+    if (v == nullptr || *v == '\0') return 0;
     const std::string s(v);
     if (s != "1" && s != "2" && s != "4")
       throw std::runtime_error("SPARROW_CUDA_W4A8_SPAN=" + s + ": the W4A8 decode kernel's groups a copy round must be 1, 2 or 4");
     return std::stoi(s);
   }();
-  return from_env;
+  return from_env != 0 ? from_env : quarters == 1 ? 2 : 1;
 }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
@@ -1828,7 +1833,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
-      const int span = w4a8_decode_span();
+      const int span = w4a8_decode_span(z);
       if (span == 4) launch_w4a8_wgmma<8, 1, false, 4>(g, g.max_items, z);
       else if (span == 2) launch_w4a8_wgmma<8, 1, false, 2>(g, g.max_items, z);
       else launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
