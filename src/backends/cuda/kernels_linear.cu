@@ -877,6 +877,8 @@ template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
 __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
   return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
+// The decode kernels' bound: as many blocks as the shared memory holds (227 KB an SM, 1 KB of it
+// reserved a block), at most eight (span 1: 8 blocks, 64 registers; span 2: 6, 79; FP8: 5, 63).
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
   if (kN != 8) return 4 / kWG;
