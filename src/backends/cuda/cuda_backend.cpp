@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -79,6 +80,17 @@ bool cuda_feature_on(const char* name) {
 bool cuda_feature_enabled(const char* name) {
   static const std::vector<std::string> enabled = env_names("SPARROW_CUDA_ENABLE");
   return std::find(enabled.begin(), enabled.end(), name) != enabled.end();
+}
+int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), const char* rule) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  const bool digits_first = (*v >= '0' && *v <= '9') || *v == '-';  // (strtoll skips spaces and takes '+')
+  if (!digits_first || *end != '\0' || errno != 0 || !ok(static_cast<int64_t>(n)))
+    throw std::runtime_error(std::string(var) + "=" + v + ": " + rule);
+  return static_cast<int64_t>(n);
 }
 
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's

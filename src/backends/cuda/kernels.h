@@ -114,6 +114,10 @@ bool cuda_feature_on(const char* name);
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
 // H200, 2026-12-03). Read once per process.
 bool cuda_feature_enabled(const char* name);
+// The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):
+// `fallback` when unset or empty; a value that is not a whole decimal integer, or that `ok`
+// refuses, throws std::runtime_error naming the variable, the value and `rule`.
+int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), const char* rule);
 
 struct DevWeight {
   WeightFormat format = WeightFormat::kFloat;
@@ -744,8 +748,9 @@ constexpr int64_t kAttnSplitCandidates = 64;
 // and chunking invariant), and a run with another value gives other bits, close to the CPU's
 // either way. At one token a CSA layer's 640 candidates are 2 splits of 512 and 128, the first one
 // walked in 16 chunks of 32 on its blocks alone (42.9 us of the batch-1 step's chain, H200
-// 2026-12-03): a knob to A/B smaller splits (more blocks, shorter walks, more combine work), not yet
-// run on a GPU.
+// 2026-12-03): a knob to A/B smaller splits (more blocks, shorter walks, more combine work). At
+// 128 the batch-1 step was 3.3 % shorter but batch 256 5 % and an 8K prefill 10 % slower (H200,
+// 2026-12-03), so 512 stays.
 int64_t attn_mma_split_candidates();
 // The shapes the tensor-core attention takes: heads in blocks of 32, Dh 128, 256 or 512.
 inline bool attention_mma_fits(int64_t H, int64_t Dh) { return H > 0 && H % 32 == 0 && (Dh == 128 || Dh == 256 || Dh == 512); }

@@ -4,9 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
@@ -1825,16 +1822,10 @@ size_t combine_smem(int64_t max_splits) { return static_cast<size_t>((max_splits
 }  // namespace
 
 int64_t attn_mma_split_candidates() {
-  static const int64_t per = [] {
-    const char* v = std::getenv("SPARROW_CUDA_ATTN_MMA_SPLIT");
-    if (v == nullptr || *v == '\0') return kAttnMmaSplitDefault;
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0' || n < kAmChunk || n > 8192 || n % kAmChunk != 0)
-      throw std::runtime_error(std::string("SPARROW_CUDA_ATTN_MMA_SPLIT=") + v +
-                               ": the tensor-core attention's candidates a split must be a multiple of 32 from 32 to 8192");
-    return static_cast<int64_t>(n);
-  }();
+  static const int64_t per = cuda_env_int(
+      "SPARROW_CUDA_ATTN_MMA_SPLIT", kAttnMmaSplitDefault,
+      [](int64_t n) { return n >= kAmChunk && n <= 8192 && n % kAmChunk == 0; },
+      "the tensor-core attention's candidates a split must be a multiple of 32 from 32 to 8192");
   return per;
 }
 

@@ -12,8 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 
 #include "backends/cuda/device_common.cuh"
@@ -1739,10 +1737,9 @@ std::atomic<int> g_decode_quarter_blocks{0};  // set_decode_quarter_blocks
 unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t col_blocks) {
   if (g.partial == nullptr) return 1;
   if (const int n = g_decode_quarter_blocks.load(); n == 1 || n == 2 || n == 4) return static_cast<unsigned>(n);
-  static const int64_t target = [] {
-    const char* v = std::getenv("SPARROW_CUDA_DECODE_SPLIT_BLOCKS");
-    return v != nullptr && *v != '\0' ? std::atoll(v) : kDecodeSplitBlocks;
-  }();
+  static const int64_t target =
+      cuda_env_int("SPARROW_CUDA_DECODE_SPLIT_BLOCKS", kDecodeSplitBlocks, [](int64_t n) { return n >= 1; },
+                   "the decode kernel's target grid must be a positive count of blocks");
   const int64_t blocks = items * col_blocks;
   return blocks >= target ? 1u : 2 * blocks >= target ? 2u : 4u;
 }
@@ -1772,14 +1769,9 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
 std::atomic<int> g_w4a8_decode_span{0};  // set_w4a8_decode_span
 int w4a8_decode_span(unsigned quarters) {
   if (const int n = g_w4a8_decode_span.load(); n == 1 || n == 2 || n == 4) return n;
-  static const int from_env = [] {
-    const char* v = std::getenv("SPARROW_CUDA_W4A8_SPAN");
-    if (v == nullptr || *v == '\0') return 0;
-    const std::string s(v);
-    if (s != "1" && s != "2" && s != "4")
-      throw std::runtime_error("SPARROW_CUDA_W4A8_SPAN=" + s + ": the W4A8 decode kernel's groups a copy round must be 1, 2 or 4");
-    return std::stoi(s);
-  }();
+  static const int from_env = static_cast<int>(
+      cuda_env_int("SPARROW_CUDA_W4A8_SPAN", 0, [](int64_t n) { return n == 1 || n == 2 || n == 4; },
+                   "the W4A8 decode kernel's groups a copy round must be 1, 2 or 4"));
   return from_env != 0 ? from_env : quarters == 1 ? 2 : 1;
 }
 

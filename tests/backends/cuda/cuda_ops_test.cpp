@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -2918,6 +2921,31 @@ TEST(CudaKvRecord, DeviceCodecIsTheHostCodec) {
                     static_cast<void*>(d_want)})
       cudaFree(p);
   }
+}
+
+// The CUDA backend's integer knobs (SPARROW_CUDA_ATTN_MMA_SPLIT, SPARROW_CUDA_W4A8_SPAN,
+// SPARROW_CUDA_DECODE_SPLIT_BLOCKS) through cuda_env_int: the fallback when unset or empty, the value
+// when the rule takes it, and an error naming the variable, its value and the rule otherwise. No GPU.
+TEST(CudaEnv, IntKnobsTakeValidValuesAndNameBadOnes) {
+  const char* var = "SPARROW_CUDA_TEST_KNOB";
+  const auto even = [](int64_t n) { return n > 0 && n % 2 == 0; };
+  const char* rule = "must be a positive even number";
+  ::unsetenv(var);
+  EXPECT_EQ(cuda::cuda_env_int(var, 7, even, rule), 7);  // (the fallback is not checked)
+  ::setenv(var, "", 1);
+  EXPECT_EQ(cuda::cuda_env_int(var, 7, even, rule), 7);
+  ::setenv(var, "256", 1);
+  EXPECT_EQ(cuda::cuda_env_int(var, 7, even, rule), 256);
+  for (const char* bad : {"3", "0", "-4", "12x", " 12", "+12", "0x10", "99999999999999999999"}) {
+    ::setenv(var, bad, 1);
+    try {
+      const int64_t got = cuda::cuda_env_int(var, 7, even, rule);
+      ADD_FAILURE() << bad << " was taken as " << got;
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), std::string(var) + "=" + bad + ": " + rule);
+    }
+  }
+  ::unsetenv(var);
 }
 
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
