@@ -803,18 +803,21 @@ __device__ inline void wgmma_w4a8(float (&d)[kN / 2], const uint32_t (&a)[4], ui
 
 // The table of block `blk` of a column's group (its packed e8m0 word): bytes 0..7 the e5m2 of the e2m1
 // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^(13 + e_blk - e_max); and cs = 2^(e_max - 140).
-// blk_sel = 0x4440 + blk: the byte permute selecting byte blk of the word, zero-extended.
+// blk_sel = 0x4440 + blk: the byte permute selecting byte blk of the word, zero-extended. Every lane
+// of the warp must call it together: the far blocks' path (at most 2^-26 of the group's largest
+// scale, seldom seen) runs under a warp vote, so the common path has no divergent branch, and cs
+// is chosen by selects (ncu, H200 2026-12-03: the two calls' branches, with their compares and
+// predicated moves, were about 26 of the decode kernel's 261 instructions a warp and group).
 __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t& lo, uint32_t& hi, float& cs) {
   const int e_max = static_cast<int>(
       max(__vimax3_u32(word & 0xffu, __byte_perm(word, 0u, 0x4441), __byte_perm(word, 0u, 0x4442)), word >> 24));
   const int s = static_cast<int>(__byte_perm(word, 0u, blk_sel)) - e_max;  // <= 0
-  if (s >= -26) {
-    // e2m1 magnitude v x 2^q (q = 13 + s) is e5m2 exponent field q + 14 (0.5), q + 15 (1, 1.5),
-    // q + 16 (2, 3), q + 17 (4, 6), mantissa 0 or 2: bytes b1 + {0, 4, 6, 8, 10, 12, 14}.
-    const uint32_t b1 = static_cast<uint32_t>(27 + s) << 2;
-    lo = b1 * 0x01010100u + 0x06040000u;
-    hi = b1 * 0x01010101u + 0x0e0c0a08u;
-  } else {
+  // s >= -26: e2m1 magnitude v x 2^q (q = 13 + s) is e5m2 exponent field q + 14 (0.5), q + 15 (1,
+  // 1.5), q + 16 (2, 3), q + 17 (4, 6), mantissa 0 or 2: bytes b1 + {0, 4, 6, 8, 10, 12, 14}.
+  const uint32_t b1 = static_cast<uint32_t>(27 + s) << 2;
+  lo = b1 * 0x01010100u + 0x06040000u;
+  hi = b1 * 0x01010101u + 0x0e0c0a08u;
+  if (__any_sync(0xffffffffu, s < -26) && s < -26) {  // rounded to e5m2 (0 below 2^-17 of the largest)
     constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint32_t bytes[2] = {0u, 0u};
 #pragma unroll
@@ -824,10 +827,11 @@ __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t
     }
     lo = bytes[0], hi = bytes[1];
   }
-  // (Any byte 255, a NaN scale, is the largest.)
-  cs = e_max == 255 ? __int_as_float(0x7fc00000)
-       : e_max >= 14 ? __uint_as_float(static_cast<uint32_t>(e_max - 13) << 23)
-                     : __uint_as_float(1u << (e_max + 9));
+  // 2^(e_max - 140): a normal float from e_max 14 up, a subnormal below; any byte 255, a NaN scale, is
+  // the largest and makes cs NaN.
+  const uint32_t normal = static_cast<uint32_t>(e_max - 13) << 23, subnormal = 1u << ((e_max + 9) & 31);
+  const uint32_t bits = e_max >= 14 ? normal : subnormal;
+  cs = __uint_as_float(e_max == 255 ? 0x7fc00000u : bits);
 }
 
 // Eight e2m1 codes (a word, input j in nibble j) as e5m2 through a table: lo_out inputs 0..3, hi_out
