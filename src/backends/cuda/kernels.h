@@ -66,7 +66,7 @@ struct DevView {
 // bf16 tensor cores), "attn_bf16_kv" (that attention reading bf16 copies of the KV state rather
 // than converting the fp32 state), "sim_warp" (the fp8 / fp4 block roundings of quant_sim and the
 // entry and MoE input passes a warp a scale block instead of a thread a block), "hc_staged" (the
-// hc mix of 2048 or more tokens through a shared-memory ring), "hc_pre4" (the rest of hc_pre for S =
+// hc mix of 16 or more tokens through a shared-memory ring where its weights are f32), "hc_pre4" (the rest of hc_pre for S =
 // 4 in blocks of 1-8 tokens), "norm_regs" (rms_norm rows in registers for calls of at most 2^23
 // values), "moe_fused_act" (the W4A8 experts' SwiGLU, routing weight and act_quant in one kernel;
 // each of these four gives the same bits as the path it replaces), "fp8_gemm" (the
@@ -83,7 +83,7 @@ struct DevView {
 // decode wgmma kernel; off: a launch each, the same bits), "pdl" (every kernel launched as a
 // programmatic dependent of the one before it, device_common.cuh launch(); off: plain launches, the
 // same bits), "fused_round" (an op's bf16 rounding of a tensor-core GEMM's or the MoE combine's
-// outputs done in the kernel that writes them, the parts' sum or the combine; off: a bf16_round
+// outputs done in the kernel that writes them, the parts' sum, the combine or the unsplit TMA GEMMs' store; off: a bf16_round
 // pass after, the same bits), "scratch_nofill" (ops' scratch buffers that kernels write whole left
 // unfilled, DeviceBuffer::scratch; off: zero-filled as before), "copy_kernels" (a captured step's own
 // fills and host uploads as kernels, launch_fill_bytes / launch_upload_pinned; off: memset and copy

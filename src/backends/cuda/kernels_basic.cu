@@ -152,9 +152,7 @@ __global__ void __launch_bounds__(kThreads) hc_mix_tile_kernel(const float* stre
 template <int kTok, int kMix, int kUnroll, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float* streams, int64_t T, int64_t width,
                                                                    const float* fn, int64_t nmix, float norm_eps,
-                                                                   float* mix_out) {
-  // (Prefill only: its ring streams the weights already, so it waits first, with no L2 prefetch.)
-  wait_previous_grid();
+                                                                   float* mix_out, bool prefetch) {
   constexpr int kChunk = kUnroll * kThreads, kRows = kTok + kMix, kQuads = kChunk / 4;
   static_assert((kRows * kQuads) % kThreads == 0 && kThreads % kQuads == 0, "whole rows of 16-byte pieces a pass");
   constexpr int kRowsPerPass = kThreads / kQuads;
@@ -162,6 +160,13 @@ __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float*
   float* stage = reinterpret_cast<float*>(hc_stage4);
   const int64_t groups = nmix / kMix;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) / groups * kTok, m0 = blockIdx.x % groups * kMix;
+  // A decode batch's few blocks hint their weight rows into L2 while the previous grid finishes (as
+  // hc_mix_tile_kernel); a prefill's many blocks would hint the same rows over and over, so they
+  // only wait (their ring streams the weights already).
+  if (prefetch)
+    prefetch_l2(fn + m0 * width, (nmix - m0 < kMix ? nmix - m0 : kMix) * width * static_cast<int64_t>(sizeof(float)),
+                threadIdx.x, kThreads);
+  wait_previous_grid();
   const int nt = T - t0 < kTok ? static_cast<int>(T - t0) : kTok;
   const int64_t chunks = width / kChunk;
   // This thread's pieces: quad q of rows r0, r0 + kRowsPerPass, ... (rows past the tile's tokens
@@ -207,25 +212,35 @@ __global__ void __launch_bounds__(kThreads, 2) hc_mix_staged_kernel(const float*
 
 // The tile by T: under kMixTileTokens one mix a block of 4 tokens, 8 loads a thread in flight (the
 // weights' reads spread over nmix blocks; batch 1); from there 4 tokens x 8 mixes a block, from
-// kMixManyTokens 8 x 8 (the weights read half as often), staged through shared memory where the
-// weights are f32 and the rows whole chunks (hc_mix_staged_kernel; `hc_staged` off: registers).
+// kMixManyTokens 8 x 8 (the weights read half as often); both staged through shared memory where
+// the weights are f32 and the rows whole chunks (hc_mix_staged_kernel; `hc_staged` off: registers).
+// The staged 4 x 8 tile is for decode batches: in registers, batch 256's 192 blocks held 24 loads a
+// thread in flight and took 55 us a call for 18 MB (ncu, H200 2026-12-03).
 constexpr int64_t kMixTileTokens = 16, kMixManyTokens = 2048;
-constexpr int kStagedTok = 8, kStagedMix = 8, kStagedUnroll = 2, kStagedStages = 3;
+constexpr int kStagedMix = 8, kStagedUnroll = 2, kStagedStages = 3;
+template <int kTok>
+void launch_hc_mix_staged(const float* streams, int64_t T, int64_t width, const float* fn, int64_t nmix, float norm_eps,
+                          float* mix) {
+  auto* kernel = hc_mix_staged_kernel<kTok, kStagedMix, kStagedUnroll, kStagedStages>;
+  constexpr int smem = kStagedStages * (kTok + kStagedMix) * kStagedUnroll * kThreads * 4;
+  static const bool attr = [&] {
+    SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr;
+  launch(kernel, blocks_for(T, kTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem, streams, T, width, fn,
+         nmix, norm_eps, mix, T < kMixManyTokens);
+}
 void launch_hc_mix(const float* streams, int64_t T, int64_t width, const DevView& fn, int64_t nmix, float norm_eps,
                         float* mix) {
   static const bool staged_on = cuda_feature_on("hc_staged");
   constexpr int64_t chunk = kStagedUnroll * kThreads;
-  if (staged_on && nmix % kStagedMix == 0 && T >= kMixManyTokens && fn.dtype == DType::kF32 && width % chunk == 0 &&
-      aligned16(streams) && aligned16(fn.data)) {
-    auto* kernel = hc_mix_staged_kernel<kStagedTok, kStagedMix, kStagedUnroll, kStagedStages>;
-    constexpr int smem = kStagedStages * (kStagedTok + kStagedMix) * static_cast<int>(chunk) * 4;
-    static const bool attr = [&] {
-      SPARROW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      return true;
-    }();
-    (void)attr;
-    launch(kernel, blocks_for(T, kStagedTok) * static_cast<unsigned>(nmix / kStagedMix), kThreads, smem, streams, T,
-           width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
+  const bool staged = staged_on && nmix % kStagedMix == 0 && T >= kMixTileTokens && fn.dtype == DType::kF32 &&
+                      width % chunk == 0 && aligned16(streams) && aligned16(fn.data);
+  if (staged && T >= kMixManyTokens) {
+    launch_hc_mix_staged<8>(streams, T, width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
+  } else if (staged) {
+    launch_hc_mix_staged<4>(streams, T, width, static_cast<const float*>(fn.data), nmix, norm_eps, mix);
   } else if (nmix % 8 == 0 && T >= kMixManyTokens) {
     launch(hc_mix_tile_kernel<8, 8, 2>, blocks_for(T, 8) * static_cast<unsigned>(nmix / 8), kThreads, 0, streams, T,
            width, fn, nmix, norm_eps, mix);

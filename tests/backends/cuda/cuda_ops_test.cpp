@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -2779,6 +2780,52 @@ TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
   }
   cudaFree(dev);
   cudaFreeHost(pinned);
+}
+
+// The bf16 conversion and rounding passes (launch_f32_to_bf16, launch_bf16_round) take four values a
+// thread where the length is a multiple of 4 and the arrays aligned, one elsewhere: either way each
+// value must be the host's round-to-nearest-even bf16 (NaN kept a NaN), at every length and offset,
+// and nothing past the end may be written.
+TEST(CudaElementwise, Bf16PassesRoundEveryValueAtAnyLengthAndAlignment) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_CUDA(gpu);
+  constexpr int64_t kMax = 70001, kLen = kMax + 8;  // (n + offset stays under kLen)
+  std::mt19937 rng(29);
+  std::vector<float> x(kLen);
+  for (float& v : x) v = std::bit_cast<float>(static_cast<uint32_t>(rng()));  // every exponent, NaNs, subnormals
+  x[0] = 1.0f + 0x1p-8f, x[1] = 1.0f + 0x3p-8f, x[2] = -0.0f, x[3] = std::numeric_limits<float>::infinity();
+  float* d_in = nullptr;
+  uint16_t* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_in), kLen * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), kLen * sizeof(uint16_t)), cudaSuccess);
+  std::vector<float> rounded(kLen);
+  std::vector<uint16_t> bits(kLen);
+  for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{1024}, int64_t{4099}, kMax - 1}) {
+    for (const int64_t offset : {0, 1, 4}) {
+      const std::string what = "n=" + std::to_string(n) + " offset " + std::to_string(offset);
+      ASSERT_EQ(cudaMemcpy(d_in, x.data(), kLen * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemset(d_out, 0xa5, kLen * sizeof(uint16_t)), cudaSuccess);
+      cuda::launch_f32_to_bf16(d_in + offset, d_out + offset, n);
+      cuda::launch_bf16_round(d_in + offset, n);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      ASSERT_EQ(cudaMemcpy(rounded.data(), d_in, kLen * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(bits.data(), d_out, bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < kLen; ++i) {
+        const bool in = i >= offset && i < offset + n;
+        const float v = x[i];
+        const bool nan = std::isnan(v);
+        const bool round_ok = in ? (nan ? std::isnan(rounded[i]) : f32_to_bits(rounded[i]) == f32_to_bits(bf16_round(v)))
+                                 : f32_to_bits(rounded[i]) == f32_to_bits(v);
+        const bool bits_ok = in ? (nan ? std::isnan(bf16_to_f32(bits[i])) : bits[i] == f32_to_bf16(v)) : bits[i] == 0xa5a5;
+        if ((!round_ok || !bits_ok) && wrong++ < 3)
+          ADD_FAILURE() << what << ": value " << i << " (" << v << "): rounded " << rounded[i] << ", bits " << bits[i];
+      }
+      EXPECT_EQ(wrong, 0) << what;
+    }
+  }
+  cudaFree(d_in);
+  cudaFree(d_out);
 }
 
 // The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
