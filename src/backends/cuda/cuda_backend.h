@@ -195,6 +195,11 @@ void set_decode_quarter_blocks(int n);
 // over blocks (kernels_linear.cu w4a8_decode_span). The same bits any way. Process-wide; defined
 // with the kernels.
 void set_w4a8_decode_span(int n);
+// The W4A8 decode wgmma kernel's rows a block: 8 (a plan item) or 16 (an item with an even tile
+// index and the one after it); 0 (the default) takes SPARROW_CUDA_W4A8_ROWS's, else 16 where the
+// experts average 6 rows or more (kernels_linear.cu w4a8_decode_rows). The same bits either way.
+// Process-wide; defined with the kernels.
+void set_w4a8_decode_rows(int n);
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);

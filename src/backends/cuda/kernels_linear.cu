@@ -766,6 +766,13 @@ __device__ inline void wgmma_m64n8k32_e5m2_e4m3(float (&d)[4], const uint32_t (&
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
+__device__ inline void wgmma_m64n16k32_e5m2_e4m3(float (&d)[8], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
 __device__ inline void wgmma_m64n64k32_e5m2_e4m3(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -797,6 +804,7 @@ __device__ inline void wgmma_w4a8(float (&d)[kN / 2], const uint32_t (&a)[4], ui
     else wgmma_m64n64k32_e4m3_e4m3(d, a, b_desc, accumulate);
   } else {
     if constexpr (kN == 8) wgmma_m64n8k32_e5m2_e4m3(d, a, b_desc, accumulate);
+    else if constexpr (kN == 16) wgmma_m64n16k32_e5m2_e4m3(d, a, b_desc, accumulate);
     else wgmma_m64n64k32_e5m2_e4m3(d, a, b_desc, accumulate);
   }
 }
@@ -883,7 +891,7 @@ __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, then the fi
 // reserved a block), at most eight (span 1: 8 blocks, 64 registers; span 2: 6, 79; FP8: 5, 63).
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
-  if (kN != 8) return 4 / kWG;
+  if (kN > 16) return 4 / kWG;
   const int fit = static_cast<int>((227 * 1024) / (wg_smem_bytes<kN, kWG, kFp8W, kSpan>() + 1024));
   return fit < 8 ? fit : 8;
 }
@@ -899,12 +907,16 @@ __host__ __device__ constexpr int wg_min_blocks() {
 template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1>
 __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
-  static_assert(kSpan == 1 || (kN == 8 && !kFp8W), "slots of several groups: the W4A8 decode kernel only");
+  // The decode form: kN = 8 (the plan's items), or 16 for W4A8 (an item with an even tile index
+  // takes its 8 rows and the next item's, which then does nothing); the prefill form: kN = 64.
+  constexpr bool kDecode = kN <= 16;
+  static_assert(kN == 8 || (kN == 16 && !kFp8W) || kN == kTiledRows, "8- or 16-row items, or 64-row tiles");
+  static_assert(kSpan == 1 || (kDecode && !kFp8W), "slots of several groups: the W4A8 decode kernel only");
   // The experts' items come from the device plan, a kernel's output: wait first, unless the plan was
   // written two launches back or earlier (g.plan_early, the decode kernel only): then the items, the
   // rows and the first weight stages are read before the wait, as the FP8 form (whose weights come
   // from the host) always does (below).
-  const bool early = kFp8W || (kN == 8 && g.plan_early);
+  const bool early = kFp8W || (kDecode && g.plan_early);
   if (!early) wait_previous_grid();
   using Stage = WgStage<kN, kWG, kFp8W>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
@@ -920,11 +932,13 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       s_t0 = static_cast<int64_t>(blockIdx.x) * kN;
       s_e = s_t0 < g.rows_total ? 0 : -1;
     }
-  } else if constexpr (kN == 8) {
+  } else if constexpr (kDecode) {
     if (tid == 0) {
       const int64_t item = blockIdx.x;
-      s_e = item < *g.n_items ? g.items[2 * item] : -1;
-      s_t0 = item < *g.n_items ? g.items[2 * item + 1] : 0;
+      const bool in = item < *g.n_items;
+      s_t0 = in ? g.items[2 * item + 1] : 0;
+      // (16 rows: an odd tile's rows are the even tile's before it.)
+      s_e = in && (kN == 8 || s_t0 % 16 == 0) ? g.items[2 * item] : -1;
     }
   } else {
     static_assert(kN == kTiledRows, "a prefill block is one of w4a8_find_tile's tiles");
@@ -946,12 +960,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // A pair (g.w_b, the decode kernel): the grid's second half of column blocks is the second
   // projection, its outputs rows_total x N further on.
   const int col_blocks = (N + kCols - 1) / kCols;
-  const bool second = !kFp8W && kN == 8 && g.w_b != nullptr && static_cast<int>(blockIdx.y) >= col_blocks;
+  const bool second = !kFp8W && kDecode && g.w_b != nullptr && static_cast<int>(blockIdx.y) >= col_blocks;
   const int n0 = (static_cast<int>(blockIdx.y) - (second ? col_blocks : 0)) * kCols;
   const DevWeight W = kFp8W ? DevWeight{} : (second ? g.w_b[e] : g.w[e]);
   // Split (grid z = 2 or 4, the decode kernel only): this block computes quarters q_first ..
   // q_first + 4 / z - 1 of the groups, each into its own slice of g.partial.
-  const bool split = kN == 8 && gridDim.z > 1;
+  const bool split = kDecode && gridDim.z > 1;
   const int q_count = split ? kW4A8Warps / static_cast<int>(gridDim.z) : kW4A8Warps;
   const int q_first = split ? static_cast<int>(blockIdx.z) * q_count : 0;
   const int g_lo = w4a8_quarter(q_first, groups), g_hi = w4a8_quarter(q_first + q_count, groups);
@@ -1036,7 +1050,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // next slot (a source whose copy is off is not read: cp.async with no source bytes). The decode
   // kernel advances its sources a slot a call; the prefill kernel (g_lo = 0, kSpan = 1) offsets them
   // by the group, into slot group % kStages (see the launch bounds).
-  constexpr bool kAdvance = kN == 8;
+  constexpr bool kAdvance = kDecode;
   int next_group = g_lo, next_stage_index = 0;
   auto issue = [&] {
     if (next_group < g_hi) {
@@ -1779,7 +1793,7 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
-  const unsigned pair = !kFp8W && kN == 8 && g.w_b != nullptr ? 2 : 1;
+  const unsigned pair = !kFp8W && kN <= 16 && g.w_b != nullptr ? 2 : 1;
   launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
          dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
          kWgThreads * kWG, kSmem, g);
@@ -1793,12 +1807,27 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
 // 0.175-0.176 / 0.091-0.092, 0.161-0.162 / 0.085, 0.196 / 0.109-0.110; at batch 1 (4 quarter
 // blocks of 8 groups) 0.037 / 0.024 at span 1, 0.039 / 0.024-0.025 at 2.
 std::atomic<int> g_w4a8_decode_span{0};  // set_w4a8_decode_span
+std::atomic<int> g_w4a8_decode_rows{0};  // set_w4a8_decode_rows
 int w4a8_decode_span(unsigned quarters) {
   if (const int n = g_w4a8_decode_span.load(); n == 1 || n == 2 || n == 4) return n;
   static const int from_env = static_cast<int>(
       cuda_env_int("SPARROW_CUDA_W4A8_SPAN", 0, [](int64_t n) { return n == 1 || n == 2 || n == 4; },
                    "the W4A8 decode kernel's groups a copy round must be 1, 2 or 4"));
   return from_env != 0 ? from_env : quarters == 1 ? 2 : 1;
+}
+
+// The W4A8 decode kernel's rows a block: set_w4a8_decode_rows's where set (8 or 16), else
+// SPARROW_CUDA_W4A8_ROWS's, else 16 where the experts average kDecode16Rows rows or more (a block
+// of 16 converts an expert's weights once for up to 16 rows: at batch 256 of V4-Flash, 2048 rows
+// on 256 experts, about 361 items of 8 rows a projection against 257 of 16) and 8 below. The same
+// bits either way.
+constexpr int64_t kDecode16Rows = 6;
+int w4a8_decode_rows(const GroupedW4A8Args& g) {
+  if (const int n = g_w4a8_decode_rows.load(); n == 8 || n == 16) return n;
+  static const int from_env = static_cast<int>(cuda_env_int(
+      "SPARROW_CUDA_W4A8_ROWS", 0, [](int64_t n) { return n == 8 || n == 16; }, "the W4A8 decode kernel's rows a block must be 8 or 16"));
+  if (from_env != 0) return from_env;
+  return g.experts > 0 && g.rows_total >= kDecode16Rows * g.experts ? 16 : 8;
 }
 
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
@@ -1863,6 +1892,7 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
 void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
+void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
@@ -1870,9 +1900,15 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
       const int span = w4a8_decode_span(z);
-      if (span == 4) launch_w4a8_wgmma<8, 1, false, 4>(g, g.max_items, z);
-      else if (span == 2) launch_w4a8_wgmma<8, 1, false, 2>(g, g.max_items, z);
-      else launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
+      if (w4a8_decode_rows(g) == 16) {
+        if (span == 4) launch_w4a8_wgmma<16, 1, false, 4>(g, g.max_items, z);
+        else if (span == 2) launch_w4a8_wgmma<16, 1, false, 2>(g, g.max_items, z);
+        else launch_w4a8_wgmma<16, 1>(g, g.max_items, z);
+      } else {
+        if (span == 4) launch_w4a8_wgmma<8, 1, false, 4>(g, g.max_items, z);
+        else if (span == 2) launch_w4a8_wgmma<8, 1, false, 2>(g, g.max_items, z);
+        else launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
+      }
       if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }
