@@ -1263,7 +1263,6 @@ struct Fp8TmaArgs {
   int64_t rows_total;
   int N, groups;
   int split;  // 1, or 4: a work item is one quarter of a tile's groups (few tiles: more blocks)
-  bool round;  // unsplit: the outputs rounded to bf16 in the store (launch_bf16_round's values)
 };
 
 __device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -1322,6 +1321,10 @@ __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc,
       : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
+// kRound (unsplit only): the outputs rounded to bf16 in the store, launch_bf16_round's values. A
+// template argument, not a flag: with a run-time flag the unrounded kernel's wq_b (K = 1024, 8192
+// rows) took 1.25-1.27 ms against 1.13 (H200, 2026-12-03).
+template <bool kRound>
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
   wait_previous_grid();
   extern __shared__ uint8_t tma_smem_raw[];
@@ -1428,7 +1431,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
         const int64_t t = t0 + 8 * j + 2 * tig + (c & 1);
         const int n = row0 + (c < 2 ? 0 : 8);
         if (t < a.rows_total && n < a.N)
-          dst[t * a.N + n] = a.split > 1 ? acc[4 * j + c] : a.round ? dev_bf16_round(total[4 * j + c]) : total[4 * j + c];
+          dst[t * a.N + n] = a.split > 1 ? acc[4 * j + c] : kRound ? dev_bf16_round(total[4 * j + c]) : total[4 * j + c];
       }
     if (a.split > 1)
 #pragma unroll
@@ -1648,7 +1651,6 @@ struct Bf16TmaArgs {
   int N, K, R, steps;
   int parts;  // bf16_parts(N)
   int split;  // 1, or parts
-  bool round;  // unsplit: the outputs rounded to bf16 in the store (launch_bf16_round's values)
 };
 
 __device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
@@ -1659,6 +1661,8 @@ __device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc,
       : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
+// kRound (unsplit only): as fp8_linear_tma_kernel's.
+template <bool kRound>
 __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const __grid_constant__ Bf16TmaArgs a) {
   wait_previous_grid();
   extern __shared__ uint8_t bf16_tma_smem_raw[];
@@ -1757,7 +1761,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
         const int n = row0 + (c < 2 ? 0 : 8);
         if (t < a.rows && n < a.N)
           dst[t * a.N + n] = a.split > 1 ? (fresh ? 0.0f : d[4 * j + c])
-                             : a.round  ? dev_bf16_round(total[4 * j + c])
+                             : kRound   ? dev_bf16_round(total[4 * j + c])
                                         : total[4 * j + c];
       }
   }
@@ -1999,17 +2003,20 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   a.rows_total = g.rows_total;
   a.N = static_cast<int>(g.N);
   a.groups = static_cast<int>(groups);
-  static const bool smem_set = cudaFuncSetAttribute(fp8_linear_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(kTmaSmemBytes)) == cudaSuccess;
+  static const bool smem_set =
+      cudaFuncSetAttribute(fp8_linear_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kTmaSmemBytes)) == cudaSuccess &&
+      cudaFuncSetAttribute(fp8_linear_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kTmaSmemBytes)) == cudaSuccess;
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tiles < sm_count() ? kW4A8Warps : 1;
   if (a.split > 1) a.out = g.partial;
   // The op's bf16 rounding where the outputs are written (fused_round; off: a pass after, the same values).
   static const bool fused = cuda_feature_on("fused_round");
-  a.round = g.round_bf16 && fused && a.split == 1;
-  launch(fp8_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads,
-         kTmaSmemBytes, a);
+  const bool round_here = g.round_bf16 && fused && a.split == 1;
+  launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
+         static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
   if (a.split > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
   else if (g.round_bf16 && !fused) launch_bf16_round(g.out, g.rows_total * g.N);
   return nullptr;
@@ -2097,8 +2104,11 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
       !encode_2d(&t.x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.x, a.x_ld, a.rows, 2 * a.x_ld, kBf16Step, 128,
                  CU_TENSOR_MAP_SWIZZLE_128B))
     return "cuTensorMapEncodeTiled refused a map (an address or pitch not 16-byte aligned?)";
-  static const bool smem_set = cudaFuncSetAttribute(bf16_linear_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(kBf16TmaSmemBytes)) == cudaSuccess;
+  static const bool smem_set =
+      cudaFuncSetAttribute(bf16_linear_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kBf16TmaSmemBytes)) == cudaSuccess &&
+      cudaFuncSetAttribute(bf16_linear_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kBf16TmaSmemBytes)) == cudaSuccess;
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   t.rows = a.rows;
   t.N = a.N, t.K = a.K, t.R = a.R, t.steps = a.K / kBf16Step;
@@ -2107,11 +2117,11 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.split = tiles < sm_count() ? t.parts : 1;
   t.out = t.split > 1 ? a.partial : a.out;
   static const bool fused = cuda_feature_on("fused_round");  // (off: a rounding pass after, the same values)
-  t.round = a.round_bf16 && fused && t.split == 1;
-  launch(bf16_linear_tma_kernel, static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads,
-         kBf16TmaSmemBytes, t);
+  const bool round_here = a.round_bf16 && fused && t.split == 1;
+  launch(round_here ? bf16_linear_tma_kernel<true> : bf16_linear_tma_kernel<false>,
+         static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads, kBf16TmaSmemBytes, t);
   if (t.split > 1) add_parts(a.out, a.partial, a.rows * a.N, t.parts, a.round_bf16);
-  else if (a.round_bf16 && !t.round) launch_bf16_round(a.out, a.rows * a.N);
+  else if (a.round_bf16 && !round_here) launch_bf16_round(a.out, a.rows * a.N);
   return nullptr;
 }
 

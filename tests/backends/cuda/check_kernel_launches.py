@@ -27,6 +27,7 @@ LATE_WAITERS = {
     "hc_boundary_kernel",
     # Ask L2 for their weight rows first (prefetch_l2: a hint, safe for any memory).
     "hc_mix_tile_kernel",
+    "hc_mix_staged_kernel",
     "rms_norm_kernel",
     "rms_norm_warp_kernel",
 }
