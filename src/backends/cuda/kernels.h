@@ -395,8 +395,8 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // scales' rows_pad a multiple of 4.
 void launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
 // Whether launch_fp8_wgmma_linear would use `partial` ([4, rows, N] floats) for rows x N: up to 64
-// rows, and where its 128 x 128 tiles number fewer than the SMs (K's quarters then in separate
-// work items, added in order after).
+// rows, and where its 128 x 128 tiles, cut into K's quarters as separate work items (added in
+// order after), take fewer waves of the SMs than whole (kernels_linear.cu tma_split_pays).
 bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N);
 // The bf16 linears on the project's wgmma kernels (bf16_linear.h; kernels_linear.cu): out [rows, N]
 // fp32 = W [N, K] (bf16, row-major) times the bf16 inputs x [rows, x_ld], row n of W reading inputs
@@ -404,7 +404,7 @@ bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N);
 // One arithmetic for every rows: K in steps of 64, cut in 16 parts (4 from N = 8192), each part's wgmma k16
 // accumulated by the tensor core from zero in input order, the parts added in order; up to 64 rows
 // 8-row items x 64 weight rows, a part a block (A from registers), above 128 x 128 tiles through
-// TMA (parts in separate work items where the tiles number fewer than the SMs). `partial` holds
+// TMA (parts in separate work items where that takes fewer waves of the SMs). `partial` holds
 // bf16_wgmma_partial_floats(rows, N) floats.
 // REQUIRES bf16_wgmma_linear_takes(N, K, R), x_ld % 8 == 0, 16-byte aligned x and W.
 struct Bf16LinearArgs {

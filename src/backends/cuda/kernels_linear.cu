@@ -1639,7 +1639,7 @@ __global__ void __launch_bounds__(kWgThreads) bf16_linear_decode_kernel(Bf16Line
 // (wgmma's N), both operands in shared memory as TMA brings them (boxes of 128 rows x 64 inputs,
 // 128-byte swizzled), a ring of kBf16TmaStages steps fed by a producer warpgroup's first thread,
 // persistent blocks, and K's parts as separate work items (split = the parts, into partial) where
-// the tiles number fewer than the SMs. REQUIRES R % 128 == 0 or R == N (a tile's rows in one group).
+// splitting saves a wave of the SMs (tma_split_pays). REQUIRES R % 128 == 0 or R == N (a tile's rows in one group).
 constexpr int kBf16TmaStages = 6, kBf16TmaBox = 128 * 2 * kBf16Step;  // 16 KB an operand a stage
 constexpr size_t kBf16TmaSmemBytes = 1024 + kBf16TmaStages * 2 * kBf16TmaBox + 2 * kBf16TmaStages * sizeof(uint64_t);
 
@@ -1982,8 +1982,18 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uin
 
 int64_t fp8_tma_tiles(int64_t rows, int64_t N) { return (rows + kTmaRows - 1) / kTmaRows * blocks_for(N, kTmaCols); }
 
+// Whether a TMA GEMM of `tiles` output tiles is better cut into `parts` work items a tile (K's
+// parts, summed in order by parts_sum_kernel: the same bits either way): only where the items take
+// fewer waves of the SMs than the tiles' one. At 128 tiles on 132 SMs the 4 x 128 items still take
+// 4 waves of a quarter of K, so the split bought nothing and cost the parts' writes and their sum
+// (batch 256's wo_a: 16 us, H200 2026-12-03).
+bool tma_split_pays(int64_t tiles, int64_t parts) {
+  const int64_t sms = sm_count();
+  return tiles < sms && (parts * tiles + sms - 1) / sms < parts;
+}
+
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
-// `partial` is given and the tiles number fewer than the SMs); nullptr when launched, else why not
+// `partial` is given and splitting saves a wave of the SMs: tma_split_pays); nullptr when launched, else why not
 // (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
 const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   Fp8TmaArgs a{};
@@ -2010,7 +2020,7 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
                            static_cast<int>(kTmaSmemBytes)) == cudaSuccess;
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
-  a.split = g.partial != nullptr && tiles < sm_count() ? kW4A8Warps : 1;
+  a.split = g.partial != nullptr && tma_split_pays(tiles, kW4A8Warps) ? kW4A8Warps : 1;
   if (a.split > 1) a.out = g.partial;
   // The op's bf16 rounding where the outputs are written (fused_round; off: a pass after, the same values).
   static const bool fused = cuda_feature_on("fused_round");
@@ -2036,7 +2046,7 @@ int sm_count() {
 }
 
 bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N) {
-  return rows <= kTiledRows || fp8_tma_tiles(rows, N) < sm_count();
+  return rows <= kTiledRows || tma_split_pays(fp8_tma_tiles(rows, N), kW4A8Warps);
 }
 
 void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
@@ -2114,7 +2124,7 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.N = a.N, t.K = a.K, t.R = a.R, t.steps = a.K / kBf16Step;
   const int64_t tiles = bf16_tma_tiles(a.rows, a.N);
   t.parts = bf16_parts(a.N);
-  t.split = tiles < sm_count() ? t.parts : 1;
+  t.split = tma_split_pays(tiles, t.parts) ? t.parts : 1;
   t.out = t.split > 1 ? a.partial : a.out;
   static const bool fused = cuda_feature_on("fused_round");  // (off: a rounding pass after, the same values)
   const bool round_here = a.round_bf16 && fused && t.split == 1;
@@ -2135,7 +2145,7 @@ bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R) {
 
 int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N) {
   // (Else room for the decode form's 64-row chunks should the TMA form not run.)
-  const bool split = rows <= kTiledRows || bf16_tma_tiles(rows, N) < sm_count();
+  const bool split = rows <= kTiledRows || tma_split_pays(bf16_tma_tiles(rows, N), bf16_parts(N));
   return bf16_parts(N) * (split ? rows : kTiledRows) * N;
 }
 

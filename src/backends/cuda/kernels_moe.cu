@@ -111,26 +111,58 @@ __global__ void swiglu_kernel(SwigluArgs a) {
   }
 }
 
+// kVec: four neighbouring values of a row a thread through 16-byte loads and stores (D a multiple
+// of 4, both arrays 16-byte aligned), each value the one-value form's (g = weight x scale, then
+// g x y). One a thread, batch 256's 33.5 MB took 32 us (H200, 2026-12-03).
+template <bool kVec>
 __global__ void expert_scatter_kernel(ScatterArgs a) {
   wait_previous_grid();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr int kW = kVec ? 4 : 1;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kW;
   if (i >= a.R * a.D) return;
   const int64_t r = i / a.D, d = i % a.D;
   const int64_t slot = a.slots[r];
-  a.contrib[slot * a.D + d] = a.weights ? a.weights[slot] * a.scale * a.y[i] : a.y[i];
+  if constexpr (kVec) {
+    float4 v = *reinterpret_cast<const float4*>(a.y + i);
+    if (a.weights) {
+      const float g = a.weights[slot] * a.scale;
+      v = make_float4(g * v.x, g * v.y, g * v.z, g * v.w);
+    }
+    *reinterpret_cast<float4*>(a.contrib + slot * a.D + d) = v;
+  } else {
+    a.contrib[slot * a.D + d] = a.weights ? a.weights[slot] * a.scale * a.y[i] : a.y[i];
+  }
 }
 
 // Slots are summed in slot order, then the shared expert: a token's result does not depend on
 // which other tokens share the batch.
+// kVec: four neighbouring values a thread (as expert_scatter_kernel's), each summed in the same order.
+template <bool kVec>
 __global__ void moe_combine_kernel(CombineArgs a) {
   wait_previous_grid();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr int kW = kVec ? 4 : 1;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kW;
   if (i >= a.T * a.D) return;
   const int64_t t = i / a.D, d = i % a.D;
-  float acc = 0.0f;
-  for (int64_t k = 0; k < a.K; ++k) acc += a.contrib[(t * a.K + k) * a.D + d];
-  if (a.shared) acc += a.shared[i];
-  a.out[i] = a.round_bf16 ? dev_bf16_round(acc) : acc;
+  if constexpr (kVec) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int64_t k = 0; k < a.K; ++k) {
+      const float4 c = *reinterpret_cast<const float4*>(a.contrib + (t * a.K + k) * a.D + d);
+      acc.x += c.x, acc.y += c.y, acc.z += c.z, acc.w += c.w;
+    }
+    if (a.shared) {
+      const float4 sh = *reinterpret_cast<const float4*>(a.shared + i);
+      acc.x += sh.x, acc.y += sh.y, acc.z += sh.z, acc.w += sh.w;
+    }
+    if (a.round_bf16)
+      acc = make_float4(dev_bf16_round(acc.x), dev_bf16_round(acc.y), dev_bf16_round(acc.z), dev_bf16_round(acc.w));
+    *reinterpret_cast<float4*>(a.out + i) = acc;
+  } else {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < a.K; ++k) acc += a.contrib[(t * a.K + k) * a.D + d];
+    if (a.shared) acc += a.shared[i];
+    a.out[i] = a.round_bf16 ? dev_bf16_round(acc) : acc;
+  }
 }
 
 }  // namespace
@@ -248,7 +280,11 @@ void launch_swiglu(const SwigluArgs& a) {
 }
 
 void launch_expert_scatter(const ScatterArgs& a) {
-  if (a.R * a.D > 0) launch(expert_scatter_kernel, blocks_for(a.R * a.D, kThreads), kThreads, 0, a);
+  if (a.R * a.D <= 0) return;
+  if (a.D % 4 == 0 && aligned16(a.y) && aligned16(a.contrib))
+    launch(expert_scatter_kernel<true>, blocks_for(a.R * a.D / 4, kThreads), kThreads, 0, a);
+  else
+    launch(expert_scatter_kernel<false>, blocks_for(a.R * a.D, kThreads), kThreads, 0, a);
 }
 
 void launch_moe_combine(const CombineArgs& a) {
@@ -257,7 +293,10 @@ void launch_moe_combine(const CombineArgs& a) {
   if (a.T * a.D <= 0) return;
   CombineArgs c = a;
   c.round_bf16 = a.round_bf16 && fused;
-  launch(moe_combine_kernel, blocks_for(a.T * a.D, kThreads), kThreads, 0, c);
+  if (a.D % 4 == 0 && aligned16(a.out) && aligned16(a.contrib) && (a.shared == nullptr || aligned16(a.shared)))
+    launch(moe_combine_kernel<true>, blocks_for(a.T * a.D / 4, kThreads), kThreads, 0, c);
+  else
+    launch(moe_combine_kernel<false>, blocks_for(a.T * a.D, kThreads), kThreads, 0, c);
   if (a.round_bf16 && !fused) launch_bf16_round(a.out, a.T * a.D);
 }
 
