@@ -388,10 +388,9 @@ void StepGraphs::finish_capture() {
                  cudaGetErrorString(err));
     std::abort();
   }
-  static int dumps_left = [] {
-    const char* v = std::getenv("SPARROW_CUDA_GRAPH_NODES");
-    return v ? std::atoi(v) : 0;
-  }();
+  static int64_t dumps_left = cuda_env_int(
+      "SPARROW_CUDA_GRAPH_NODES", 0, [](int64_t n) { return n >= 0 && n <= (int64_t{1} << 30); },
+      "the captured segments whose nodes are printed must be a count from 0 to 2^30");
   if (dumps_left > 0) {
     --dumps_left;
     dump_nodes(graph, segment_);
