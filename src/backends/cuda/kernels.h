@@ -41,6 +41,12 @@ inline constexpr int kMaxRouterTopk = 64;   // K of the router
 
 // Whether p is 16-byte aligned (the vectorised kernels' 16-byte loads and stores).
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Whether a pass whose rows are n values can take four of them a thread through 16-byte loads and
+// stores: n a multiple of 4 and every array 16-byte aligned (a null one, an absent operand, skipped).
+template <typename... P>
+inline bool four_wide(int64_t n, const P*... arrays) {
+  return n % 4 == 0 && (... && (arrays == nullptr || aligned16(arrays)));
+}
 
 // A float/index tensor in device memory, decoded by its stored dtype.
 struct DevView {

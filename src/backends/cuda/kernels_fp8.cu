@@ -381,7 +381,7 @@ void launch_row_sim(const RowSimArgs& a) {
 
 void launch_bf16_round(float* x, int64_t n) {
   if (n <= 0) return;
-  if (n % 4 == 0 && aligned16(x))
+  if (four_wide(n, x))
     launch(bf16_round_kernel<true>, blocks_for(n / 4, kElementThreads), kElementThreads, 0, x, n);
   else
     launch(bf16_round_kernel<false>, blocks_for(n, kElementThreads), kElementThreads, 0, x, n);

@@ -888,7 +888,8 @@ __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, then the fi
   return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
 }
 // The decode kernels' bound: as many blocks as the shared memory holds (227 KB an SM, 1 KB of it
-// reserved a block), at most eight (span 1: 8 blocks, 64 registers; span 2: 6, 79; FP8: 5, 63).
+// reserved a block), at most eight (8 rows: span 1 8 blocks, 63 registers; span 2 6, 79; 16 rows:
+// span 1 7, 72 with 12 bytes spilled; span 2 5, 96; FP8: 5, 63).
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
   if (kN > 16) return 4 / kWG;
@@ -1224,7 +1225,7 @@ __global__ void parts_sum_kernel(float* out, const float* partial, int64_t count
 void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false) {
   static const bool fused = cuda_feature_on("fused_round");
   if (count <= 0) return;
-  if (count % 4 == 0 && aligned16(out) && aligned16(partial))
+  if (four_wide(count, out, partial))
     launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, partial, count, parts, round && fused);
   else
     launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
@@ -1834,6 +1835,14 @@ int w4a8_decode_rows(const GroupedW4A8Args& g) {
   return g.experts > 0 && g.rows_total >= kDecode16Rows * g.experts ? 16 : 8;
 }
 
+// The W4A8 decode kernel of kN rows a block at ring slots of `span` groups, its quarters over z blocks.
+template <int kN>
+void launch_w4a8_decode(const GroupedW4A8Args& g, int span, unsigned z) {
+  if (span == 4) launch_w4a8_wgmma<kN, 1, false, 4>(g, g.max_items, z);
+  else if (span == 2) launch_w4a8_wgmma<kN, 1, false, 2>(g, g.max_items, z);
+  else launch_w4a8_wgmma<kN, 1>(g, g.max_items, z);
+}
+
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1888,7 +1897,7 @@ void launch_weight_to_bf16(const DevWeight& w, uint16_t* out) {
 
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
   if (n <= 0) return;
-  if (n % 4 == 0 && aligned16(in) && reinterpret_cast<uintptr_t>(out) % 8 == 0)
+  if (four_wide(n, in) && reinterpret_cast<uintptr_t>(out) % 8 == 0)  // (4 bf16 outputs: 8 bytes)
     launch(f32_to_bf16_kernel<true>, blocks_for(n / 4, 256), 256, 0, in, out, n);
   else
     launch(f32_to_bf16_kernel<false>, blocks_for(n, 256), 256, 0, in, out, n);
@@ -1903,16 +1912,8 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
-      const int span = w4a8_decode_span(z);
-      if (w4a8_decode_rows(g) == 16) {
-        if (span == 4) launch_w4a8_wgmma<16, 1, false, 4>(g, g.max_items, z);
-        else if (span == 2) launch_w4a8_wgmma<16, 1, false, 2>(g, g.max_items, z);
-        else launch_w4a8_wgmma<16, 1>(g, g.max_items, z);
-      } else {
-        if (span == 4) launch_w4a8_wgmma<8, 1, false, 4>(g, g.max_items, z);
-        else if (span == 2) launch_w4a8_wgmma<8, 1, false, 2>(g, g.max_items, z);
-        else launch_w4a8_wgmma<8, 1>(g, g.max_items, z);
-      }
+      if (w4a8_decode_rows(g) == 16) launch_w4a8_decode<16>(g, w4a8_decode_span(z), z);
+      else launch_w4a8_decode<8>(g, w4a8_decode_span(z), z);
       if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }

@@ -281,7 +281,7 @@ void launch_swiglu(const SwigluArgs& a) {
 
 void launch_expert_scatter(const ScatterArgs& a) {
   if (a.R * a.D <= 0) return;
-  if (a.D % 4 == 0 && aligned16(a.y) && aligned16(a.contrib))
+  if (four_wide(a.D, a.y, a.contrib))
     launch(expert_scatter_kernel<true>, blocks_for(a.R * a.D / 4, kThreads), kThreads, 0, a);
   else
     launch(expert_scatter_kernel<false>, blocks_for(a.R * a.D, kThreads), kThreads, 0, a);
@@ -293,7 +293,7 @@ void launch_moe_combine(const CombineArgs& a) {
   if (a.T * a.D <= 0) return;
   CombineArgs c = a;
   c.round_bf16 = a.round_bf16 && fused;
-  if (a.D % 4 == 0 && aligned16(a.out) && aligned16(a.contrib) && (a.shared == nullptr || aligned16(a.shared)))
+  if (four_wide(a.D, a.out, a.contrib, a.shared))
     launch(moe_combine_kernel<true>, blocks_for(a.T * a.D / 4, kThreads), kThreads, 0, c);
   else
     launch(moe_combine_kernel<false>, blocks_for(a.T * a.D, kThreads), kThreads, 0, c);

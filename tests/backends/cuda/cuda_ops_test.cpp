@@ -2980,7 +2980,7 @@ TEST(CudaKvRecord, DeviceCodecIsTheHostCodec) {
 }
 
 // The CUDA backend's integer knobs (SPARROW_CUDA_ATTN_MMA_SPLIT, SPARROW_CUDA_W4A8_SPAN,
-// SPARROW_CUDA_DECODE_SPLIT_BLOCKS) through cuda_env_int: the fallback when unset or empty, the value
+// SPARROW_CUDA_W4A8_ROWS, SPARROW_CUDA_DECODE_SPLIT_BLOCKS, SPARROW_CUDA_GRAPH_NODES) through cuda_env_int: the fallback when unset or empty, the value
 // when the rule takes it, and an error naming the variable, its value and the rule otherwise. No GPU.
 TEST(CudaEnv, IntKnobsTakeValidValuesAndNameBadOnes) {
   const char* var = "SPARROW_CUDA_TEST_KNOB";
