@@ -811,11 +811,14 @@ __device__ inline void wgmma_w4a8(float (&d)[kN / 2], const uint32_t (&a)[4], ui
 
 // The table of block `blk` of a column's group (its packed e8m0 word): bytes 0..7 the e5m2 of the e2m1
 // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^(13 + e_blk - e_max); and cs = 2^(e_max - 140).
-// blk_sel = 0x4440 + blk: the byte permute selecting byte blk of the word, zero-extended. Every lane
-// of the warp must call it together: the far blocks' path (at most 2^-26 of the group's largest
-// scale, seldom seen) runs under a warp vote, so the common path has no divergent branch, and cs
-// is chosen by selects (ncu, H200 2026-12-03: the two calls' branches, with their compares and
-// predicated moves, were about 26 of the decode kernel's 261 instructions a warp and group).
+// blk_sel = 0x4440 + blk: the byte permute selecting byte blk of the word, zero-extended.
+// kWarpVote (the prefill kernel, every lane calling together): the far blocks' path (at most 2^-26
+// of the group's largest scale, seldom seen) runs under a warp vote, so the common path has no
+// divergent branch (ncu, H200 2026-12-03: the branches, with their compares and predicated moves,
+// were about 26 of the decode kernel's 261 instructions a warp and group). The decode kernel takes
+// the common case from w4a8_group_prep and comes here, without the vote, only for the groups it
+// marks: a block 2^-26 or further below the group's largest scale, or a largest byte 0 or 255.
+template <bool kWarpVote>
 __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t& lo, uint32_t& hi, float& cs) {
   const int e_max = static_cast<int>(
       max(__vimax3_u32(word & 0xffu, __byte_perm(word, 0u, 0x4441), __byte_perm(word, 0u, 0x4442)), word >> 24));
@@ -825,7 +828,7 @@ __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t
   const uint32_t b1 = static_cast<uint32_t>(27 + s) << 2;
   lo = b1 * 0x01010100u + 0x06040000u;
   hi = b1 * 0x01010101u + 0x0e0c0a08u;
-  if (__any_sync(0xffffffffu, s < -26) && s < -26) {  // rounded to e5m2 (0 below 2^-17 of the largest)
+  if ((!kWarpVote || __any_sync(0xffffffffu, s < -26)) && s < -26) {  // rounded to e5m2 (0 below 2^-17 of the largest)
     constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint32_t bytes[2] = {0u, 0u};
 #pragma unroll
@@ -842,13 +845,63 @@ __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t
   cs = __uint_as_float(e_max == 255 ? 0x7fc00000u : bits);
 }
 
+// A column's group prepared once for the four threads that convert its blocks (w4a8_e5m2_table is
+// the same per thread, its e_max four times over): b1w byte blk = (27 + e_blk - e_max) << 2 (the
+// table's b1), cs = 2^(e_max - 140); b1w = 0 marks the groups that table's uncommon paths cover
+// (e_max - e_min > 26, e_max 0 or 255), which then go through it. Mostly multiply-adds: the decode
+// kernel is bound by the integer ALU pipe (ncu, H200 2026-12-03: 305 M of its 594 M instructions, the
+// pipe 70 % busy, the FMA pipe 15 %). With d_blk = e_max - e_blk in 0..26, the packed bytes
+// 108 - 4 d_blk lie in 4..108, so one 32-bit sum 0x6c6c6c6c + 4 (word - e_max 0x01010101) holds them
+// exactly; 2^(e_max - 127) 2^-13 is exact as a float product (no flush to zero in this build).
+__device__ inline void w4a8_group_prep(uint32_t word, uint32_t& b1w, float& cs) {
+  const uint32_t e0 = word & 0xffu, e1 = __byte_perm(word, 0u, 0x4441), e2 = __byte_perm(word, 0u, 0x4442), e3 = word >> 24;
+  const uint32_t e_max = max(__vimax3_u32(e0, e1, e2), e3), e_min = min(__vimin3_u32(e0, e1, e2), e3);
+  const bool rare = e_max - e_min > 26u || e_max - 1u > 253u;
+  b1w = rare ? 0u : 0x6c6c6c6cu + 4u * word - e_max * 0x04040404u;
+  cs = __uint_as_float(e_max << 23) * 0x1p-13f;
+}
+
+// Block blk's table and cs as the wgmma kernels take them: from the prep's b1 byte of that block
+// and cs, or from w4a8_e5m2_table where the prep marked the group (b1w = 0).
+__device__ inline void w4a8_prep_table(uint32_t b1, uint32_t& lo, uint32_t& hi) {
+  lo = b1 * 0x01010100u + 0x06040000u;
+  hi = b1 * 0x01010101u + 0x0e0c0a08u;
+}
+
+// Test hook (CudaW4A8Tables): for each word, the prep's b1w and cs bits, then per block the kernels'
+// (lo, hi, cs bits) through the prep and through w4a8_e5m2_table alone: 2 + 4 x 6 words.
+__global__ void w4a8_table_pair_kernel(const uint32_t* words, int64_t n, uint32_t* out) {
+  wait_previous_grid();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t word = words[i];
+  uint32_t b1w;
+  float cs;
+  w4a8_group_prep(word, b1w, cs);
+  uint32_t* o = out + 26 * i;
+  o[0] = b1w, o[1] = __float_as_uint(cs);
+  for (int blk = 0; blk < 4; ++blk) {
+    uint32_t lo, hi, lo2, hi2;
+    float cs_blk = cs, cs2;
+    w4a8_prep_table(__byte_perm(b1w, 0u, 0x4440u + blk), lo, hi);
+    if (b1w == 0u) w4a8_e5m2_table<false>(word, 0x4440u + blk, lo, hi, cs_blk);
+    w4a8_e5m2_table<false>(word, 0x4440u + blk, lo2, hi2, cs2);
+    uint32_t* ob = o + 2 + 6 * blk;
+    ob[0] = lo, ob[1] = hi, ob[2] = __float_as_uint(cs_blk), ob[3] = lo2, ob[4] = hi2, ob[5] = __float_as_uint(cs2);
+  }
+}
+
 // Eight e2m1 codes (a word, input j in nibble j) as e5m2 through a table: lo_out inputs 0..3, hi_out
 // 4..7. The magnitudes by a byte permute over the table (selectors: the nibbles without their sign
 // bits); byte j's sign is nibble j's bit 3, taken to bit 7 by a permute of w and w << 4 (nibble j
 // is bits 4 j .. 4 j + 3 of w; even j's sign is bit 7 of byte j / 2 of w << 4, odd j's of w's).
 __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, uint32_t& lo_out, uint32_t& hi_out) {
+  // (PTX prmt, not __byte_perm: for __byte_perm's 3-bit selectors the compiler masks a run-time
+  // selector with 0x7777 again, two ALU instructions a word more; these have their bits 3 clear.)
   const uint32_t sel = w & 0x77777777u, w4 = w << 4;
-  const uint32_t mag_lo = __byte_perm(tlo, thi, sel), mag_hi = __byte_perm(tlo, thi, sel >> 16);
+  uint32_t mag_lo, mag_hi;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(mag_lo) : "r"(tlo), "r"(thi), "r"(sel));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(mag_hi) : "r"(tlo), "r"(thi), "r"(sel >> 16));
   lo_out = mag_lo | (__byte_perm(w4, w, 0x5140) & 0x80808080u);
   hi_out = mag_hi | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
 }
@@ -884,8 +937,9 @@ constexpr int kWgStages = 4;
 template <int kN, bool kFp8W, int kSpan = 1>
 __host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kSpan == 1 ? kWgStages : 3; }
 template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
-__host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, then the finished quarters' sums
-  return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG;
+__host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finished quarters' sums, the groups' prep
+  return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG +
+         (kFp8W || kN > 16 ? 0 : sizeof(uint32_t) * 2 * 16 * kSpan * 4 * kWG);
 }
 // The decode kernels' bound: as many blocks as the shared memory holds (227 KB an SM, 1 KB of it
 // reserved a block), at most eight (8 rows: span 1 8 blocks, 63 registers; span 2 6, 79; 16 rows:
@@ -1097,6 +1151,10 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   float* total = reinterpret_cast<float*>(ring + kStages * kSpan);
   const int c0 = 16 * warp + gid;
+  // This warp's w4a8_group_prep of the slot's groups for its 16 columns: entry 16 sub + j (column
+  // 16 warp + j, the slot's group sub), b1w words then cs.
+  uint32_t* const prep_b1 = reinterpret_cast<uint32_t*>(total + (kN / 2) * kThreads) + warp * 2 * 16 * kSpan;
+  float* const prep_cs = reinterpret_cast<float*>(prep_b1 + 16 * kSpan);
   // Where this block's outputs go: out [rows_total, N] (the pair's second projection rows_total x N
   // further on), or quarter q's slice of partial [4, pair x rows_total, N].
   const int64_t outputs = (!kFp8W && g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
@@ -1137,6 +1195,13 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
     issue();                       // the slot kStages - 1 ahead
     const Stage* slot = ring + kSpan * (kAdvance ? stage_index : ((kg0 - g_lo) / kSpan) % kStages);
     if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+    if constexpr (!kFp8W && kDecode) {
+      // Lane j < 16 kSpan prepares entry j. (Rewritten only after the next barrier, when every lane
+      // of the warp has read this slot's.)
+#pragma unroll
+      for (int j = lane; j < 16 * kSpan; j += 32) w4a8_group_prep(slot[j / 16].ws[16 * warp + j % 16], prep_b1[j], prep_cs[j]);
+      __syncwarp();
+    }
 #pragma unroll
     for (int sub = 0; sub < kSpan; ++sub) {
       const int kg = kg0 + sub;
@@ -1161,8 +1226,23 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         cs[0] = cs[1] = __uint_as_float(st.ws[0]);
       } else {
         uint32_t tab[2][2];
-        w4a8_e5m2_table(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-        w4a8_e5m2_table(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+        if constexpr (!kDecode) {
+          w4a8_e5m2_table<true>(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
+          w4a8_e5m2_table<true>(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+        } else {
+          // Block tig's b1 of columns c0 and c0 + 8 (entries 8 apart: 32 bytes), their tables, cs.
+          const uint8_t* b1p = reinterpret_cast<const uint8_t*>(prep_b1 + 16 * sub + gid) + tig;
+          const uint32_t b1[2] = {b1p[0], b1p[32]};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            w4a8_prep_table(b1[h], tab[h][0], tab[h][1]);
+            cs[h] = prep_cs[16 * sub + gid + 8 * h];
+          }
+          if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
+            if (b1[0] == 0u) w4a8_e5m2_table<false>(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
+            if (b1[1] == 0u) w4a8_e5m2_table<false>(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+          }
+        }
         const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
         const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
         const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
@@ -1893,6 +1973,11 @@ bool launch_linear(const LinearArgs& a) {
 
 void launch_weight_to_bf16(const DevWeight& w, uint16_t* out) {
   if (w.out * w.in > 0) launch(weight_to_bf16_kernel, blocks_for(w.out * w.in, 256), 256, 0, w, out);
+}
+
+void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out) {
+  if (n <= 0) return;
+  launch(w4a8_table_pair_kernel, blocks_for(n, 256), 256, 0, words, n, out);
 }
 
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {

@@ -2837,6 +2837,63 @@ TEST(CudaElementwise, Bf16PassesRoundEveryValueAtAnyLengthAndAlignment) {
   cudaFree(d_out);
 }
 
+// The W4A8 wgmma kernels take a group's e5m2 tables and cs from w4a8_group_prep (once a column's
+// group, by multiply-adds), falling back to the per-block table where the prep marks the group. The
+// two must give every block the same table bytes and cs bits: over every largest scale byte 0..255
+// with the other blocks 0..31 below it (the boundary of the prep's direct path is 26), and random
+// words. The marking must be exactly the documented one (a spread over 26, a largest byte 0 or 255),
+// so that the common path is the prep's.
+TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_CUDA(gpu);
+  std::mt19937 rng(31);
+  std::vector<uint32_t> words;
+  for (uint32_t e_max = 0; e_max < 256; ++e_max)
+    for (int k = 0; k < 256; ++k) {
+      uint32_t w = 0;
+      const int top = static_cast<int>(rng() % 4);
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t d = b == top ? 0 : rng() % 32;
+        w |= (e_max >= d ? e_max - d : 0u) << (8 * b);
+      }
+      words.push_back(w);
+    }
+  for (int k = 0; k < 65536; ++k) words.push_back(static_cast<uint32_t>(rng()));
+  const int64_t n = static_cast<int64_t>(words.size());
+  uint32_t* d_words = nullptr;
+  uint32_t* d_out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_words), n * sizeof(uint32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), 26 * n * sizeof(uint32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_words, words.data(), n * sizeof(uint32_t), cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::launch_w4a8_table_pair(d_words, n, d_out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint32_t> out(26 * n);
+  ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d_words);
+  cudaFree(d_out);
+  int64_t wrong = 0, marked = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t w = words[i];
+    const uint32_t* o = out.data() + 26 * i;
+    uint32_t lo = 255, hi = 0;
+    for (int b = 0; b < 4; ++b) lo = std::min(lo, (w >> (8 * b)) & 0xffu), hi = std::max(hi, (w >> (8 * b)) & 0xffu);
+    const bool want_marked = hi - lo > 26 || hi == 0 || hi == 255;
+    marked += o[0] == 0;
+    if ((o[0] == 0) != want_marked && wrong++ < 3)
+      ADD_FAILURE() << std::hex << "word 0x" << w << ": marked " << (o[0] == 0) << ", want " << want_marked;
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t* ob = o + 2 + 6 * b;
+      if ((ob[0] != ob[3] || ob[1] != ob[4] || ob[2] != ob[5]) && wrong++ < 3)
+        ADD_FAILURE() << std::hex << "word 0x" << w << " block " << b << ": prep " << ob[0] << " " << ob[1] << " cs "
+                      << ob[2] << ", table " << ob[3] << " " << ob[4] << " cs " << ob[5];
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  // Both paths were exercised: most structured words through the prep, the random ones marked.
+  EXPECT_GT(marked, 65536 / 2);
+  EXPECT_LT(marked, n - 65536 / 4);
+}
+
 // The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
 // give the three passes' bits (launch_swiglu, launch_route_scale_bf16, launch_row_sim): stacked (a
 // and b halves of rows of 2F) and in place, with and without routing weights, F not a multiple of
