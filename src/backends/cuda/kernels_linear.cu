@@ -942,8 +942,9 @@ __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finishe
          (kFp8W || kN > 16 ? 0 : sizeof(uint32_t) * 2 * 16 * kSpan * 4 * kWG);
 }
 // The decode kernels' bound: as many blocks as the shared memory holds (227 KB an SM, 1 KB of it
-// reserved a block), at most eight (8 rows: span 1 8 blocks, 63 registers; span 2 6, 79; 16 rows:
-// span 1 7, 72 with 12 bytes spilled; span 2 5, 96; FP8: 5, 63).
+// reserved a block), at most eight (ptxas, with the group prep: 8 rows: span 1 8 blocks, 64 registers
+// with 4 bytes spilled; span 2 6, 80; 16 rows: span 1 7, 72 with 12 bytes spilled; span 2 5, 96;
+// FP8: 5, 63).
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
   if (kN > 16) return 4 / kWG;
