@@ -449,7 +449,7 @@ inline int w4a8_small_tiles(const GroupedW4A8Args& g) {
 // out[i] = bf16(in[i]) for i < n (exact for the fast profiles' bf16-valued activations).
 void launch_weight_to_bf16(const DevWeight& w, uint16_t* out);
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
-// Test hook: the W4A8 wgmma kernels' e5m2 tables of each packed e8m0 word, through the group prep
+// Test hook: the W4A8 decode wgmma kernel's e5m2 tables of each packed e8m0 word, through the group prep
 // and through the per-block table alone (out: 26 words a word; kernels_linear.cu says which).
 void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out);
 

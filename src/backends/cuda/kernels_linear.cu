@@ -809,6 +809,15 @@ __device__ inline void wgmma_w4a8(float (&d)[kN / 2], const uint32_t (&a)[4], ui
   }
 }
 
+// A block's e5m2 table from its b1 = (27 + e_blk - e_max) << 2, the e5m2 byte of 0.5 x 2^(13 + e_blk -
+// e_max) (e_max - e_blk <= 26): e2m1 magnitude v x 2^q (q = 13 + e_blk - e_max) is e5m2 exponent
+// field q + 14 (0.5), q + 15 (1, 1.5), q + 16 (2, 3), q + 17 (4, 6), mantissa 0 or 2: bytes b1 +
+// {0, 4, 6, 8, 10, 12, 14}, and 0 for 0.
+__device__ inline void w4a8_table_of_b1(uint32_t b1, uint32_t& lo, uint32_t& hi) {
+  lo = b1 * 0x01010100u + 0x06040000u;
+  hi = b1 * 0x01010101u + 0x0e0c0a08u;
+}
+
 // The table of block `blk` of a column's group (its packed e8m0 word): bytes 0..7 the e5m2 of the e2m1
 // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^(13 + e_blk - e_max); and cs = 2^(e_max - 140).
 // blk_sel = 0x4440 + blk: the byte permute selecting byte blk of the word, zero-extended.
@@ -823,11 +832,7 @@ __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t
   const int e_max = static_cast<int>(
       max(__vimax3_u32(word & 0xffu, __byte_perm(word, 0u, 0x4441), __byte_perm(word, 0u, 0x4442)), word >> 24));
   const int s = static_cast<int>(__byte_perm(word, 0u, blk_sel)) - e_max;  // <= 0
-  // s >= -26: e2m1 magnitude v x 2^q (q = 13 + s) is e5m2 exponent field q + 14 (0.5), q + 15 (1,
-  // 1.5), q + 16 (2, 3), q + 17 (4, 6), mantissa 0 or 2: bytes b1 + {0, 4, 6, 8, 10, 12, 14}.
-  const uint32_t b1 = static_cast<uint32_t>(27 + s) << 2;
-  lo = b1 * 0x01010100u + 0x06040000u;
-  hi = b1 * 0x01010101u + 0x0e0c0a08u;
+  w4a8_table_of_b1(static_cast<uint32_t>(27 + s) << 2, lo, hi);  // (s >= -26; else replaced below)
   if ((!kWarpVote || __any_sync(0xffffffffu, s < -26)) && s < -26) {  // rounded to e5m2 (0 below 2^-17 of the largest)
     constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint32_t bytes[2] = {0u, 0u};
@@ -847,25 +852,19 @@ __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t
 
 // A column's group prepared once for the four threads that convert its blocks (w4a8_e5m2_table is
 // the same per thread, its e_max four times over): b1w byte blk = (27 + e_blk - e_max) << 2 (the
-// table's b1), cs = 2^(e_max - 140); b1w = 0 marks the groups that table's uncommon paths cover
-// (e_max - e_min > 26, e_max 0 or 255), which then go through it. Mostly multiply-adds: the decode
-// kernel is bound by the integer ALU pipe (ncu, H200 2026-12-03: 305 M of its 594 M instructions, the
-// pipe 70 % busy, the FMA pipe 15 %). With d_blk = e_max - e_blk in 0..26, the packed bytes
-// 108 - 4 d_blk lie in 4..108, so one 32-bit sum 0x6c6c6c6c + 4 (word - e_max 0x01010101) holds them
-// exactly; 2^(e_max - 127) 2^-13 is exact as a float product (no flush to zero in this build).
+// table's b1, for w4a8_table_of_b1), cs = 2^(e_max - 140); b1w = 0 marks the groups that table's
+// uncommon paths cover (e_max - e_min > 26, e_max 0 or 255), which then go through it. Mostly
+// multiply-adds: the decode kernel is bound by the integer ALU pipe (ncu, H200 2026-12-03: 305 M of
+// its 594 M instructions, the pipe 70 % busy, the FMA pipe 15 %). With d_blk = e_max - e_blk in
+// 0..26, the packed bytes 108 - 4 d_blk lie in 4..108, so one 32-bit sum 0x6c6c6c6c + 4 (word - e_max
+// 0x01010101) holds them exactly; 2^(e_max - 127) 2^-13 is exact as a float product (no flush to
+// zero in this build).
 __device__ inline void w4a8_group_prep(uint32_t word, uint32_t& b1w, float& cs) {
   const uint32_t e0 = word & 0xffu, e1 = __byte_perm(word, 0u, 0x4441), e2 = __byte_perm(word, 0u, 0x4442), e3 = word >> 24;
   const uint32_t e_max = max(__vimax3_u32(e0, e1, e2), e3), e_min = min(__vimin3_u32(e0, e1, e2), e3);
   const bool rare = e_max - e_min > 26u || e_max - 1u > 253u;
   b1w = rare ? 0u : 0x6c6c6c6cu + 4u * word - e_max * 0x04040404u;
   cs = __uint_as_float(e_max << 23) * 0x1p-13f;
-}
-
-// Block blk's table and cs as the wgmma kernels take them: from the prep's b1 byte of that block
-// and cs, or from w4a8_e5m2_table where the prep marked the group (b1w = 0).
-__device__ inline void w4a8_prep_table(uint32_t b1, uint32_t& lo, uint32_t& hi) {
-  lo = b1 * 0x01010100u + 0x06040000u;
-  hi = b1 * 0x01010101u + 0x0e0c0a08u;
 }
 
 // Test hook (CudaW4A8Tables): for each word, the prep's b1w and cs bits, then per block the kernels'
@@ -883,7 +882,7 @@ __global__ void w4a8_table_pair_kernel(const uint32_t* words, int64_t n, uint32_
   for (int blk = 0; blk < 4; ++blk) {
     uint32_t lo, hi, lo2, hi2;
     float cs_blk = cs, cs2;
-    w4a8_prep_table(__byte_perm(b1w, 0u, 0x4440u + blk), lo, hi);
+    w4a8_table_of_b1(__byte_perm(b1w, 0u, 0x4440u + blk), lo, hi);
     if (b1w == 0u) w4a8_e5m2_table<false>(word, 0x4440u + blk, lo, hi, cs_blk);
     w4a8_e5m2_table<false>(word, 0x4440u + blk, lo2, hi2, cs2);
     uint32_t* ob = o + 2 + 6 * blk;
@@ -934,12 +933,16 @@ struct WgStage {
 // each). The FP8 linear's prefill stages hold twice the weight bytes: 3 of them (107 KB with the
 // quarter sums) keep two blocks an SM, as the W4A8 prefill kernel's 4 do.
 constexpr int kWgStages = 4;
+// The wgmma kernel's decode form (8- or 16-row items: the ring advanced a slot at a time, wider
+// slots, K's quarters over blocks, a W4A8 pair in one grid, the tables from the group prep) against
+// its prefill form (64-row tiles).
+__host__ __device__ constexpr bool wg_decode(int kN) { return kN <= 16; }
 template <int kN, bool kFp8W, int kSpan = 1>
 __host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kSpan == 1 ? kWgStages : 3; }
 template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
 __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finished quarters' sums, the groups' prep
   return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG +
-         (kFp8W || kN > 16 ? 0 : sizeof(uint32_t) * 2 * 16 * kSpan * 4 * kWG);
+         (kFp8W || !wg_decode(kN) ? 0 : sizeof(uint32_t) * 2 * 16 * kSpan * 4 * kWG);
 }
 // The decode kernels' bound: as many blocks as the shared memory holds (227 KB an SM, 1 KB of it
 // reserved a block), at most eight (ptxas, with the group prep: 8 rows: span 1 8 blocks, 64 registers
@@ -947,7 +950,7 @@ __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finishe
 // FP8: 5, 63).
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
-  if (kN > 16) return 4 / kWG;
+  if (!wg_decode(kN)) return 4 / kWG;
   const int fit = static_cast<int>((227 * 1024) / (wg_smem_bytes<kN, kWG, kFp8W, kSpan>() + 1024));
   return fit < 8 ? fit : 8;
 }
@@ -965,7 +968,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
   // The decode form: kN = 8 (the plan's items), or 16 for W4A8 (an item with an even tile index
   // takes its 8 rows and the next item's, which then does nothing); the prefill form: kN = 64.
-  constexpr bool kDecode = kN <= 16;
+  constexpr bool kDecode = wg_decode(kN);
   static_assert(kN == 8 || (kN == 16 && !kFp8W) || kN == kTiledRows, "8- or 16-row items, or 64-row tiles");
   static_assert(kSpan == 1 || (kDecode && !kFp8W), "slots of several groups: the W4A8 decode kernel only");
   // The experts' items come from the device plan, a kernel's output: wait first, unless the plan was
@@ -1236,7 +1239,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
           const uint32_t b1[2] = {b1p[0], b1p[32]};
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            w4a8_prep_table(b1[h], tab[h][0], tab[h][1]);
+            w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
             cs[h] = prep_cs[16 * sub + gid + 8 * h];
           }
           if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
@@ -1879,7 +1882,7 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
-  const unsigned pair = !kFp8W && kN <= 16 && g.w_b != nullptr ? 2 : 1;
+  const unsigned pair = !kFp8W && wg_decode(kN) && g.w_b != nullptr ? 2 : 1;
   launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
          dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
          kWgThreads * kWG, kSmem, g);
@@ -2079,6 +2082,19 @@ bool tma_split_pays(int64_t tiles, int64_t parts) {
   return tiles < sms && (parts * tiles + sms - 1) / sms < parts;
 }
 
+// Whether a TMA GEMM cut into `split` parts rounds its outputs to bf16 in its store (`round`, the
+// op's round_bf16; unsplit and fused_round only).
+bool tma_store_rounds(bool round, int split) {
+  static const bool fused = cuda_feature_on("fused_round");  // (off: a rounding pass after, the same values)
+  return round && fused && split == 1;
+}
+// The work after a TMA GEMM: a split one's parts summed in order (rounded there), an unsplit one's
+// rounding pass where its store did not round.
+void finish_tma(float* out, const float* partial, int64_t count, int split, bool round, bool store_rounded) {
+  if (split > 1) add_parts(out, partial, count, split, round);
+  else if (round && !store_rounded) launch_bf16_round(out, count);
+}
+
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
 // `partial` is given and splitting saves a wave of the SMs: tma_split_pays); nullptr when launched, else why not
 // (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
@@ -2109,13 +2125,10 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tma_split_pays(tiles, kW4A8Warps) ? kW4A8Warps : 1;
   if (a.split > 1) a.out = g.partial;
-  // The op's bf16 rounding where the outputs are written (fused_round; off: a pass after, the same values).
-  static const bool fused = cuda_feature_on("fused_round");
-  const bool round_here = g.round_bf16 && fused && a.split == 1;
+  const bool round_here = tma_store_rounds(g.round_bf16, a.split);
   launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
-  if (a.split > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
-  else if (g.round_bf16 && !fused) launch_bf16_round(g.out, g.rows_total * g.N);
+  finish_tma(g.out, g.partial, g.rows_total * g.N, a.split, g.round_bf16, round_here);
   return nullptr;
 }
 
@@ -2147,9 +2160,6 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     return;
   }
   static const bool tma = cuda_feature_on("fp8_tma");
-  const auto round_after = [&g] {
-    if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
-  };
   if (tma) {
     const char* why = launch_fp8_tma(g);
     if (why == nullptr) return;  // (rounded there)
@@ -2160,7 +2170,7 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
     });
   }
   launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
-  round_after();
+  if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
 }
 
 namespace {
@@ -2213,12 +2223,10 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   t.parts = bf16_parts(a.N);
   t.split = tma_split_pays(tiles, t.parts) ? t.parts : 1;
   t.out = t.split > 1 ? a.partial : a.out;
-  static const bool fused = cuda_feature_on("fused_round");  // (off: a rounding pass after, the same values)
-  const bool round_here = a.round_bf16 && fused && t.split == 1;
+  const bool round_here = tma_store_rounds(a.round_bf16, t.split);
   launch(round_here ? bf16_linear_tma_kernel<true> : bf16_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads, kBf16TmaSmemBytes, t);
-  if (t.split > 1) add_parts(a.out, a.partial, a.rows * a.N, t.parts, a.round_bf16);
-  else if (a.round_bf16 && !round_here) launch_bf16_round(a.out, a.rows * a.N);
+  finish_tma(a.out, a.partial, a.rows * a.N, t.split, a.round_bf16, round_here);
   return nullptr;
 }
 

@@ -2837,9 +2837,9 @@ TEST(CudaElementwise, Bf16PassesRoundEveryValueAtAnyLengthAndAlignment) {
   cudaFree(d_out);
 }
 
-// The W4A8 wgmma kernels take a group's e5m2 tables and cs from w4a8_group_prep (once a column's
-// group, by multiply-adds), falling back to the per-block table where the prep marks the group. The
-// two must give every block the same table bytes and cs bits: over every largest scale byte 0..255
+// The W4A8 decode wgmma kernel takes a group's e5m2 tables and cs from w4a8_group_prep (once a
+// column's group, by multiply-adds), falling back to the per-block table where the prep marks the
+// group. The two must give every block the same table bytes and cs bits: over every largest scale byte 0..255
 // with the other blocks 0..31 below it (the boundary of the prep's direct path is 26), and random
 // words. The marking must be exactly the documented one (a spread over 26, a largest byte 0 or 255),
 // so that the common path is the prep's.
