@@ -24,6 +24,7 @@
 #include "backends/cuda/bf16_linear.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_state.h"
+#include "backends/cuda/fp4_layout.h"
 #include "backends/cuda/fp8_linear.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/step_graph.h"
@@ -1288,6 +1289,29 @@ class CudaBackend final : public Backend {
     host_to_device(b.get(), v.data, bytes);
     return weights_.put(v, fp, std::move(b)).get();
   }
+  // The same for an MXFP4 weight's codes, in the device layout (fp4_layout.h; a cache of its own,
+  // so these bytes never serve as the released ones): re-laid by a kernel after the copy, or on
+  // the host while a step is captured (a captured kernel would re-lay them again at every replay).
+  const void* device_fp4_bytes(const TensorView& v) {
+    if (!v.data) return nullptr;
+    const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+    SPARROW_CHECK(bytes % 4 == 0 && "MXFP4 rows come in whole 32-bit words (8 inputs)");
+    const uint64_t fp = view_fingerprint(v);
+    if (const DeviceBuffer* hit = fp4_weights_.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
+    const LongLived weight;
+    DeviceBuffer b(bytes, false);  // (every byte copied over)
+    if (capturing_step()) {
+      std::vector<uint32_t> words(bytes / 4);
+      std::memcpy(words.data(), v.data, bytes);
+      for (uint32_t& w : words) w = fp4_word_to_device(w);
+      host_to_device(b.get(), words.data(), bytes);
+    } else {
+      host_to_device(b.get(), v.data, bytes);
+      launch_fp4_to_device_layout(static_cast<uint32_t*>(b.get()), static_cast<int64_t>(bytes / 4));
+      launch_check("MXFP4 weight upload");
+    }
+    return fp4_weights_.put(v, fp, std::move(b)).get();
+  }
 
  private:
   struct DeviceBatch {
@@ -1349,7 +1373,11 @@ class CudaBackend final : public Backend {
 
   DevWeight dev_weight(const WeightMatrix& w) {
     SPARROW_CHECK(w.present());
-    DevWeight d{.format = w.format, .out = w.out, .in = w.in, .data = device_bytes(w.data), .dtype = w.data.dtype};
+    if (w.format == WeightFormat::kFp4Packed)
+      SPARROW_CHECK(w.in % 8 == 0 && "an MXFP4 weight's rows are whole 32-bit words on the device (fp4_layout.h)");
+    DevWeight d{.format = w.format, .out = w.out, .in = w.in,
+                .data = w.format == WeightFormat::kFp4Packed ? device_fp4_bytes(w.data) : device_bytes(w.data),
+                .dtype = w.data.dtype};
     switch (w.format) {
       case WeightFormat::kFloat:
         SPARROW_CHECK(is_float_dtype(w.data.dtype));
@@ -1762,6 +1790,7 @@ class CudaBackend final : public Backend {
   }
 
   WeightCache<DeviceBuffer> weights_;
+  WeightCache<DeviceBuffer> fp4_weights_;  // MXFP4 codes in the device layout (device_fp4_bytes)
   DeviceBatch batch_;
   StepGraphs step_graphs_;
   bool step_graphs_on_ = cuda_feature_on("graphs");

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "backends/cuda/fp4_layout.h"
 #include "backends/cuda/kernels.h"
 
 namespace sparrow::cuda {
@@ -277,10 +278,13 @@ __device__ inline float weight_at(const DevWeight& w, int64_t row, int64_t col) 
       return dev_e4m3(static_cast<const uint8_t*>(w.data)[row * w.in + col]) * s;
     }
     case WeightFormat::kFp4Packed: {
-      // Byte j of a row holds input 2j in its low nibble and 2j+1 in its high nibble.
-      const uint8_t b = static_cast<const uint8_t*>(w.data)[row * (w.in / 2) + col / 2];
+      // The device layout (fp4_layout.h): word k of a row holds inputs 8k .. 8k + 7 (w.in % 8 == 0),
+      // input j's magnitude in nibble j, its sign at fp4_device_sign_bit(j).
+      const uint32_t word = static_cast<const uint32_t*>(w.data)[(row * w.in + col) / 8];
+      const int j = static_cast<int>(col % 8);
+      const uint32_t code = ((word >> (4 * j)) & 7u) | (((word >> fp4_device_sign_bit(j)) & 1u) << 3);
       const float s = dev_load(DevView{w.scale, w.scale_dtype}, row * w.scale_cols + col / w.block_in);
-      return dev_e2m1((col & 1) ? (b >> 4) : (b & 0xf)) * s;
+      return dev_e2m1(static_cast<uint8_t>(code)) * s;
     }
   }
   return __uint_as_float(0x7fc00000u);

@@ -448,6 +448,9 @@ inline int w4a8_small_tiles(const GroupedW4A8Args& g) {
 // value times a power-of-two scale has at most 4 significant bits, and for BF16 ones), and
 // out[i] = bf16(in[i]) for i < n (exact for the fast profiles' bf16-valued activations).
 void launch_weight_to_bf16(const DevWeight& w, uint16_t* out);
+// MXFP4 weight words [n] re-laid in place from the released layout to the device one (fp4_layout.h:
+// fp4_word_to_device), at upload.
+void launch_fp4_to_device_layout(uint32_t* words, int64_t n);
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
 // Test hook: the W4A8 decode wgmma kernel's e5m2 tables of each packed e8m0 word, through the group prep
 // and through the per-block table alone (out: 26 words a word; kernels_linear.cu says which).

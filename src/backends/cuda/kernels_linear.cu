@@ -120,6 +120,10 @@ __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int 
       const int64_t c = c0 + 32 * u;
       if (c >= chunks) break;
       const int64_t k0 = c * kIn;
+      if constexpr (kFp4) {  // (the device layout's words in the released one: fp4_layout.h)
+        vs[u].x = fp4_word_released(vs[u].x), vs[u].y = fp4_word_released(vs[u].y);
+        vs[u].z = fp4_word_released(vs[u].z), vs[u].w = fp4_word_released(vs[u].w);
+      }
       const uint8_t* b = reinterpret_cast<const uint8_t*>(&vs[u]);
       float w[kIn];
 #pragma unroll
@@ -234,15 +238,17 @@ static_assert(kMoeTileRows == 8, "a work item's tile of 8 rows is the mma's N");
 // Quarter p of G groups is [w4a8_quarter(p, G), w4a8_quarter(p + 1, G)) (some empty when G < 4).
 __device__ inline int w4a8_quarter(int p, int groups) { return p * groups / kW4A8Warps; }
 
-// e2m1 -> f16 times 2^-14: the nibble's sign to bit 15, its exponent and mantissa bits to 11..9 (an
-// f16 exponent field of e, mantissa m: (1 + m / 2) 2^(e - 15) = v 2^-14; e = 0, m = 1 is the f16
-// subnormal 2^-15 = 0.5 2^-14), all in the f16's high byte: s000eem0. The even nibbles' high bytes
-// come out of one shift-and-mask pass over the word, the odd ones' out of another, and a byte
-// permute each sets two of them over zero low bytes: 11 operations for 8 values by count (nibble by
-// nibble took 15 instructions in the SASS). Words: (k0, k2), (k4, k6), (k1, k3), (k5, k7), the first of each pair in the low half.
+// e2m1 -> f16 times 2^-14 from a device word (fp4_layout.h): the code's sign to bit 15, its
+// exponent and mantissa bits to 11..9 (an f16 exponent field of e, mantissa m: (1 + m / 2) 2^(e -
+// 15) = v 2^-14; e = 0, m = 1 is the f16 subnormal 2^-15 = 0.5 2^-14), all in the f16's high byte:
+// s000eem0. The even inputs' high bytes come out of one shift-and-mask pass over the word (the
+// magnitudes) and a byte permute of w and w << 4 (the signs: inputs 0, 2 at bits 7, 23 of w, 4, 6 at
+// bits 7, 23 of w << 4), the odd ones' likewise, and a byte permute each sets two of them over zero
+// low bytes. Words: (k0, k2), (k4, k6), (k1, k3), (k5, k7), the first of each pair in the low half.
 __device__ inline void e2m1x8_to_f16x8(uint32_t w, uint32_t (&r)[4]) {
-  const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);  // bytes: nibbles 0, 2, 4, 6
-  const uint32_t odd = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);          // bytes: nibbles 1, 3, 5, 7
+  const uint32_t w4 = w << 4;
+  const uint32_t even = (__byte_perm(w, w4, 0x6420) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);  // bytes: inputs 0, 2, 4, 6
+  const uint32_t odd = (__byte_perm(w, w4, 0x7531) & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);   // bytes: inputs 1, 3, 5, 7
   r[0] = __byte_perm(even, 0u, 0x1404);
   r[1] = __byte_perm(even, 0u, 0x3424);
   r[2] = __byte_perm(odd, 0u, 0x1404);
@@ -890,19 +896,19 @@ __global__ void w4a8_table_pair_kernel(const uint32_t* words, int64_t n, uint32_
   }
 }
 
-// Eight e2m1 codes (a word, input j in nibble j) as e5m2 through a table: lo_out inputs 0..3, hi_out
-// 4..7. The magnitudes by a byte permute over the table (selectors: the nibbles without their sign
-// bits); byte j's sign is nibble j's bit 3, taken to bit 7 by a permute of w and w << 4 (nibble j
-// is bits 4 j .. 4 j + 3 of w; even j's sign is bit 7 of byte j / 2 of w << 4, odd j's of w's).
+// Eight e2m1 codes (a device word, fp4_layout.h: input j's magnitude in nibble j's bits 0..2) as
+// e5m2 through a table: lo_out inputs 0..3, hi_out 4..7. The magnitudes by a byte permute over the
+// table (selectors: the nibbles without their bits 3); the signs lie where the bytes want them: those
+// of inputs 0..3 at bits 7, 15, 23, 31 of w, those of 4..7 there in w << 4.
 __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, uint32_t& lo_out, uint32_t& hi_out) {
   // (PTX prmt, not __byte_perm: for __byte_perm's 3-bit selectors the compiler masks a run-time
   // selector with 0x7777 again, two ALU instructions a word more; these have their bits 3 clear.)
-  const uint32_t sel = w & 0x77777777u, w4 = w << 4;
+  const uint32_t sel = w & 0x77777777u;
   uint32_t mag_lo, mag_hi;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(mag_lo) : "r"(tlo), "r"(thi), "r"(sel));
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(mag_hi) : "r"(tlo), "r"(thi), "r"(sel >> 16));
-  lo_out = mag_lo | (__byte_perm(w4, w, 0x5140) & 0x80808080u);
-  hi_out = mag_hi | (__byte_perm(w4, w, 0x7362) & 0x80808080u);
+  lo_out = mag_lo | (w & 0x80808080u);
+  hi_out = mag_hi | ((w << 4) & 0x80808080u);
 }
 
 // The FP8 linear's weights in a stage: column c's 128 bytes of the group at fp8_wrow c. In the
@@ -1927,6 +1933,12 @@ void launch_w4a8_decode(const GroupedW4A8Args& g, int span, unsigned z) {
   else launch_w4a8_wgmma<kN, 1>(g, g.max_items, z);
 }
 
+__global__ void fp4_to_device_layout_kernel(uint32_t* words, int64_t n) {
+  wait_previous_grid();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) words[i] = fp4_word_to_device(words[i]);
+}
+
 __global__ void weight_to_bf16_kernel(DevWeight w, uint16_t* out) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1977,6 +1989,10 @@ bool launch_linear(const LinearArgs& a) {
 
 void launch_weight_to_bf16(const DevWeight& w, uint16_t* out) {
   if (w.out * w.in > 0) launch(weight_to_bf16_kernel, blocks_for(w.out * w.in, 256), 256, 0, w, out);
+}
+
+void launch_fp4_to_device_layout(uint32_t* words, int64_t n) {
+  if (n > 0) launch(fp4_to_device_layout_kernel, blocks_for(n, 256), 256, 0, words, n);
 }
 
 void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out) {

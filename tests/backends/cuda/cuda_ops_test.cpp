@@ -20,6 +20,7 @@
 
 #include "backends/cpu/cpu_state.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/fp4_layout.h"
 #include "backends/cuda/kernels.h"
 #include "core/kv_record.h"
 #include "core/quant_sim.h"
@@ -2898,6 +2899,30 @@ TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
 // give the three passes' bits (launch_swiglu, launch_route_scale_bf16, launch_row_sim): stacked (a
 // and b halves of rows of 2F) and in place, with and without routing weights, F not a multiple of
 // the block, values past the clamp limit, a zero row (the scale's floor).
+// The MXFP4 device layout (fp4_layout.h), on the host (no GPU needed): each input's magnitude bits
+// stay in its nibble and its sign lands on the bit the W4A8 conversion reads (bit 7 of byte j of w
+// for inputs j < 4, of w << 4 for 4 + j), nothing else set; and the readers' inverse gives back
+// every released word. The kernels' use of it is checked against the CPU by the MXFP4 linear and
+// MoE tests.
+TEST(CudaFp4Layout, SignsWhereTheE5m2BytesTakeThemAndBackAgain) {
+  for (int j = 0; j < 8; ++j)
+    for (uint32_t code = 0; code < 16; ++code) {
+      const uint32_t d = cuda::fp4_word_to_device(code << (4 * j));
+      const uint32_t mag = (code & 7u) << (4 * j), sign = (code >> 3) << cuda::fp4_device_sign_bit(j);
+      EXPECT_EQ(d, mag | sign) << "input " << j << " code " << code;
+      const uint32_t sign_byte = (j < 4 ? d : d << 4) & (0x80u << (8 * (j % 4)));
+      EXPECT_EQ(sign_byte != 0, (code & 8u) != 0) << "input " << j << " code " << code;
+      EXPECT_EQ(cuda::fp4_word_released(d), code << (4 * j)) << "input " << j << " code " << code;
+    }
+  std::mt19937 gen(7);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t w = static_cast<uint32_t>(gen());
+    const uint32_t d = cuda::fp4_word_to_device(w);
+    ASSERT_EQ(d & 0x77777777u, w & 0x77777777u) << std::hex << w;
+    ASSERT_EQ(cuda::fp4_word_released(d), w) << std::hex << w;
+  }
+}
+
 TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_CUDA(gpu);
