@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
@@ -1323,30 +1324,63 @@ __device__ inline float attn_combine_term(float acc, float ws, float v) { return
 
 // grid (tokens of the pass * H): M = max(sink, m_s), w_s = exp(m_s - M) (0 for an all-masked split),
 // out = sum_s w_s acc_s / (exp(sink - M) + sum_s w_s sum_s), splits in order. With a.mma, tokens
-// with at most one split were written by attention_mma_kernel itself.
+// with at most one split were written by attention_mma_kernel itself. Thread 0 forms the weights
+// and the denominator (into shared memory: w[0 .. splits), then the denominator at w[max_splits]);
+// up to kCombineSplits splits, a thread's partial sums of its kCombineDims dimensions are all
+// loaded before the first is used (the loop form, one dimension's splits at a time behind its
+// store, spent 216 us of an 8K CSA prefill's 1,020-token pass waiting on them: ncu, H200
+// 2026-12-03), then each dimension's terms added in split order as before: the same bits.
+constexpr int kCombineSplits = 4, kCombineDims = 4;
 __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   wait_previous_grid();
-  extern __shared__ float w[];  // [max_splits]
+  extern __shared__ float w[];  // [max_splits + 1]
   const int64_t th = blockIdx.x, t = t_base + th / a.H, h = th % a.H;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
   const int64_t per = a.mma ? a.mma_split : kAttnSplitCandidates;
   const int64_t splits = (n + per - 1) / per;  // 0 when n is
   if (a.mma && splits <= 1) return;
-  const float* part = a.split_scratch + th * max_splits * (a.Dh + 2);
-  const float sink = dev_load(a.sinks, h);
-  float M = sink;
-  for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, part[s * (a.Dh + 2) + a.Dh]);
-  float denom = expf(sink - M);
-  for (int64_t s = 0; s < splits; ++s) {
-    const float ws = attn_split_weight(part[s * (a.Dh + 2) + a.Dh], M);
-    denom = attn_combine_denom(denom, ws, part[s * (a.Dh + 2) + a.Dh + 1]);
-    if (threadIdx.x == 0) w[s] = ws;
+  const int64_t ld = a.Dh + 2;
+  const float* part = a.split_scratch + th * max_splits * ld;
+  if (threadIdx.x == 0) {
+    const float sink = dev_load(a.sinks, h);
+    float M = sink;
+    for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, part[s * ld + a.Dh]);
+    float denom = expf(sink - M);
+    for (int64_t s = 0; s < splits; ++s) {
+      const float ws = attn_split_weight(part[s * ld + a.Dh], M);
+      denom = attn_combine_denom(denom, ws, part[s * ld + a.Dh + 1]);
+      w[s] = ws;
+    }
+    w[max_splits] = denom;
+  }
+  if (splits <= kCombineSplits && a.Dh <= kCombineDims * static_cast<int64_t>(blockDim.x)) {
+    float v[kCombineDims][kCombineSplits];
+#pragma unroll
+    for (int k = 0; k < kCombineDims; ++k) {
+      const int64_t d = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+#pragma unroll
+      for (int s = 0; s < kCombineSplits; ++s) v[k][s] = s < splits && d < a.Dh ? part[s * ld + d] : 0.0f;
+    }
+    __syncthreads();
+    const float denom = w[max_splits];
+#pragma unroll
+    for (int k = 0; k < kCombineDims; ++k) {
+      const int64_t d = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+      if (d >= a.Dh) break;
+      float acc = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kCombineSplits; ++s)
+        if (s < splits) acc = attn_combine_term(acc, w[s], v[k][s]);
+      a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
+    }
+    return;
   }
   __syncthreads();
+  const float denom = w[max_splits];
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) acc = attn_combine_term(acc, w[s], part[s * (a.Dh + 2) + d]);
+    for (int64_t s = 0; s < splits; ++s) acc = attn_combine_term(acc, w[s], part[s * ld + d]);
     a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
   }
 }
@@ -1814,11 +1848,16 @@ void launch_rows_to_bf16(const float* const* src, uint16_t* const* dst, int64_t 
   if (n > 0 && dim > 0) launch(rows_to_bf16_kernel, static_cast<unsigned>(n), 128, 0, src, dst, dim);
 }
 
-// The combine's weights w[max_splits], rounded up to whole 16-byte words: ptxas hoists the loop
-// remainder's three guarded w[s] reads above their guards as one 12-byte load (compute-sanitizer's
-// memcheck saw it read past a 4-byte allocation at one split; 2026-12-02).
+// The combine's weights w[max_splits] and its denominator, rounded up to whole 16-byte words (at
+// least kCombineSplits + 1 words: the unrolled form reads w[s] for s < kCombineSplits under its
+// guards): ptxas hoists a loop remainder's three guarded w[s] reads above their guards as one
+// 12-byte load (compute-sanitizer's memcheck saw it read past a 4-byte allocation at one split;
+// 2026-12-02).
 namespace {
-size_t combine_smem(int64_t max_splits) { return static_cast<size_t>((max_splits + 3) / 4 * 4) * sizeof(float); }
+size_t combine_smem(int64_t max_splits) {
+  const int64_t words = std::max<int64_t>(max_splits + 1, kCombineSplits + 1);
+  return static_cast<size_t>((words + 3) / 4 * 4) * sizeof(float);
+}
 }  // namespace
 
 int64_t attn_mma_split_candidates() {
