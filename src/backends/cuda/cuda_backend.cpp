@@ -1279,38 +1279,33 @@ class CudaBackend final : public Backend {
   // Device bytes of a stored tensor, uploaded on first use and cached: by its TensorView::id when
   // it has one (a checkpoint tensor: nothing on the host is read again), else by host address and
   // checked against host_fingerprint (cuda_state.h) on every use.
-  const void* device_bytes(const TensorView& v) {
-    if (!v.data) return nullptr;
-    const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-    const uint64_t fp = view_fingerprint(v);
-    if (const DeviceBuffer* hit = weights_.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
-    const LongLived weight;
-    DeviceBuffer b(bytes);
-    host_to_device(b.get(), v.data, bytes);
-    return weights_.put(v, fp, std::move(b)).get();
-  }
+  const void* device_bytes(const TensorView& v) { return cached_upload(weights_, v, false); }
   // The same for an MXFP4 weight's codes, in the device layout (fp4_layout.h; a cache of its own,
-  // so these bytes never serve as the released ones): re-laid by a kernel after the copy, or on
-  // the host while a step is captured (a captured kernel would re-lay them again at every replay).
-  const void* device_fp4_bytes(const TensorView& v) {
+  // so these bytes never serve as the released ones).
+  const void* device_fp4_bytes(const TensorView& v) { return cached_upload(fp4_weights_, v, true); }
+  // fp4_layout: the words re-laid by a kernel after the copy, or on the host while a step is
+  // captured (a captured kernel would re-lay them again at every replay).
+  static const void* cached_upload(WeightCache<DeviceBuffer>& cache, const TensorView& v, bool fp4_layout) {
     if (!v.data) return nullptr;
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-    SPARROW_CHECK(bytes % 4 == 0 && "MXFP4 rows come in whole 32-bit words (8 inputs)");
+    if (fp4_layout) SPARROW_CHECK(bytes % 4 == 0 && "MXFP4 rows come in whole 32-bit words (8 inputs)");
     const uint64_t fp = view_fingerprint(v);
-    if (const DeviceBuffer* hit = fp4_weights_.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
+    if (const DeviceBuffer* hit = cache.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
     const LongLived weight;
     DeviceBuffer b(bytes, false);  // (every byte copied over)
-    if (capturing_step()) {
+    if (fp4_layout && capturing_step()) {
       std::vector<uint32_t> words(bytes / 4);
       std::memcpy(words.data(), v.data, bytes);
       for (uint32_t& w : words) w = fp4_word_to_device(w);
       host_to_device(b.get(), words.data(), bytes);
     } else {
       host_to_device(b.get(), v.data, bytes);
-      launch_fp4_to_device_layout(static_cast<uint32_t*>(b.get()), static_cast<int64_t>(bytes / 4));
-      launch_check("MXFP4 weight upload");
+      if (fp4_layout) {
+        launch_fp4_to_device_layout(static_cast<uint32_t*>(b.get()), static_cast<int64_t>(bytes / 4));
+        launch_check("MXFP4 weight upload");
+      }
     }
-    return fp4_weights_.put(v, fp, std::move(b)).get();
+    return cache.put(v, fp, std::move(b)).get();
   }
 
  private:

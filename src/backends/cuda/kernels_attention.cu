@@ -1354,6 +1354,9 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
     }
     w[max_splits] = denom;
   }
+  const auto store = [&](int64_t d, float acc, float denom) {
+    a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
+  };
   if (splits <= kCombineSplits && a.Dh <= kCombineDims * static_cast<int64_t>(blockDim.x)) {
     float v[kCombineDims][kCombineSplits];
 #pragma unroll
@@ -1372,7 +1375,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 #pragma unroll
       for (int s = 0; s < kCombineSplits; ++s)
         if (s < splits) acc = attn_combine_term(acc, w[s], v[k][s]);
-      a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
+      store(d, acc, denom);
     }
     return;
   }
@@ -1381,7 +1384,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float acc = 0.0f;
     for (int64_t s = 0; s < splits; ++s) acc = attn_combine_term(acc, w[s], part[s * ld + d]);
-    a.out[(t * a.H + h) * a.Dh + d] = a.round_bf16 ? dev_bf16_round(acc / denom) : acc / denom;
+    store(d, acc, denom);
   }
 }
 
