@@ -2895,10 +2895,6 @@ TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
   EXPECT_LT(marked, n - 65536 / 4);
 }
 
-// The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
-// give the three passes' bits (launch_swiglu, launch_route_scale_bf16, launch_row_sim): stacked (a
-// and b halves of rows of 2F) and in place, with and without routing weights, F not a multiple of
-// the block, values past the clamp limit, a zero row (the scale's floor).
 // The MXFP4 device layout (fp4_layout.h), on the host (no GPU needed): each input's magnitude bits
 // stay in its nibble and its sign lands on the bit the W4A8 conversion reads (bit 7 of byte j of w
 // for inputs j < 4, of w << 4 for 4 + j), nothing else set; and the readers' inverse gives back
@@ -2923,6 +2919,10 @@ TEST(CudaFp4Layout, SignsWhereTheE5m2BytesTakeThemAndBackAgain) {
   }
 }
 
+// The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
+// give the three passes' bits (launch_swiglu, launch_route_scale_bf16, launch_row_sim): stacked (a
+// and b halves of rows of 2F) and in place, with and without routing weights, F not a multiple of
+// the block, values past the clamp limit, a zero row (the scale's floor).
 TEST(CudaSwigluSim, OnePassGivesTheThreePassesBits) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_CUDA(gpu);
