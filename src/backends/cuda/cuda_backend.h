@@ -196,10 +196,16 @@ void set_decode_quarter_blocks(int n);
 // with the kernels.
 void set_w4a8_decode_span(int n);
 // The W4A8 decode wgmma kernel's rows a block: 8 (a plan item) or 16 (an item with an even tile
-// index and the one after it); 0 (the default) takes SPARROW_CUDA_W4A8_ROWS's, else 16 where the
-// experts average 6 rows or more (kernels_linear.cu w4a8_decode_rows). The same bits either way.
+// index and the one after it); 0 (the default) takes SPARROW_CUDA_W4A8_ROWS's, else 8 with the
+// producer warp (set_w4a8_decode_producer) and, without it, 16 where the experts average 6 rows or
+// more (kernels_linear.cu w4a8_decode_rows). The same bits either way.
 // Process-wide; defined with the kernels.
 void set_w4a8_decode_rows(int n);
+// The W4A8 decode wgmma kernel's copies: 1 from a producer warp (kernels_linear.cu
+// w4a8_decode_ws_kernel), -1 from all its threads (grouped_w4a8_wgmma_kernel); 0 (the default) the
+// producer warp unless SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way. Process-wide;
+// defined with the kernels.
+void set_w4a8_decode_producer(int n);
 // The small W4A8 kernel's width in m16 tiles of output columns: 1 or 2, 0 (the default) chooses by
 // the batch (kernels.h w4a8_small_tiles). The same bits either way.
 void set_w4a8_small_tiles(Backend& backend, int tiles);

@@ -1530,6 +1530,283 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   }
 }
 
+// ---- The W4A8 decode kernel with a producer warp ----------------------------------------------------
+//
+// grouped_w4a8_wgmma_kernel's decode form (8- or 16-row items, 64 columns a block, slots of kSpan
+// groups, K's quarters over grid z, a w1 / w3 pair in one grid) with the same arithmetic, so the
+// same bits, but its copies issued by a fifth warp: the four consumer warps only convert, multiply
+// and fold. In the block-wide form every thread spent about 100 instructions a slot on the copies'
+// addresses and predicates and the ring's barrier (SASS of the 16-row, span-2 kernel, H200
+// 2026-12-04: 213 of its 480 instructions a warp and slot of two groups), the kernel being bound by
+// issue and the integer pipe rather than by memory. Here the producer's lanes each take one row of
+// codes and fixed columns of weights (immediate offsets), hand a slot over through an mbarrier that
+// their cp.async completions arrive on (noinc: 32 arrivals), and wait for the consumer warps' release
+// of a slot (an mbarrier of 4 arrivals) before refilling it. No block-wide barrier after the set-up.
+// REQUIRES N % 64 == 0 (the experts' N is the other projection's K, a multiple of 128), besides
+// grouped_w4a8_wgmma_kernel's.
+template <int kN, int kSpan>
+struct WsSlot {
+  uint8_t x[kSpan][kN * kW4A8GroupK];  // group sub's codes as WgStage::x
+  uint8_t w[kSpan][kWgCols * 64];      // column c's 64 bytes of group sub at 64 c
+  uint32_t ws[kSpan][kWgCols];         // the columns' packed e8m0 scales of group sub
+  float sa[kSpan][kN];                 // the rows' activation scales of group sub
+};
+constexpr int kWsThreads = kWgThreads + 32;
+template <int kSpan>
+__host__ __device__ constexpr int ws_stages() { return kSpan == 1 ? 4 : 3; }
+template <int kN, int kSpan>
+__host__ __device__ constexpr size_t ws_smem_bytes() {  // the ring, the finished quarters' sums, the groups' prep, the barriers
+  return sizeof(WsSlot<kN, kSpan>) * ws_stages<kSpan>() + sizeof(float) * (kN / 2) * kWgThreads +
+         sizeof(uint32_t) * 2 * 16 * kSpan * 4 + 2 * sizeof(uint64_t) * ws_stages<kSpan>();
+}
+// As many blocks an SM as the shared memory holds, but no more than leave the consumers the registers
+// they need unspilled (ws_regs: at eight blocks, 48 registers a thread, the 8-row span-1 kernel
+// spilled 140 bytes; at five the 16-row span-2 one, 72 registers, 16 bytes, and its warps stalled on
+// them: `long_scoreboard` 0.70 -> 2.47 an instruction against the block-wide kernel, ncu H200 2026-12-04).
+template <int kN, int kSpan>
+__host__ __device__ constexpr int ws_regs() { return kN == 16 ? 96 : kSpan == 1 ? 64 : 80; }
+template <int kN, int kSpan>
+__host__ __device__ constexpr int ws_min_blocks() {
+  const int fit = static_cast<int>((227 * 1024) / (ws_smem_bytes<kN, kSpan>() + 1024));
+  const int regs = 65536 / (kWsThreads * ws_regs<kN, kSpan>());
+  return fit < regs ? fit : regs;
+}
+// The executing thread's earlier cp.async copies arrive on bar when they complete (without raising
+// its expected count: bar counts these arrivals).
+__device__ inline void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+template <int kN, int kSpan>
+__global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
+    w4a8_decode_ws_kernel(GroupedW4A8Args g) {
+  static_assert(kN == 8 || kN == 16, "8- or 16-row items");
+  constexpr int kStages = ws_stages<kSpan>();
+  using Slot = WsSlot<kN, kSpan>;
+  static_assert(sizeof(Slot) % 16 == 0, "slots stay 16-byte aligned");
+  extern __shared__ __align__(128) uint8_t ws_smem[];
+  Slot* ring = reinterpret_cast<Slot*>(ws_smem);
+  float* total = reinterpret_cast<float*>(ring + kStages);
+  uint32_t* prep = reinterpret_cast<uint32_t*>(total + (kN / 2) * kWgThreads);
+  uint64_t* full = reinterpret_cast<uint64_t*>(prep + 2 * 16 * kSpan * 4);
+  uint64_t* empty = full + kStages;
+  __shared__ int64_t s_src[kN];
+  __shared__ int s_e;
+  __shared__ int64_t s_t0;
+  const bool early = g.plan_early;
+  if (!early) wait_previous_grid();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    const int64_t item = blockIdx.x;
+    const bool in = item < *g.n_items;
+    s_t0 = in ? g.items[2 * item + 1] : 0;
+    // (16 rows: an odd tile's rows are the even tile's before it.)
+    s_e = in && (kN == 8 || s_t0 % 16 == 0) ? g.items[2 * item] : -1;
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 32);  // the producer's lanes, each when its copies of the slot have landed
+      mbar_init(&empty[s], 4);  // the consumer warps' lanes 0
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (s_e < 0) {  // past the last item (the grid is a bound)
+    if (early) wait_previous_grid();
+    return;
+  }
+  const int64_t e = s_e, t0 = s_t0;
+  const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0;
+  const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
+  const int col_blocks = (N + kWgCols - 1) / kWgCols;
+  const bool second = g.w_b != nullptr && static_cast<int>(blockIdx.y) >= col_blocks;
+  const int n0 = (static_cast<int>(blockIdx.y) - (second ? col_blocks : 0)) * kWgCols;
+  const bool split = gridDim.z > 1;
+  const int q_count = split ? kW4A8Warps / static_cast<int>(gridDim.z) : kW4A8Warps;
+  const int q_first = split ? static_cast<int>(blockIdx.z) * q_count : 0;
+  const int g_lo = w4a8_quarter(q_first, groups), g_hi = w4a8_quarter(q_first + q_count, groups);
+  const int slots = (g_hi - g_lo + kSpan - 1) / kSpan;
+  if (tid < kN) {
+    const int64_t tr = t0 + tid;
+    s_src[tid] = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
+  }
+  __syncthreads();
+
+  if (warp == 4) {  // the producer
+    const DevWeight W = second ? g.w_b[e] : g.w[e];
+    const int64_t col_bytes = K / 2;
+    // Weight piece i (of 8 kSpan): column l / (4 kSpan) + i (8 / kSpan), its 16-byte chunk l % (4 kSpan)
+    // of the slot's 64 kSpan contiguous bytes (a warp reads 32 x 16 contiguous bytes of 512 / (64 kSpan)
+    // columns).
+    constexpr int kWPieces = 8 * kSpan, kColStep = 8 / kSpan;
+    const int wchunk = lane % (4 * kSpan), wsub = wchunk / 4, wcol0 = lane / (4 * kSpan);
+    const uint8_t* wsrc = static_cast<const uint8_t*>(W.data) + static_cast<int64_t>(n0 + wcol0) * col_bytes + 16 * wchunk + 64 * g_lo;
+    const int wdst = static_cast<int>(offsetof(Slot, w)) + wsub * kWgCols * 64 + 64 * wcol0 + 16 * (wchunk % 4);
+    const int64_t piece_step = kColStep * col_bytes;
+    // Code pieces (kN kSpan / 4): this lane's row l % kN, chunks l / kN + (32 / kN) j of group sub.
+    constexpr int kXPer = kN / 4;  // pieces a group
+    const int xrow = lane % kN, xchunk0 = lane / kN;
+    const int64_t xrow_src = s_src[xrow];
+    const uint8_t* xsrc = g.codes + (xrow_src >= 0 ? xrow_src : 0) * g.k_pad + 16 * xchunk0 + kW4A8GroupK * g_lo;
+    const int xdst = static_cast<int>(offsetof(Slot, x)) + ((xchunk0 * kN / 8) + xrow / 8) * 128 + (xrow % 8) * 16;
+    // Scales: column l and l + 32's word of each group; row l's activation scale of group l / kN.
+    const uint8_t* ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(n0) * W.scale_cols + 4 * g_lo;
+    const int64_t scol[2] = {lane * W.scale_cols, (lane + 32) * W.scale_cols};
+    const int arow_i = lane % kN, asub = lane / kN;
+    const int64_t arow = s_src[arow_i];
+    const float* asrc = g.scales + static_cast<int64_t>(g_lo + asub) * g.rows_pad + (arow >= 0 ? arow : 0);
+    const auto issue_weights = [&](int it) {
+      uint8_t* slot = reinterpret_cast<uint8_t*>(ring + it % kStages);
+      const int gs = g_lo + kSpan * it;  // the slot's first group
+      const bool gin = gs + wsub < g_hi;
+      const uint8_t* src = wsrc + 64 * kSpan * it;
+      // The pieces' sources a step apart, the step opaque to the compiler in each call: left to
+      // itself it kept all kWPieces sources in registers across the slots and spilled.
+      int64_t step = piece_step;
+      asm volatile("" : "+l"(step));
+#pragma unroll
+      for (int i = 0; i < kWPieces; ++i, src += step) cp_async(slot + wdst + kColStep * 64 * i, src, gin, 16);
+#pragma unroll
+      for (int sub = 0; sub < kSpan; ++sub)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          cp_async(reinterpret_cast<Slot*>(slot)->ws[sub] + lane + 32 * h, ssrc + scol[h] + 4 * (kSpan * it + sub), gs + sub < g_hi, 4);
+    };
+    const auto issue_rows = [&](int it) {
+      uint8_t* slot = reinterpret_cast<uint8_t*>(ring + it % kStages);
+      const int gs = g_lo + kSpan * it;
+#pragma unroll
+      for (int sub = 0; sub < kSpan; ++sub)
+#pragma unroll
+        for (int j = 0; j < kXPer; ++j)
+          cp_async(slot + xdst + sub * kN * kW4A8GroupK + j * (32 / kN) * (kN / 8) * 128,
+                   xsrc + kW4A8GroupK * (kSpan * it + sub) + 16 * (32 / kN) * j, xrow_src >= 0 && gs + sub < g_hi, 16);
+      // Row arow_i's scale of groups asub, asub + 32 / kN, ... of the slot.
+      for (int sub = asub; sub < kSpan; sub += 32 / kN)
+        cp_async(&reinterpret_cast<Slot*>(slot)->sa[sub][arow_i], asrc + (kSpan * it + sub - asub) * g.rows_pad,
+                 arow >= 0 && gs + sub < g_hi, 4);
+      cp_async_arrive_noinc(&full[it % kStages]);
+    };
+    // The weights and their scales come from the host, never from a kernel: when the plan is early,
+    // the first slots' are copied before the wait for the previous grid; the codes after it.
+    int it = 0;
+    if (early) {
+      const int first = slots < kStages ? slots : kStages;
+      for (int i = 0; i < first; ++i) issue_weights(i);
+      wait_previous_grid();
+      for (; it < first; ++it) issue_rows(it);
+    }
+    for (; it < slots; ++it) {
+      if (it >= kStages) mbar_wait(&empty[it % kStages], ((it / kStages) - 1) & 1);
+      issue_weights(it);
+      issue_rows(it);
+    }
+    cp_async_wait<0>();  // (nothing of this block's in flight when the warp leaves)
+    return;
+  }
+  if (early) wait_previous_grid();
+
+  // The consumers: as grouped_w4a8_wgmma_kernel's decode form.
+  const int gid = lane / 4, tig = lane % 4;
+  constexpr int kAcc = kN / 2;
+  float acc[kAcc], d[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
+  const int c0 = 16 * warp + gid;
+  uint32_t* const prep_b1 = prep + warp * 2 * 16 * kSpan;
+  float* const prep_cs = reinterpret_cast<float*>(prep_b1 + 16 * kSpan);
+  const int64_t outputs = (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
+  const int64_t second_offset = second ? g.rows_total * g.N : 0;
+  const auto store = [&](float* dst, const float* v, int v_stride) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
+        const int n = n0 + c0 + (c < 2 ? 0 : 8);
+        if (tr < R && n < N) dst[(r0 + tr) * g.N + n] = v[(4 * j + c) * v_stride];
+      }
+  };
+  int quarter = q_first;
+  const auto finish_quarter = [&] {
+    if (split) {
+      store(g.partial + quarter * outputs + second_offset, acc, 1);
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) acc[r] = 0.0f;
+    } else {
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) {
+        float& s = total[r * kWgThreads + tid];
+        s = quarter == 0 ? acc[r] : s + acc[r];
+        acc[r] = 0.0f;
+      }
+    }
+    ++quarter;
+  };
+  int quarter_end = w4a8_quarter(q_first + 1, groups);
+  for (int it = 0; it < slots; ++it) {
+    const int s = it % kStages;
+    mbar_wait(&full[s], (it / kStages) & 1);
+    fence_proxy_async_smem();  // the codes (cp.async, the generic proxy) visible to wgmma's reads
+    const Slot& slot = ring[s];
+#pragma unroll
+    for (int j = lane; j < 16 * kSpan; j += 32) w4a8_group_prep(slot.ws[j / 16][16 * warp + j % 16], prep_b1[j], prep_cs[j]);
+    __syncwarp();
+#pragma unroll
+    for (int sub = 0; sub < kSpan; ++sub) {
+      const int kg = g_lo + kSpan * it + sub;
+      if (kg >= g_hi) break;
+      while (kg >= quarter_end) {
+        finish_quarter();
+        quarter_end = w4a8_quarter(quarter + 1, groups);
+      }
+      uint32_t a[4][4];
+      float cs[2];
+      uint32_t tab[2][2];
+      const uint8_t* b1p = reinterpret_cast<const uint8_t*>(prep_b1 + 16 * sub + gid) + tig;
+      const uint32_t b1[2] = {b1p[0], b1p[32]};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
+        cs[h] = prep_cs[16 * sub + gid + 8 * h];
+      }
+      if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
+        if (b1[0] == 0u) w4a8_e5m2_table<false>(slot.ws[sub][c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
+        if (b1[1] == 0u) w4a8_e5m2_table<false>(slot.ws[sub][c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+      }
+      const uint4 wa = *reinterpret_cast<const uint4*>(slot.w[sub] + 64 * c0 + 16 * tig);
+      const uint4 wb = *reinterpret_cast<const uint4*>(slot.w[sub] + 64 * (c0 + 8) + 16 * tig);
+      const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
+        e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
+      }
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wgmma_w4a8<kN, false>(d, a[i], wgmma_desc(slot.x[sub] + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        const float2 sa = *reinterpret_cast<const float2*>(&slot.sa[sub][8 * j + 2 * tig]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sa.y : sa.x), acc[4 * j + c]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the slot
+  }
+  while (quarter < q_first + q_count) finish_quarter();
+  if (!split) {
+    // The quarters' sums were written by the thread that reads them (total[r * 128 + tid]).
+    store(g.out + second_offset, total + tid, kWgThreads);
+  }
+}
+
 // ---- The bf16 linears on wgmma: a decode form and a TMA form with one arithmetic --------------------
 //
 // out[t, n] = sum_k W[n, k] x[t, (n / R) K + k]: bf16 weights [N, K] and bf16 inputs (rows x_ld
@@ -1912,22 +2189,58 @@ int w4a8_decode_span(unsigned quarters) {
 }
 
 // The W4A8 decode kernel's rows a block: set_w4a8_decode_rows's where set (8 or 16), else
-// SPARROW_CUDA_W4A8_ROWS's, else 16 where the experts average kDecode16Rows rows or more (a block
-// of 16 converts an expert's weights once for up to 16 rows: at batch 256 of V4-Flash, 2048 rows
-// on 256 experts, about 361 items of 8 rows a projection against 257 of 16) and 8 below. The same
-// bits either way.
+// SPARROW_CUDA_W4A8_ROWS's, else 8 for the producer-warp kernel (w4a8_decode_producer), and for the
+// block-wide one 16 where the experts average kDecode16Rows rows or more (a block of 16 converts an
+// expert's weights once for up to 16 rows: at batch 256 of V4-Flash, 2048 rows on 256 experts, about
+// 361 items of 8 rows a projection against 257 of 16) and 8 below. The same bits either way. On
+// layer 0 of the synthetic V4-Flash (H200, 2026-12-04, two rounds) the layer at batch 64 / 128 / 256
+// took 1.344-1.349 / 1.367-1.382 / 1.740-1.743 ms with the producer warp at 8 rows, 1.547-1.560 /
+// 1.596-1.620 / 1.872-1.882 at 16; the block-wide kernel 1.388-1.390 / 1.436-1.438 / 1.837-1.840
+// at 8, 1.473-1.477 / 1.531-1.534 / 1.779-1.790 at 16.
 constexpr int64_t kDecode16Rows = 6;
+bool w4a8_decode_producer();
 int w4a8_decode_rows(const GroupedW4A8Args& g) {
   if (const int n = g_w4a8_decode_rows.load(); n == 8 || n == 16) return n;
   static const int from_env = static_cast<int>(cuda_env_int(
       "SPARROW_CUDA_W4A8_ROWS", 0, [](int64_t n) { return n == 8 || n == 16; }, "the W4A8 decode kernel's rows a block must be 8 or 16"));
   if (from_env != 0) return from_env;
+  if (w4a8_decode_producer() && g.N % kWgCols == 0) return 8;
   return g.experts > 0 && g.rows_total >= kDecode16Rows * g.experts ? 16 : 8;
+}
+
+template <int kN, int kSpan>
+void launch_w4a8_decode_ws(const GroupedW4A8Args& g, unsigned quarters) {
+  constexpr size_t kSmem = ws_smem_bytes<kN, kSpan>();
+  static const bool smem_set = [] {
+    return cudaFuncSetAttribute(w4a8_decode_ws_kernel<kN, kSpan>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmem)) == cudaSuccess;
+  }();
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  const unsigned pair = g.w_b != nullptr ? 2 : 1;
+  launch(w4a8_decode_ws_kernel<kN, kSpan>,
+         dim3(static_cast<unsigned>(g.max_items), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols)), quarters), kWsThreads,
+         kSmem, g);
+}
+
+// Whether the W4A8 decode kernel's copies come from a producer warp (w4a8_decode_ws_kernel):
+// set_w4a8_decode_producer's choice where set (1 yes, -1 no), else yes unless
+// SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way.
+std::atomic<int> g_w4a8_decode_producer{0};  // set_w4a8_decode_producer
+bool w4a8_decode_producer() {
+  if (const int n = g_w4a8_decode_producer.load(); n != 0) return n > 0;
+  static const bool on = cuda_feature_on("w4a8_producer");
+  return on;
 }
 
 // The W4A8 decode kernel of kN rows a block at ring slots of `span` groups, its quarters over z blocks.
 template <int kN>
 void launch_w4a8_decode(const GroupedW4A8Args& g, int span, unsigned z) {
+  if (w4a8_decode_producer() && g.N % kWgCols == 0) {
+    if (span == 4) launch_w4a8_decode_ws<kN, 4>(g, z);
+    else if (span == 2) launch_w4a8_decode_ws<kN, 2>(g, z);
+    else launch_w4a8_decode_ws<kN, 1>(g, z);
+    return;
+  }
   if (span == 4) launch_w4a8_wgmma<kN, 1, false, 4>(g, g.max_items, z);
   else if (span == 2) launch_w4a8_wgmma<kN, 1, false, 2>(g, g.max_items, z);
   else launch_w4a8_wgmma<kN, 1>(g, g.max_items, z);
@@ -2011,6 +2324,7 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
 void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
+void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
 
 void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;

@@ -17,6 +17,9 @@ LATE_WAITERS = {
     # the W4A8 decode form too, and reads its plan first, when the plan is two launches back
     # (plan_early); blocks past the last row wait before they return.
     "grouped_w4a8_wgmma_kernel",
+    # Its producer-warp twin: the same when the plan is early (the weights and their scales of its
+    # first slots, then the wait; every warp waits before it reads a kernel's output).
+    "w4a8_decode_ws_kernel",
     # Copies its first weight steps (model weights, or bf16 copies written two launches back) first.
     "bf16_linear_decode_kernel",
     # Computes the angles from the batch's uploaded positions and its table argument first.

@@ -2600,24 +2600,30 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   // or its quarter's 0 or 1, leave the wider slots part empty), and 8 or 16 rows a block
   // (cuda::set_w4a8_decode_rows; expert 0's 100 rows are 13 items of 8, so 16 takes 6 whole pairs
   // and a last item of 4 rows alone, the others' 50 rows 3 pairs and a last item of 2).
+  // Each way with the copies from a producer warp (w4a8_decode_ws_kernel) and from every thread
+  // (cuda::set_w4a8_decode_producer).
   cuda::set_w4a8_tiled(*gpu, false);
-  for (int rows : {8, 16})
-    for (int span : {1, 2, 4})
-      for (int split : {1, 2})
-        for (int qb : {0, 1, 2, 4}) {
-          if (split == 1 && qb > 0) continue;
-          cuda::set_w4a8_decode_rows(rows);
-          cuda::set_w4a8_decode_span(span);
-          cuda::set_w4a8_wgmma_split(*gpu, split);
-          cuda::set_decode_quarter_blocks(qb);
-          const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
-          gpu->moe(in.gpu_params(o));
-          expect_same_bits(gpu->download_f32(o), g,
-                           "moe w4a8 wgmma decode kernel, " + std::to_string(rows) + " rows, span " + std::to_string(span) +
-                               ", split " + std::to_string(split) + ", quarter blocks " + std::to_string(qb));
-        }
+  for (int producer : {1, -1})
+    for (int rows : {8, 16})
+      for (int span : {1, 2, 4})
+        for (int split : {1, 2})
+          for (int qb : {0, 1, 2, 4}) {
+            if (split == 1 && qb > 0) continue;
+            cuda::set_w4a8_decode_producer(producer);
+            cuda::set_w4a8_decode_rows(rows);
+            cuda::set_w4a8_decode_span(span);
+            cuda::set_w4a8_wgmma_split(*gpu, split);
+            cuda::set_decode_quarter_blocks(qb);
+            const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
+            gpu->moe(in.gpu_params(o));
+            expect_same_bits(gpu->download_f32(o), g,
+                             std::string("moe w4a8 wgmma decode kernel, ") + (producer > 0 ? "producer warp, " : "") +
+                                 std::to_string(rows) + " rows, span " + std::to_string(span) + ", split " +
+                                 std::to_string(split) + ", quarter blocks " + std::to_string(qb));
+          }
   cuda::set_w4a8_wgmma_split(*gpu, 0);
   cuda::set_decode_quarter_blocks(0);
+  cuda::set_w4a8_decode_producer(0);
   cuda::set_w4a8_decode_span(0);
   cuda::set_w4a8_decode_rows(0);
   // Longer K and more tiles: F = 1152, so w2's K is 9 groups of 128 inputs and every kernel's ring
@@ -2632,19 +2638,23 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   const std::vector<float> want2 = gpu->download_f32(decode2);
   // The decode kernel's wider slots over 9 groups (a slot of 2 or 4 past the ring's wrap, the last
   // one part empty), K's quarters in one block and over 4 (quarters of 2 and 3 groups).
-  for (int rows : {8, 16})
-    for (int span : {2, 4})
-      for (int qb : {0, 4}) {
-        cuda::set_w4a8_decode_rows(rows);
-        cuda::set_w4a8_decode_span(span);
-        cuda::set_w4a8_wgmma_split(*gpu, qb == 0 ? 1 : 2);
-        cuda::set_decode_quarter_blocks(qb);
-        const Tensor o = gpu->alloc(ElemType::kF32, {T2, in2.D});
-        gpu->moe(in2.gpu_params(o));
-        expect_same_bits(gpu->download_f32(o), want2,
-                         "moe w4a8 wgmma decode kernel, 9 groups, " + std::to_string(rows) + " rows, span " +
-                             std::to_string(span) + ", quarter blocks " + std::to_string(qb));
-      }
+  for (int producer : {1, -1})
+    for (int rows : {8, 16})
+      for (int span : {2, 4})
+        for (int qb : {0, 4}) {
+          cuda::set_w4a8_decode_producer(producer);
+          cuda::set_w4a8_decode_rows(rows);
+          cuda::set_w4a8_decode_span(span);
+          cuda::set_w4a8_wgmma_split(*gpu, qb == 0 ? 1 : 2);
+          cuda::set_decode_quarter_blocks(qb);
+          const Tensor o = gpu->alloc(ElemType::kF32, {T2, in2.D});
+          gpu->moe(in2.gpu_params(o));
+          expect_same_bits(gpu->download_f32(o), want2,
+                           std::string("moe w4a8 wgmma decode kernel, 9 groups, ") + (producer > 0 ? "producer warp, " : "") +
+                               std::to_string(rows) + " rows, span " + std::to_string(span) + ", quarter blocks " +
+                               std::to_string(qb));
+        }
+  cuda::set_w4a8_decode_producer(0);
   cuda::set_w4a8_wgmma_split(*gpu, 0);
   cuda::set_decode_quarter_blocks(0);
   cuda::set_w4a8_decode_span(0);
