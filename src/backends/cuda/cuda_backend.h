@@ -191,8 +191,9 @@ void set_w4a8_wgmma_split(Backend& backend, int mode);
 void set_decode_quarter_blocks(int n);
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
-// SPARROW_CUDA_W4A8_SPAN's, else 2 where its blocks take all of K and 1 where K's quarters are spread
-// over blocks (kernels_linear.cu w4a8_decode_span). The same bits any way. Process-wide; defined
+// SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,
+// 2 where its blocks take all of K and 1 where K's quarters are spread over blocks (kernels_linear.cu
+// w4a8_decode_span). The same bits any way. Process-wide; defined
 // with the kernels.
 void set_w4a8_decode_span(int n);
 // The W4A8 decode wgmma kernel's rows a block: 8 (a plan item) or 16 (an item with an even tile

@@ -1552,6 +1552,8 @@ struct WsSlot {
   float sa[kSpan][kN];                 // the rows' activation scales of group sub
 };
 constexpr int kWsThreads = kWgThreads + 32;
+// The ring's depth: as grouped_w4a8_wgmma_kernel's (4 slots of one group, 3 of two or four; deeper
+// rings, with fewer blocks an SM, were slower: w4a8_decode_span).
 template <int kSpan>
 __host__ __device__ constexpr int ws_stages() { return kSpan == 1 ? 4 : 3; }
 template <int kN, int kSpan>
@@ -2177,15 +2179,19 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
 // synthetic V4-Flash, 2026-12-03, two rounds): w1 + w3 / w2 at batch 256 1.029 / 0.549-0.550 ms at
 // span 1, 0.979 / 0.520-0.521 at 2, 1.244-1.246 / 0.694-0.695 at 4 (3 blocks an SM); at batch 8
 // 0.175-0.176 / 0.091-0.092, 0.161-0.162 / 0.085, 0.196 / 0.109-0.110; at batch 1 (4 quarter
-// blocks of 8 groups) 0.037 / 0.024 at span 1, 0.039 / 0.024-0.025 at 2.
+// blocks of 8 groups) 0.037 / 0.024 at span 1, 0.039 / 0.024-0.025 at 2. The producer-warp kernel
+// (w4a8_decode_producer) takes 2 at every grid: at batch 1 w1 + w3 / w2 0.036-0.038 / 0.023-0.025 at
+// span 1, 0.034-0.035 / 0.022 at 2, and the ring's deeper forms (6 slots of 1 group, 4 of 2, each
+// with fewer blocks an SM) 2-20 % slower at every batch (H200, 2026-12-04).
 std::atomic<int> g_w4a8_decode_span{0};  // set_w4a8_decode_span
 std::atomic<int> g_w4a8_decode_rows{0};  // set_w4a8_decode_rows
+bool w4a8_decode_producer();
 int w4a8_decode_span(unsigned quarters) {
   if (const int n = g_w4a8_decode_span.load(); n == 1 || n == 2 || n == 4) return n;
   static const int from_env = static_cast<int>(
       cuda_env_int("SPARROW_CUDA_W4A8_SPAN", 0, [](int64_t n) { return n == 1 || n == 2 || n == 4; },
                    "the W4A8 decode kernel's groups a copy round must be 1, 2 or 4"));
-  return from_env != 0 ? from_env : quarters == 1 ? 2 : 1;
+  return from_env != 0 ? from_env : quarters == 1 || w4a8_decode_producer() ? 2 : 1;
 }
 
 // The W4A8 decode kernel's rows a block: set_w4a8_decode_rows's where set (8 or 16), else
@@ -2198,7 +2204,6 @@ int w4a8_decode_span(unsigned quarters) {
 // 1.596-1.620 / 1.872-1.882 at 16; the block-wide kernel 1.388-1.390 / 1.436-1.438 / 1.837-1.840
 // at 8, 1.473-1.477 / 1.531-1.534 / 1.779-1.790 at 16.
 constexpr int64_t kDecode16Rows = 6;
-bool w4a8_decode_producer();
 int w4a8_decode_rows(const GroupedW4A8Args& g) {
   if (const int n = g_w4a8_decode_rows.load(); n == 8 || n == 16) return n;
   static const int from_env = static_cast<int>(cuda_env_int(
@@ -2221,7 +2226,6 @@ void launch_w4a8_decode_ws(const GroupedW4A8Args& g, unsigned quarters) {
          dim3(static_cast<unsigned>(g.max_items), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols)), quarters), kWsThreads,
          kSmem, g);
 }
-
 // Whether the W4A8 decode kernel's copies come from a producer warp (w4a8_decode_ws_kernel):
 // set_w4a8_decode_producer's choice where set (1 yes, -1 no), else yes unless
 // SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way.
