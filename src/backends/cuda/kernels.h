@@ -111,8 +111,10 @@ struct DevView {
 // instead of the radix kernel's one block a token: the same slots and logits; the batch-1 step's
 // graph segments 1.7-1.8 % shorter on the H200, 2026-12-03; its grid and shared memory follow the
 // row length rounded up to a power of two, so a captured CSA layer's graph keeps its shape until
-// the row doubles) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read
-// once per process.
+// the row doubles), "w4a8_producer" (the routed experts' decode kernel with a producer warp issuing
+// its copies, w4a8_decode_ws_kernel, at 8 rows a block and 2-group slots; off: the block-wide
+// kernel and its rows and spans, the same bits) and "alloc_nofill" (tensors left unfilled at
+// allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
