@@ -1537,11 +1537,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 // same bits, but its copies issued by a fifth warp: the four consumer warps only convert, multiply
 // and fold. In the block-wide form every thread spent about 100 instructions a slot on the copies'
 // addresses and predicates and the ring's barrier (SASS of the 16-row, span-2 kernel, H200
-// 2026-12-04: 213 of its 480 instructions a warp and slot of two groups), the kernel being bound by
-// issue and the integer pipe rather than by memory. Here the producer's lanes each take one row of
-// codes and fixed columns of weights (immediate offsets), hand a slot over through an mbarrier that
-// their cp.async completions arrive on (noinc: 32 arrivals), and wait for the consumer warps' release
-// of a slot (an mbarrier of 4 arrivals) before refilling it. No block-wide barrier after the set-up.
+// 2026-12-04: 213 of its 480 instructions a warp and slot of two groups; its issue slots 66 % busy).
+// Here the producer's lanes each take one row of codes (its pieces at immediate offsets) and fixed
+// columns of weights (a step apart), hand a slot over through an mbarrier that their cp.async
+// completions arrive on (noinc: 32 arrivals), and wait for the consumer warps' release of a slot (an
+// mbarrier of 4 arrivals) before refilling it. No block-wide barrier after the set-up. (ncu, batch
+// 256: 18 % fewer instructions; the consumers then wait on their slots' barriers, DRAM 62 %.)
 // REQUIRES N % 64 == 0 (the experts' N is the other projection's K, a multiple of 128), besides
 // grouped_w4a8_wgmma_kernel's.
 template <int kN, int kSpan>
@@ -1563,8 +1564,9 @@ __host__ __device__ constexpr size_t ws_smem_bytes() {  // the ring, the finishe
 }
 // As many blocks an SM as the shared memory holds, but no more than leave the consumers the registers
 // they need unspilled (ws_regs: at eight blocks, 48 registers a thread, the 8-row span-1 kernel
-// spilled 140 bytes; at five the 16-row span-2 one, 72 registers, 16 bytes, and its warps stalled on
-// them: `long_scoreboard` 0.70 -> 2.47 an instruction against the block-wide kernel, ncu H200 2026-12-04).
+// spilled 140 bytes, at five the 16-row span-2 one 16 bytes; at six blocks the 8-row span-2 kernel,
+// 64 registers, 4 bytes spilled, took w1 + w3 at batch 256 in 0.902 ms against 0.788 at five, H200
+// 2026-12-04).
 template <int kN, int kSpan>
 __host__ __device__ constexpr int ws_regs() { return kN == 16 ? 96 : kSpan == 1 ? 64 : 80; }
 template <int kN, int kSpan>
