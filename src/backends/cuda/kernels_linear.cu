@@ -950,14 +950,16 @@ __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finishe
   return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG +
          (kFp8W || !wg_decode(kN) ? 0 : sizeof(uint32_t) * 2 * 16 * kSpan * 4 * kWG);
 }
-// The decode kernels' bound: as many blocks as the shared memory holds (227 KB an SM, 1 KB of it
-// reserved a block), at most eight (ptxas, with the group prep: 8 rows: span 1 8 blocks, 64 registers
+// The blocks an SM whose `bytes` of dynamic shared memory fit (227 KB an SM, 1 KB of it reserved a
+// block).
+__host__ __device__ constexpr int blocks_fitting_smem(size_t bytes) { return static_cast<int>((227 * 1024) / (bytes + 1024)); }
+// The decode kernels' bound: as many blocks as the shared memory holds (blocks_fitting_smem), at most eight (ptxas, with the group prep: 8 rows: span 1 8 blocks, 64 registers
 // with 4 bytes spilled; span 2 6, 80; 16 rows: span 1 7, 72 with 12 bytes spilled; span 2 5, 96;
 // FP8: 5, 63).
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
   if (!wg_decode(kN)) return 4 / kWG;
-  const int fit = static_cast<int>((227 * 1024) / (wg_smem_bytes<kN, kWG, kFp8W, kSpan>() + 1024));
+  const int fit = blocks_fitting_smem(wg_smem_bytes<kN, kWG, kFp8W, kSpan>());
   return fit < 8 ? fit : 8;
 }
 
@@ -1571,7 +1573,7 @@ template <int kN, int kSpan>
 __host__ __device__ constexpr int ws_regs() { return kN == 16 ? 96 : kSpan == 1 ? 64 : 80; }
 template <int kN, int kSpan>
 __host__ __device__ constexpr int ws_min_blocks() {
-  const int fit = static_cast<int>((227 * 1024) / (ws_smem_bytes<kN, kSpan>() + 1024));
+  const int fit = blocks_fitting_smem(ws_smem_bytes<kN, kSpan>());
   const int regs = 65536 / (kWsThreads * ws_regs<kN, kSpan>());
   return fit < regs ? fit : regs;
 }
@@ -2187,13 +2189,13 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
 // with fewer blocks an SM) 2-20 % slower at every batch (H200, 2026-12-04).
 std::atomic<int> g_w4a8_decode_span{0};  // set_w4a8_decode_span
 std::atomic<int> g_w4a8_decode_rows{0};  // set_w4a8_decode_rows
-bool w4a8_decode_producer();
-int w4a8_decode_span(unsigned quarters) {
+bool w4a8_decode_producer(const GroupedW4A8Args& g);
+int w4a8_decode_span(const GroupedW4A8Args& g, unsigned quarters) {
   if (const int n = g_w4a8_decode_span.load(); n == 1 || n == 2 || n == 4) return n;
   static const int from_env = static_cast<int>(
       cuda_env_int("SPARROW_CUDA_W4A8_SPAN", 0, [](int64_t n) { return n == 1 || n == 2 || n == 4; },
                    "the W4A8 decode kernel's groups a copy round must be 1, 2 or 4"));
-  return from_env != 0 ? from_env : quarters == 1 || w4a8_decode_producer() ? 2 : 1;
+  return from_env != 0 ? from_env : quarters == 1 || w4a8_decode_producer(g) ? 2 : 1;
 }
 
 // The W4A8 decode kernel's rows a block: set_w4a8_decode_rows's where set (8 or 16), else
@@ -2211,7 +2213,7 @@ int w4a8_decode_rows(const GroupedW4A8Args& g) {
   static const int from_env = static_cast<int>(cuda_env_int(
       "SPARROW_CUDA_W4A8_ROWS", 0, [](int64_t n) { return n == 8 || n == 16; }, "the W4A8 decode kernel's rows a block must be 8 or 16"));
   if (from_env != 0) return from_env;
-  if (w4a8_decode_producer() && g.N % kWgCols == 0) return 8;
+  if (w4a8_decode_producer(g)) return 8;
   return g.experts > 0 && g.rows_total >= kDecode16Rows * g.experts ? 16 : 8;
 }
 
@@ -2228,11 +2230,13 @@ void launch_w4a8_decode_ws(const GroupedW4A8Args& g, unsigned quarters) {
          dim3(static_cast<unsigned>(g.max_items), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols)), quarters), kWsThreads,
          kSmem, g);
 }
-// Whether the W4A8 decode kernel's copies come from a producer warp (w4a8_decode_ws_kernel):
-// set_w4a8_decode_producer's choice where set (1 yes, -1 no), else yes unless
-// SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way.
+// Whether the W4A8 decode kernel's copies come from a producer warp (w4a8_decode_ws_kernel): where
+// its shape fits it (N % 64 == 0, every expert), set_w4a8_decode_producer's choice where set (1 yes,
+// -1 no), else yes unless SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way. It also
+// sets the decode kernel's rows and span (w4a8_decode_rows, w4a8_decode_span).
 std::atomic<int> g_w4a8_decode_producer{0};  // set_w4a8_decode_producer
-bool w4a8_decode_producer() {
+bool w4a8_decode_producer(const GroupedW4A8Args& g) {
+  if (g.N % kWgCols != 0) return false;
   if (const int n = g_w4a8_decode_producer.load(); n != 0) return n > 0;
   static const bool on = cuda_feature_on("w4a8_producer");
   return on;
@@ -2241,7 +2245,7 @@ bool w4a8_decode_producer() {
 // The W4A8 decode kernel of kN rows a block at ring slots of `span` groups, its quarters over z blocks.
 template <int kN>
 void launch_w4a8_decode(const GroupedW4A8Args& g, int span, unsigned z) {
-  if (w4a8_decode_producer() && g.N % kWgCols == 0) {
+  if (w4a8_decode_producer(g)) {
     if (span == 4) launch_w4a8_decode_ws<kN, 4>(g, z);
     else if (span == 2) launch_w4a8_decode_ws<kN, 2>(g, z);
     else launch_w4a8_decode_ws<kN, 1>(g, z);
@@ -2337,8 +2341,8 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
-      if (w4a8_decode_rows(g) == 16) launch_w4a8_decode<16>(g, w4a8_decode_span(z), z);
-      else launch_w4a8_decode<8>(g, w4a8_decode_span(z), z);
+      if (w4a8_decode_rows(g) == 16) launch_w4a8_decode<16>(g, w4a8_decode_span(g, z), z);
+      else launch_w4a8_decode<8>(g, w4a8_decode_span(g, z), z);
       if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
       return;
     }
