@@ -1282,22 +1282,41 @@ class CudaBackend final : public Backend {
   const void* device_bytes(const TensorView& v) { return cached_upload(weights_, v, false); }
   // The same for an MXFP4 weight's codes, in the device layout (fp4_layout.h; a cache of its own,
   // so these bytes never serve as the released ones).
-  const void* device_fp4_bytes(const TensorView& v) { return cached_upload(fp4_weights_, v, true); }
+  // `rows`: the weight's, for the tiled row order where fp4_tiles allows it.
+  const void* device_fp4_bytes(const TensorView& v, int64_t rows) { return cached_upload(fp4_weights_, v, true, rows); }
   // fp4_layout: the words re-laid by a kernel after the copy, or on the host while a step is
-  // captured (a captured kernel would re-lay them again at every replay).
-  static const void* cached_upload(WeightCache<DeviceBuffer>& cache, const TensorView& v, bool fp4_layout) {
+  // captured (a captured kernel would re-lay them again at every replay); in the tiled row order
+  // (fp4_layout.h) where fp4_tiles(rows, row bytes), through a staging copy of the released bytes.
+  static const void* cached_upload(WeightCache<DeviceBuffer>& cache, const TensorView& v, bool fp4_layout, int64_t rows = 0) {
     if (!v.data) return nullptr;
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
     if (fp4_layout) SPARROW_CHECK(bytes % 4 == 0 && "MXFP4 rows come in whole 32-bit words (8 inputs)");
+    const bool tiled = fp4_layout && rows > 0 && static_cast<int64_t>(bytes) % rows == 0 &&
+                       fp4_tiles(rows, static_cast<int64_t>(bytes) / rows);
     const uint64_t fp = view_fingerprint(v);
     if (const DeviceBuffer* hit = cache.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
     const LongLived weight;
     DeviceBuffer b(bytes, false);  // (every byte copied over)
     if (fp4_layout && capturing_step()) {
-      std::vector<uint32_t> words(bytes / 4);
+      std::vector<uint32_t> words(bytes / 4), out(tiled ? bytes / 4 : 0);
       std::memcpy(words.data(), v.data, bytes);
-      for (uint32_t& w : words) w = fp4_word_to_device(w);
-      host_to_device(b.get(), words.data(), bytes);
+      const int64_t row_bytes = tiled ? static_cast<int64_t>(bytes) / rows : 0;
+      for (size_t i = 0; i < words.size(); ++i) {
+        const uint32_t d = fp4_word_to_device(words[i]);
+        if (!tiled) {
+          words[i] = d;
+          continue;
+        }
+        const int64_t byte = 4 * static_cast<int64_t>(i);
+        out[static_cast<size_t>(fp4_offset(true, row_bytes, byte / row_bytes, byte % row_bytes) / 4)] = d;
+      }
+      host_to_device(b.get(), tiled ? out.data() : words.data(), bytes);
+    } else if (tiled) {
+      DeviceBuffer released(bytes, false);
+      host_to_device(released.get(), v.data, bytes);
+      launch_fp4_to_device_tiled(static_cast<const uint32_t*>(released.get()), static_cast<uint32_t*>(b.get()), rows,
+                                 static_cast<int64_t>(bytes) / rows);
+      launch_check("MXFP4 weight upload");
     } else {
       host_to_device(b.get(), v.data, bytes);
       if (fp4_layout) {
@@ -1371,8 +1390,9 @@ class CudaBackend final : public Backend {
     if (w.format == WeightFormat::kFp4Packed)
       SPARROW_CHECK(w.in % 8 == 0 && "an MXFP4 weight's rows are whole 32-bit words on the device (fp4_layout.h)");
     DevWeight d{.format = w.format, .out = w.out, .in = w.in,
-                .data = w.format == WeightFormat::kFp4Packed ? device_fp4_bytes(w.data) : device_bytes(w.data),
+                .data = w.format == WeightFormat::kFp4Packed ? device_fp4_bytes(w.data, w.out) : device_bytes(w.data),
                 .dtype = w.data.dtype};
+    d.fp4_tiled = w.format == WeightFormat::kFp4Packed && w.in % 2 == 0 && fp4_tiles(w.out, w.in / 2);
     switch (w.format) {
       case WeightFormat::kFloat:
         SPARROW_CHECK(is_float_dtype(w.data.dtype));
@@ -1433,7 +1453,7 @@ class CudaBackend final : public Backend {
     std::vector<DevWeight> w1s, w3s, w2s;
     bool vec = true, wg = true;
     const auto wgmma_fits = [](const DevWeight& d) {
-      return d.format == WeightFormat::kFp4Packed && d.block_in == 32 && d.in % 128 == 0 &&
+      return d.format == WeightFormat::kFp4Packed && d.block_in == 32 && d.in % 128 == 0 && d.fp4_tiled &&
              d.scale_dtype == DType::kF8E8M0 && d.scale_cols % 4 == 0 && d.scale_cols >= d.in / 32 &&
              reinterpret_cast<uintptr_t>(d.scale) % 4 == 0 && reinterpret_cast<uintptr_t>(d.data) % 16 == 0;
     };

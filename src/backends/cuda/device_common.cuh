@@ -279,8 +279,9 @@ __device__ inline float weight_at(const DevWeight& w, int64_t row, int64_t col) 
     }
     case WeightFormat::kFp4Packed: {
       // The device layout (fp4_layout.h): word k of a row holds inputs 8k .. 8k + 7 (w.in % 8 == 0),
-      // input j's magnitude in nibble j, its sign at fp4_device_sign_bit(j).
-      const uint32_t word = static_cast<const uint32_t*>(w.data)[(row * w.in + col) / 8];
+      // input j's magnitude in nibble j, its sign at fp4_device_sign_bit(j); the rows tiled where
+      // w.fp4_tiled.
+      const uint32_t word = static_cast<const uint32_t*>(w.data)[fp4_offset(w.fp4_tiled, w.in / 2, row, col / 2) / 4];
       const int j = static_cast<int>(col % 8);
       const uint32_t code = ((word >> (4 * j)) & 7u) | (((word >> fp4_device_sign_bit(j)) & 1u) << 3);
       const float s = dev_load(DevView{w.scale, w.scale_dtype}, row * w.scale_cols + col / w.block_in);

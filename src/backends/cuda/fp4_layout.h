@@ -9,6 +9,15 @@
 // 8j + 3 (bit 3 of nibble 2j). Then, for e5m2 bytes of inputs 0..3 in one word and 4..7 in
 // another, the signs are `w & 0x80808080` and `(w << 4) & 0x80808080`: one logic operation and a
 // shift where the released layout takes two byte permutes.
+//
+// The row order is tiled too where the weight allows it (fp4_tiles: rows a multiple of 64, a row's
+// bytes a multiple of 64, i.e. in % 128 == 0, every routed expert): for each block of 64 rows and
+// each group of 64 bytes (128 inputs, the W4A8 kernels' group), the 64 rows' 64 bytes lie together
+// (4 KB, row r of the block at 64 r), the groups of a row block in order, the row blocks in order.
+// A W4A8 decode block's slot (64 columns x one or two groups) is then one contiguous piece where
+// the released order scatters it over 64 rows 1-2 KB apart. A block of 64 rows starts where it
+// starts in the released order (64 rows x row_bytes either way); within it a row is 64 bytes from
+// the next and a group 4 KB from the next (fp4_row_step, fp4_group_step), against row_bytes and 64.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +50,26 @@ SPARROW_FP4_HD constexpr uint32_t fp4_word_released(uint32_t d) {
   lo = (lo | (lo >> 8)) & 0x0000ffffu;                          // bits 3, 7, 11, 15
   hi = (hi | (hi >> 8)) & 0x0000ffffu;
   return (d & 0x77777777u) | lo | (hi << 16);
+}
+
+// Whether a weight of `rows` rows of `row_bytes` bytes is stored tiled.
+SPARROW_FP4_HD constexpr bool fp4_tiles(int64_t rows, int64_t row_bytes) {
+  return rows > 0 && rows % 64 == 0 && row_bytes > 0 && row_bytes % 64 == 0;
+}
+// The bytes from one row to the next within a block of 64 rows, and from one group of 64 bytes
+// to the next within a row.
+SPARROW_FP4_HD constexpr int64_t fp4_row_step(bool tiled, int64_t row_bytes) { return tiled ? 64 : row_bytes; }
+SPARROW_FP4_HD constexpr int64_t fp4_group_step(bool tiled) { return tiled ? 4096 : 64; }
+// Where byte b of row n lies (row_bytes a row).
+SPARROW_FP4_HD constexpr int64_t fp4_offset(bool tiled, int64_t row_bytes, int64_t n, int64_t b) {
+  return (n / 64) * 64 * row_bytes + (n % 64) * fp4_row_step(tiled, row_bytes) + (b / 64) * fp4_group_step(tiled) + b % 64;
+}
+
+// fp4_offset(true, ..) inverted: the row n and byte b that the tiled order puts at byte o.
+SPARROW_FP4_HD constexpr void fp4_tiled_source(int64_t row_bytes, int64_t o, int64_t& n, int64_t& b) {
+  const int64_t block = o / (64 * row_bytes), in_block = o % (64 * row_bytes);
+  n = 64 * block + (in_block % 4096) / 64;
+  b = 64 * (in_block / 4096) + in_block % 64;
 }
 
 }  // namespace sparrow::cuda

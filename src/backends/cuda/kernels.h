@@ -136,6 +136,7 @@ struct DevWeight {
   DType scale_dtype = DType::kF8E8M0;
   int64_t scale_cols = 0;
   int64_t block_out = 1, block_in = 1;
+  bool fp4_tiled = false;  // (MXFP4) the rows in fp4_layout.h's tiled order (fp4_tiles)
 };
 
 struct RopeTableArg {
@@ -453,6 +454,9 @@ void launch_weight_to_bf16(const DevWeight& w, uint16_t* out);
 // MXFP4 weight words [n] re-laid in place from the released layout to the device one (fp4_layout.h:
 // fp4_word_to_device), at upload.
 void launch_fp4_to_device_layout(uint32_t* words, int64_t n);
+// out = the released MXFP4 codes `in` ([rows][row_bytes]) in the device layout and the tiled row
+// order (fp4_layout.h; fp4_tiles(rows, row_bytes)).
+void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows, int64_t row_bytes);
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
 // Test hook: the W4A8 decode wgmma kernel's e5m2 tables of each packed e8m0 word, through the group prep
 // and through the per-block table alone (out: 26 words a word; kernels_linear.cu says which).

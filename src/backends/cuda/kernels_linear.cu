@@ -99,7 +99,10 @@ __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int 
   const float* x[kTokenTile];
   const int64_t nt = tile_inputs(a, n, t0, x);
   const int64_t row_bytes = kFp4 ? K / 2 : K;
-  const uint4* wrow = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.w.data) + n * row_bytes);
+  // (MXFP4: chunk c at fp4_offset(.., n, 16 c), the rows tiled where a.w.fp4_tiled.)
+  const bool tiled = kFp4 && a.w.fp4_tiled;
+  const uint8_t* wrow = static_cast<const uint8_t*>(a.w.data) + fp4_offset(tiled, row_bytes, n, 0);
+  const int64_t group_step = fp4_group_step(tiled);
   const DevView scales{a.w.scale, a.w.scale_dtype};
   const int64_t scale_row = (kFp4 ? n : n / a.w.block_out) * a.w.scale_cols;
   const int64_t chunks = K / kIn;
@@ -111,7 +114,7 @@ __device__ void linear_vec_tile(const LinearArgs& a, int64_t n, int64_t t0, int 
     for (int u = 0; u < kChunkUnroll; ++u) {
       const int64_t c = c0 + 32 * u;
       if (c < chunks) {
-        vs[u] = __ldg(wrow + c);
+        vs[u] = __ldg(reinterpret_cast<const uint4*>(wrow + (c / 4) * group_step + 16 * (c % 4)));
         ss[u] = dev_load(scales, scale_row + c * kIn / a.w.block_in);
       }
     }
@@ -370,11 +373,12 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
   const int wblk = lane % 4;
   const uint8_t* wsrc[kWPieces];
   bool wcol_ok[kWPieces];
+  const int64_t wgroup_step = fp4_group_step(W.fp4_tiled);  // (fp4_layout.h: the rows tiled or not)
 #pragma unroll
   for (int i = 0; i < kWPieces; ++i) {
     const int col = n0 + (lane + 32 * i) / 4;
     wcol_ok[i] = col < N;
-    wsrc[i] = wdata + static_cast<int64_t>(wcol_ok[i] ? col : 0) * (K / 2) + 16 * wblk;
+    wsrc[i] = wdata + fp4_offset(W.fp4_tiled, K / 2, wcol_ok[i] ? col : 0, 16 * wblk);
   }
   const uint8_t* xsrc[2];
 #pragma unroll
@@ -392,7 +396,7 @@ __global__ void __launch_bounds__(32 * kW4A8Warps) grouped_w4a8_kernel(GroupedW4
       Stage& st = ring[kg % kSmallStages];
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i)
-        cp_async(st.w + ((lane + 32 * i) / 4) * kSmallWStride + 16 * wblk, wsrc[i] + 64 * kg,
+        cp_async(st.w + ((lane + 32 * i) / 4) * kSmallWStride + 16 * wblk, wsrc[i] + wgroup_step * kg,
                  wcol_ok[i] && 4 * kg + wblk < blocks, 16);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -602,8 +606,8 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
       for (int i = 0; i < kTiledWPieces; ++i) {
         const int col = (tid + kTiledThreads * i) / 4;
         const bool ok = n0 + col < N && 4 * kg + wblk < blocks;
-        cp_async(st.w + col * kSmallWStride + 16 * wblk, wdata + (ok ? (n0 + col) * col_bytes + 64 * kg + 16 * wblk : 0),
-                 ok, 16);
+        cp_async(st.w + col * kSmallWStride + 16 * wblk,
+                 wdata + (ok ? fp4_offset(W.fp4_tiled, col_bytes, n0 + col, 64 * kg + 16 * wblk) : 0), ok, 16);
       }
 #pragma unroll
       for (int i = 0; i < kTiledXPieces; ++i) {
@@ -1053,10 +1057,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // quarter-warp copies one column's group, and thread 0 the block's scale.)
   constexpr int kWPieces = kFp8W ? 4 : 2 * kSpan;
   constexpr int kGroupBytes = kFp8W ? kW4A8GroupK : kW4A8GroupK / 2;  // a column's bytes of a group
-  constexpr int kSlotBytes = kGroupBytes * kSpan;
   static_assert(kThreads % (4 * kSpan) == 0, "a thread's weight pieces share their chunk");
   const auto* wdata = kFp8W ? g.w_codes : static_cast<const uint8_t*>(W.data);
   const int64_t col_bytes = kFp8W ? K : K / 2;
+  // From a group's bytes of a column to the next group's, and a slot's: the FP8 codes row-major,
+  // the MXFP4 codes tiled (fp4_layout.h; the MoE takes this kernel only for tiled experts).
+  const int64_t group_step = kFp8W ? kGroupBytes : fp4_group_step(true), slot_step = group_step * kSpan;
   // The group within a slot of this thread's weight pieces (the same for all of them).
   const int wsub = kFp8W ? 0 : (tid % (4 * kSpan)) / 4;
   const uint8_t* wsrc[kWPieces];
@@ -1066,7 +1072,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   for (int i = 0; i < kWPieces; ++i) {
     const int p = tid + kThreads * i, col = kFp8W ? p / 8 : p / (4 * kSpan), chunk = kFp8W ? p % 8 : p % (4 * kSpan);
     wok[i] = n0 + col < N;
-    wsrc[i] = wdata + (wok[i] ? (n0 + col) * col_bytes : 0) + 16 * chunk + kGroupBytes * g_lo;
+    wsrc[i] = wdata + (kFp8W ? (wok[i] ? (n0 + col) * col_bytes : 0) + 16 * chunk + kGroupBytes * g_lo
+                             : fp4_offset(true, col_bytes, wok[i] ? n0 + col : 0, 64 * (g_lo + chunk / 4) + 16 * (chunk % 4)));
     wdst[i] = static_cast<int>(offsetof(Stage, w)) +
               (kFp8W ? fp8_wrow<kN>() * col + 16 * chunk : static_cast<int>(sizeof(Stage)) * wsub + 64 * col + 16 * (chunk % 4));
   }
@@ -1104,7 +1111,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       uint8_t* slot = reinterpret_cast<uint8_t*>(ring + kSpan * prefetched);
       const bool in = g_lo + kSpan * prefetched + wsub < g_hi;
 #pragma unroll
-      for (int i = 0; i < kWPieces; ++i) cp_async(slot + wdst[i], wsrc[i] + kSlotBytes * prefetched, wok[i] && in, 16);
+      for (int i = 0; i < kWPieces; ++i) cp_async(slot + wdst[i], wsrc[i] + slot_step * prefetched, wok[i] && in, 16);
       if (kFp8W ? tid == 0 : tid < kCols)
 #pragma unroll
         for (int j = 0; j < kSpan; ++j)
@@ -1128,8 +1135,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       const bool w_in = next_group + wsub < g_hi;
 #pragma unroll
       for (int i = 0; i < kWPieces; ++i) {
-        if (weights) cp_async(slot + wdst[i], wsrc[i] + kGroupBytes * dg, wok[i] && w_in, 16);
-        if constexpr (kAdvance) wsrc[i] += kSlotBytes;
+        if (weights) cp_async(slot + wdst[i], wsrc[i] + group_step * dg, wok[i] && w_in, 16);
+        if constexpr (kAdvance) wsrc[i] += slot_step;
       }
 #pragma unroll
       for (int i = 0; i < kXPieces; ++i)
@@ -1644,9 +1651,11 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
     // columns).
     constexpr int kWPieces = 8 * kSpan, kColStep = 8 / kSpan;
     const int wchunk = lane % (4 * kSpan), wsub = wchunk / 4, wcol0 = lane / (4 * kSpan);
-    const uint8_t* wsrc = static_cast<const uint8_t*>(W.data) + static_cast<int64_t>(n0 + wcol0) * col_bytes + 16 * wchunk + 64 * g_lo;
+    const uint8_t* wsrc =
+        static_cast<const uint8_t*>(W.data) + fp4_offset(true, col_bytes, n0 + wcol0, 64 * (g_lo + wsub) + 16 * (wchunk % 4));
     const int wdst = static_cast<int>(offsetof(Slot, w)) + wsub * kWgCols * 64 + 64 * wcol0 + 16 * (wchunk % 4);
-    const int64_t piece_step = kColStep * col_bytes;
+    // (fp4_layout.h: the block's 64 rows tiled, as the MoE asks of the wgmma kernels.)
+    const int64_t piece_step = kColStep * fp4_row_step(true, col_bytes), slot_step = kSpan * fp4_group_step(true);
     // Code pieces (kN kSpan / 4): this lane's row l % kN, chunks l / kN + (32 / kN) j of group sub.
     constexpr int kXPer = kN / 4;  // pieces a group
     const int xrow = lane % kN, xchunk0 = lane / kN;
@@ -1663,7 +1672,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
       uint8_t* slot = reinterpret_cast<uint8_t*>(ring + it % kStages);
       const int gs = g_lo + kSpan * it;  // the slot's first group
       const bool gin = gs + wsub < g_hi;
-      const uint8_t* src = wsrc + 64 * kSpan * it;
+      const uint8_t* src = wsrc + slot_step * it;
       // The pieces' sources a step apart, the step opaque to the compiler in each call: left to
       // itself it kept all kWPieces sources in registers across the slots and spilled.
       int64_t step = piece_step;
@@ -2256,6 +2265,16 @@ void launch_w4a8_decode(const GroupedW4A8Args& g, int span, unsigned z) {
   else launch_w4a8_wgmma<kN, 1>(g, g.max_items, z);
 }
 
+// Word o of the tiled order from its released word (fp4_tiled_source).
+__global__ void fp4_to_device_tiled_kernel(const uint32_t* in, uint32_t* out, int64_t rows, int64_t row_bytes) {
+  wait_previous_grid();
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= rows * row_bytes / 4) return;
+  int64_t n = 0, b = 0;
+  fp4_tiled_source(row_bytes, 4 * o, n, b);
+  out[o] = fp4_word_to_device(in[(n * row_bytes + b) / 4]);
+}
+
 __global__ void fp4_to_device_layout_kernel(uint32_t* words, int64_t n) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -2316,6 +2335,10 @@ void launch_weight_to_bf16(const DevWeight& w, uint16_t* out) {
 
 void launch_fp4_to_device_layout(uint32_t* words, int64_t n) {
   if (n > 0) launch(fp4_to_device_layout_kernel, blocks_for(n, 256), 256, 0, words, n);
+}
+void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows, int64_t row_bytes) {
+  const int64_t words = rows * row_bytes / 4;
+  if (words > 0) launch(fp4_to_device_tiled_kernel, blocks_for(words, 256), 256, 0, in, out, rows, row_bytes);
 }
 
 void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out) {

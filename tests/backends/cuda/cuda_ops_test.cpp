@@ -2929,6 +2929,36 @@ TEST(CudaFp4Layout, SignsWhereTheE5m2BytesTakeThemAndBackAgain) {
   }
 }
 
+// The MXFP4 rows' tiled order (fp4_layout.h), on the host: a permutation of the weight's bytes;
+// every 64-row block's group of 64 bytes a row in one 4 KB piece (a W4A8 decode slot's), the
+// groups of a block in order; fp4_tiled_source its inverse (the upload kernel's); the untiled
+// order the released one; only shapes of whole 64-row blocks and 64-byte groups tiled.
+TEST(CudaFp4Layout, TiledOrderIsAPermutationWithEachBlocksGroupInOnePiece) {
+  for (const auto& [rows, row_bytes] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {128, 192}, {192, 1024}}) {
+    ASSERT_TRUE(cuda::fp4_tiles(rows, row_bytes));
+    std::vector<int> seen(static_cast<size_t>(rows * row_bytes), 0);
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t b = 0; b < row_bytes; ++b) {
+        ASSERT_EQ(cuda::fp4_offset(false, row_bytes, n, b), n * row_bytes + b);
+        const int64_t o = cuda::fp4_offset(true, row_bytes, n, b);
+        ASSERT_GE(o, 0);
+        ASSERT_LT(o, rows * row_bytes);
+        ++seen[static_cast<size_t>(o)];
+        const int64_t piece = (n / 64) * 64 * row_bytes + (b / 64) * 4096;  // the block's group
+        ASSERT_GE(o, piece) << n << " " << b;
+        ASSERT_LT(o, piece + 4096) << n << " " << b;
+        int64_t n2 = -1, b2 = -1;
+        cuda::fp4_tiled_source(row_bytes, o, n2, b2);
+        ASSERT_EQ(n2, n);
+        ASSERT_EQ(b2, b);
+      }
+    for (int c : seen) ASSERT_EQ(c, 1) << rows << " x " << row_bytes;
+  }
+  EXPECT_FALSE(cuda::fp4_tiles(96, 64));
+  EXPECT_FALSE(cuda::fp4_tiles(64, 48));
+  EXPECT_FALSE(cuda::fp4_tiles(0, 64));
+}
+
 // The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
 // give the three passes' bits (launch_swiglu, launch_route_scale_bf16, launch_row_sim): stacked (a
 // and b halves of rows of 2F) and in place, with and without routing weights, F not a multiple of
