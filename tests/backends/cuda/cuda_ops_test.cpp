@@ -361,6 +361,7 @@ TEST_F(CudaOps, LinearEveryWeightFormat) {
   ws.emplace_back("fp8_e8m0_128", fp8_matrix(rng, 131, 259, 128, 128, DType::kF8E8M0));
   ws.emplace_back("fp8_f32_partial_tiles", fp8_matrix(rng, 37, 150, 16, 64, DType::kF32));
   ws.emplace_back("fp4", fp4_matrix(rng, 37, 96));
+  ws.emplace_back("fp4 tiled rows", fp4_matrix(rng, 128, 384));  // fp4_layout.h: fp4_tiles(128, 192)
   for (auto& [name, m] : ws) {
     for (int64_t T : {1, 5, 19}) {
       const int64_t K = m.w.in, N = m.w.out;
@@ -395,6 +396,7 @@ TEST_F(CudaOps, LinearVectorizedMatchesCpuAndIsBatchInvariant) {
   cases.push_back({"fp8 33x200", fp8_matrix(rng, 33, 200, 128, 128, DType::kF8E8M0), false});
   cases.push_back({"fp4 37x96", fp4_matrix(rng, 37, 96), true});
   cases.push_back({"fp4 29x4096", fp4_matrix(rng, 29, 4096), true});
+  cases.push_back({"fp4 128x1536 (tiled rows)", fp4_matrix(rng, 128, 1536), true});
   for (auto& c : cases) {
     if (fp8_gemm && c.name.starts_with("fp8")) continue;
     const int64_t K = c.m.w.in, N = c.m.w.out, T = 19;
