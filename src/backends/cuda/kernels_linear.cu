@@ -915,6 +915,95 @@ __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, ui
   hi_out = mag_hi | ((w << 4) & 0x80808080u);
 }
 
+// A wgmma block's outputs (the W4A8 and FP8 wgmma kernels): rows t0 .. of an expert whose R rows start at
+// r0, this thread's columns n and n + 8 of N, rows ld apart. store(): slot 4 j + c of v (v_stride
+// apart) to row t0 + 8 j + 2 tig + (c & 1), column n (+ 8 for c >= 2), past the ends left out.
+// finish_quarter(): a quarter of the groups done: split, its sum acc to the quarter's slice; else
+// added to the finished quarters' sum (total, this thread's slots `stride` apart) in order; acc zeroed.
+template <int kN>
+struct W4A8BlockOut {
+  int64_t t0, R, r0, ld;
+  int n, N, tig;
+  __device__ void store(float* dst, const float* v, int v_stride) const {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
+        const int col = n + (c < 2 ? 0 : 8);
+        if (tr < R && col < N) dst[(r0 + tr) * ld + col] = v[(4 * j + c) * v_stride];
+      }
+  }
+  __device__ void finish_quarter(bool split, float* slice, float* total, int stride, int quarter, float (&acc)[kN / 2]) const {
+    if (split) {
+      store(slice, acc, 1);
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) acc[r] = 0.0f;
+    } else {
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) {
+        float& s = total[r * stride];
+        s = quarter == 0 ? acc[r] : s + acc[r];
+        acc[r] = 0.0f;
+      }
+    }
+  }
+};
+
+// A group's weights as wgmma's A operand: block tig's 16 bytes of columns c0 and c0 + 8 (w: the
+// group's 64 bytes a column) as e5m2 through the two columns' tables.
+__device__ inline void w4a8_convert(const uint8_t* w, int c0, int tig, const uint32_t (&tab)[2][2], uint32_t (&a)[4][4]) {
+  const uint4 wa = *reinterpret_cast<const uint4*>(w + 64 * c0 + 16 * tig);
+  const uint4 wb = *reinterpret_cast<const uint4*>(w + 64 * (c0 + 8) + 16 * tig);
+  const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
+    e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
+  }
+}
+
+// The decode kernels' tables of a group: block tig's of columns c0 and c0 + 8 from the warp's group
+// prep (prep_b1, prep_cs: the group's 16 entries, column 16 warp + j at j), or from the per-block
+// table (ws: the group's scale words) for the groups the prep marks; and the columns' cs.
+__device__ inline void w4a8_decode_tables(const uint32_t* ws, const uint32_t* prep_b1, const float* prep_cs, int c0, int gid, int tig,
+                                          uint32_t (&tab)[2][2], float (&cs)[2]) {
+  // Block tig's b1 of columns c0 and c0 + 8 (entries 8 apart: 32 bytes).
+  const uint8_t* b1p = reinterpret_cast<const uint8_t*>(prep_b1 + gid) + tig;
+  const uint32_t b1[2] = {b1p[0], b1p[32]};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
+    cs[h] = prep_cs[gid + 8 * h];
+  }
+  if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
+    if (b1[0] == 0u) w4a8_e5m2_table<false>(ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
+    if (b1[1] == 0u) w4a8_e5m2_table<false>(ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+  }
+}
+
+// A group's four wgmma over its rows' codes x (WgStage::x's layout) with A from a, then
+// acc = fma(d, cs * sa, acc), sa the rows' activation scales of the group.
+template <int kN, bool kFp8W>
+__device__ inline void w4a8_group_mma_fold(const uint8_t* x, const uint32_t (&a)[4][4], const float (&cs)[2], const float* sa, int tig,
+                                           float (&d)[kN / 2], float (&acc)[kN / 2]) {
+#pragma unroll
+  for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(d[r]);
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) wgmma_w4a8<kN, kFp8W>(d, a[i], wgmma_desc(x + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(d[r]);
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const float2 sv = *reinterpret_cast<const float2*>(&sa[8 * j + 2 * tig]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sv.y : sv.x), acc[4 * j + c]);
+  }
+}
+
 // The FP8 linear's weights in a stage: column c's 128 bytes of the group at fp8_wrow c. In the
 // decode kernel 144: the 16 bytes of padding put the 8 columns a quarter-warp reads at once on
 // different banks; the prefill kernel keeps 128 (2-way conflicts on those reads) so that two blocks
@@ -1178,31 +1267,11 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // further on), or quarter q's slice of partial [4, pair x rows_total, N].
   const int64_t outputs = (!kFp8W && g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
   const int64_t second_offset = second ? g.rows_total * g.N : 0;
-  const auto store = [&](float* dst, const float* v, int v_stride) {
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
-        const int n = n0 + c0 + (c < 2 ? 0 : 8);
-        if (tr < R && n < N) dst[(r0 + tr) * g.N + n] = v[(4 * j + c) * v_stride];
-      }
-  };
+  const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig};
   int quarter = q_first;
   // Split: the quarter's sum to its slice; unsplit: added to the finished quarters' sum in order.
   const auto finish_quarter = [&] {
-    if (split) {
-      store(g.partial + quarter * outputs + second_offset, acc, 1);
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) acc[r] = 0.0f;
-    } else {
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) {
-        float& s = total[r * kThreads + tid];
-        s = quarter == 0 ? acc[r] : s + acc[r];
-        acc[r] = 0.0f;
-      }
-    }
+    out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kThreads, quarter, acc);
     ++quarter;
   };
   for (int i = 0; i < kStages - 1; ++i) issue();
@@ -1249,50 +1318,16 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
           w4a8_e5m2_table<true>(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
           w4a8_e5m2_table<true>(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
         } else {
-          // Block tig's b1 of columns c0 and c0 + 8 (entries 8 apart: 32 bytes), their tables, cs.
-          const uint8_t* b1p = reinterpret_cast<const uint8_t*>(prep_b1 + 16 * sub + gid) + tig;
-          const uint32_t b1[2] = {b1p[0], b1p[32]};
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
-            cs[h] = prep_cs[16 * sub + gid + 8 * h];
-          }
-          if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
-            if (b1[0] == 0u) w4a8_e5m2_table<false>(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-            if (b1[1] == 0u) w4a8_e5m2_table<false>(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
-          }
+          w4a8_decode_tables(st.ws, prep_b1 + 16 * sub, prep_cs + 16 * sub, c0, gid, tig, tab, cs);
         }
-        const uint4 wa = *reinterpret_cast<const uint4*>(st.w + 64 * c0 + 16 * tig);
-        const uint4 wb = *reinterpret_cast<const uint4*>(st.w + 64 * (c0 + 8) + 16 * tig);
-        const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
-          e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
-        }
+        w4a8_convert(st.w, c0, tig, tab, a);
       }
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-      wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        wgmma_w4a8<kN, kFp8W>(d, a[i], wgmma_desc(st.x + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        const float2 sa = *reinterpret_cast<const float2*>(&st.sa[8 * j + 2 * tig]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sa.y : sa.x), acc[4 * j + c]);
-      }
+      w4a8_group_mma_fold<kN, kFp8W>(st.x, a, cs, st.sa, tig, d, acc);
     }
   }
   cp_async_wait<0>();
   while (quarter < q_first + q_count) finish_quarter();
-  if (!split) store(g.out + second_offset, total + tid, kThreads);
+  if (!split) out.store(g.out + second_offset, total + tid, kThreads);
 }
 
 // The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
@@ -1730,33 +1765,8 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
   float* const prep_cs = reinterpret_cast<float*>(prep_b1 + 16 * kSpan);
   const int64_t outputs = (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
   const int64_t second_offset = second ? g.rows_total * g.N : 0;
-  const auto store = [&](float* dst, const float* v, int v_stride) {
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
-        const int n = n0 + c0 + (c < 2 ? 0 : 8);
-        if (tr < R && n < N) dst[(r0 + tr) * g.N + n] = v[(4 * j + c) * v_stride];
-      }
-  };
-  int quarter = q_first;
-  const auto finish_quarter = [&] {
-    if (split) {
-      store(g.partial + quarter * outputs + second_offset, acc, 1);
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) acc[r] = 0.0f;
-    } else {
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) {
-        float& s = total[r * kWgThreads + tid];
-        s = quarter == 0 ? acc[r] : s + acc[r];
-        acc[r] = 0.0f;
-      }
-    }
-    ++quarter;
-  };
-  int quarter_end = w4a8_quarter(q_first + 1, groups);
+  const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig};
+  int quarter = q_first, quarter_end = w4a8_quarter(q_first + 1, groups);
   for (int it = 0; it < slots; ++it) {
     const int s = it % kStages;
     mbar_wait(&full[s], (it / kStages) & 1);
@@ -1770,56 +1780,21 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
       const int kg = g_lo + kSpan * it + sub;
       if (kg >= g_hi) break;
       while (kg >= quarter_end) {
-        finish_quarter();
-        quarter_end = w4a8_quarter(quarter + 1, groups);
+        out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kWgThreads, quarter, acc);
+        quarter_end = w4a8_quarter(++quarter + 1, groups);
       }
-      uint32_t a[4][4];
+      uint32_t a[4][4], tab[2][2];
       float cs[2];
-      uint32_t tab[2][2];
-      const uint8_t* b1p = reinterpret_cast<const uint8_t*>(prep_b1 + 16 * sub + gid) + tig;
-      const uint32_t b1[2] = {b1p[0], b1p[32]};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
-        cs[h] = prep_cs[16 * sub + gid + 8 * h];
-      }
-      if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
-        if (b1[0] == 0u) w4a8_e5m2_table<false>(slot.ws[sub][c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-        if (b1[1] == 0u) w4a8_e5m2_table<false>(slot.ws[sub][c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
-      }
-      const uint4 wa = *reinterpret_cast<const uint4*>(slot.w[sub] + 64 * c0 + 16 * tig);
-      const uint4 wb = *reinterpret_cast<const uint4*>(slot.w[sub] + 64 * (c0 + 8) + 16 * tig);
-      const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
-        e2m1x8_to_e5m2(wbv[i], tab[1][0], tab[1][1], a[i][1], a[i][3]);
-      }
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-      wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_w4a8<kN, false>(d, a[i], wgmma_desc(slot.x[sub] + 32 * kN * i, 16 * kN, 128), i > 0 ? 1 : 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) wgmma_fence_operand(d[r]);
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        const float2 sa = *reinterpret_cast<const float2*>(&slot.sa[sub][8 * j + 2 * tig]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sa.y : sa.x), acc[4 * j + c]);
-      }
+      w4a8_decode_tables(slot.ws[sub], prep_b1 + 16 * sub, prep_cs + 16 * sub, c0, gid, tig, tab, cs);
+      w4a8_convert(slot.w[sub], c0, tig, tab, a);
+      w4a8_group_mma_fold<kN, false>(slot.x[sub], a, cs, slot.sa[sub], tig, d, acc);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the slot
   }
-  while (quarter < q_first + q_count) finish_quarter();
-  if (!split) {
-    // The quarters' sums were written by the thread that reads them (total[r * 128 + tid]).
-    store(g.out + second_offset, total + tid, kWgThreads);
-  }
+  for (; quarter < q_first + q_count; ++quarter)
+    out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kWgThreads, quarter, acc);
+  if (!split) out.store(g.out + second_offset, total + tid, kWgThreads);  // (each thread reads what it wrote)
 }
 
 // ---- The bf16 linears on wgmma: a decode form and a TMA form with one arithmetic --------------------
