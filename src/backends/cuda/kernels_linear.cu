@@ -1582,13 +1582,16 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 // and fold. In the block-wide form every thread spent about 100 instructions a slot on the copies'
 // addresses and predicates and the ring's barrier (SASS of the 16-row, span-2 kernel, H200
 // 2026-12-04: 213 of its 480 instructions a warp and slot of two groups; its issue slots 66 % busy).
-// Here the producer's lanes each take one row of codes (its pieces at immediate offsets) and fixed
-// columns of weights (a step apart), hand a slot over through an mbarrier that their cp.async
-// completions arrive on (noinc: 32 arrivals), and wait for the consumer warps' release of a slot (an
-// mbarrier of 4 arrivals) before refilling it. No block-wide barrier after the set-up. (ncu, batch
-// 256: 18 % fewer instructions; the consumers then wait on their slots' barriers, DRAM 62 %.)
-// REQUIRES N % 64 == 0 (the experts' N is the other projection's K, a multiple of 128), besides
-// grouped_w4a8_wgmma_kernel's.
+// Here the producer's lane 0 copies a slot's weights, one contiguous piece in the tiled row order
+// (fp4_layout.h), with one bulk copy (evict-first in L2), and its lanes each one row of codes (its
+// pieces at immediate offsets) and two columns' scale words by cp.async; the slot is handed over
+// through an mbarrier that those completions arrive on (noinc: 32 arrivals, and lane 0's expected
+// bytes), and refilled after the consumer warps' release (an mbarrier of 4 arrivals). No block-wide
+// barrier after the set-up. (ncu, batch 256, with the weights by cp.async: 18 % fewer instructions
+// than the block-wide form; the consumers then wait on their slots' barriers, DRAM 62 %. The bulk
+// copy took w1 + w3 at batch 256 from 0.773-0.775 to 0.760 ms: H200, 2026-12-04.)
+// REQUIRES N % 64 == 0 (the experts' N is the other projection's K, a multiple of 128) and the
+// weights tiled, besides grouped_w4a8_wgmma_kernel's.
 template <int kN, int kSpan>
 struct WsSlot {
   uint8_t x[kSpan][kN * kW4A8GroupK];  // group sub's codes as WgStage::x
@@ -1624,6 +1627,17 @@ __host__ __device__ constexpr int ws_min_blocks() {
 __device__ inline void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst by the
+// bulk copy engine, counted on bar as they land (the caller has raised bar's expected bytes); the
+// lines read marked first to leave L2 (streamed weights, read once a step).
+__device__ inline void bulk_copy_to_smem_evict_first(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
 
 template <int kN, int kSpan>
 __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
@@ -1651,7 +1665,9 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
     // (16 rows: an odd tile's rows are the even tile's before it.)
     s_e = in && (kN == 8 || s_t0 % 16 == 0) ? g.items[2 * item] : -1;
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 32);  // the producer's lanes, each when its copies of the slot have landed
+      // The producer's lanes, each when its copies of the slot have landed, and its lane 0's
+      // expected bytes of the slot's weights (a bulk copy).
+      mbar_init(&full[s], 33);
       mbar_init(&empty[s], 4);  // the consumer warps' lanes 0
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1681,16 +1697,11 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
   if (warp == 4) {  // the producer
     const DevWeight W = second ? g.w_b[e] : g.w[e];
     const int64_t col_bytes = K / 2;
-    // Weight piece i (of 8 kSpan): column l / (4 kSpan) + i (8 / kSpan), its 16-byte chunk l % (4 kSpan)
-    // of the slot's 64 kSpan contiguous bytes (a warp reads 32 x 16 contiguous bytes of 512 / (64 kSpan)
-    // columns).
-    constexpr int kWPieces = 8 * kSpan, kColStep = 8 / kSpan;
-    const int wchunk = lane % (4 * kSpan), wsub = wchunk / 4, wcol0 = lane / (4 * kSpan);
-    const uint8_t* wsrc =
-        static_cast<const uint8_t*>(W.data) + fp4_offset(true, col_bytes, n0 + wcol0, 64 * (g_lo + wsub) + 16 * (wchunk % 4));
-    const int wdst = static_cast<int>(offsetof(Slot, w)) + wsub * kWgCols * 64 + 64 * wcol0 + 16 * (wchunk % 4);
-    // (fp4_layout.h: the block's 64 rows tiled, as the MoE asks of the wgmma kernels.)
-    const int64_t piece_step = kColStep * fp4_row_step(true, col_bytes), slot_step = kSpan * fp4_group_step(true);
+    // The weights in the tiled order (fp4_layout.h; the MoE takes the wgmma kernels only for tiled
+    // experts): the block's 64 columns' bytes of group kg are the 4 KB at wsrc + 4096 kg, the slot's
+    // groups one contiguous piece, the slot's layout. Lane 0 copies it in one bulk copy.
+    const uint8_t* wsrc = static_cast<const uint8_t*>(W.data) + fp4_offset(true, col_bytes, n0, 0);
+    static_assert(fp4_group_step(true) == kWgCols * 64, "a group of the block's columns is a slot group's bytes");
     // Code pieces (kN kSpan / 4): this lane's row l % kN, chunks l / kN + (32 / kN) j of group sub.
     constexpr int kXPer = kN / 4;  // pieces a group
     const int xrow = lane % kN, xchunk0 = lane / kN;
@@ -1704,21 +1715,19 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
     const int64_t arow = s_src[arow_i];
     const float* asrc = g.scales + static_cast<int64_t>(g_lo + asub) * g.rows_pad + (arow >= 0 ? arow : 0);
     const auto issue_weights = [&](int it) {
-      uint8_t* slot = reinterpret_cast<uint8_t*>(ring + it % kStages);
+      Slot* slot = ring + it % kStages;
       const int gs = g_lo + kSpan * it;  // the slot's first group
-      const bool gin = gs + wsub < g_hi;
-      const uint8_t* src = wsrc + slot_step * it;
-      // The pieces' sources a step apart, the step opaque to the compiler in each call: left to
-      // itself it kept all kWPieces sources in registers across the slots and spilled.
-      int64_t step = piece_step;
-      asm volatile("" : "+l"(step));
-#pragma unroll
-      for (int i = 0; i < kWPieces; ++i, src += step) cp_async(slot + wdst + kColStep * 64 * i, src, gin, 16);
+      if (lane == 0) {
+        // The slot's groups below g_hi (the rest of a last slot is never read).
+        const uint32_t bytes = static_cast<uint32_t>(min(kSpan, g_hi - gs)) * kWgCols * 64;
+        mbar_arrive_expect_tx(&full[it % kStages], bytes);
+        bulk_copy_to_smem_evict_first(slot->w, wsrc + static_cast<int64_t>(gs) * kWgCols * 64, bytes, &full[it % kStages]);
+      }
 #pragma unroll
       for (int sub = 0; sub < kSpan; ++sub)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          cp_async(reinterpret_cast<Slot*>(slot)->ws[sub] + lane + 32 * h, ssrc + scol[h] + 4 * (kSpan * it + sub), gs + sub < g_hi, 4);
+          cp_async(slot->ws[sub] + lane + 32 * h, ssrc + scol[h] + 4 * (kSpan * it + sub), gs + sub < g_hi, 4);
     };
     const auto issue_rows = [&](int it) {
       uint8_t* slot = reinterpret_cast<uint8_t*>(ring + it % kStages);
