@@ -1377,7 +1377,10 @@ void add_quarters(float* out, const float* partial, int64_t count, bool round = 
 // quarters added in order. A tile is 128 weight rows (two consumer warpgroups of 64, wgmma's M) x
 // 128 tokens (wgmma's N) over the whole K; the blocks are persistent (one an SM, tiles strided).
 // (Both warpgroups wait on the same stages, so they issue and fold in step: `ncu` on 2026-12-02
-// found the tensor pipe 38 % busy and L2 55 %, latency-bound; docs/perf.md.) A third
+// found the tensor pipe 38 % busy and L2 55 %, latency-bound; docs/perf.md. Its source counters on
+// 2026-12-04: a consumer warp a fifth of its time waiting for its wgmma and about half folding, at
+// about 5 cycles an instruction; the fold's factors sw * sa are now made once a group by the
+// warpgroup, under the multiply, and the stage released before the fold.) A third
 // warpgroup's first thread feeds a ring of kTmaStages stages by TMA (the weights' and the codes'
 // 128 x 128-byte boxes 128-byte swizzled, the tokens' 128 activation scales of the group), full
 // barriers counting the bytes in and empty barriers counting the consumer warps out; the ring runs
@@ -1385,8 +1388,10 @@ void add_quarters(float* out, const float* partial, int64_t count, bool round = 
 // rows past the tensors' ends come in as zeros (TMA's out-of-bounds fill) and are not written.
 constexpr int kTmaRows = 128, kTmaCols = 128, kTmaStages = 5, kTmaBox = kTmaRows * kW4A8GroupK;
 constexpr int kTmaThreads = 3 * kWgThreads;  // two consumer warpgroups, then the producer's
+// (The scale products: [warpgroup][group parity][128 tokens].)
+constexpr size_t kTmaProdBytes = 2 * 2 * kTmaRows * sizeof(float);
 constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
-                                 2 * kTmaStages * sizeof(uint64_t);
+                                 kTmaProdBytes + 2 * kTmaStages * sizeof(uint64_t);
 
 struct Fp8TmaArgs {
   CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle
@@ -1406,6 +1411,10 @@ __device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
 }
 __device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ inline void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -1456,6 +1465,34 @@ __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc,
       : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
+// A consumer thread's 64 slots of a TMA kernel's 128 x 128 tile into dst [rows][N]: slot 4 j + c
+// (value(slot)) is token t0 + 8 j + 2 tig + (c & 1) of weight row row0 + 8 (c / 2). A whole tile
+// goes without bounds checks, one address a pair of tokens (each store checked and addressed alone
+// took a third of a K = 1024 tile's instructions at 256 rows: ncu source counters, H200 2026-12-04).
+template <class Value>
+__device__ inline void store_tma_tile(float* dst, int64_t rows, int N, int64_t t0, int n0, int row0, int tig, Value value) {
+  const int64_t ld = N;
+  if (t0 + kTmaRows <= rows && n0 + kTmaCols <= N) {
+    float* p = dst + (t0 + 2 * tig) * ld + row0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j, p += 8 * ld) {
+      p[0] = value(4 * j);
+      p[ld] = value(4 * j + 1);
+      p[8] = value(4 * j + 2);
+      p[ld + 8] = value(4 * j + 3);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t t = t0 + 8 * j + 2 * tig + (c & 1);
+      const int n = row0 + (c < 2 ? 0 : 8);
+      if (t < rows && n < N) dst[t * ld + n] = value(4 * j + c);
+    }
+}
+
 // kRound (unsplit only): the outputs rounded to bf16 in the store, launch_bf16_round's values. A
 // template argument, not a flag: with a run-time flag the unrounded kernel's wq_b (K = 1024, 8192
 // rows) took 1.25-1.27 ms against 1.13 (H200, 2026-12-03).
@@ -1467,7 +1504,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
   uint8_t* x_box = smem + kTmaStages * kTmaBox;             // [stage][128 tokens][128 bytes]
   float* sa = reinterpret_cast<float*>(smem + 2 * kTmaStages * kTmaBox);  // [stage][128 tokens]
-  uint64_t* full = reinterpret_cast<uint64_t*>(sa + kTmaStages * kTmaRows);
+  float* prod_smem = sa + kTmaStages * kTmaRows;                          // kTmaProdBytes
+  uint64_t* full = reinterpret_cast<uint64_t*>(prod_smem + 2 * 2 * kTmaRows);
   uint64_t* empty = full + kTmaStages;
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);
@@ -1542,32 +1580,31 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
       for (int i = 0; i < 4; ++i)
         wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(wa + 32 * i), wgmma_desc_sw128(xb + 32 * i), i > 0 ? 1 : 0);
       wgmma_commit();
+      // Under the multiply: the group's scale products sw * sa (the fold's factors, the same fp32
+      // products), one token a thread of the warpgroup, for all its warps (two buffers by group
+      // parity: a warp writes a buffer again only after the barrier that its readers reach after
+      // their fold of it). The fold is then a load and four fma a pair of tokens.
+      float* prod = prod_smem + (2 * cw + (it & 1)) * kTmaRows;
+      prod[tid % kWgThreads] = sw * sa[s * kTmaRows + tid % kWgThreads];
+      named_barrier_sync(1 + cw, kWgThreads);
       wgmma_wait<0>();
 #pragma unroll
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
-      const float* sas = sa + s * kTmaRows;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);  // the stage is read (the wgmma done, the products made)
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const float2 sv = *reinterpret_cast<const float2*>(&sas[8 * j + 2 * tig]);
+        const float2 pv = *reinterpret_cast<const float2*>(&prod[8 * j + 2 * tig]);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[4 * j + c] = __fmaf_rn(d[4 * j + c], sw * ((c & 1) ? sv.y : sv.x), acc[4 * j + c]);
+        for (int c = 0; c < 4; ++c) acc[4 * j + c] = __fmaf_rn(d[4 * j + c], (c & 1) ? pv.y : pv.x, acc[4 * j + c]);
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
     }
     if (a.split == 1)
       while (quarter < kW4A8Warps) finish_quarter();
     float* dst = a.out + static_cast<int64_t>(q) * a.rows_total * a.N;
     const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t t = t0 + 8 * j + 2 * tig + (c & 1);
-        const int n = row0 + (c < 2 ? 0 : 8);
-        if (t < a.rows_total && n < a.N)
-          dst[t * a.N + n] = a.split > 1 ? acc[4 * j + c] : kRound ? dev_bf16_round(total[4 * j + c]) : total[4 * j + c];
-      }
+    store_tma_tile(dst, a.rows_total, a.N, t0, n0, row0, tig,
+                   [&](int r) { return a.split > 1 ? acc[r] : kRound ? dev_bf16_round(total[r]) : total[r]; });
     if (a.split > 1)
 #pragma unroll
       for (int r = 0; r < 64; ++r) acc[r] = 0.0f;
@@ -2120,17 +2157,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
       while (part < a.parts) finish_part();
     float* dst = a.out + static_cast<int64_t>(q) * a.rows * a.N;
     const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t t = t0 + 8 * j + 2 * tig + (c & 1);
-        const int n = row0 + (c < 2 ? 0 : 8);
-        if (t < a.rows && n < a.N)
-          dst[t * a.N + n] = a.split > 1 ? (fresh ? 0.0f : d[4 * j + c])
-                             : kRound   ? dev_bf16_round(total[4 * j + c])
-                                        : total[4 * j + c];
-      }
+    store_tma_tile(dst, a.rows, a.N, t0, n0, row0, tig, [&](int r) {
+      return a.split > 1 ? (fresh ? 0.0f : d[r]) : kRound ? dev_bf16_round(total[r]) : total[r];
+    });
   }
 }
 
