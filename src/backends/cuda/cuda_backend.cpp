@@ -1282,40 +1282,41 @@ class CudaBackend final : public Backend {
   const void* device_bytes(const TensorView& v) { return cached_upload(weights_, v, false); }
   // The same for an MXFP4 weight's codes, in the device layout (fp4_layout.h; a cache of its own,
   // so these bytes never serve as the released ones).
-  // `rows`: the weight's, for the tiled row order where fp4_tiles allows it.
-  const void* device_fp4_bytes(const TensorView& v, int64_t rows) { return cached_upload(fp4_weights_, v, true, rows); }
+  // `tiled_rows`: the weight's rows when they go in the tiled row order (dev_weight decides), else 0.
+  const void* device_fp4_bytes(const TensorView& v, int64_t tiled_rows) {
+    return cached_upload(fp4_weights_, v, true, tiled_rows);
+  }
   // fp4_layout: the words re-laid by a kernel after the copy, or on the host while a step is
-  // captured (a captured kernel would re-lay them again at every replay); in the tiled row order
-  // (fp4_layout.h) where fp4_tiles(rows, row bytes), through a staging copy of the released bytes.
-  static const void* cached_upload(WeightCache<DeviceBuffer>& cache, const TensorView& v, bool fp4_layout, int64_t rows = 0) {
+  // captured (a captured kernel would re-lay them again at every replay); with tiled_rows, also in
+  // the tiled row order (fp4_layout.h), through a staging copy of the released bytes.
+  static const void* cached_upload(WeightCache<DeviceBuffer>& cache, const TensorView& v, bool fp4_layout, int64_t tiled_rows = 0) {
     if (!v.data) return nullptr;
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
     if (fp4_layout) SPARROW_CHECK(bytes % 4 == 0 && "MXFP4 rows come in whole 32-bit words (8 inputs)");
-    const bool tiled = fp4_layout && rows > 0 && static_cast<int64_t>(bytes) % rows == 0 &&
-                       fp4_tiles(rows, static_cast<int64_t>(bytes) / rows);
+    const bool tiled = tiled_rows > 0;
+    const int64_t row_bytes = tiled ? static_cast<int64_t>(bytes) / tiled_rows : 0;
+    if (tiled)
+      SPARROW_CHECK(fp4_layout && row_bytes * tiled_rows == static_cast<int64_t>(bytes) && fp4_tiles(tiled_rows, row_bytes) &&
+                    "an MXFP4 weight tiled on the device is whole 64-row blocks of whole 64-byte groups");
     const uint64_t fp = view_fingerprint(v);
     if (const DeviceBuffer* hit = cache.find(v, fp); hit && hit->bytes() == bytes) return hit->get();
     const LongLived weight;
     DeviceBuffer b(bytes, false);  // (every byte copied over)
     if (fp4_layout && capturing_step()) {
-      std::vector<uint32_t> words(bytes / 4), out(tiled ? bytes / 4 : 0);
+      // Word i of the released bytes to its place (fp4_offset) in the device layout.
+      std::vector<uint32_t> words(bytes / 4), out(bytes / 4);
       std::memcpy(words.data(), v.data, bytes);
-      const int64_t row_bytes = tiled ? static_cast<int64_t>(bytes) / rows : 0;
       for (size_t i = 0; i < words.size(); ++i) {
-        const uint32_t d = fp4_word_to_device(words[i]);
-        if (!tiled) {
-          words[i] = d;
-          continue;
-        }
         const int64_t byte = 4 * static_cast<int64_t>(i);
-        out[static_cast<size_t>(fp4_offset(true, row_bytes, byte / row_bytes, byte % row_bytes) / 4)] = d;
+        const int64_t at = tiled ? fp4_offset(true, row_bytes, byte / row_bytes, byte % row_bytes) : byte;
+        out[static_cast<size_t>(at / 4)] = fp4_word_to_device(words[i]);
       }
-      host_to_device(b.get(), tiled ? out.data() : words.data(), bytes);
+      host_to_device(b.get(), out.data(), bytes);
     } else if (tiled) {
       DeviceBuffer released(bytes, false);
       host_to_device(released.get(), v.data, bytes);
-      launch_fp4_to_device_tiled(static_cast<const uint32_t*>(released.get()), static_cast<uint32_t*>(b.get()), rows,
-                                 static_cast<int64_t>(bytes) / rows);
+      launch_fp4_to_device_tiled(static_cast<const uint32_t*>(released.get()), static_cast<uint32_t*>(b.get()), tiled_rows,
+                                 row_bytes);
       launch_check("MXFP4 weight upload");
     } else {
       host_to_device(b.get(), v.data, bytes);
@@ -1389,10 +1390,12 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK(w.present());
     if (w.format == WeightFormat::kFp4Packed)
       SPARROW_CHECK(w.in % 8 == 0 && "an MXFP4 weight's rows are whole 32-bit words on the device (fp4_layout.h)");
+    // (MXFP4) the rows in the tiled order where whole 64-row blocks of whole 64-byte groups: the one
+    // decision, which the upload follows and every reader is told (DevWeight::fp4_tiled).
+    const bool fp4_tiled = w.format == WeightFormat::kFp4Packed && fp4_tiles(w.out, w.in / 2);
     DevWeight d{.format = w.format, .out = w.out, .in = w.in,
-                .data = w.format == WeightFormat::kFp4Packed ? device_fp4_bytes(w.data, w.out) : device_bytes(w.data),
-                .dtype = w.data.dtype};
-    d.fp4_tiled = w.format == WeightFormat::kFp4Packed && w.in % 2 == 0 && fp4_tiles(w.out, w.in / 2);
+                .data = w.format == WeightFormat::kFp4Packed ? device_fp4_bytes(w.data, fp4_tiled ? w.out : 0) : device_bytes(w.data),
+                .dtype = w.data.dtype, .fp4_tiled = fp4_tiled};
     switch (w.format) {
       case WeightFormat::kFloat:
         SPARROW_CHECK(is_float_dtype(w.data.dtype));

@@ -1467,8 +1467,9 @@ __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc,
 
 // A consumer thread's 64 slots of a TMA kernel's 128 x 128 tile into dst [rows][N]: slot 4 j + c
 // (value(slot)) is token t0 + 8 j + 2 tig + (c & 1) of weight row row0 + 8 (c / 2). A whole tile
-// goes without bounds checks, one address a pair of tokens (each store checked and addressed alone
-// took a third of a K = 1024 tile's instructions at 256 rows: ncu source counters, H200 2026-12-04).
+// goes without bounds checks, one address a pair of tokens (each store checked and addressed alone,
+// the stores of a K = 1024 GEMM at 256 rows held a third of its warps' stall samples: ncu source
+// counters, H200 2026-12-04).
 template <class Value>
 __device__ inline void store_tma_tile(float* dst, int64_t rows, int N, int64_t t0, int n0, int row0, int tig, Value value) {
   const int64_t ld = N;
@@ -1505,7 +1506,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   uint8_t* x_box = smem + kTmaStages * kTmaBox;             // [stage][128 tokens][128 bytes]
   float* sa = reinterpret_cast<float*>(smem + 2 * kTmaStages * kTmaBox);  // [stage][128 tokens]
   float* prod_smem = sa + kTmaStages * kTmaRows;                          // kTmaProdBytes
-  uint64_t* full = reinterpret_cast<uint64_t*>(prod_smem + 2 * 2 * kTmaRows);
+  uint64_t* full = reinterpret_cast<uint64_t*>(prod_smem + kTmaProdBytes / sizeof(float));
   uint64_t* empty = full + kTmaStages;
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);

@@ -2604,30 +2604,36 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   // and a last item of 4 rows alone, the others' 50 rows 3 pairs and a last item of 2).
   // Each way with the copies from a producer warp (w4a8_decode_ws_kernel) and from every thread
   // (cuda::set_w4a8_decode_producer).
+  // One form of the decode kernel (producer warp or not, rows, span, split, quarter blocks) on
+  // `inputs` against `want`, bit for bit; reset() puts every knob back to its default.
+  const auto decode_form = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want,
+                               const std::string& what, int producer, int rows, int span, int split, int qb) {
+    cuda::set_w4a8_decode_producer(producer);
+    cuda::set_w4a8_decode_rows(rows);
+    cuda::set_w4a8_decode_span(span);
+    cuda::set_w4a8_wgmma_split(*gpu, split);
+    cuda::set_decode_quarter_blocks(qb);
+    const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
+    gpu->moe(inputs.gpu_params(o));
+    expect_same_bits(gpu->download_f32(o), want,
+                     what + (producer > 0 ? "producer warp, " : "") + std::to_string(rows) + " rows, span " +
+                         std::to_string(span) + ", split " + std::to_string(split) + ", quarter blocks " + std::to_string(qb));
+  };
+  const auto reset = [&] {
+    cuda::set_w4a8_wgmma_split(*gpu, 0);
+    cuda::set_decode_quarter_blocks(0);
+    cuda::set_w4a8_decode_producer(0);
+    cuda::set_w4a8_decode_span(0);
+    cuda::set_w4a8_decode_rows(0);
+  };
   cuda::set_w4a8_tiled(*gpu, false);
   for (int producer : {1, -1})
     for (int rows : {8, 16})
       for (int span : {1, 2, 4})
         for (int split : {1, 2})
-          for (int qb : {0, 1, 2, 4}) {
-            if (split == 1 && qb > 0) continue;
-            cuda::set_w4a8_decode_producer(producer);
-            cuda::set_w4a8_decode_rows(rows);
-            cuda::set_w4a8_decode_span(span);
-            cuda::set_w4a8_wgmma_split(*gpu, split);
-            cuda::set_decode_quarter_blocks(qb);
-            const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
-            gpu->moe(in.gpu_params(o));
-            expect_same_bits(gpu->download_f32(o), g,
-                             std::string("moe w4a8 wgmma decode kernel, ") + (producer > 0 ? "producer warp, " : "") +
-                                 std::to_string(rows) + " rows, span " + std::to_string(span) + ", split " +
-                                 std::to_string(split) + ", quarter blocks " + std::to_string(qb));
-          }
-  cuda::set_w4a8_wgmma_split(*gpu, 0);
-  cuda::set_decode_quarter_blocks(0);
-  cuda::set_w4a8_decode_producer(0);
-  cuda::set_w4a8_decode_span(0);
-  cuda::set_w4a8_decode_rows(0);
+          for (int qb : {0, 1, 2, 4})
+            if (split == 2 || qb == 0) decode_form(in, T, g, "moe w4a8 wgmma decode kernel, ", producer, rows, span, split, qb);
+  reset();
   // Longer K and more tiles: F = 1152, so w2's K is 9 groups of 128 inputs and every kernel's ring
   // wraps (the case above has 2 or 3 groups); expert 0 with 280 rows (five 64-row tiles, the last
   // partial), experts 1..4 about 80 rows each; the tiled kernel at both widths against the decode
@@ -2643,24 +2649,9 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   for (int producer : {1, -1})
     for (int rows : {8, 16})
       for (int span : {2, 4})
-        for (int qb : {0, 4}) {
-          cuda::set_w4a8_decode_producer(producer);
-          cuda::set_w4a8_decode_rows(rows);
-          cuda::set_w4a8_decode_span(span);
-          cuda::set_w4a8_wgmma_split(*gpu, qb == 0 ? 1 : 2);
-          cuda::set_decode_quarter_blocks(qb);
-          const Tensor o = gpu->alloc(ElemType::kF32, {T2, in2.D});
-          gpu->moe(in2.gpu_params(o));
-          expect_same_bits(gpu->download_f32(o), want2,
-                           std::string("moe w4a8 wgmma decode kernel, 9 groups, ") + (producer > 0 ? "producer warp, " : "") +
-                               std::to_string(rows) + " rows, span " + std::to_string(span) + ", quarter blocks " +
-                               std::to_string(qb));
-        }
-  cuda::set_w4a8_decode_producer(0);
-  cuda::set_w4a8_wgmma_split(*gpu, 0);
-  cuda::set_decode_quarter_blocks(0);
-  cuda::set_w4a8_decode_span(0);
-  cuda::set_w4a8_decode_rows(0);
+        for (int qb : {0, 4})
+          decode_form(in2, T2, want2, "moe w4a8 wgmma decode kernel, 9 groups, ", producer, rows, span, qb == 0 ? 1 : 2, qb);
+  reset();
   cuda::set_w4a8_tiled(*gpu, true);
   for (int wg : {1, 2}) {
     cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
