@@ -1374,13 +1374,15 @@ void add_quarters(float* out, const float* partial, int64_t count, bool round = 
 // The same arithmetic as the kernels above with e4m3 weights (kFp8W), so every row gets the bits the
 // decode form gives it: per group of 128 inputs d = four wgmma k32 from zero (the natural input
 // order in both operands), acc = fma(d, sw * sa, acc) within each quarter of the groups, the
-// quarters added in order. A tile is 128 weight rows (two consumer warpgroups of 64, wgmma's M) x
-// 128 tokens (wgmma's N) over the whole K; the blocks are persistent (one an SM, tiles strided).
-// (Both warpgroups wait on the same stages, so they issue and fold in step: `ncu` on 2026-12-02
-// found the tensor pipe 38 % busy and L2 55 %, latency-bound; docs/perf.md. Its source counters on
-// 2026-12-04: a consumer warp a fifth of its time waiting for its wgmma and about half folding, at
-// about 5 cycles an instruction; the fold's factors sw * sa are now made once a group by the
-// warpgroup, under the multiply, and the stage released before the fold.) A third
+// quarters added in order. A tile is 128 tokens (two consumer warpgroups of 64, wgmma's M) x 128
+// weight rows (wgmma's N) over the whole K; the blocks are persistent (one an SM, tiles strided).
+// The tokens are the M operand here (the decode forms have the weights there) so that a thread's
+// accumulators span two tokens: its fold is two scale products sw * sa and 64 fma, where with the
+// weights as M each thread's 64 slots spanned 32 tokens and the fold 16 shared-memory loads of
+// products that the warpgroup made behind a named barrier (wq_b at M = 8192 0.93-0.95 ms: a
+// consumer warp spent about half its samples folding, ncu source counters, H200 2026-12-04). The
+// products are exact and summed in k's order whichever operand holds them, so d's bits are the
+// decode form's (the FP8 linear tests compare them). A third
 // warpgroup's first thread feeds a ring of kTmaStages stages by TMA (the weights' and the codes'
 // 128 x 128-byte boxes 128-byte swizzled, the tokens' 128 activation scales of the group), full
 // barriers counting the bytes in and empty barriers counting the consumer warps out; the ring runs
@@ -1388,10 +1390,8 @@ void add_quarters(float* out, const float* partial, int64_t count, bool round = 
 // rows past the tensors' ends come in as zeros (TMA's out-of-bounds fill) and are not written.
 constexpr int kTmaRows = 128, kTmaCols = 128, kTmaStages = 5, kTmaBox = kTmaRows * kW4A8GroupK;
 constexpr int kTmaThreads = 3 * kWgThreads;  // two consumer warpgroups, then the producer's
-// (The scale products: [warpgroup][group parity][128 tokens].)
-constexpr size_t kTmaProdBytes = 2 * 2 * kTmaRows * sizeof(float);
 constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
-                                 kTmaProdBytes + 2 * kTmaStages * sizeof(uint64_t);
+                                 2 * kTmaStages * sizeof(uint64_t);
 
 struct Fp8TmaArgs {
   CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle
@@ -1411,10 +1411,6 @@ __device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
 }
 __device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-// Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps.
-__device__ inline void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ inline void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -1494,6 +1490,33 @@ __device__ inline void store_tma_tile(float* dst, int64_t rows, int N, int64_t t
     }
 }
 
+// The same with the tokens as wgmma's M (fp8_linear_tma_kernel): a consumer thread's 64 slots,
+// slot 4 j + c (value(slot)) token t + 8 (c / 2) (t: the thread's first token, in the tile from
+// t0) and weight row n0 + 8 j + 2 tig + (c & 1), so each pair of slots is two adjacent outputs: one
+// 8-byte store where the tile is whole and N even.
+template <class Value>
+__device__ inline void store_tma_tile_tokens(float* dst, int64_t rows, int N, int64_t t0, int64_t t, int n0, int tig,
+                                             Value value) {
+  const int64_t ld = N;
+  if (t0 + kTmaRows <= rows && n0 + kTmaCols <= N && (N & 1) == 0) {
+    float* p = dst + t * ld + n0 + 2 * tig;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      *reinterpret_cast<float2*>(p + 8 * j) = make_float2(value(4 * j), value(4 * j + 1));
+      *reinterpret_cast<float2*>(p + 8 * ld + 8 * j) = make_float2(value(4 * j + 2), value(4 * j + 3));
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t tc = t + (c < 2 ? 0 : 8);
+      const int n = n0 + 8 * j + 2 * tig + (c & 1);
+      if (tc < rows && n < N) dst[tc * ld + n] = value(4 * j + c);
+    }
+}
+
 // kRound (unsplit only): the outputs rounded to bf16 in the store, launch_bf16_round's values. A
 // template argument, not a flag: with a run-time flag the unrounded kernel's wq_b (K = 1024, 8192
 // rows) took 1.25-1.27 ms against 1.13 (H200, 2026-12-03).
@@ -1505,8 +1528,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
   uint8_t* x_box = smem + kTmaStages * kTmaBox;             // [stage][128 tokens][128 bytes]
   float* sa = reinterpret_cast<float*>(smem + 2 * kTmaStages * kTmaBox);  // [stage][128 tokens]
-  float* prod_smem = sa + kTmaStages * kTmaRows;                          // kTmaProdBytes
-  uint64_t* full = reinterpret_cast<uint64_t*>(prod_smem + kTmaProdBytes / sizeof(float));
+  uint64_t* full = reinterpret_cast<uint64_t*>(sa + kTmaStages * kTmaRows);
   uint64_t* empty = full + kTmaStages;
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);
@@ -1545,7 +1567,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   // and the finished quarters' sums, 64 each.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int cw = wg, lane = tid % 32, warp = (tid / 32) % 4, tig = lane % 4;
-  // Slot 4 j + c: weight row n0 + 64 cw + 16 warp + gid (+ 8 for c >= 2), token t0 + 8 j + 2 tig + (c & 1).
+  // The tokens are wgmma's M (warpgroup cw takes the tile's tokens 64 cw ..), the weight rows its N:
+  // slot 4 j + c is token 64 cw + 16 warp + gid (+ 8 for c >= 2) of the tile, weight row n0 + 8 j +
+  // 2 tig + (c & 1). A thread's slots so span two tokens, and its fold two scale products.
+  const int tok = 64 * cw + 16 * warp + lane / 4;
   float d[64], acc[64], total[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) d[i] = acc[i] = total[i] = 0.0f;
@@ -1575,37 +1600,28 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 #pragma unroll
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
       wgmma_fence();
-      const uint8_t* wa = w_box + s * kTmaBox + cw * 64 * kW4A8GroupK;
-      const uint8_t* xb = x_box + s * kTmaBox;
+      const uint8_t* xa = x_box + s * kTmaBox + cw * 64 * kW4A8GroupK;
+      const uint8_t* wb = w_box + s * kTmaBox;
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(wa + 32 * i), wgmma_desc_sw128(xb + 32 * i), i > 0 ? 1 : 0);
+        wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
       wgmma_commit();
-      // Under the multiply: the group's scale products sw * sa (the fold's factors, the same fp32
-      // products), one token a thread of the warpgroup, for all its warps (two buffers by group
-      // parity: a warp writes a buffer again only after the barrier that its readers reach after
-      // their fold of it). The fold is then a load and four fma a pair of tokens.
-      float* prod = prod_smem + (2 * cw + (it & 1)) * kTmaRows;
-      prod[tid % kWgThreads] = sw * sa[s * kTmaRows + tid % kWgThreads];
-      named_barrier_sync(1 + cw, kWgThreads);
+      // Under the multiply: the fold's factors sw * sa of the thread's two tokens (the same fp32
+      // products as every form's).
+      const float p0 = sw * sa[s * kTmaRows + tok], p1 = sw * sa[s * kTmaRows + tok + 8];
       wgmma_wait<0>();
 #pragma unroll
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);  // the stage is read (the wgmma done, the products made)
+      if (lane == 0) mbar_arrive(&empty[s]);  // the stage is read (the wgmma done, the scales loaded)
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float2 pv = *reinterpret_cast<const float2*>(&prod[8 * j + 2 * tig]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[4 * j + c] = __fmaf_rn(d[4 * j + c], (c & 1) ? pv.y : pv.x, acc[4 * j + c]);
-      }
+      for (int r = 0; r < 64; ++r) acc[r] = __fmaf_rn(d[r], (r & 2) ? p1 : p0, acc[r]);
     }
     if (a.split == 1)
       while (quarter < kW4A8Warps) finish_quarter();
     float* dst = a.out + static_cast<int64_t>(q) * a.rows_total * a.N;
-    const int row0 = n0 + 64 * cw + 16 * warp + lane / 4;
-    store_tma_tile(dst, a.rows_total, a.N, t0, n0, row0, tig,
-                   [&](int r) { return a.split > 1 ? acc[r] : kRound ? dev_bf16_round(total[r]) : total[r]; });
+    store_tma_tile_tokens(dst, a.rows_total, a.N, t0, t0 + tok, n0, tig,
+                          [&](int r) { return a.split > 1 ? acc[r] : kRound ? dev_bf16_round(total[r]) : total[r]; });
     if (a.split > 1)
 #pragma unroll
       for (int r = 0; r < 64; ++r) acc[r] = 0.0f;
