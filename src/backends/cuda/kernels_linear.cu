@@ -1387,16 +1387,27 @@ void add_quarters(float* out, const float* partial, int64_t count, bool round = 
 // 128 x 128-byte boxes 128-byte swizzled, the tokens' 128 activation scales of the group), full
 // barriers counting the bytes in and empty barriers counting the consumer warps out; the ring runs
 // on across a block's tiles, so the next tile's loads overlap this one's stores. Tokens and weight
-// rows past the tensors' ends come in as zeros (TMA's out-of-bounds fill) and are not written.
-constexpr int kTmaRows = 128, kTmaCols = 128, kTmaStages = 5, kTmaBox = kTmaRows * kW4A8GroupK;
+// rows past the tensors' ends come in as zeros (TMA's out-of-bounds fill) and are not written. A
+// finished tile leaves through shared memory by TMA stores (where N's pitch allows), which run on
+// under the next tile's groups: st.global from the accumulators held a tenth of wq_b's warp samples
+// (1 GB of fp32 outputs at M = 8192). Their 64 KB cost the ring its fifth stage. wq_b's kernel at
+// M = 8192 went 904 -> 660 us with the selects gone, the weight scale a group ahead and these
+// stores; wo_b 625 -> 553 (H200, 2026-12-04, ncu at the card's clocks).
+constexpr int kTmaRows = 128, kTmaCols = 128, kTmaStages = 4, kTmaBox = kTmaRows * kW4A8GroupK;
 constexpr int kTmaThreads = 3 * kWgThreads;  // two consumer warpgroups, then the producer's
+// A finished tile's outputs on their way out by TMA stores: each consumer warpgroup's 64 tokens x
+// 128 weight rows of fp32 as four boxes of 32 columns (128 bytes a token, 128-byte swizzled).
+constexpr int kTmaOutBox = 64 * 32 * static_cast<int>(sizeof(float));
+constexpr size_t kTmaOutBytes = 2 * 4 * kTmaOutBox;
 constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
-                                 2 * kTmaStages * sizeof(uint64_t);
+                                 kTmaOutBytes + 2 * kTmaStages * sizeof(uint64_t);
 
 struct Fp8TmaArgs {
   CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle
   CUtensorMap x_map;  // the activations' codes [rows_total][k_pad]: the same boxes
   CUtensorMap s_map;  // their scales, f32 [groups][rows_pad] as dims {rows_total, groups}: boxes of 128 x 1
+  CUtensorMap o_map;  // out [rows_total][N] f32 (unsplit, o_tma): boxes of 64 tokens x 32 columns, 128-byte swizzle
+  int o_tma;          // whether tiles leave by TMA stores through o_map (else st.global)
   float* out;         // [rows_total, N]; with split, the quarters' sums [4][rows_total][N]
   const float* w_scales;
   int64_t w_scale_ld;
@@ -1411,6 +1422,10 @@ __device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
 }
 __device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ inline void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -1447,6 +1462,23 @@ __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, in
           smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
       : "memory");
+}
+// A 2-D box of shared memory at src out to map at (c0 inner, c1 outer), in this thread's bulk group
+// (elements past the tensor's ends are not written).
+__device__ inline void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk groups done reading shared memory (kRead) or done.
+template <bool kRead>
+__device__ inline void bulk_wait_all() {
+  if constexpr (kRead)
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 // K-major operand of 128-byte rows, 128-byte swizzled, 8-row groups 1024 bytes apart.
 __device__ inline uint64_t wgmma_desc_sw128(const void* smem) {
@@ -1527,7 +1559,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   uint8_t* smem = smem_align_1024(tma_smem_raw);  // the stages' boxes on 1024-byte boundaries
   uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
   uint8_t* x_box = smem + kTmaStages * kTmaBox;             // [stage][128 tokens][128 bytes]
-  float* sa = reinterpret_cast<float*>(smem + 2 * kTmaStages * kTmaBox);  // [stage][128 tokens]
+  uint8_t* o_stage = smem + 2 * kTmaStages * kTmaBox;      // [warpgroup][4 boxes] of kTmaOutBox
+  float* sa = reinterpret_cast<float*>(o_stage + kTmaOutBytes);  // [stage][128 tokens]
   uint64_t* full = reinterpret_cast<uint64_t*>(sa + kTmaStages * kTmaRows);
   uint64_t* empty = full + kTmaStages;
   const int tid = threadIdx.x, wg = tid / kWgThreads;
@@ -1571,32 +1604,45 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   // slot 4 j + c is token 64 cw + 16 warp + gid (+ 8 for c >= 2) of the tile, weight row n0 + 8 j +
   // 2 tig + (c & 1). A thread's slots so span two tokens, and its fold two scale products.
   const int tok = 64 * cw + 16 * warp + lane / 4;
+  // Without selects on the accumulators (a quarter's first group folds into zero, total starts at
+  // -0, the identity of +, so its first quarter's sum is total + acc): where they were selected,
+  // FSEL and register moves took about a third of wq_b's warp samples (ncu source counters, H200
+  // 2026-12-04).
   float d[64], acc[64], total[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = acc[i] = total[i] = 0.0f;
-  int it = 0;
+  for (int i = 0; i < 64; ++i) d[i] = acc[i] = 0.0f;
+  int s = 0;
+  uint32_t phase = 0;  // the ring's stage and its round's parity
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     int t0, n0, q, g_lo, g_hi;
     item_at(item, t0, n0, q, g_lo, g_hi);
     const float* ws = a.w_scales + static_cast<int64_t>(n0 / 128) * a.w_scale_ld;
     // Split: one quarter, its sum written as it is (acc); else the quarters as the kernels above.
     int quarter = 0, quarter_end = a.split > 1 ? g_hi : w4a8_quarter(1, groups);
-    const auto finish_quarter = [&] {
+    bool fresh = true;  // acc holds no group of this quarter yet (it is zero)
 #pragma unroll
-      for (int r = 0; r < 64; ++r) {
-        total[r] = quarter == 0 ? acc[r] : total[r] + acc[r];
-        acc[r] = 0.0f;
+    for (int r = 0; r < 64; ++r) total[r] = -0.0f;
+    const auto finish_quarter = [&] {
+      if (fresh) {
+#pragma unroll
+        for (int r = 0; r < 64; ++r) total[r] = total[r] + 0.0f;
+      } else {
+#pragma unroll
+        for (int r = 0; r < 64; ++r) total[r] = total[r] + acc[r];
       }
+      fresh = true;
       ++quarter;
     };
-    for (int kg = g_lo; kg < g_hi; ++kg, ++it) {
+    // The weight scale a group ahead (its load's latency showed at the product: ncu, 2026-12-04).
+    float sw_next = g_lo < g_hi ? __ldg(ws + g_lo) : 0.0f;
+    for (int kg = g_lo; kg < g_hi; ++kg) {
       while (kg >= quarter_end) {
         finish_quarter();
         quarter_end = w4a8_quarter(quarter + 1, groups);
       }
-      const int s = it % kTmaStages;
-      const float sw = __ldg(ws + kg);
-      mbar_wait(&full[s], (it / kTmaStages) & 1);
+      const float sw = sw_next;
+      if (kg + 1 < g_hi) sw_next = __ldg(ws + kg + 1);
+      mbar_wait(&full[s], phase);
 #pragma unroll
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
       wgmma_fence();
@@ -1614,18 +1660,55 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);  // the stage is read (the wgmma done, the scales loaded)
+      if (++s == kTmaStages) s = 0, phase ^= 1u;
+      if (fresh) {
 #pragma unroll
-      for (int r = 0; r < 64; ++r) acc[r] = __fmaf_rn(d[r], (r & 2) ? p1 : p0, acc[r]);
+        for (int r = 0; r < 64; ++r) acc[r] = __fmaf_rn(d[r], (r & 2) ? p1 : p0, 0.0f);
+      } else {
+#pragma unroll
+        for (int r = 0; r < 64; ++r) acc[r] = __fmaf_rn(d[r], (r & 2) ? p1 : p0, acc[r]);
+      }
+      fresh = false;
     }
-    if (a.split == 1)
-      while (quarter < kW4A8Warps) finish_quarter();
     float* dst = a.out + static_cast<int64_t>(q) * a.rows_total * a.N;
-    store_tma_tile_tokens(dst, a.rows_total, a.N, t0, t0 + tok, n0, tig,
-                          [&](int r) { return a.split > 1 ? acc[r] : kRound ? dev_bf16_round(total[r]) : total[r]; });
-    if (a.split > 1)
+    if (a.split > 1) {
+      if (fresh)  // (a quarter of no groups)
+        store_tma_tile_tokens(dst, a.rows_total, a.N, t0, t0 + tok, n0, tig, [](int) { return 0.0f; });
+      else
+        store_tma_tile_tokens(dst, a.rows_total, a.N, t0, t0 + tok, n0, tig, [&](int r) { return acc[r]; });
+      fresh = true;
+    } else {
+      while (quarter < kW4A8Warps) finish_quarter();
+      const auto value = [&](int r) { return kRound ? dev_bf16_round(total[r]) : total[r]; };
+      if (a.o_tma) {
+        // Into the warpgroup's staging boxes (its last tile's stores done reading them), then out by
+        // its first thread's TMA stores, which run on under the next tile's groups. Token row
+        // 16 warp + gid (+ 8) of the box, columns 8 (j % 4) + 2 tig: 16-byte chunk 2 (j % 4) +
+        // tig / 2 of the row, swizzled with the row's low bits (gid): two wavefronts a store.
+        const int wtid = tid % kWgThreads, gid = lane / 4;
+        uint8_t* stage = o_stage + cw * 4 * kTmaOutBox;
+        if (wtid == 0) bulk_wait_all<true>();
+        named_barrier_sync(1 + cw, kWgThreads);
+        uint8_t* row = stage + (16 * warp + gid) * 128 + 8 * (tig & 1);
 #pragma unroll
-      for (int r = 0; r < 64; ++r) acc[r] = 0.0f;
+        for (int j = 0; j < 16; ++j) {
+          uint8_t* p = row + (j / 4) * kTmaOutBox + (((2 * (j % 4) + tig / 2) ^ gid) << 4);
+          *reinterpret_cast<float2*>(p) = make_float2(value(4 * j), value(4 * j + 1));
+          *reinterpret_cast<float2*>(p + 8 * 128) = make_float2(value(4 * j + 2), value(4 * j + 3));
+        }
+        fence_proxy_async_smem();  // the stores visible to the TMA engine's reads
+        named_barrier_sync(1 + cw, kWgThreads);
+        if (wtid == 0) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) tma_store_2d(&a.o_map, stage + b * kTmaOutBox, n0 + 32 * b, t0 + 64 * cw);
+          bulk_commit();
+        }
+      } else {
+        store_tma_tile_tokens(dst, a.rows_total, a.N, t0, t0 + tok, n0, tig, value);
+      }
+    }
   }
+  if (a.o_tma && tid % kWgThreads == 0) bulk_wait_all<false>();  // (the outputs written before the grid ends)
 }
 
 // ---- The W4A8 decode kernel with a producer warp ----------------------------------------------------
@@ -2503,6 +2586,10 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
       !encode_2d(&a.s_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.scales, g.rows_total, groups, g.rows_pad * sizeof(float),
                  kTmaRows, 1, CU_TENSOR_MAP_SWIZZLE_NONE))
     return "cuTensorMapEncodeTiled refused a map (an address or pitch not 16-byte aligned?)";
+  // Whole tiles out by TMA stores where the rows' pitch and the base allow (16-byte multiples).
+  a.o_tma = g.N % 4 == 0 && reinterpret_cast<uintptr_t>(g.out) % 16 == 0 &&
+            encode_2d(&a.o_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.out, g.N, g.rows_total, g.N * sizeof(float), 32, 64,
+                      CU_TENSOR_MAP_SWIZZLE_128B);
   a.out = g.out;
   a.w_scales = g.w_scales;
   a.w_scale_ld = g.w_scale_ld;
@@ -2517,7 +2604,7 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tma_split_pays(tiles, kW4A8Warps) ? kW4A8Warps : 1;
-  if (a.split > 1) a.out = g.partial;
+  if (a.split > 1) a.out = g.partial, a.o_tma = 0;
   const bool round_here = tma_store_rounds(g.round_bf16, a.split);
   launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
