@@ -104,8 +104,9 @@ std::vector<float> edge_rows(Rng& rng, int64_t rows, int64_t K) {
           x[k] = tiny[k % 9];
         }
         break;
-      case 4:  // a NaN: it is skipped by amax and encodes as the NaN code
+      case 4:  // a NaN (and a negative one): skipped by amax, encoded as the NaN code with its sign
         x[K - 1] = std::numeric_limits<float>::quiet_NaN();
+        if (K > 2) x[0] = -std::numeric_limits<float>::quiet_NaN();
         break;
       case 5:  // huge values (scale 2^119 region)
         for (int64_t k = 0; k < K; k += 3) x[k] = 3.0e38f * (k % 2 ? -1.0f : 1.0f);
