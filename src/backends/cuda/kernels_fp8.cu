@@ -49,8 +49,8 @@ __device__ inline void act_quant_pair(const ActQuantFp8Args& a, int64_t m, int64
   const float s = dev_e8m0(static_cast<uint8_t>(k + 127));
   const float inv = dev_e8m0(static_cast<uint8_t>(127 - k));
   // The codes by the hardware's conversion (round to nearest even, e4m3 subnormals; the clamp
-  // keeps it off saturation), dev_f32_to_e4m3's bits for every value but NaN, which the hardware
-  // writes as 0x7F whatever its sign: a negative one is given 0xFF after. Inputs past K are 0 (the
+  // keeps it off saturation), dev_f32_to_e4m3's bits for every value but NaN, whose code is then
+  // the encoder's (sign kept; the conversion's NaN output is not relied on). Inputs past K are 0 (the
   // callers' contract), so their codes are 0. (With the integer encoder an 8192 x 4096 input took
   // 101 us, with the conversion about 80: H200, 2026-12-04.)
   float q[kValuesPerLane];
@@ -413,15 +413,22 @@ void launch_swiglu_sim_fp8(const SwigluSimArgs& a) {
   launch(swiglu_sim_fp8_kernel, blocks_for(a.R * per_row, kRowSimThreads / 32), kRowSimThreads, 0, a, per_row);
 }
 
-void launch_act_quant_fp8(const ActQuantFp8Args& a) {
+namespace {
+// The (row, block) pairs of act_quant_warp_pair, which counts them in 32 bits.
+int64_t quant_pairs(const ActQuantFp8Args& a) {
   const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);
   SPARROW_CHECK(pairs < (int64_t{1} << 31) && "act_quant's (row, block) pairs are counted in 32 bits");
+  return pairs;
+}
+}  // namespace
+
+void launch_act_quant_fp8(const ActQuantFp8Args& a) {
+  const int64_t pairs = quant_pairs(a);
   if (pairs > 0) launch(act_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
 }
 
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a) {
-  const int64_t pairs = a.q.rows_pad * (a.q.k_pad / kFp8ActBlock);
-  SPARROW_CHECK(pairs < (int64_t{1} << 31) && "act_quant's (row, block) pairs are counted in 32 bits");
+  const int64_t pairs = quant_pairs(a.q);
   if (pairs > 0) launch(swiglu_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
 }
 

@@ -1606,8 +1606,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   const int tok = 64 * cw + 16 * warp + lane / 4;
   // Without selects on the accumulators (a quarter's first group folds into zero, total starts at
   // -0, the identity of +, so its first quarter's sum is total + acc): where they were selected,
-  // FSEL and register moves took about a third of wq_b's warp samples (ncu source counters, H200
-  // 2026-12-04).
+  // FSEL took 13 % and IMAD 17 % of wq_b's warp samples (ncu source counters, H200 2026-12-04).
   float d[64], acc[64], total[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) d[i] = acc[i] = 0.0f;
