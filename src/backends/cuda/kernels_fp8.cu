@@ -330,16 +330,31 @@ __global__ void bf16_round_kernel(float* x, int64_t n) {
   }
 }
 
-__global__ void split_cols_kernel(SplitColsArgs a, int64_t width) {
+// Block b copies chunk b % chunks (kVec ? 4 : 1) x kElementThreads columns) of row b / chunks, each
+// thread its column(s) from whichever part holds them (a search of at most kSplitColsParts widths):
+// no division an element (a thread an element with i / width took 0.71 ms of a CSA layer's 8K
+// prefill; H200, 2026-12-04), and a row's chunks in parallel (a block a row made batch 1 slower).
+// kVec: four columns a thread, where every part's width and the pointers allow 16-byte accesses
+// (a part then never splits a thread's four).
+template <bool kVec>
+__global__ void split_cols_kernel(SplitColsArgs a, int64_t width, int chunks) {
   wait_previous_grid();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kElementThreads + threadIdx.x;
-  if (i >= a.rows * width) return;
-  const int64_t r = i / width;
-  int64_t c = i % width;
+  constexpr int kPer = kVec ? 4 : 1;
+  const int64_t r = blockIdx.x / chunks;
+  int64_t c = (static_cast<int64_t>(blockIdx.x % chunks) * kElementThreads + threadIdx.x) * kPer;
+  if (c >= width) return;
+  const float* src = a.src + r * width + c;
   int p = 0;
   while (p + 1 < a.parts && c >= a.cols[p]) c -= a.cols[p++];
-  const float v = a.src[i];
-  a.dst[p][r * a.cols[p] + c] = a.round_bf16 ? dev_bf16_round(v) : v;
+  float* dst = a.dst[p] + r * a.cols[p] + c;
+  if constexpr (kVec) {
+    float4 v = *reinterpret_cast<const float4*>(src);
+    if (a.round_bf16) v = make_float4(dev_bf16_round(v.x), dev_bf16_round(v.y), dev_bf16_round(v.z), dev_bf16_round(v.w));
+    *reinterpret_cast<float4*>(dst) = v;
+  } else {
+    const float v = *src;
+    *dst = a.round_bf16 ? dev_bf16_round(v) : v;
+  }
 }
 
 // swiglu_kernel, route_scale_bf16_kernel and row_sim_block_kernel's fp8 rounding in one pass: a warp
@@ -397,9 +412,19 @@ void launch_bf16_round(float* x, int64_t n) {
 
 void launch_split_cols(const SplitColsArgs& a) {
   int64_t width = 0;
-  for (int p = 0; p < a.parts; ++p) width += a.cols[p];
-  if (a.rows * width > 0)
-    launch(split_cols_kernel, blocks_for(a.rows * width, kElementThreads), kElementThreads, 0, a, width);
+  bool vec = reinterpret_cast<uintptr_t>(a.src) % 16 == 0;
+  for (int p = 0; p < a.parts; ++p) {
+    width += a.cols[p];
+    vec = vec && a.cols[p] % 4 == 0 && reinterpret_cast<uintptr_t>(a.dst[p]) % 16 == 0;
+  }
+  if (a.rows * width <= 0) return;
+  const int chunks = static_cast<int>(blocks_for(width, (vec ? 4 : 1) * kElementThreads));
+  SPARROW_CHECK(a.rows * chunks < (int64_t{1} << 31) && "split_cols' grid");
+  const unsigned blocks = static_cast<unsigned>(a.rows * chunks);
+  if (vec)
+    launch(split_cols_kernel<true>, blocks, kElementThreads, 0, a, width, chunks);
+  else
+    launch(split_cols_kernel<false>, blocks, kElementThreads, 0, a, width, chunks);
 }
 
 void launch_route_scale_bf16(const RouteScaleArgs& a) {
