@@ -719,7 +719,7 @@ struct AttnTokenArgs {
   int64_t n_entries;       // entries stored (selections must be below)
 };
 
-constexpr int64_t kAttnMmaSplitDefault = 512;  // attn_mma_split_candidates() without the variable
+constexpr int64_t kAttnMmaSplitDefault = 640;  // attn_mma_split_candidates() without the variable
 struct AttentionArgs {
   float* out;                    // [T, H, Dh]
   float* scratch;                // [T * H, max_candidates]
@@ -759,16 +759,17 @@ void launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.
 int sm_count();
 constexpr int64_t kAttnSplitCandidates = 64;
-// The tensor-core attention's candidates a split: 512, or SPARROW_CUDA_ATTN_MMA_SPLIT (a multiple of
+// The tensor-core attention's candidates a split: 640, or SPARROW_CUDA_ATTN_MMA_SPLIT (a multiple of
 // 32 from 32 to 8192; read once per process; another value throws naming the variable). A split's
 // size is part of a token's arithmetic (which candidates share a running max and sum), so it is one
 // value for the whole process: the splits still depend only on the token's own candidates (batch
 // and chunking invariant), and a run with another value gives other bits, close to the CPU's
-// either way. At one token a CSA layer's 640 candidates are 2 splits of 512 and 128, the first one
-// walked in 16 chunks of 32 on its blocks alone (42.9 us of the batch-1 step's chain, H200
-// 2026-12-03): a knob to A/B smaller splits (more blocks, shorter walks, more combine work). At
-// 128 the batch-1 step was 3.3 % shorter but batch 256 5 % and an 8K prefill 10 % slower (H200,
-// 2026-12-03), so 512 stays.
+// either way. 640 is V4-Flash's CSA candidates (a window of 128 and a top-k of 512): every CSA
+// token is one split, finished in the kernel without the scratch and the combine. Against 512 (two
+// splits of 512 and 128) a CSA layer's 8K prefill went 29.28 -> 26.62 ms and its 256 x 4K step
+// 2.09-2.11 -> 1.99-2.01 (H200, 2026-12-04); its batch-1 cell moved within the run's spread. At
+// 128 the batch-1 step was 3.3 % shorter than at 512 but batch 256 5 % and an 8K prefill 10 %
+// slower (H200, 2026-12-03): a knob to A/B split sizes.
 int64_t attn_mma_split_candidates();
 // The shapes the tensor-core attention takes: heads in blocks of 32, Dh 128, 256 or 512.
 inline bool attention_mma_fits(int64_t H, int64_t Dh) { return H > 0 && H % 32 == 0 && (Dh == 128 || Dh == 256 || Dh == 512); }
