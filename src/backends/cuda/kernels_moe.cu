@@ -248,16 +248,29 @@ __global__ void moe_place_kernel(MoePlanArgs a) {
   if (count == 0) return;
   const int64_t n = a.T * a.K;
   int32_t placed = offs[e];
-  for (int64_t i0 = 0; i0 < n && placed < offs[e + 1]; i0 += 32) {
-    const int64_t i = i0 + lane;
-    const bool mine = i < n && a.experts[i] == e;
-    const uint32_t mask = __ballot_sync(0xffffffffu, mine);
-    if (mine) {
-      const int32_t r = placed + __popc(mask & ((1u << lane) - 1u));
-      a.rows[r] = static_cast<int32_t>(i / a.K);
-      a.slots[r] = static_cast<int32_t>(i);
+  // kPlaceUnroll rounds of 32 choices a step, all their loads issued before the first ballot (one
+  // round a step, each load behind the last round's exit test, held an 8K prefill's placement 0.61
+  // ms on the warps' L2 latency: ncu, H200 2026-12-04); the rounds still in (token, slot) order.
+  constexpr int kPlaceUnroll = 8;
+  for (int64_t i0 = 0; i0 < n && placed < offs[e + 1]; i0 += 32 * kPlaceUnroll) {
+    int32_t ex[kPlaceUnroll];
+#pragma unroll
+    for (int u = 0; u < kPlaceUnroll; ++u) {
+      const int64_t i = i0 + 32 * u + lane;
+      ex[u] = i < n ? a.experts[i] : -1;  // (-1 matches no expert)
     }
-    placed += __popc(mask);
+#pragma unroll
+    for (int u = 0; u < kPlaceUnroll; ++u) {
+      const int64_t i = i0 + 32 * u + lane;
+      const bool mine = ex[u] == e;
+      const uint32_t mask = __ballot_sync(0xffffffffu, mine);
+      if (mine) {
+        const int32_t r = placed + __popc(mask & ((1u << lane) - 1u));
+        a.rows[r] = static_cast<int32_t>(i / a.K);
+        a.slots[r] = static_cast<int32_t>(i);
+      }
+      placed += __popc(mask);
+    }
   }
   for (int32_t j = lane; j * static_cast<int32_t>(kMoeTileRows) < count; j += 32) {
     a.items[2 * (first_item[e] + j)] = static_cast<int32_t>(e);
