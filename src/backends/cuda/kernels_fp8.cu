@@ -330,12 +330,13 @@ __global__ void bf16_round_kernel(float* x, int64_t n) {
   }
 }
 
-// Block b copies chunk b % chunks (kVec ? 4 : 1) x kElementThreads columns) of row b / chunks, each
-// thread its column(s) from whichever part holds them (a search of at most kSplitColsParts widths):
-// no division an element (a thread an element with i / width took 0.71 ms of a CSA layer's 8K
-// prefill; H200, 2026-12-04), and a row's chunks in parallel (a block a row made batch 1 slower).
-// kVec: four columns a thread, where every part's width and the pointers allow 16-byte accesses
-// (a part then never splits a thread's four).
+// Block b copies chunk b % chunks ((kVec ? 4 : 1) x kElementThreads columns) of row b / chunks,
+// each thread its column(s) from whichever part holds them (a search of at most kSplitColsParts
+// widths): no division an element (a thread an element with i / width took 0.71 ms of a CSA layer's
+// 8K prefill, this form 0.27; H200, 2026-12-04), and a row's chunks in parallel (a block a row made
+// batch 1 slower). kVec: four columns a thread, where every part's width and the pointers allow
+// 16-byte accesses (a part then never splits a thread's four); the stacks' widths are multiples of
+// 8 (launch_split_cols' callers), so the one-column form is a fallback no test reaches.
 template <bool kVec>
 __global__ void split_cols_kernel(SplitColsArgs a, int64_t width, int chunks) {
   wait_previous_grid();
