@@ -413,10 +413,10 @@ void launch_bf16_round(float* x, int64_t n) {
 
 void launch_split_cols(const SplitColsArgs& a) {
   int64_t width = 0;
-  bool vec = reinterpret_cast<uintptr_t>(a.src) % 16 == 0;
+  bool vec = aligned16(a.src);
   for (int p = 0; p < a.parts; ++p) {
     width += a.cols[p];
-    vec = vec && a.cols[p] % 4 == 0 && reinterpret_cast<uintptr_t>(a.dst[p]) % 16 == 0;
+    vec = vec && a.cols[p] % 4 == 0 && aligned16(a.dst[p]);
   }
   if (a.rows * width <= 0) return;
   const int chunks = static_cast<int>(blocks_for(width, (vec ? 4 : 1) * kElementThreads));

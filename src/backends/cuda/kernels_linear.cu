@@ -2585,10 +2585,6 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
       !encode_2d(&a.s_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.scales, g.rows_total, groups, g.rows_pad * sizeof(float),
                  kTmaRows, 1, CU_TENSOR_MAP_SWIZZLE_NONE))
     return "cuTensorMapEncodeTiled refused a map (an address or pitch not 16-byte aligned?)";
-  // Whole tiles out by TMA stores where the rows' pitch and the base allow (16-byte multiples).
-  a.o_tma = g.N % 4 == 0 && reinterpret_cast<uintptr_t>(g.out) % 16 == 0 &&
-            encode_2d(&a.o_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.out, g.N, g.rows_total, g.N * sizeof(float), 32, 64,
-                      CU_TENSOR_MAP_SWIZZLE_128B);
   a.out = g.out;
   a.w_scales = g.w_scales;
   a.w_scale_ld = g.w_scale_ld;
@@ -2603,7 +2599,12 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tma_split_pays(tiles, kW4A8Warps) ? kW4A8Warps : 1;
-  if (a.split > 1) a.out = g.partial, a.o_tma = 0;
+  if (a.split > 1) a.out = g.partial;
+  // Unsplit, whole tiles leave by TMA stores where the rows' pitch and the base allow (16-byte
+  // multiples); the map is made only then.
+  a.o_tma = a.split == 1 && g.N % 4 == 0 && aligned16(g.out) &&
+            encode_2d(&a.o_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.out, g.N, g.rows_total, g.N * sizeof(float), 32, 64,
+                      CU_TENSOR_MAP_SWIZZLE_128B);
   const bool round_here = tma_store_rounds(g.round_bf16, a.split);
   launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
