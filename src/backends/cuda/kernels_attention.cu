@@ -1620,19 +1620,29 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       const int mt = warp / 4, nt = warp % 4;
       const uint8_t* arow = qs + (16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 16 * (lane / 16);
       const uint8_t* brow = ks + (8 * nt + (lane % 8)) * rowb + 16 * ((lane / 8) % 2);
-      // Two independent sums (even and odd k-steps of 16 dims) halve the chain of dependent mma;
-      // Dh % 128 == 0, so the loop's 4 steps a turn are whole.
+      // Two independent sums (even and odd k-steps of 16 dims) halve the chain of dependent mma.
+      // The fragments of step s + kAhead are loaded before step s's mma (a ring of kAhead + 1
+      // register sets, the loop unrolled so that each set is named): the shared-memory latency
+      // runs under the tensor work (`ldmatrix` results used at once held the 8K prefill's launch
+      // on its short scoreboard, 3.9 cycles an instruction; ncu, H200 2026-12-04). The same mma
+      // in the same order on each sum: the same bits.
+      // (One step ahead where the keys are converted from the fp32 state: two spilled there.)
+      constexpr int kSteps = Dh / 16, kAhead = kKeys == kAmKeysF32 ? 1 : 2;
       float d[2][4] = {};
-#pragma unroll 2
-      for (int k0 = 0; k0 < Dh; k0 += 64) {
-        uint32_t af[4][4], bf[4][2];
+      uint32_t af[kAhead + 1][4], bf[kAhead + 1][2];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          ldmatrix_x4(af[u], arow + 2 * (k0 + 16 * u));
-          ldmatrix_x2(bf[u], brow + 2 * (k0 + 16 * u));
+      for (int p = 0; p < kAhead; ++p) {
+        ldmatrix_x4(af[p], arow + 2 * 16 * p);
+        ldmatrix_x2(bf[p], brow + 2 * 16 * p);
+      }
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        if (st + kAhead < kSteps) {
+          ldmatrix_x4(af[(st + kAhead) % (kAhead + 1)], arow + 2 * 16 * (st + kAhead));
+          ldmatrix_x2(bf[(st + kAhead) % (kAhead + 1)], brow + 2 * 16 * (st + kAhead));
         }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) mma_bf16_m16n8k16(d[u % 2], af[u], bf[u][0], bf[u][1]);
+        const int b = st % (kAhead + 1);
+        mma_bf16_m16n8k16(d[st % 2], af[b], bf[b][0], bf[b][1]);
       }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
@@ -1641,32 +1651,61 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       }
     }
     __syncthreads();
-    // Online softmax: warp w heads 4 w .. 4 w + 3, lane = candidate.
+    // Online softmax: warp w heads kHw w .. kHw w + kHw - 1, lane = candidate. The heads side by
+    // side: each step (the max's shuffles, the exps, the sum's shuffles) taken for all of them
+    // before the next, so their dependent shuffle chains overlap; each head's operations and
+    // their order are the one-head loop's (the same bits). The stats are rewritten by lane 0 after
+    // every lane has read them (the __syncwarp).
+    {
+      constexpr int kHw = kH / kWarps;
+      float v[kHw], m_old[kHw], mx[kHw], p[kHw], alpha[kHw], sum[kHw];
 #pragma unroll
-    for (int hh = 0; hh < kH / kWarps; ++hh) {
-      const int h = warp * (kH / kWarps) + hh;
-      const float v = logits[h * (kAmChunk + 1) + lane];
-      const float m_old = st_m[h];
-      const float m_new = fmaxf(m_old, warp_max(v));
-      float p = 0.0f, alpha = 1.0f;
-      if (m_new != -INFINITY) {  // the same for the whole warp
-        p = v == -INFINITY ? 0.0f : expf(v - m_new);
-        alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+      for (int hh = 0; hh < kHw; ++hh) {
+        const int h = warp * kHw + hh;
+        v[hh] = logits[h * (kAmChunk + 1) + lane];
+        m_old[hh] = st_m[h];
+        mx[hh] = v[hh];
       }
-      const float sum = warp_sum(p);
-      const __nv_bfloat16 hi = __float2bfloat16_rn(p);
-      const float r1 = p - __bfloat162float(hi);
-      const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-      const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-      const __nv_bfloat16 terms[3] = {lo, mid, hi};
 #pragma unroll
-      for (int term = 0; term < 3; ++term)
-        *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int hh = 0; hh < kHw; ++hh) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o));  // (warp_max)
+#pragma unroll
+      for (int hh = 0; hh < kHw; ++hh) {
+        const float m_new = fmaxf(m_old[hh], mx[hh]);
+        mx[hh] = m_new;
+        p[hh] = 0.0f, alpha[hh] = 1.0f;
+        if (m_new != -INFINITY) {  // the same for the whole warp
+          p[hh] = v[hh] == -INFINITY ? 0.0f : expf(v[hh] - m_new);
+          alpha[hh] = m_old[hh] == -INFINITY ? 0.0f : expf(m_old[hh] - m_new);
+        }
+        sum[hh] = p[hh];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);  // (warp_sum)
+#pragma unroll
+      for (int hh = 0; hh < kHw; ++hh) {
+        const int h = warp * kHw + hh;
+        const __nv_bfloat16 hi = __float2bfloat16_rn(p[hh]);
+        const float r1 = p[hh] - __bfloat162float(hi);
+        const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+        const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+        const __nv_bfloat16 terms[3] = {lo, mid, hi};
+#pragma unroll
+        for (int term = 0; term < 3; ++term)
+          *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
+      }
       __syncwarp();
       if (lane == 0) {
-        st_alpha[h] = alpha;
-        st_m[h] = m_new;
-        st_l[h] = st_l[h] * alpha + sum;
+#pragma unroll
+        for (int hh = 0; hh < kHw; ++hh) {
+          const int h = warp * kHw + hh;
+          st_alpha[h] = alpha[hh];
+          st_m[h] = mx[hh];
+          st_l[h] = st_l[h] * alpha[hh] + sum[hh];
+        }
       }
     }
     __syncthreads();
