@@ -202,6 +202,10 @@ void set_w4a8_decode_span(int n);
 // more (kernels_linear.cu w4a8_decode_rows). The same bits either way.
 // Process-wide; defined with the kernels.
 void set_w4a8_decode_rows(int n);
+// The W4A8 prefill (tiled wgmma) kernel's raster: 1 a tile's column blocks one after another, -1 a
+// column block's tiles; 0 (the default) takes SPARROW_CUDA_W4A8_COLS_FAST's (0 or 1, default 1).
+// The same bits either way. Process-wide; defined with the kernels.
+void set_w4a8_cols_fast(int n);
 // The W4A8 decode wgmma kernel's copies: 1 from a producer warp (kernels_linear.cu
 // w4a8_decode_ws_kernel), -1 from all its threads (grouped_w4a8_wgmma_kernel); 0 (the default) the
 // producer warp unless SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way. Process-wide;

@@ -365,6 +365,9 @@ struct GroupedW4A8Args {
   // every expert's scales packed e8m0 (scale_cols % 4 == 0) and 4-byte aligned, the codes in
   // ActQuantFp8Args::w4a8_order.
   bool wgmma = false;
+  // (tiled wgmma kernel; set by its launch) grid x the column blocks and y the tiles, not the other
+  // way round (kernels_linear.cu w4a8_cols_fast). The same bits either way.
+  bool cols_fast = false;
   // (tiled wgmma kernel) warpgroups a block, 1 or 2 (64 columns each); 0 chooses. The outputs are
   // the same bits either way (test support).
   int wgmma_warpgroups = 0;

@@ -1105,7 +1105,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
     if (tid < 32) {
       int e;
       int64_t t0;
-      w4a8_find_tile(g, blockIdx.x, e, t0);
+      w4a8_find_tile(g, g.cols_fast ? blockIdx.y : blockIdx.x, e, t0);
       if (tid == 0) s_e = e, s_t0 = t0;
     }
   }
@@ -1121,7 +1121,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // projection, its outputs rows_total x N further on.
   const int col_blocks = (N + kCols - 1) / kCols;
   const bool second = !kFp8W && kDecode && g.w_b != nullptr && static_cast<int>(blockIdx.y) >= col_blocks;
-  const int n0 = (static_cast<int>(blockIdx.y) - (second ? col_blocks : 0)) * kCols;
+  const int col_block = !kFp8W && !kDecode && g.cols_fast ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.y);
+  const int n0 = (col_block - (second ? col_blocks : 0)) * kCols;
   const DevWeight W = kFp8W ? DevWeight{} : (second ? g.w_b[e] : g.w[e]);
   // Split (grid z = 2 or 4, the decode kernel only): this block computes quarters q_first ..
   // q_first + 4 / z - 1 of the groups, each into its own slice of g.partial.
@@ -2293,8 +2294,9 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const unsigned pair = !kFp8W && wg_decode(kN) && g.w_b != nullptr ? 2 : 1;
+  const unsigned cols = pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG));
   launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
-         dim3(static_cast<unsigned>(blocks), pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG)), quarters),
+         g.cols_fast ? dim3(cols, static_cast<unsigned>(blocks), quarters) : dim3(static_cast<unsigned>(blocks), cols, quarters),
          kWgThreads * kWG, kSmem, g);
 }
 
@@ -2467,6 +2469,22 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
+// The W4A8 prefill kernel's raster (GroupedW4A8Args::cols_fast): a tile's column blocks one after
+// another where set_w4a8_cols_fast's 1, or (unset) SPARROW_CUDA_W4A8_COLS_FAST's 1 (the default),
+// and the tiles fit grid y; else a column block's tiles one after another. Column blocks first, a
+// tile's codes come from HBM once and then from L2 for its other column blocks: in an 8K prefill
+// (H200, 2026-12-04, ncu) w1 read 1.35 GB from HBM against 2.69 and took 2,696-2,707 us against
+// 2,799-2,805, w2 1.25 GB against 4.50 and 2,945-2,948 us against 3,035-3,039. The same bits
+// either way.
+std::atomic<int> g_w4a8_cols_fast{0};
+bool w4a8_cols_fast(int64_t tiles) {
+  static const bool from_env = cuda_env_int("SPARROW_CUDA_W4A8_COLS_FAST", 1, [](int64_t n) { return n == 0 || n == 1; },
+                                            "SPARROW_CUDA_W4A8_COLS_FAST must be 0 or 1") == 1;
+  const int set = g_w4a8_cols_fast.load();
+  return (set != 0 ? set > 0 : from_env) && tiles <= 65535;
+}
+void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
+
 void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
@@ -2484,8 +2502,10 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
-    if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(g, g.max_tiles);
-    return launch_w4a8_wgmma<64, 2>(g, g.max_tiles);
+    GroupedW4A8Args a = g;
+    a.cols_fast = w4a8_cols_fast(g.max_tiles);
+    if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
+    return launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
   }
   if (g.tiled) {
     static const bool smem_set = [] {
