@@ -940,11 +940,19 @@ struct W4A8BlockOut {
 #pragma unroll
       for (int r = 0; r < kN / 2; ++r) acc[r] = 0.0f;
     } else {
+      // Eight slots at a time in the 64-row forms (the compiler barrier keeps ptxas from loading all
+      // 32 sums at once: 128 registers and 8 / 28 bytes spilled in the W4A8 / FP8 prefill forms,
+      // 120 / 123 and none this way); the decode forms as they were (there the chunks spilled).
+      constexpr int kChunk = kN >= 64 ? 8 : kN / 2;
 #pragma unroll
-      for (int r = 0; r < kN / 2; ++r) {
-        float& s = total[r * stride];
-        s = quarter == 0 ? acc[r] : s + acc[r];
-        acc[r] = 0.0f;
+      for (int r0 = 0; r0 < kN / 2; r0 += kChunk) {
+#pragma unroll
+        for (int r = r0; r < r0 + kChunk; ++r) {
+          float& s = total[r * stride];
+          s = quarter == 0 ? acc[r] : s + acc[r];
+          acc[r] = 0.0f;
+        }
+        if constexpr (kN >= 64) asm volatile("" ::: "memory");
       }
     }
   }
