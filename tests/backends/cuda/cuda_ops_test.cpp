@@ -2589,17 +2589,21 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   expect_same_bits(g, gpu->download_f32(small), "moe w4a8 wgmma tiled vs decode kernel");
   expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 wgmma tiled vs cpu");
   // The tiled kernel's width (1 or 2 warpgroups of 64 columns a block) and its raster (a tile's
-  // column blocks in a row or a column block's tiles) are not part of the arithmetic either.
-  for (int cols_fast : {1, -1})
-    for (int wg : {1, 2}) {
-      cuda::set_w4a8_cols_fast(cols_fast);
-      cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
-      const Tensor o = gpu->alloc(ElemType::kF32, {T, in.D});
-      gpu->moe(in.gpu_params(o));
-      expect_same_bits(gpu->download_f32(o), g,
-                       "moe w4a8 wgmma tiled, warpgroups " + std::to_string(wg) + ", cols fast " + std::to_string(cols_fast));
-    }
-  cuda::set_w4a8_cols_fast(0);
+  // column blocks in a row or a column block's tiles) are not part of the arithmetic either: each
+  // form on `inputs` against `want`, bit for bit.
+  const auto tiled_forms = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want, const std::string& what) {
+    for (int cols_fast : {1, -1})
+      for (int wg : {1, 2}) {
+        cuda::set_w4a8_cols_fast(cols_fast);
+        cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
+        const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
+        gpu->moe(inputs.gpu_params(o));
+        expect_same_bits(gpu->download_f32(o), want,
+                         what + "warpgroups " + std::to_string(wg) + ", cols fast " + std::to_string(cols_fast));
+      }
+    cuda::set_w4a8_cols_fast(0);
+  };
+  tiled_forms(in, T, g, "moe w4a8 wgmma tiled, ");
   // The decode kernel with K's quarters in separate blocks (then added in order) or in one.
   // Split, the quarters over 1, 2 or 4 blocks (each block's quarters into their own slices); each
   // way with ring slots of 1, 2 or 4 groups (cuda::set_w4a8_decode_span; a block's 2 or 3 groups,
@@ -2657,16 +2661,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
           decode_form(in2, T2, want2, "moe w4a8 wgmma decode kernel, 9 groups, ", producer, rows, span, qb == 0 ? 1 : 2, qb);
   reset();
   cuda::set_w4a8_tiled(*gpu, true);
-  for (int cols_fast : {1, -1})
-    for (int wg : {1, 2}) {
-      cuda::set_w4a8_cols_fast(cols_fast);
-      cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
-      const Tensor o = gpu->alloc(ElemType::kF32, {T2, in2.D});
-      gpu->moe(in2.gpu_params(o));
-      expect_same_bits(gpu->download_f32(o), want2,
-                       "moe w4a8 wgmma tiled, 9 groups, warpgroups " + std::to_string(wg) + ", cols fast " + std::to_string(cols_fast));
-    }
-  cuda::set_w4a8_cols_fast(0);
+  tiled_forms(in2, T2, want2, "moe w4a8 wgmma tiled, 9 groups, ");
 }
 
 // Scales the wgmma kernels' e5m2 tables treat apart. Expert 0's w1: block 0 of every group all
