@@ -2303,8 +2303,10 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const unsigned pair = !kFp8W && wg_decode(kN) && g.w_b != nullptr ? 2 : 1;
   const unsigned cols = pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG));
+  // (Only the W4A8 prefill form reads cols_fast: the kernel's own condition.)
+  const bool cols_fast = g.cols_fast && !kFp8W && !wg_decode(kN);
   launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
-         g.cols_fast ? dim3(cols, static_cast<unsigned>(blocks), quarters) : dim3(static_cast<unsigned>(blocks), cols, quarters),
+         cols_fast ? dim3(cols, static_cast<unsigned>(blocks), quarters) : dim3(static_cast<unsigned>(blocks), cols, quarters),
          kWgThreads * kWG, kSmem, g);
 }
 
