@@ -1411,6 +1411,22 @@ constexpr size_t kTmaOutBytes = 2 * 4 * kTmaOutBox;
 constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
                                  kTmaOutBytes + 2 * kTmaStages * sizeof(uint64_t);
 
+// The TMA kernels' tile `tile` of token_tiles x weight_tiles as (token tile m, weight tile n). With
+// group > 1 the weight tiles go in groups of `group` (the last one narrower), a group's tiles token
+// tile by token tile, each token tile's group of weight tiles in a row: the persistent blocks' wave
+// then spans few weight tiles' and few token tiles' bytes (L2 reuse of both), where a weight tile's
+// token tiles in a row (group 0 or 1) read all of the activations again for every second or third
+// weight tile. Every tile's arithmetic is the same either way: the same bits.
+__device__ inline void tma_tile_at(int tile, int token_tiles, int weight_tiles, int group, int& m, int& n) {
+  if (group > 1) {
+    const int span = group * token_tiles, first = (tile / span) * group, in = tile % span;
+    const int width = min(group, weight_tiles - first);
+    m = in / width, n = first + in % width;
+  } else {
+    m = tile % token_tiles, n = tile / token_tiles;
+  }
+}
+
 struct Fp8TmaArgs {
   CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle
   CUtensorMap x_map;  // the activations' codes [rows_total][k_pad]: the same boxes
@@ -1423,6 +1439,7 @@ struct Fp8TmaArgs {
   int64_t rows_total;
   int N, groups;
   int split;  // 1, or 4: a work item is one quarter of a tile's groups (few tiles: more blocks)
+  int raster_group;  // tma_tile_at's group of weight tiles (0 or 1: a weight tile's token tiles in a row)
 };
 
 __device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -1577,12 +1594,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   const int items = token_tiles * ((a.N + kTmaCols - 1) / kTmaCols) * a.split;
   tma_ring_init(full, empty, kTmaStages);
   // Persistent: the block's work items are blockIdx.x, + gridDim.x, ...; item i is quarter i % split
-  // (its groups [g_lo, g_hi); all of them unsplit) of tile t = i / split, token tile t % token_tiles
-  // of weight tile t / token_tiles. The ring's position runs on across items.
+  // (its groups [g_lo, g_hi); all of them unsplit) of tile t = i / split (tma_tile_at). The ring's
+  // position runs on across items.
+  const int weight_tiles = (a.N + kTmaCols - 1) / kTmaCols;
   const auto item_at = [&](int item, int& t0, int& n0, int& q, int& g_lo, int& g_hi) {
     const int tile = item / a.split;
     q = item % a.split;
-    t0 = (tile % token_tiles) * kTmaRows, n0 = (tile / token_tiles) * kTmaCols;
+    int m, n;
+    tma_tile_at(tile, token_tiles, weight_tiles, a.raster_group, m, n);
+    t0 = m * kTmaRows, n0 = n * kTmaCols;
     g_lo = a.split > 1 ? w4a8_quarter(q, groups) : 0;
     g_hi = a.split > 1 ? w4a8_quarter(q + 1, groups) : groups;
   };
@@ -2163,6 +2183,7 @@ struct Bf16TmaArgs {
   int N, K, R, steps;
   int parts;  // bf16_parts(N)
   int split;  // 1, or parts
+  int raster_group;  // as Fp8TmaArgs'
 };
 
 __device__ inline void wgmma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
@@ -2187,12 +2208,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1) bf16_linear_tma_kernel(const _
   const int steps = a.steps, token_tiles = static_cast<int>((a.rows + 127) / 128);
   const int items = token_tiles * ((a.N + 127) / 128) * a.split;
   tma_ring_init(full, empty, kBf16TmaStages);
-  // Item i: part i % split of tile i / split (token tile t % token_tiles of weight tile
-  // t / token_tiles), its steps [s_lo, s_hi); the ring's position runs on across items.
+  // Item i: part i % split of tile i / split (tma_tile_at), its steps [s_lo, s_hi); the ring's
+  // position runs on across items.
+  const int weight_tiles = (a.N + 127) / 128;
   const auto item_at = [&](int item, int& t0, int& n0, int& q, int& s_lo, int& s_hi) {
     const int tile = item / a.split;
     q = item % a.split;
-    t0 = (tile % token_tiles) * 128, n0 = (tile / token_tiles) * 128;
+    int m, n;
+    tma_tile_at(tile, token_tiles, weight_tiles, a.raster_group, m, n);
+    t0 = m * 128, n0 = n * 128;
     s_lo = a.split > 1 ? bf16_part(q, steps, a.parts) : 0;
     s_hi = a.split > 1 ? bf16_part(q + 1, steps, a.parts) : steps;
   };
@@ -2600,6 +2624,18 @@ void finish_tma(float* out, const float* partial, int64_t count, int split, bool
   else if (round && !store_rounded) launch_bf16_round(out, count);
 }
 
+// The TMA kernels' raster group (tma_tile_at): set_tma_raster_group's where set (1 to 64; -1 for 0),
+// else SPARROW_CUDA_TMA_RASTER_GROUP's (0 to 64), else 0 (a weight tile's token tiles in a row; not
+// yet measured against groups). The same bits at any group.
+std::atomic<int> g_tma_raster_group{0};
+int tma_raster_group() {
+  static const int from_env = static_cast<int>(cuda_env_int(
+      "SPARROW_CUDA_TMA_RASTER_GROUP", 0, [](int64_t n) { return n >= 0 && n <= 64; },
+      "the TMA kernels' raster group must be 0 to 64 weight tiles"));
+  const int set = g_tma_raster_group.load();
+  return set > 0 ? set : set < 0 ? 0 : from_env;
+}
+
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
 // `partial` is given and splitting saves a wave of the SMs: tma_split_pays); nullptr when launched, else why not
 // (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
@@ -2629,6 +2665,7 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tma_split_pays(tiles, kW4A8Warps) ? kW4A8Warps : 1;
+  a.raster_group = tma_raster_group();
   if (a.split > 1) a.out = g.partial;
   // Unsplit, whole tiles leave by TMA stores where the rows' pitch and the base allow (16-byte
   // multiples); the map is made only then.
@@ -2643,6 +2680,8 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
 }
 
 }  // namespace
+
+void set_tma_raster_group(int n) { g_tma_raster_group.store(n); }
 
 int sm_count() {
   static const int sms = [] {
@@ -2732,6 +2771,7 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   const int64_t tiles = bf16_tma_tiles(a.rows, a.N);
   t.parts = bf16_parts(a.N);
   t.split = tma_split_pays(tiles, t.parts) ? t.parts : 1;
+  t.raster_group = tma_raster_group();
   t.out = t.split > 1 ? a.partial : a.out;
   const bool round_here = tma_store_rounds(a.round_bf16, t.split);
   launch(round_here ? bf16_linear_tma_kernel<true> : bf16_linear_tma_kernel<false>,
