@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "backends/cuda/device_common.cuh"
+#include "backends/cuda/tile_raster.h"
 #include "core/check.h"
 
 namespace sparrow::cuda {
@@ -1410,22 +1411,6 @@ constexpr int kTmaOutBox = 64 * 32 * static_cast<int>(sizeof(float));
 constexpr size_t kTmaOutBytes = 2 * 4 * kTmaOutBox;
 constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
                                  kTmaOutBytes + 2 * kTmaStages * sizeof(uint64_t);
-
-// The TMA kernels' tile `tile` of token_tiles x weight_tiles as (token tile m, weight tile n). With
-// group > 1 the weight tiles go in groups of `group` (the last one narrower), a group's tiles token
-// tile by token tile, each token tile's group of weight tiles in a row: the persistent blocks' wave
-// then spans few weight tiles' and few token tiles' bytes (L2 reuse of both), where a weight tile's
-// token tiles in a row (group 0 or 1) read all of the activations again for every second or third
-// weight tile. Every tile's arithmetic is the same either way: the same bits.
-__device__ inline void tma_tile_at(int tile, int token_tiles, int weight_tiles, int group, int& m, int& n) {
-  if (group > 1) {
-    const int span = group * token_tiles, first = (tile / span) * group, in = tile % span;
-    const int width = min(group, weight_tiles - first);
-    m = in / width, n = first + in % width;
-  } else {
-    m = tile % token_tiles, n = tile / token_tiles;
-  }
-}
 
 struct Fp8TmaArgs {
   CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle

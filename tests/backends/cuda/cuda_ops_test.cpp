@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu_state.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/fp4_layout.h"
+#include "backends/cuda/tile_raster.h"
 #include "backends/cuda/kernels.h"
 #include "core/kv_record.h"
 #include "core/quant_sim.h"
@@ -2962,6 +2963,33 @@ TEST(CudaFp4Layout, TiledOrderIsAPermutationWithEachBlocksGroupInOnePiece) {
   EXPECT_FALSE(cuda::fp4_tiles(96, 64));
   EXPECT_FALSE(cuda::fp4_tiles(64, 48));
   EXPECT_FALSE(cuda::fp4_tiles(0, 64));
+}
+
+// The TMA kernels' raster (tile_raster.h), on the host: every (token tile, weight tile) taken once
+// at any group, the default order a weight tile's token tiles in a row, and with a group of G the
+// tiles of a token tile's group of weight tiles (G of them, fewer in the last group) in a row.
+TEST(CudaTileRaster, EveryTileOnceAndGroupsInARow) {
+  for (const auto& [mt, nt] : std::vector<std::pair<int, int>>{{1, 1}, {33, 2}, {64, 32}, {33, 8}, {5, 17}, {64, 256}})
+    for (int group : {0, 1, 3, 4, 8, 16, 64}) {
+      std::vector<int> seen(static_cast<size_t>(mt * nt), 0);
+      for (int t = 0; t < mt * nt; ++t) {
+        int m = -1, n = -1;
+        cuda::tma_tile_at(t, mt, nt, group, m, n);
+        ASSERT_GE(m, 0);
+        ASSERT_LT(m, mt);
+        ASSERT_GE(n, 0);
+        ASSERT_LT(n, nt);
+        ++seen[static_cast<size_t>(m * nt + n)];
+        if (group <= 1) {
+          ASSERT_EQ(m, t % mt);
+          ASSERT_EQ(n, t / mt);
+        } else {
+          const int first = (n / group) * group, width = std::min(group, nt - first);
+          ASSERT_EQ(t, first * mt + m * width + (n - first)) << mt << " x " << nt << ", group " << group;
+        }
+      }
+      for (int c : seen) ASSERT_EQ(c, 1) << mt << " x " << nt << ", group " << group;
+    }
 }
 
 // The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
