@@ -207,9 +207,10 @@ void set_w4a8_decode_rows(int n);
 // The same bits either way. Process-wide; defined with the kernels.
 void set_w4a8_cols_fast(int n);
 // The FP8 and bf16 TMA kernels' raster: n > 0 their tiles in groups of n weight tiles, each token
-// tile's group in a row (kernels_linear.cu tma_tile_at); -1 a weight tile's token tiles in a row; 0
-// (the default) takes SPARROW_CUDA_TMA_RASTER_GROUP's (0 to 64, default 0). The same bits any way.
-// Process-wide; defined with the kernels.
+// tile's group in a row (kernels_linear.cu tma_tile_at), 1 or -1 a weight tile's token tiles in a
+// row; 0 (the default) takes SPARROW_CUDA_TMA_RASTER_GROUP's where set (1 to 64), else a choice by
+// the activations' bytes a weight tile reads (tile_raster.h tma_raster_auto: groups of 8 past 24
+// MiB). The same bits any way. Process-wide; defined with the kernels.
 void set_tma_raster_group(int n);
 // The W4A8 decode wgmma kernel's copies: 1 from a producer warp (kernels_linear.cu
 // w4a8_decode_ws_kernel), -1 from all its threads (grouped_w4a8_wgmma_kernel); 0 (the default) the

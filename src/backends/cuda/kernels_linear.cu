@@ -1424,7 +1424,7 @@ struct Fp8TmaArgs {
   int64_t rows_total;
   int N, groups;
   int split;  // 1, or 4: a work item is one quarter of a tile's groups (few tiles: more blocks)
-  int raster_group;  // tma_tile_at's group of weight tiles (0 or 1: a weight tile's token tiles in a row)
+  int raster_group;  // tma_tile_at's group of weight tiles (1: a weight tile's token tiles in a row)
 };
 
 __device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -2609,16 +2609,18 @@ void finish_tma(float* out, const float* partial, int64_t count, int split, bool
   else if (round && !store_rounded) launch_bf16_round(out, count);
 }
 
-// The TMA kernels' raster group (tma_tile_at): set_tma_raster_group's where set (1 to 64; -1 for 0),
-// else SPARROW_CUDA_TMA_RASTER_GROUP's (0 to 64), else 0 (a weight tile's token tiles in a row; not
-// yet measured against groups). The same bits at any group.
+// The TMA kernels' raster group (tma_tile_at) for a GEMM whose weight tiles each read
+// `activation_bytes`: set_tma_raster_group's where set (1 to 64; -1 for 1), else
+// SPARROW_CUDA_TMA_RASTER_GROUP's where set (1 to 64), else tma_raster_auto's choice. The same bits
+// at any group.
 std::atomic<int> g_tma_raster_group{0};
-int tma_raster_group() {
+int tma_raster_group(int64_t activation_bytes) {
   static const int from_env = static_cast<int>(cuda_env_int(
       "SPARROW_CUDA_TMA_RASTER_GROUP", 0, [](int64_t n) { return n >= 0 && n <= 64; },
-      "the TMA kernels' raster group must be 0 to 64 weight tiles"));
+      "the TMA kernels' raster group must be 0 (chosen by size) to 64 weight tiles"));
   const int set = g_tma_raster_group.load();
-  return set > 0 ? set : set < 0 ? 0 : from_env;
+  if (set != 0) return set > 0 ? set : 1;
+  return from_env > 0 ? from_env : tma_raster_auto(activation_bytes);
 }
 
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
@@ -2650,7 +2652,7 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const int64_t tiles = fp8_tma_tiles(g.rows_total, g.N);
   a.split = g.partial != nullptr && tma_split_pays(tiles, kW4A8Warps) ? kW4A8Warps : 1;
-  a.raster_group = tma_raster_group();
+  a.raster_group = tma_raster_group(g.rows_total * g.K);
   if (a.split > 1) a.out = g.partial;
   // Unsplit, whole tiles leave by TMA stores where the rows' pitch and the base allow (16-byte
   // multiples); the map is made only then.
@@ -2756,7 +2758,7 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   const int64_t tiles = bf16_tma_tiles(a.rows, a.N);
   t.parts = bf16_parts(a.N);
   t.split = tma_split_pays(tiles, t.parts) ? t.parts : 1;
-  t.raster_group = tma_raster_group();
+  t.raster_group = tma_raster_group(a.rows * a.K * 2);
   t.out = t.split > 1 ? a.partial : a.out;
   const bool round_here = tma_store_rounds(a.round_bf16, t.split);
   launch(round_here ? bf16_linear_tma_kernel<true> : bf16_linear_tma_kernel<false>,

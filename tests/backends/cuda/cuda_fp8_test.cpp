@@ -404,9 +404,10 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
       for (int64_t r = T; r < 4100; r += 997)
         for (int64_t n = 0; n < N; ++n)
           ASSERT_EQ(o[r * N + n], all[(r % T) * N + n]) << "N=" << N << " K=" << K << ": row " << r << " of 4100";
-      // The TMA kernel's raster (cuda::set_tma_raster_group: 33 token tiles in groups of 3 and 8
-      // weight tiles, the last group narrower at N = 129 and 1000) is not part of the arithmetic.
-      for (int group : {3, 8}) {
+      // The TMA kernel's raster (cuda::set_tma_raster_group: a weight tile's 33 token tiles in a row
+      // (1), groups of 3 and 8 weight tiles, the last group narrower at N = 129 and 1000) is not
+      // part of the arithmetic: each gives the bits of the order chosen by size.
+      for (int group : {1, 3, 8}) {
         cuda::set_tma_raster_group(group);
         gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
         const std::vector<float> og_group = gpu->download_f32(og);

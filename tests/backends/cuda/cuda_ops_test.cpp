@@ -617,15 +617,17 @@ TEST_F(CudaOps, Bf16GemmsAreBatchInvariantOnWgmmaAndCuBlasLt) {
       for (int64_t r = T; r < 4100; r += 997)
         for (int64_t n = 0; n < N; ++n)
           ASSERT_EQ(f32_to_bits(o[r * N + n]), f32_to_bits(all[(r % T) * N + n])) << tag << ": row " << r << " of 4100";
-      // The TMA form's raster (cuda::set_tma_raster_group: weight tiles in groups of 3, the last
-      // one narrower where their count is no multiple of 3) is not part of the arithmetic.
-      if (wgmma) {
-        cuda::set_tma_raster_group(3);
-        const std::vector<float> og3 = run(*gpu, big, 4100);
-        cuda::set_tma_raster_group(0);
-        for (int64_t i = 0; i < 4100 * N; ++i)
-          ASSERT_EQ(f32_to_bits(og3[i]), f32_to_bits(o[i])) << tag << ", raster group 3: row " << i / N << " of 4100";
-      }
+      // The TMA form's raster (cuda::set_tma_raster_group: a weight tile's token tiles in a row, and
+      // weight tiles in groups of 3, the last one narrower where their count is no multiple of 3) is
+      // not part of the arithmetic: each gives the bits of the order chosen by size.
+      if (wgmma)
+        for (int group : {1, 3}) {
+          cuda::set_tma_raster_group(group);
+          const std::vector<float> og = run(*gpu, big, 4100);
+          cuda::set_tma_raster_group(0);
+          for (int64_t i = 0; i < 4100 * N; ++i)
+            ASSERT_EQ(f32_to_bits(og[i]), f32_to_bits(o[i])) << tag << ", raster group " << group << ": row " << i / N << " of 4100";
+        }
     }
   }
   cuda::set_bf16_wgmma(*gpu, cuda::cuda_feature_on("bf16_wgmma"));
@@ -2990,6 +2992,20 @@ TEST(CudaTileRaster, EveryTileOnceAndGroupsInARow) {
       }
       for (int c : seen) ASSERT_EQ(c, 1) << mt << " x " << nt << ", group " << group;
     }
+}
+
+// The raster chosen by size (tma_raster_auto) at the V4-Flash shapes it was measured on, 8192 rows:
+// groups of 8 where a weight tile's activations pass 24 MiB (wo_a's bf16 group slice of 4096, wo_b's
+// 8192, wq_a's 4096 in FP8), a weight tile's token tiles in a row below (wq_b's 1024, w2's 2048).
+TEST(CudaTileRaster, ChoiceBySizeAtTheMeasuredShapes) {
+  EXPECT_EQ(cuda::tma_raster_auto(int64_t{8192} * 4096 * 2), 8);  // wo_a, bf16
+  EXPECT_EQ(cuda::tma_raster_auto(int64_t{8192} * 8192), 8);      // wo_b, FP8
+  EXPECT_EQ(cuda::tma_raster_auto(int64_t{8192} * 4096), 8);      // wq_a / wkv / shared w1, FP8
+  EXPECT_EQ(cuda::tma_raster_auto(int64_t{8192} * 2048), 1);      // shared w2, FP8
+  EXPECT_EQ(cuda::tma_raster_auto(int64_t{8192} * 1024), 1);      // wq_b, FP8
+  EXPECT_EQ(cuda::tma_raster_auto(int64_t{256} * 8192), 1);       // decode sizes
+  EXPECT_EQ(cuda::tma_raster_auto(cuda::kTmaRasterAutoBytes), 1);
+  EXPECT_EQ(cuda::tma_raster_auto(cuda::kTmaRasterAutoBytes + 1), 8);
 }
 
 // The FFN's SwiGLU, routing-weight rounding and fp8 rounding in one kernel (launch_swiglu_sim_fp8)
