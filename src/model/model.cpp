@@ -249,8 +249,14 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   tap(opt, l, "attn.qr", qr);
   Tensor q = be.alloc(ElemType::kF32, {T, H, Dh});
   be.linear({.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = aq, .round_bf16 = ref});
-  be.rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = eps, .round_bf16 = ref});
-  be.rope({.x = q, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
+  // The per-head norm and rotation of q: here when tapping (the tap shows q as attention reads it),
+  // else inside the attention (AttentionParams::q_rope: the same values; a backend may fold them
+  // into its kernel).
+  const bool q_in_attention = !opt.tap;
+  if (!q_in_attention) {
+    be.rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = eps, .round_bf16 = ref});
+    be.rope({.x = q, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
+  }
   tap(opt, l, "attn.q", q);
 
   // KV path: one shared head, K = V. The reference stores its nope dims FP8-simulated.
@@ -323,7 +329,8 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   be.attention({.out = o, .q = q, .kv = kv, .selected = selected, .sinks = L.attn_sink, .batch = &batch, .layer = l,
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
-                 .bf16_operands = ref && nx.kv_fp8, .kv_record = ref && nx.kv_fp8});
+                 .bf16_operands = ref && nx.kv_fp8, .kv_record = ref && nx.kv_fp8,
+                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps});
   be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = ref && nx.kv_fp8});
   // V carried rotated dims: undo the rotation at the query position (spec §3.3).
   be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);

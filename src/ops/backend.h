@@ -294,6 +294,13 @@ struct AttentionParams {
   // Every key is an FP8 KV record value (WindowAppendParams::kv_record): a backend that stores the
   // KV as records may read them, and encode this batch's kv so. The CPU ignores it.
   bool kv_record = false;
+  // Where set, q holds the heads' projections before their unweighted RMS norm (over a head's Dh
+  // values, eps q_norm_eps) and forward RoPE (q_rope, at each token's position), each rounded to bf16
+  // when round_bf16: the attention applies them first, with the values rms_norm and rope would give
+  // (Backend::attention_q_prep runs those two ops; a backend may fold them into its kernel instead,
+  // the same bits). q may be overwritten.
+  const RopeTable* q_rope = nullptr;
+  double q_norm_eps = 0.0;
 };
 
 // Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.
@@ -406,6 +413,10 @@ class Backend {
   // device while the rest is being called.
   virtual void step_segment() {}
   virtual void end_step() {}
+
+ protected:
+  // AttentionParams::q_rope's norm and rotation of q, in place, by this backend's rms_norm and rope.
+  void attention_q_prep(const AttentionParams& p);
 };
 
 // begin_step on construction, end_step on destruction.
@@ -427,6 +438,12 @@ inline void Backend::hc_boundary(const HcBoundaryParams& p) {
   hc_pre(p.pre);
   rms_norm({.out = p.pre.out_input, .in = p.pre.out_input, .weight = p.norm_weight, .group = p.pre.out_input.dim(1),
             .eps = p.norm_eps, .round_bf16 = p.norm_round_bf16});
+}
+
+inline void Backend::attention_q_prep(const AttentionParams& p) {
+  if (p.q_rope == nullptr) return;
+  rms_norm({.out = p.q, .in = p.q, .weight = {}, .group = p.q.dim(2), .eps = p.q_norm_eps, .round_bf16 = p.round_bf16});
+  rope({.x = p.q, .table = p.q_rope, .direction = RopeDirection::kForward, .round_bf16 = p.round_bf16}, *p.batch);
 }
 
 inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>& rows) {

@@ -1,6 +1,8 @@
 // CPU reference ops pinned against hand-computed values (issue: "unit tests pin each primitive").
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cmath>
 #include <limits>
 
@@ -317,6 +319,42 @@ TEST_F(CpuOps, AttentionSinkOnlyAddsToTheDenominator) {
   const auto o = be->download_f32(out);
   EXPECT_NEAR(o[0], 0.25, 1e-6);
   EXPECT_NEAR(o[1], 0.0, 1e-7);
+}
+
+// AttentionParams::q_rope: q given before its per-head norm and RoPE gives the attention of q after
+// rms_norm and rope (the model's order), bit for bit, with and without bf16 roundings; three tokens
+// of one sequence at positions 0-2, two heads of 6 dims, RoPE on the last 4.
+TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
+  const int64_t H = 2, Dh = 6, T = 3;
+  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+  RopeTable table{.inv_freq = {1.0, 0.5}};
+  const std::vector<float> raw = {0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 1.9f, 3.1f, 0.2f, -2.2f, 0.9f, 1.4f, -0.6f,
+                                  -0.8f, 1.1f, 0.5f, -1.7f, 2.0f, 0.1f, 0.6f, -0.9f, 1.3f, 2.4f, -1.5f, 0.8f,
+                                  1.0f, 0.0f, -0.3f, 0.4f, 1.6f, -2.1f, -1.1f, 0.7f, 0.2f, -0.5f, 0.9f, 1.8f};
+  const std::vector<float> kv = {0.5f, 1.0f, -0.5f, 0.25f, 2.0f, -1.0f, 1.5f, -0.75f, 0.1f, 0.3f, -0.2f, 0.6f,
+                                 -1.0f, 0.4f, 0.8f, -0.6f, 0.2f, 1.2f};
+  const std::vector<float> sink = {0.5f, -0.25f};
+  for (bool round : {false, true}) {
+    std::vector<float> outs[2];
+    for (int folded = 0; folded < 2; ++folded) {
+      auto state = be->create_sequence_state(c);
+      const std::vector<int32_t> ids = {0, 1, 2};
+      BatchInfo b = batch_build({{state.get(), ids}});
+      Tensor q = be->upload_f32(raw, {T, H, Dh});
+      if (!folded) {
+        be->rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = 1e-6, .round_bf16 = round});
+        be->rope({.x = q, .table = &table, .direction = RopeDirection::kForward, .round_bf16 = round}, b);
+      }
+      Tensor out = be->alloc(ElemType::kF32, {T, H, Dh});
+      be->attention({.out = out, .q = q, .kv = be->upload_f32(kv, {T, Dh}), .selected = {}, .sinks = view(sink, {H}),
+                     .batch = &b, .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0, .window = 4, .scale = 0.4,
+                     .round_bf16 = round, .q_rope = folded ? &table : nullptr, .q_norm_eps = 1e-6});
+      outs[folded] = be->download_f32(out);
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    for (size_t i = 0; i < outs[0].size(); ++i)
+      EXPECT_EQ(std::bit_cast<uint32_t>(outs[0][i]), std::bit_cast<uint32_t>(outs[1][i])) << "value " << i << (round ? ", rounded" : "");
+  }
 }
 
 // The greedy rule (core/argmax.h) on rows written by hand, through the host helper and the op.

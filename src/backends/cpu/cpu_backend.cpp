@@ -426,6 +426,7 @@ class CpuBackend final : public Backend {
   }
 
   void attention(const AttentionParams& p) override {
+    attention_q_prep(p);
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
     parallel_for(T, T * H * Dh * 64, [&](int64_t begin, int64_t end) {

@@ -1063,6 +1063,12 @@ class CudaBackend final : public Backend {
     const bool mma = split_on && mma_on && p.bf16_operands && attention_mma_fits(H, Dh) &&
                      attention_splits(max_candidates, true) <= 8192;
     last_attention_mma_ = mma;
+    // q's norm and rotation (AttentionParams::q_rope) folded into the tensor-core kernel's staging of
+    // q (AttentionArgs::q_prep; `attn_q_fold` off: the rms_norm and rope kernels first, the same bits).
+    static const bool q_fold_on = cuda_feature_on("attn_q_fold");
+    const bool q_fold = p.q_rope != nullptr && mma && q_fold_on && p.q_rope->rope_dim() <= Dh;
+    if (p.q_rope != nullptr && !q_fold) attention_q_prep(p);
+    last_attention_q_fold_ = q_fold;
     // Its keys from the records where every token's state keeps them, this batch's kv encoded once;
     // else from the bf16 copies when every token's are complete, this batch's kv converted once
     // (the same values as the kernel's own conversion: the same bits).
@@ -1110,7 +1116,9 @@ class CudaBackend final : public Backend {
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
                       .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
                       .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
-                      .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16});
+                      .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
+                      .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
+                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}});
     launch_check("attention");
   }
 
@@ -1837,6 +1845,7 @@ class CudaBackend final : public Backend {
   int w4a8_small_tiles_ = 0;
   bool last_indexer_mma_ = false;  // test support
   bool last_attention_mma_ = false;  // test support
+  bool last_attention_q_fold_ = false;  // test support
   bool last_attention_bf16_kv_ = false;  // test support
   bool last_attention_records_ = false;  // test support
   bool kv_records_ = cuda_feature_enabled("kv_record");  // set_kv_records; SPARROW_CUDA_ENABLE=kv_record
@@ -1856,6 +1865,7 @@ class CudaBackend final : public Backend {
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   bool last_indexer_mma() const { return last_indexer_mma_; }
   bool last_attention_mma() const { return last_attention_mma_; }
+  bool last_attention_q_fold() const { return last_attention_q_fold_; }
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
   void set_kv_records(bool on) { kv_records_ = on; }
@@ -2020,6 +2030,7 @@ bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool r
 }
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
+bool last_attention_q_fold(Backend& backend) { return cuda_backend(backend).last_attention_q_fold(); }
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }

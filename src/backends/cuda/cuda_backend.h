@@ -226,6 +226,8 @@ bool last_indexer_tensor_cores(Backend& backend);
 // Whether the last attention ran on the tensor cores (AttentionParams::bf16_operands, 32 heads a
 // block, Dh 128, 256 or 512; SPARROW_CUDA_DISABLE=attn_mma switches it off).
 bool last_attention_tensor_cores(Backend& backend);
+// Whether it folded q's norm and rotation (AttentionParams::q_rope) into the tensor-core kernel.
+bool last_attention_q_fold(Backend& backend);
 // Whether that attention read the bf16 copies of the KV state (the ring's copy, kept since the
 // state was made; the entries', complete from the first; SPARROW_CUDA_DISABLE=attn_bf16_kv stops
 // keeping them), and a switch for tests: off, the kernel converts the fp32 state (the same bits).

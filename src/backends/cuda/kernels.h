@@ -100,7 +100,9 @@ struct DevView {
 // "bf16_f32_in" (the bf16 GEMMs' decode form reads fp32 inputs and rounds them itself,
 // Bf16LinearArgs::x_f32; off: a conversion pass before it, the same bits), "bf16_fp8_w" (that
 // form reads FP8 weights as stored and makes them bf16 in registers, Bf16LinearArgs::w8; off: their
-// bf16 copy, the same bits), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
+// bf16 copy, the same bits), "attn_q_fold" (q's per-head norm and RoPE, AttentionParams::q_rope, done
+// by the tensor-core attention as it stages q, AttentionArgs::q_prep; off: the rms_norm and rope
+// kernels first, the same bits), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
 // warps when a call has fewer blocks than SMs; off: 32 heads and 8 warps, the same bits),
 // "router_warp" (the scored router's top-k by a warp's argmax rounds; off: a rank count a thread,
 // the same experts), "rope_spread" (rope at decode sizes over blocks of 8 heads; off: a block a
@@ -757,6 +759,14 @@ struct AttentionArgs {
   int block_heads = 0;
   bool round_bf16 = false;  // out stored rounded to bf16
   int64_t mma_split = kAttnMmaSplitDefault;  // set by launch_attention: attn_mma_split_candidates()
+  // With mma: q holds the heads' projections, normalised and rotated as the kernel stages them
+  // (AttentionParams::q_rope; attention_mma_q_prep): rms_norm_warp_kernel's sums and products (eps
+  // q_eps, no weight) and rope_kernel's rotation of the last 2 q_rope.pairs dims at the token's
+  // position, each rounded to bf16 when round_bf16: the values those kernels would write, so the same
+  // bits. REQUIRES 2 q_rope.pairs <= Dh.
+  bool q_prep = false;
+  float q_eps = 0.0f;
+  RopeTableArg q_rope{};
 };
 void launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.

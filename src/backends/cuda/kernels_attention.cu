@@ -1440,6 +1440,66 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
+// AttentionArgs::q_prep: a warp's kHeadsW heads (rows of q from `q`, Dh apart) normalised and
+// rotated into the staged rows (`dst`, rowb bytes apart) as bf16. Lane l holds elements l, l + 32,
+// ... of a head and sums their squares in that order, then warp_sum: rms_norm_warp_kernel's sums
+// (and its register form's); each value times 1 / sqrtf(sum / Dh + eps), rounded to bf16 when
+// round_bf16, as rms_norm_write; the last 2 pairs dims rotated pair by pair (the even element's
+// lane and its neighbour: a pair never straddles two lanes' chunks) with rope_kernel's fp64 angles
+// and rotation (the token's angles computed once into `ang`, shared memory), rounded again when
+// round_bf16; then to bf16 as the staging loop converts. Every thread of the block calls it.
+template <int Dh, int kHeadsW>
+__device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, uint8_t* dst,
+                                            int rowb, int lane) {
+  constexpr int kU = Dh / 32, kG = 1;  // heads whose loads are in flight together (2 spilled)
+  static_assert(kHeadsW % kG == 0, "whole groups of heads");
+  const int pairs = a.q_rope.pairs, rope0 = Dh - 2 * pairs;
+  const int warp = threadIdx.x / 32;
+  float v[kG][kU];
+  const auto load = [&](int g) {
+#pragma unroll
+    for (int hw = 0; hw < kG; ++hw)
+#pragma unroll
+      for (int u = 0; u < kU; ++u) v[hw][u] = q[static_cast<int64_t>(warp * kHeadsW + g * kG + hw) * Dh + lane + 32 * u];
+  };
+  load(0);
+  // The token's angles while the first loads are in flight: rope_kernel's, into `ang` (cosines,
+  // then sines), for every warp.
+  if (threadIdx.x < pairs) rope_angle(pos, a.q_rope, threadIdx.x, false, ang[threadIdx.x], ang[pairs + threadIdx.x]);
+  __syncthreads();
+#pragma unroll 1
+  for (int g = 0; g < kHeadsW / kG; ++g) {
+    if (g > 0) load(g);
+#pragma unroll
+    for (int hw = 0; hw < kG; ++hw) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) ss += v[hw][u] * v[hw][u];
+      ss = warp_sum(ss);
+      const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dh) + a.q_eps);
+      uint16_t* row = reinterpret_cast<uint16_t*>(dst + (g * kG + hw) * rowb);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        float y = v[hw][u] * inv;
+        if (a.round_bf16) y = dev_bf16_round(y);
+        const int e = lane + 32 * u;
+        if (32 * u + 32 > rope0) {  // (uniform: the chunk holds rotated dims)
+          const float other = __shfl_xor_sync(0xffffffffu, y, 1);
+          if (e >= rope0) {
+            const bool even = (e & 1) == 0;
+            const int i = (e - rope0) / 2;
+            const float2 r =
+                even ? rope_rotated(y, other, ang[i], ang[pairs + i]) : rope_rotated(other, y, ang[i], ang[pairs + i]);
+            y = even ? r.x : r.y;
+            if (a.round_bf16) y = dev_bf16_round(y);
+          }
+        }
+        row[e] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+      }
+    }
+  }
+}
+
 // kKeys: AmKeys, where the keys come from. kHeads (32 or 16) heads a block, kWarps (8 or 16) warps:
 // each head's, candidate's and output dimension's arithmetic is the same whatever the two (the same
 // mma rows, the same sums in the same order), so the launch picks them by the call's size.
@@ -1475,12 +1535,19 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
 
-  const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
-  constexpr int row4 = Dh / 4;  // float4s a row
-  for (int i = tid; i < kH * row4; i += kT) {
-    const float4 v = qsrc[i];
-    *reinterpret_cast<uint2*>(qs + (i / row4) * rowb + 8 * (i % row4)) =
-        make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  if (a.q_prep) {
+    // The token's angles go in the logits' space, not used before the chunks.
+    static_assert(sizeof(float) * kH * (kAmChunk + 1) >= 2 * sizeof(double) * kMaxRopePairs, "the angles fit");
+    attention_mma_q_prep<Dh, kH / kWarps>(a, a.q + (t * a.H + h0) * a.Dh, static_cast<double>(tk.pos),
+                                           reinterpret_cast<double*>(logits), qs + warp * (kH / kWarps) * rowb, rowb, lane);
+  } else {
+    const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
+    constexpr int row4 = Dh / 4;  // float4s a row
+    for (int i = tid; i < kH * row4; i += kT) {
+      const float4 v = qsrc[i];
+      *reinterpret_cast<uint2*>(qs + (i / row4) * rowb + 8 * (i % row4)) =
+          make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
   }
   if (tid < kH) {
     st_m[tid] = -INFINITY;

@@ -1553,6 +1553,37 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
               expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og),
                                what + ": " + std::to_string(heads) + " heads a block");
             }
+            // q's per-head norm and RoPE inside the attention (AttentionParams::q_rope: folded into
+            // the kernel's staging of q) against the rms_norm and rope ops first: the same bits, with
+            // and without bf16 roundings, at both block shapes. The rotated dims start mid-chunk of a
+            // warp's 32 at Dh 128 and 256 (48 of them), on a chunk at 512 (V4's 64).
+            const int64_t rope_dim = Dh == 512 ? 64 : 48;
+            RopeTable qrope;
+            for (int64_t i = 0; i < rope_dim / 2; ++i) qrope.inv_freq.push_back(std::pow(10000.0, -2.0 * i / rope_dim));
+            const std::vector<float> raw = rng.normal(T * H * Dh, 3.0);
+            for (bool round : {true, false})
+              for (int heads : {0, 16, 32}) {
+                const std::string tag = what + (round ? ", rounded" : ", fp32") + ", q folded, heads " + std::to_string(heads);
+                const Tensor q_ops = gpu->upload_f32(raw, {T, H, Dh}), q_fold = gpu->upload_f32(raw, {T, H, Dh});
+                gpu->rms_norm({.out = q_ops, .in = q_ops, .weight = {}, .group = Dh, .eps = 1e-6, .round_bf16 = round});
+                gpu->rope({.x = q_ops, .table = &qrope, .direction = RopeDirection::kForward, .round_bf16 = round}, bg);
+                const Tensor o_ops = gpu->alloc(ElemType::kF32, {T, H, Dh}), o_fold = gpu->alloc(ElemType::kF32, {T, H, Dh});
+                cuda::set_attention_block_heads(*gpu, heads);
+                AttentionParams pa = params(o_ops, q_ops, vg, sel_g, bg);
+                pa.round_bf16 = round;
+                gpu->attention(pa);
+                AttentionParams pf = params(o_fold, q_fold, vg, sel_g, bg);
+                pf.round_bf16 = round;
+                pf.q_rope = &qrope;
+                pf.q_norm_eps = 1e-6;
+                gpu->attention(pf);
+                cuda::set_attention_block_heads(*gpu, 0);
+                // (Folded only on the tensor-core kernel: with attn_mma or attn_split off, the ops run first.)
+                EXPECT_EQ(cuda::last_attention_q_fold(*gpu),
+                          cuda::cuda_feature_on("attn_q_fold") && cuda::last_attention_tensor_cores(*gpu))
+                    << tag;
+                expect_same_bits(gpu->download_f32(o_fold), gpu->download_f32(o_ops), tag);
+              }
           }
           // Sequence 1's tokens alone.
           auto [b1c, b1g] = seqs.batches(0, n1);
