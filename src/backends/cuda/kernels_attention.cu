@@ -1451,51 +1451,45 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 template <int Dh, int kHeadsW>
 __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, uint8_t* dst,
                                             int rowb, int lane) {
-  constexpr int kU = Dh / 32, kG = 1;  // heads whose loads are in flight together (2 spilled)
-  static_assert(kHeadsW % kG == 0, "whole groups of heads");
+  constexpr int kU = Dh / 32;
   const int pairs = a.q_rope.pairs, rope0 = Dh - 2 * pairs;
   const int warp = threadIdx.x / 32;
-  float v[kG][kU];
-  const auto load = [&](int g) {
+  // A head's loads at a time (two heads' in flight spilled at 128 registers); the first head's are
+  // issued before the token's angles (rope_kernel's, into `ang`: cosines, then sines) are computed.
+  float v[kU];
+  const auto load = [&](int hw) {
 #pragma unroll
-    for (int hw = 0; hw < kG; ++hw)
-#pragma unroll
-      for (int u = 0; u < kU; ++u) v[hw][u] = q[static_cast<int64_t>(warp * kHeadsW + g * kG + hw) * Dh + lane + 32 * u];
+    for (int u = 0; u < kU; ++u) v[u] = q[static_cast<int64_t>(warp * kHeadsW + hw) * Dh + lane + 32 * u];
   };
   load(0);
-  // The token's angles while the first loads are in flight: rope_kernel's, into `ang` (cosines,
-  // then sines), for every warp.
   if (threadIdx.x < pairs) rope_angle(pos, a.q_rope, threadIdx.x, false, ang[threadIdx.x], ang[pairs + threadIdx.x]);
   __syncthreads();
 #pragma unroll 1
-  for (int g = 0; g < kHeadsW / kG; ++g) {
-    if (g > 0) load(g);
+  for (int hw = 0; hw < kHeadsW; ++hw) {
+    if (hw > 0) load(hw);
+    float ss = 0.0f;
 #pragma unroll
-    for (int hw = 0; hw < kG; ++hw) {
-      float ss = 0.0f;
+    for (int u = 0; u < kU; ++u) ss += v[u] * v[u];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dh) + a.q_eps);
+    uint16_t* row = reinterpret_cast<uint16_t*>(dst + hw * rowb);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) ss += v[hw][u] * v[hw][u];
-      ss = warp_sum(ss);
-      const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dh) + a.q_eps);
-      uint16_t* row = reinterpret_cast<uint16_t*>(dst + (g * kG + hw) * rowb);
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        float y = v[hw][u] * inv;
-        if (a.round_bf16) y = dev_bf16_round(y);
-        const int e = lane + 32 * u;
-        if (32 * u + 32 > rope0) {  // (uniform: the chunk holds rotated dims)
-          const float other = __shfl_xor_sync(0xffffffffu, y, 1);
-          if (e >= rope0) {
-            const bool even = (e & 1) == 0;
-            const int i = (e - rope0) / 2;
-            const float2 r =
-                even ? rope_rotated(y, other, ang[i], ang[pairs + i]) : rope_rotated(other, y, ang[i], ang[pairs + i]);
-            y = even ? r.x : r.y;
-            if (a.round_bf16) y = dev_bf16_round(y);
-          }
+    for (int u = 0; u < kU; ++u) {
+      float y = v[u] * inv;
+      if (a.round_bf16) y = dev_bf16_round(y);
+      const int e = lane + 32 * u;
+      if (32 * u + 32 > rope0) {  // (uniform: the chunk holds rotated dims)
+        const float other = __shfl_xor_sync(0xffffffffu, y, 1);
+        if (e >= rope0) {
+          const bool even = (e & 1) == 0;
+          const int i = (e - rope0) / 2;
+          const float2 r =
+              even ? rope_rotated(y, other, ang[i], ang[pairs + i]) : rope_rotated(other, y, ang[i], ang[pairs + i]);
+          y = even ? r.x : r.y;
+          if (a.round_bf16) y = dev_bf16_round(y);
         }
-        row[e] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
       }
+      row[e] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     }
   }
 }
