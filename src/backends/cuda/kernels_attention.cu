@@ -1402,7 +1402,8 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
 // weights' three bf16 terms [3, 32, 32 (+8)], per head the running max, sum and rescale factor.
 // Per chunk: the candidates' addresses; the keys staged as bf16 (the state's bf16 copies by
-// cp.async into the other of two buffers while the chunk before is used, or the fp32 state
+// cp.async into a ring of buffers, attention_mma_stages: 2, or 4 on 16-head blocks, the next
+// chunks' while one is used, or the fp32 state
 // converted); logits, warp w heads 16 (w / 4) .. + 15 x candidates 8 (w % 4) .. + 7 over
 // all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
 // lane = candidate; the weighted sum, warp w the dims w Dh / 8 .. + Dh / 8 - 1 of all 32 heads
@@ -1413,16 +1414,24 @@ constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
 
 // Where the kernel's keys come from (AttentionArgs::keys): converted from the fp32 state as they are
-// staged (one key buffer); the state's bf16 copies by cp.async into the other of two key buffers
-// while the chunk before is used; the FP8 KV records (core/kv_record.h) by cp.async into one record
+// staged (one key buffer); the state's bf16 copies by cp.async into a ring of key buffers
+// (attention_mma_stages) while the chunk before is used; the FP8 KV records (core/kv_record.h) by cp.async into one record
 // buffer while the chunk before is used, decoded into the one key buffer at the chunk's start.
 enum AmKeys : int { kAmKeysF32 = 0, kAmKeysBf16 = 1, kAmKeysRecord = 2 };
 
+// The key buffers of the bf16 copies' ring: 4 on blocks of 16 heads (the decode batches' form, one
+// block an SM: three chunks' copies in flight under a chunk's work, and the CSA selections read a
+// chunk ahead; at batch 1 a CSA token's 20 chunks took 54-56 us with 2, 48-50 with 4, `ncu`, H200
+// 2026-12-04), else 2 (two blocks an SM; the selections read ahead there spilled 80 bytes). The
+// other key sources: one buffer. The same bits at any depth.
+__host__ __device__ constexpr int attention_mma_stages(int keys, int64_t heads) {
+  return keys == kAmKeysBf16 ? (heads == 16 ? 4 : 2) : 1;
+}
 size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes, int64_t heads = kAmHeads) {
-  const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = keys == kAmKeysBf16 ? 2 : 1;
+  const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = static_cast<size_t>(attention_mma_stages(keys, heads));
   const size_t records = keys == kAmKeysRecord ? static_cast<size_t>(kAmChunk * rec_bytes + 15) / 16 * 16 : 0;
   return (heads + stages * kAmChunk) * rowb + records + sizeof(float) * heads * (kAmChunk + 1) + 3 * heads * kAmPRow +
-         3 * heads * sizeof(float) + 2 * kAmChunk * sizeof(void*);
+         3 * heads * sizeof(float) + (stages > 2 ? stages : 2) * kAmChunk * sizeof(void*);
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -1505,7 +1514,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   static_assert(kDh % (16 * kWarps) == 0, "whole pairs of n8 tiles a warp in the weighted sum");
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr bool kBf16Keys = kKeys == kAmKeysBf16, kRecords = kKeys == kAmKeysRecord;
-  constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = kBf16Keys ? 2 : 1;
+  constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = attention_mma_stages(kKeys, kHeads);
+  constexpr int kPtrBufs = kStages > 2 ? kStages : 2;  // candidate address buffers (kptr0)
   const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
   uint8_t* qs = am_smem;
   uint8_t* ks0 = qs + kH * rowb;  // [kStages][kAmChunk rows]
@@ -1515,7 +1525,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   float* st_alpha = reinterpret_cast<float*>(pw + 3 * kH * kAmPRow);
   float* st_m = st_alpha + kH;
   float* st_l = st_m + kH;
-  const void** kptr0 = reinterpret_cast<const void**>(st_l + kH);  // [2][kAmChunk]
+  const void** kptr0 = reinterpret_cast<const void**>(st_l + kH);  // [kPtrBufs][kAmChunk]
 
   const SplitBlock blk = split_block(a, t_base, kH);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -1563,6 +1573,30 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       kptr0[b * kAmChunk + tid] = key;
     }
   };
+  // The same addresses with a CSA candidate's selection read a chunk before (into `sel`, by the lane
+  // that fills its address), so that no chunk waits for that load: the 4-stage ring's form (in the
+  // 2-stage one, the 32-head prefill form, it made ptxas spill 80 bytes).
+  constexpr bool kSelAhead = kBf16Keys && kStages > 2;
+  int32_t sel = -1;
+  const auto load_sel = [&](int64_t c) {
+    const int64_t i = c + tid - tk.n_window;
+    sel = tid < kAmChunk && a.csa && c + tid < j_end && i >= 0 ? a.selected[t * a.k + i] : -1;
+  };
+  auto fill_ptrs_sel = [&](int64_t c, int b) {
+    if (tid < kAmChunk) {
+      const int64_t j = c + tid;
+      const void* key = nullptr;
+      if (j < j_end) {
+        if (j < tk.n_window || !a.csa) {
+          key = candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
+        } else if (sel >= 0) {
+          if (sel >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
+          key = tk.entries_bf16 + static_cast<int64_t>(sel) * a.Dh;
+        }
+      }
+      kptr0[b * kAmChunk + tid] = key;
+    }
+  };
   constexpr int kPieces = Dh / 8;  // 16-byte pieces of 8 dims a key row
   // The bf16 copies of those keys into key buffer b by cp.async, 8 pieces a thread (a masked
   // candidate's row zero-filled); one commit group.
@@ -1588,14 +1622,30 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     }
     cp_async_commit();
   };
-  if constexpr (kBf16Keys || kRecords) {
+  // The bf16 copies: chunks 0 .. kStages - 2 of the split copied in first (a commit group each,
+  // empty past the split's end), and the selections of the next chunk read.
+  if constexpr (kBf16Keys) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if constexpr (kSelAhead) {
+        load_sel(j_begin + st * kAmChunk);
+        fill_ptrs_sel(j_begin + st * kAmChunk, st);
+      } else {
+        fill_ptrs(j_begin + st * kAmChunk, st);
+      }
+    }
+    if constexpr (kSelAhead) load_sel(j_begin + (kStages - 1) * kAmChunk);
+    __syncthreads();
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) issue(st);
+  } else if constexpr (kRecords) {
     fill_ptrs(j_begin, 0);
     __syncthreads();
-    if constexpr (kBf16Keys) issue(0);
-    else issue_records(0);
+    issue_records(0);
   }
   int buf = 0;  // the chunk's key buffer (kRecords: its pointer buffer)
-  for (int64_t c0 = j_begin; c0 < j_end; c0 += kAmChunk, buf = kBf16Keys || kRecords ? 1 - buf : 0) {
+  for (int64_t c0 = j_begin; c0 < j_end;
+       c0 += kAmChunk, buf = kBf16Keys ? (buf + 1) % kStages : kRecords ? 1 - buf : 0) {
     if constexpr (kRecords) {
       // This chunk's records landed (everyone's copies; everyone is done with the key buffer), then
       // decoded into the key buffer 16 bytes (8 dims) a piece: a nope piece from its 8 codes and
@@ -1636,13 +1686,23 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       __syncthreads();  // the keys decoded (the record buffer free), the next addresses written
       if (more) issue_records(1 - pb);
     } else if constexpr (kBf16Keys) {
-      // The next chunk's keys copied in under this chunk's work.
-      const bool more = c0 + kAmChunk < j_end;
-      if (more) fill_ptrs(c0 + kAmChunk, 1 - buf);
+      // Chunk c0 + kStages - 1's keys copied in under this chunk's work, into the buffer of the
+      // chunk before this one; the selections of the chunk after it read.
+      const int64_t ahead = c0 + (kStages - 1) * kAmChunk;
+      const int ab = (buf + kStages - 1) % kStages;
+      const bool more = ahead < j_end;
+      if (more) {
+        if constexpr (kSelAhead) {
+          fill_ptrs_sel(ahead, ab);
+          load_sel(ahead + kAmChunk);
+        } else {
+          fill_ptrs(ahead, ab);
+        }
+      }
       __syncthreads();  // its addresses written; every warp done with the buffer it goes into
-      if (more) issue(1 - buf);
-      else cp_async_commit();  // (an empty group: this chunk's is still the second newest)
-      cp_async_wait<1>();
+      if (more) issue(ab);
+      else cp_async_commit();  // (an empty group: this chunk's stays kStages - 1 groups from the newest)
+      cp_async_wait<kStages - 1>();
       __syncthreads();  // this chunk's keys landed, everyone's copies
     } else {
       __syncthreads();  // the last chunk's keys and weights are read (and q, the stats staged)
