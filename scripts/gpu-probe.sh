@@ -16,7 +16,9 @@
 #   NCU_FULL=1 NCU_BINS='sparrow.base sparrow'  with NCU_CELLS: ncu's whole report of each cell
 #                                         into $OUT/ncu-<bin>-<cell>.txt (more sections), for each binary
 #   NCU_SOURCE=1                          with NCU_CELLS: also the per-instruction counters (SASS,
-#                                         stall samples) as CSV into $OUT/ncu-source-<bin>-<cell>.csv
+#                                         stall samples) as CSV into $OUT/ncu-source-<bin>-<cell>.csv,
+#                                         summarised (bench/ncu_source.py); a kernel of few blocks
+#                                         wants NCU_ARGS='--sampling-interval 0' for enough samples
 #   SASS=1 SASS_REGEX=w4a8                the SASS of the kernels whose mangled names match into
 #                                         $OUT/kernels.sass
 #
@@ -66,6 +68,7 @@ if [ -n "${NCU_CELLS:-}" ]; then
       if [ -n "${NCU_SOURCE:-}" ]; then  # the report went to a file: its details, then its source page
         /usr/local/cuda/bin/ncu -i /tmp/gpu-probe-ncu.ncu-rep >> /tmp/gpu-probe-ncu.txt 2>&1
         /usr/local/cuda/bin/ncu -i /tmp/gpu-probe-ncu.ncu-rep --page source --csv --print-source sass > "$out/ncu-source-$bin-$i.csv" 2>&1
+        python3 bench/ncu_source.py "$out/ncu-source-$bin-$i.csv" --top 12 2>&1 | head -${SOURCE_LINES:-70}
       fi
       if [ -n "${NCU_FULL:-}" ]; then
         cp /tmp/gpu-probe-ncu.txt "$out/ncu-$bin-$i.txt"
