@@ -1115,6 +1115,14 @@ __global__ void rows_to_bf16_kernel(const float* const* src, uint16_t* const* ds
 // batch_kv), then compressed entries (HCA: all visible; CSA: the selection, null for -1).
 // (Of the fp32 state, of its bf16 copies, or of the records: the bases passed, rows `stride`
 // elements apart.)
+// A CSA candidate's entry from its selection w (a slot of AttentionArgs::selected): null for an
+// empty slot (-1).
+template <class T>
+__device__ inline const T* selected_entry(const AttnTokenArgs& tk, int32_t w, const T* entries, int64_t stride) {
+  if (w < 0) return nullptr;
+  if (w >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
+  return entries + static_cast<int64_t>(w) * stride;
+}
 template <class T>
 __device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
                                         const T* ring, const T* entries, const T* batch_kv, int64_t stride) {
@@ -1124,10 +1132,7 @@ __device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenA
   }
   const int64_t i = j - tk.n_window;
   if (!a.csa) return entries + i * stride;
-  const int32_t w = a.selected[t * a.k + i];
-  if (w < 0) return nullptr;
-  if (w >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
-  return entries + static_cast<int64_t>(w) * stride;
+  return selected_entry(tk, a.selected[t * a.k + i], entries, stride);
 }
 template <class T>
 __device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
@@ -1427,11 +1432,16 @@ enum AmKeys : int { kAmKeysF32 = 0, kAmKeysBf16 = 1, kAmKeysRecord = 2 };
 __host__ __device__ constexpr int attention_mma_stages(int keys, int64_t heads) {
   return keys == kAmKeysBf16 ? (heads == 16 ? 4 : 2) : 1;
 }
+// The candidates' address buffers (kptr0): one a key buffer, at least two (the records' chunk
+// pointers are double-buffered).
+__host__ __device__ constexpr int attention_mma_ptr_bufs(int keys, int64_t heads) {
+  return attention_mma_stages(keys, heads) > 2 ? attention_mma_stages(keys, heads) : 2;
+}
 size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes, int64_t heads = kAmHeads) {
   const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = static_cast<size_t>(attention_mma_stages(keys, heads));
   const size_t records = keys == kAmKeysRecord ? static_cast<size_t>(kAmChunk * rec_bytes + 15) / 16 * 16 : 0;
   return (heads + stages * kAmChunk) * rowb + records + sizeof(float) * heads * (kAmChunk + 1) + 3 * heads * kAmPRow +
-         3 * heads * sizeof(float) + (stages > 2 ? stages : 2) * kAmChunk * sizeof(void*);
+         3 * heads * sizeof(float) + static_cast<size_t>(attention_mma_ptr_bufs(keys, heads)) * kAmChunk * sizeof(void*);
 }
 
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -1515,7 +1525,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr bool kBf16Keys = kKeys == kAmKeysBf16, kRecords = kKeys == kAmKeysRecord;
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = attention_mma_stages(kKeys, kHeads);
-  constexpr int kPtrBufs = kStages > 2 ? kStages : 2;  // candidate address buffers (kptr0)
   const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
   uint8_t* qs = am_smem;
   uint8_t* ks0 = qs + kH * rowb;  // [kStages][kAmChunk rows]
@@ -1525,7 +1534,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   float* st_alpha = reinterpret_cast<float*>(pw + 3 * kH * kAmPRow);
   float* st_m = st_alpha + kH;
   float* st_l = st_m + kH;
-  const void** kptr0 = reinterpret_cast<const void**>(st_l + kH);  // [kPtrBufs][kAmChunk]
+  const void** kptr0 = reinterpret_cast<const void**>(st_l + kH);  // [attention_mma_ptr_bufs][kAmChunk]
 
   const SplitBlock blk = split_block(a, t_base, kH);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -1587,12 +1596,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       const int64_t j = c + tid;
       const void* key = nullptr;
       if (j < j_end) {
-        if (j < tk.n_window || !a.csa) {
-          key = candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
-        } else if (sel >= 0) {
-          if (sel >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
-          key = tk.entries_bf16 + static_cast<int64_t>(sel) * a.Dh;
-        }
+        key = j < tk.n_window || !a.csa ? candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16)
+                                        : selected_entry(tk, sel, tk.entries_bf16, a.Dh);
       }
       kptr0[b * kAmChunk + tid] = key;
     }
