@@ -6,7 +6,9 @@
 # `sparrow diff --backend-b cuda` on mixed_hc2 (every tap within the diff tolerance), and
 # optionally a synthetic 2-layer V4-Flash, then the trained needle model through `sparrow needle`
 # and `sparrow serve` on CUDA (tools/serve_check.py). Ends with a summary table; exit status 0 when
-# all pass.
+# all pass. Each check's row also goes to stderr and to LOGS/progress.txt as soon as it is known (a
+# run cut short by a time limit still shows what it checked); a run of GPU tests that runs none
+# (every one skipped: no usable GPU) is a failure, not a pass.
 #
 #   scripts/gpu-check.sh [--bin DIR] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
 #     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$logs"
+: >"$logs/progress.txt"
 if [ -z "$bin" ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARROW_CUDA=ON >"$logs/build.log" 2>&1 &&
     cmake --build build-gpu -j "$(nproc)" --target sparrow sparrow_cuda_tests sparrow_npy_compare >>"$logs/build.log" 2>&1 ||
@@ -46,9 +49,13 @@ card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/n
 [ -n "$card" ] || card="(nvidia-smi found no GPU)"
 rows=()   # check<TAB>result<TAB>detail
 failures=0
+start=$(date +%s)
+# Each check's result also goes to stderr (and $logs/progress.txt) as it is known: the table comes
+# only at the end, so a run stopped by a time limit still shows what it had checked.
 row() {
   rows+=("$1"$'\t'"$2"$'\t'"$3")
   [ "$2" = PASS ] || failures=$((failures + 1))
+  echo "[gpu-check $(( $(date +%s) - start )) s] $2: $1 ($3)" | tee -a "$logs/progress.txt" >&2
 }
 
 # 1. Every op against the CPU op, and the gtest parity suite (fixtures, every layer kind, batching).
@@ -68,6 +75,24 @@ fi
 # The distinct failed tests of a gtest log, named (gtest prints each twice: at its end and in the summary).
 failed_names() { grep -E '^\[  FAILED  \] [A-Za-z]' "$1" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd' ' -; }
 failed_detail() { local n; n=$(failed_names "$1"); echo "$(echo "$n" | wc -w) failed: $n"; }
+# One more sparrow_cuda_tests run (the command after the name and log) as a row: a pass needs exit
+# status 0 and at least one test run (on a machine without a usable GPU the GPU tests skip, and a
+# filter of GPU tests then runs none); skipped tests are counted in the detail.
+gtest_row() {
+  local name=$1 log=$2 rc passed skipped
+  shift 2
+  "$@" >"$log" 2>&1
+  rc=$?
+  passed=$(grep -E '^\[  PASSED  \]' "$log" | grep -oE '[0-9]+' | head -1)
+  skipped=$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -1)
+  if [ "$rc" -ne 0 ]; then
+    row "$name" FAIL "$(failed_detail "$log")"
+  elif [ "${passed:-0}" -eq 0 ]; then
+    row "$name" FAIL "no test ran (skipped ${skipped:-0})"
+  else
+    row "$name" PASS "$passed passed$([ "${skipped:-0}" -gt 0 ] && echo ", $skipped skipped")"
+  fi
+}
 # A log file's name for a list of switches: the list with dashes, or for long lists (file names stop
 # at 255 bytes) the number of switches and the list's checksum.
 log_name() { local n="${1//,/-}"; [ "${#n}" -le 80 ] || n="$(echo "$1" | tr ',' '\n' | wc -l)-switches-$(echo "$1" | cksum | cut -d' ' -f1)"; echo "$n"; }
@@ -78,12 +103,8 @@ log_name() { local n="${1//,/-}"; [ "${#n}" -le 80 ] || n="$(echo "$1" | tr ',' 
 # Every switchable path off at once (docs/cuda.md's list).
 all_off=vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,w4a8_wgmma,indexer_tiled,compressor_parallel,attn_mma,indexer_mma,attn_bf16_kv,sim_warp,hc_staged,hc_pre4,norm_regs,moe_fused_act,graphs,fp8_stack,fp8_wgmma,fp8_tma,bf16_wgmma,bf16_tma,argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,attn_narrow,router_warp,rope_spread,hc_fused,select_rank,w4a8_producer,attn_q_fold
 for off in moe_device_plan moe_device_plan,grouped_moe argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,w4a8_producer "$all_off"; do
-  if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*' \
-      >"$logs/gtest-fallback-$(log_name "$off").log" 2>&1; then
-    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-fallback-$(log_name "$off").log" | grep -oE '[0-9]+' | head -1) passed"
-  else
-    row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" FAIL "$(failed_detail "$logs/gtest-fallback-$(log_name "$off").log")"
-  fi
+  gtest_row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" "$logs/gtest-fallback-$(log_name "$off").log" \
+    env SPARROW_CUDA_DISABLE="$off" "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*'
 done
 # When tests failed: run them again with each of the switchable fast paths off
 # (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
@@ -103,27 +124,17 @@ fi
 # the tensor-core attention and indexer scores) replaced ones the whole suite must still pass with:
 # every GPU test with them off.
 prev=attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,w4a8_wgmma,indexer_tiled,compressor_parallel,attn_mma,indexer_mma,attn_bf16_kv,sim_warp,hc_staged,hc_pre4,norm_regs,moe_fused_act,graphs,fp8_stack,fp8_wgmma,fp8_tma,bf16_wgmma,bf16_tma,argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,attn_narrow,router_warp,rope_spread,hc_fused,select_rank,w4a8_producer,attn_q_fold
-if SPARROW_CUDA_DISABLE=$prev "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest-without-new.log" 2>&1; then
-  row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-without-new.log" | grep -oE '[0-9]+' | head -1) passed"
-else
-  row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" FAIL "$(failed_detail "$logs/gtest-without-new.log")"
-fi
+gtest_row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" "$logs/gtest-without-new.log" \
+  env SPARROW_CUDA_DISABLE="$prev" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The opt-in paths (SPARROW_CUDA_ENABLE, docs/cuda.md) are correct but off by default (slower, or
 # not yet run in the form committed): every GPU test with all of them on, so they stay right.
 opt_in=kv_record
-if SPARROW_CUDA_ENABLE=$opt_in "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest-opt-in.log" 2>&1; then
-  row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-opt-in.log" | grep -oE '[0-9]+' | head -1) passed"
-else
-  row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" FAIL "$(failed_detail "$logs/gtest-opt-in.log")"
-fi
+gtest_row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" "$logs/gtest-opt-in.log" \
+  env SPARROW_CUDA_ENABLE="$opt_in" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The tensor-core attention's split size is a process-wide knob (SPARROW_CUDA_ATTN_MMA_SPLIT, default
 # 512): the attention and parity tests again at 128 (a CSA token's 640 candidates in 5 splits).
-if SPARROW_CUDA_ATTN_MMA_SPLIT=128 "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*:*Parity*' \
-    >"$logs/gtest-split-128.log" 2>&1; then
-  row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" PASS "$(grep -E '^\[  PASSED  \]' "$logs/gtest-split-128.log" | grep -oE '[0-9]+' | head -1) passed"
-else
-  row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" FAIL "$(failed_detail "$logs/gtest-split-128.log")"
-fi
+gtest_row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" "$logs/gtest-split-128.log" \
+  env SPARROW_CUDA_ATTN_MMA_SPLIT=128 "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*:*Parity*'
 worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)
 [ -n "$worst" ] && row "gtest parity, worst of $(grep -c '^\[cuda-parity\]' "$logs/gtest.log") runs" PASS "rel $worst"
 
