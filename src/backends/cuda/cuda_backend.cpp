@@ -1016,6 +1016,9 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "attention");
+    if (p.weights_bf16)  // (Model::check_backend refuses it first: supports_attention_weights_bf16)
+      throw std::runtime_error("attention: AttentionParams::weights_bf16 (the --attn-weights bf16 experiment) is "
+                               "implemented on the cpu backend only");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
     const bool csa = p.kind == AttentionKind::kCsa;
