@@ -5,6 +5,7 @@
 // results deterministic and independent of the thread count and of which other tokens share the
 // batch (batch invariance). Formulas cite spec sections (../shared/docs/dsv4-spec.md).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -500,7 +501,7 @@ class CpuBackend final : public Backend {
     constexpr size_t kChunk = 32;
     double m = -std::numeric_limits<double>::infinity(), l = 0.0;
     std::fill(acc.begin(), acc.end(), 0.0);
-    std::vector<float> s(kChunk);
+    std::array<float, kChunk> s;
     for (size_t c0 = 0; c0 < keys.size(); c0 += kChunk) {
       const size_t n = std::min(kChunk, keys.size() - c0);
       double mx = m;
