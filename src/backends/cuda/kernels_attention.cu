@@ -1414,7 +1414,10 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
 // lane = candidate; the weighted sum, warp w the dims w Dh / 8 .. + Dh / 8 - 1 of all 32 heads
 // (64 fp32 accumulators a lane at Dh = 512), V's fragments by ldmatrix.trans of the same keys.
-// A split depends only on the token's own candidates: batch invariant.
+// A split depends only on the token's own candidates: batch invariant. The 16-head blocks from the
+// bf16 copies (kOverlap, `attn_overlap`) run the phases in two halves side by side: chunk i + 1's
+// logits (and chunk i + 3's copies) on warps 0-3 while warps 4-15 take chunk i's softmax and
+// weighted sum; the same operations a head, candidate and dim, so the same bits.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
