@@ -18,7 +18,7 @@
 #   NCU_SOURCE=1                          with NCU_CELLS: also the per-instruction counters (SASS,
 #                                         stall samples) as CSV into $OUT/ncu-source-<bin>-<cell>.csv,
 #                                         summarised (bench/ncu_source.py); a kernel of few blocks
-#                                         wants NCU_ARGS='--sampling-interval 0' for enough samples
+#                                         wants NCU_ARGS='--warp-sampling-interval 0' for enough samples
 #   SASS=1 SASS_REGEX=w4a8                the SASS of the kernels whose mangled names match into
 #                                         $OUT/kernels.sass
 #

@@ -1596,34 +1596,27 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const int d0 = 16 * p0;
   float acc[kMt][kNts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
 
-  // The addresses of chunk c's candidates into kptr0[buffer b] (null: masked, or past the split).
-  auto fill_ptrs = [&](int64_t c, int b) {
-    if (tid < kAmChunk) {
-      const void* key = nullptr;
-      if (c + tid < j_end) {
-        if constexpr (kBf16Keys) key = candidate_in(a, tk, t, c + tid, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
-        else if constexpr (kRecords) key = candidate_record(a, tk, t, c + tid);
-        else key = candidate(a, tk, t, c + tid);
-      }
-      kptr0[b * kAmChunk + tid] = key;
-    }
-  };
-  // The same addresses with a CSA candidate's selection read a chunk before (into `sel`, by the lane
-  // that fills its address), so that no chunk waits for that load: the 4-stage ring's form (in the
-  // 2-stage one, the 32-head prefill form, it made ptxas spill 80 bytes).
+  // The 4-stage ring's form (kSelAhead) reads a CSA candidate's selection a chunk before its address
+  // is made (into `sel`, by the lane that fills the address: load_sel), so that no chunk waits for
+  // that load (in the 2-stage one, the 32-head prefill form, it made ptxas spill 80 bytes).
   constexpr bool kSelAhead = kBf16Keys && kStages > 2;
   int32_t sel = -1;
   const auto load_sel = [&](int64_t c) {
     const int64_t i = c + tid - tk.n_window;
     sel = tid < kAmChunk && a.csa && c + tid < j_end && i >= 0 ? a.selected[t * a.k + i] : -1;
   };
-  auto fill_ptrs_sel = [&](int64_t c, int b) {
+  // The addresses of chunk c's candidates into kptr0[buffer b] (null: masked, or past the split).
+  auto fill_ptrs = [&](int64_t c, int b) {
     if (tid < kAmChunk) {
       const int64_t j = c + tid;
       const void* key = nullptr;
       if (j < j_end) {
-        key = j < tk.n_window || !a.csa ? candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16)
-                                        : selected_entry(tk, sel, tk.entries_bf16, a.Dh);
+        if constexpr (kSelAhead)
+          key = j < tk.n_window || !a.csa ? candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16)
+                                          : selected_entry(tk, sel, tk.entries_bf16, a.Dh);
+        else if constexpr (kBf16Keys) key = candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16);
+        else if constexpr (kRecords) key = candidate_record(a, tk, t, j);
+        else key = candidate(a, tk, t, j);
       }
       kptr0[b * kAmChunk + tid] = key;
     }
@@ -1660,7 +1653,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
       load_sel(j_begin + st * kAmChunk);
-      fill_ptrs_sel(j_begin + st * kAmChunk, st);
+      fill_ptrs(j_begin + st * kAmChunk, st);
     }
     load_sel(j_begin + 2 * kAmChunk);
     __syncthreads();
@@ -1671,12 +1664,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   } else if constexpr (kBf16Keys) {
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      if constexpr (kSelAhead) {
-        load_sel(j_begin + st * kAmChunk);
-        fill_ptrs_sel(j_begin + st * kAmChunk, st);
-      } else {
-        fill_ptrs(j_begin + st * kAmChunk, st);
-      }
+      if constexpr (kSelAhead) load_sel(j_begin + st * kAmChunk);
+      fill_ptrs(j_begin + st * kAmChunk, st);
     }
     if constexpr (kSelAhead) load_sel(j_begin + (kStages - 1) * kAmChunk);
     __syncthreads();
@@ -1833,7 +1822,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
         const int64_t ahead = j_begin + (i + 3) * kAmChunk;
         const int ab = static_cast<int>((i + 3) % kStages);
         if (ahead < j_end) {
-          fill_ptrs_sel(ahead, ab);
+          fill_ptrs(ahead, ab);
           load_sel(ahead + kAmChunk);
         }
         named_barrier_sync(1, 32 * kLW);  // its addresses written
@@ -1902,12 +1891,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       const int ab = (buf + kStages - 1) % kStages;
       const bool more = ahead < j_end;
       if (more) {
-        if constexpr (kSelAhead) {
-          fill_ptrs_sel(ahead, ab);
-          load_sel(ahead + kAmChunk);
-        } else {
-          fill_ptrs(ahead, ab);
-        }
+        fill_ptrs(ahead, ab);
+        if constexpr (kSelAhead) load_sel(ahead + kAmChunk);
       }
       __syncthreads();  // its addresses written; every warp done with the buffer it goes into
       if (more) issue(ab);
