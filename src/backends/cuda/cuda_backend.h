@@ -189,6 +189,11 @@ void set_w4a8_wgmma_split(Backend& backend, int mode);
 // (kernels_linear.cu decode_quarter_blocks). The same bits any way. Process-wide; defined with the
 // kernels.
 void set_decode_quarter_blocks(int n);
+// Whether the tensor-core attention's 16-head blocks (from the bf16 copies) make a chunk's logits
+// on 4 warps beside the chunk before's softmax and weighted sum on the other 12: 1 yes, -1 no, 0
+// (the default) yes unless SPARROW_CUDA_DISABLE=attn_overlap. The same bits either way.
+// Process-wide; defined with the kernels.
+void set_attention_overlap(int n);
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
 // SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,

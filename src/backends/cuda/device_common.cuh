@@ -115,6 +115,11 @@ inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ inline float dev_bf16(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
 __device__ inline float dev_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }

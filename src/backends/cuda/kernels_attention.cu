@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "backends/cuda/cuda_check.h"
@@ -1413,7 +1414,10 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // all of Dh; the softmax step, warp w heads 4 w .. 4 w + 3,
 // lane = candidate; the weighted sum, warp w the dims w Dh / 8 .. + Dh / 8 - 1 of all 32 heads
 // (64 fp32 accumulators a lane at Dh = 512), V's fragments by ldmatrix.trans of the same keys.
-// A split depends only on the token's own candidates: batch invariant.
+// A split depends only on the token's own candidates: batch invariant. The 16-head blocks from the
+// bf16 copies (kOverlap, `attn_overlap`) run the phases in two halves side by side: chunk i + 1's
+// logits (and chunk i + 3's copies) on warps 0-3 while warps 4-15 take chunk i's softmax and
+// weighted sum; the same operations a head, candidate and dim, so the same bits.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
@@ -1437,10 +1441,10 @@ __host__ __device__ constexpr int attention_mma_stages(int keys, int64_t heads) 
 __host__ __device__ constexpr int attention_mma_ptr_bufs(int keys, int64_t heads) {
   return attention_mma_stages(keys, heads) > 2 ? attention_mma_stages(keys, heads) : 2;
 }
-size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes, int64_t heads = kAmHeads) {
+size_t attention_mma_smem(int64_t Dh, int keys, int64_t rec_bytes, int64_t heads = kAmHeads, bool overlap = false) {
   const size_t rowb = static_cast<size_t>(2 * Dh + 16), stages = static_cast<size_t>(attention_mma_stages(keys, heads));
   const size_t records = keys == kAmKeysRecord ? static_cast<size_t>(kAmChunk * rec_bytes + 15) / 16 * 16 : 0;
-  return (heads + stages * kAmChunk) * rowb + records + sizeof(float) * heads * (kAmChunk + 1) + 3 * heads * kAmPRow +
+  return (heads + stages * kAmChunk) * rowb + records + sizeof(float) * heads * (kAmChunk + 1) * (overlap ? 2 : 1) + 3 * heads * kAmPRow +
          3 * heads * sizeof(float) + static_cast<size_t>(attention_mma_ptr_bufs(keys, heads)) * kAmChunk * sizeof(void*);
 }
 
@@ -1516,7 +1520,7 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
 // kKeys: AmKeys, where the keys come from. kHeads (32 or 16) heads a block, kWarps (8 or 16) warps:
 // each head's, candidate's and output dimension's arithmetic is the same whatever the two (the same
 // mma rows, the same sums in the same order), so the launch picks them by the call's size.
-template <int kDh, int kKeys, int kHeads = kAmHeads, int kWarps = kAmThreads / 32>
+template <int kDh, int kKeys, int kHeads = kAmHeads, int kWarps = kAmThreads / 32, bool kOverlap = false>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   wait_previous_grid();
   static_assert((kHeads == 16 || kHeads == 32) && (kWarps == 8 || kWarps == 16), "heads a block and warps");
@@ -1525,12 +1529,16 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   extern __shared__ __align__(16) uint8_t am_smem[];
   constexpr bool kBf16Keys = kKeys == kAmKeysBf16, kRecords = kKeys == kAmKeysRecord;
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = attention_mma_stages(kKeys, kHeads);
+  static_assert(!kOverlap || (kBf16Keys && kHeads == 16 && kWarps == 16 && kStages == 4),
+                "the two halves side by side: the 16-head form from the bf16 copies");
+  // (kOverlap) the logits warps; the other kWarps - kLW take the softmax and the weighted sum.
+  constexpr int kLW = 4;
   const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
   uint8_t* qs = am_smem;
   uint8_t* ks0 = qs + kH * rowb;  // [kStages][kAmChunk rows]
   uint8_t* recs = ks0 + kStages * kAmChunk * rowb;  // [kAmChunk records] (kRecords)
-  float* logits = reinterpret_cast<float*>(recs + (kAmChunk * rec_bytes + 15) / 16 * 16);
-  uint8_t* pw = reinterpret_cast<uint8_t*>(logits + kH * (kAmChunk + 1));
+  float* logits = reinterpret_cast<float*>(recs + (kAmChunk * rec_bytes + 15) / 16 * 16);  // [kOverlap ? 2 : 1]
+  uint8_t* pw = reinterpret_cast<uint8_t*>(logits + (kOverlap ? 2 : 1) * kH * (kAmChunk + 1));
   float* st_alpha = reinterpret_cast<float*>(pw + 3 * kH * kAmPRow);
   float* st_m = st_alpha + kH;
   float* st_l = st_m + kH;
@@ -1566,9 +1574,27 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     st_m[tid] = -INFINITY;
     st_l[tid] = 0.0f;
   }
-  constexpr int nts = Dh / (8 * kWarps);  // n8 tiles of this warp's Dh / kWarps dims (even)
-  const int d0 = warp * (Dh / kWarps);
-  float acc[kMt][nts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
+  // The weighted sum's dims: pairs of n8 tiles (16 dims), kPairs in all; my_np of them a warp from
+  // pair d0 / 16: Dh / (16 kWarps) each, or (kOverlap) spread over the kWarps - kLW warps after the
+  // logits warps, the first kPairs % (kWarps - kLW) of them one more (Dh 512: 8 x 3 + 4 x 2), and
+  // none on the logits warps. A dim's sums do not depend on the warp that makes them.
+  constexpr int kPairs = Dh / 16, kSW = kWarps - kLW;
+  constexpr int kPairsMax = kOverlap ? (kPairs + kSW - 1) / kSW : kPairs / kWarps;
+  constexpr int kNts = 2 * kPairsMax;  // n8 tiles a warp holds
+  int my_np = kPairs / kWarps, p0 = warp * (kPairs / kWarps);
+  // The softmax's heads: soft_nh from soft_hb a warp; (kOverlap) 16 heads on 12 warps, the first
+  // four two each.
+  int soft_hb = warp * (kH / kWarps), soft_nh = kH / kWarps;
+  if constexpr (kOverlap) {
+    static_assert(kH == 16 && kSW == 12, "16 heads on 12 warps");
+    const int sw = warp - kLW;
+    my_np = sw < 0 ? 0 : kPairs / kSW + (sw < kPairs % kSW ? 1 : 0);
+    p0 = sw < 0 ? 0 : sw * (kPairs / kSW) + (sw < kPairs % kSW ? sw : kPairs % kSW);
+    soft_hb = sw < 4 ? 2 * sw : 4 + sw;
+    soft_nh = sw < 4 ? 2 : 1;
+  }
+  const int d0 = 16 * p0;
+  float acc[kMt][kNts][4] = {};  // [m16 tile of heads][n8 tile of dims][fragment]
 
   // The 4-stage ring's form (kSelAhead) reads a CSA candidate's selection a chunk before its address
   // is made (into `sel`, by the lane that fills the address: load_sel), so that no chunk waits for
@@ -1598,8 +1624,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   constexpr int kPieces = Dh / 8;  // 16-byte pieces of 8 dims a key row
   // The bf16 copies of those keys into key buffer b by cp.async, 8 pieces a thread (a masked
   // candidate's row zero-filled); one commit group.
-  auto issue = [&](int b) {
-    for (int i = tid; i < kAmChunk * kPieces; i += kT) {
+  auto issue = [&](int b, int from = -1, int threads = 0) {  // (from / threads: all threads by default)
+    for (int i = from < 0 ? tid : from; i < kAmChunk * kPieces; i += threads > 0 ? threads : kT) {
       const void* row = kptr0[b * kAmChunk + i / kPieces];
       cp_async(ks0 + (b * kAmChunk + i / kPieces) * rowb + 16 * (i % kPieces),
                row ? static_cast<const void*>(static_cast<const uint4*>(row) + i % kPieces) : static_cast<const void*>(a.q),
@@ -1621,8 +1647,21 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     cp_async_commit();
   };
   // The bf16 copies: chunks 0 .. kStages - 2 of the split copied in first (a commit group each,
-  // empty past the split's end), and the selections of the next chunk read.
-  if constexpr (kBf16Keys) {
+  // empty past the split's end), and the selections of the next chunk read. (kOverlap: chunks 0 and
+  // 1, copied by the logits warps; the loop's first round copies chunk 2.)
+  if constexpr (kOverlap) {
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      load_sel(j_begin + st * kAmChunk);
+      fill_ptrs(j_begin + st * kAmChunk, st);
+    }
+    load_sel(j_begin + 2 * kAmChunk);
+    __syncthreads();
+    if (warp < kLW) {
+      issue(0, tid, 32 * kLW);
+      issue(1, tid, 32 * kLW);
+    }
+  } else if constexpr (kBf16Keys) {
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       if constexpr (kSelAhead) load_sel(j_begin + st * kAmChunk);
@@ -1637,6 +1676,172 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     __syncthreads();
     issue_records(0);
   }
+  // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7) of the chunk whose keys are ks
+  // and addresses kptr (null: masked) into lg, by the logits warp w (0 .. 4 kMt - 1).
+  const auto logits_of = [&](const uint8_t* ks, const void* const* kptr, float* lg, int w) {
+    const int mt = w / 4, nt = w % 4;
+    const uint8_t* arow = qs + (16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 16 * (lane / 16);
+    const uint8_t* brow = ks + (8 * nt + (lane % 8)) * rowb + 16 * ((lane / 8) % 2);
+    // Two independent sums (even and odd k-steps of 16 dims) halve the chain of dependent mma.
+    // The fragments of step s + kAhead are loaded before step s's mma (a ring of kAhead + 1
+    // register sets, the loop unrolled so that each set is named): the shared-memory latency
+    // runs under the tensor work (`ldmatrix` results used at once held the 8K prefill's launch
+    // on its short scoreboard, 3.9 cycles an instruction; ncu, H200 2026-12-04). The same mma
+    // in the same order on each sum: the same bits.
+    // (One step ahead where the keys are converted from the fp32 state: two spilled there.)
+    constexpr int kSteps = Dh / 16, kAhead = kKeys == kAmKeysF32 ? 1 : 2;
+    float d[2][4] = {};
+    uint32_t af[kAhead + 1][4], bf[kAhead + 1][2];
+#pragma unroll
+    for (int p = 0; p < kAhead; ++p) {
+      ldmatrix_x4(af[p], arow + 2 * 16 * p);
+      ldmatrix_x2(bf[p], brow + 2 * 16 * p);
+    }
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      if (st + kAhead < kSteps) {
+        ldmatrix_x4(af[(st + kAhead) % (kAhead + 1)], arow + 2 * 16 * (st + kAhead));
+        ldmatrix_x2(bf[(st + kAhead) % (kAhead + 1)], brow + 2 * 16 * (st + kAhead));
+      }
+      const int b = st % (kAhead + 1);
+      mma_bf16_m16n8k16(d[st % 2], af[b], bf[b][0], bf[b][1]);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int h = 16 * mt + gid + 8 * (c / 2), j = 8 * nt + 2 * tig + c % 2;
+      lg[h * (kAmChunk + 1) + j] = kptr[j] ? (d[0][c] + d[1][c]) * a.scale : -INFINITY;
+    }
+  };
+  // Online softmax of the chunk's logits lg: heads hb .. hb + nh - 1 (nh <= kHw) a warp, lane =
+  // candidate. The heads side by side: each step (the max's shuffles, the exps, the sum's shuffles)
+  // taken for all of them before the next, so their dependent shuffle chains overlap; each head's
+  // operations and their order are the one-head loop's (the same bits; a slot past nh repeats head
+  // hb and writes nothing). The stats are rewritten by lane 0 after every lane has read them (the
+  // __syncwarp).
+  const auto softmax_of = [&](const float* lg, int hb, int nh) {
+    constexpr int kHw = kOverlap ? 2 : kH / kWarps;
+    float v[kHw], m_old[kHw], mx[kHw], p[kHw], alpha[kHw], sum[kHw];
+#pragma unroll
+    for (int hh = 0; hh < kHw; ++hh) {
+      const int h = hb + (hh < nh ? hh : 0);
+      v[hh] = lg[h * (kAmChunk + 1) + lane];
+      m_old[hh] = st_m[h];
+      mx[hh] = v[hh];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int hh = 0; hh < kHw; ++hh) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o));  // (warp_max)
+#pragma unroll
+    for (int hh = 0; hh < kHw; ++hh) {
+      const float m_new = fmaxf(m_old[hh], mx[hh]);
+      mx[hh] = m_new;
+      p[hh] = 0.0f, alpha[hh] = 1.0f;
+      if (m_new != -INFINITY) {  // the same for the whole warp
+        p[hh] = v[hh] == -INFINITY ? 0.0f : expf(v[hh] - m_new);
+        alpha[hh] = m_old[hh] == -INFINITY ? 0.0f : expf(m_old[hh] - m_new);
+      }
+      sum[hh] = p[hh];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);  // (warp_sum)
+#pragma unroll
+    for (int hh = 0; hh < kHw; ++hh) {
+      if (hh >= nh) continue;
+      const int h = hb + hh;
+      const __nv_bfloat16 hi = __float2bfloat16_rn(p[hh]);
+      const float r1 = p[hh] - __bfloat162float(hi);
+      const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+      const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+      const __nv_bfloat16 terms[3] = {lo, mid, hi};
+#pragma unroll
+      for (int term = 0; term < 3; ++term)
+        *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
+    }
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+      for (int hh = 0; hh < kHw; ++hh) {
+        if (hh >= nh) continue;
+        const int h = hb + hh;
+        st_alpha[h] = alpha[hh];
+        st_m[h] = mx[hh];
+        st_l[h] = st_l[h] * alpha[hh] + sum[hh];
+      }
+    }
+  };
+  // Weighted sum of the chunk whose keys are ks: this warp's accumulators (my_np pairs of n8 tiles
+  // from dim d0) rescaled to the new max, then + p V for the chunk (the terms small to large).
+  const auto pv_of = [&](const uint8_t* ks) {
+    float al[kMt][2];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) al[mt][h] = st_alpha[16 * mt + gid + 8 * h];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNts; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[mt][nt][c] *= al[mt][c / 2];
+#pragma unroll
+    for (int kk = 0; kk < kAmChunk; kk += 16) {
+      uint32_t pa[3][kMt][4];
+#pragma unroll
+      for (int term = 0; term < 3; ++term)
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt)
+          ldmatrix_x4(pa[term][mt], pw + (term * kH + 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * kAmPRow +
+                                        2 * (kk + 8 * (lane / 16)));
+#pragma unroll
+      for (int np = 0; np < kPairsMax; ++np) {
+        if (np >= my_np) break;
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, ks + (kk + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 2 * (d0 + 16 * np + 8 * (lane / 16)));
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+          for (int term = 0; term < 3; ++term) {
+            mma_bf16_m16n8k16(acc[mt][2 * np], pa[term][mt], vb[0], vb[1]);
+            mma_bf16_m16n8k16(acc[mt][2 * np + 1], pa[term][mt], vb[2], vb[3]);
+          }
+      }
+    }
+  };
+  if constexpr (kOverlap) {
+    // The two halves side by side (kOverlap): iteration i, the logits warps (0 .. kLW - 1) give chunk
+    // i + 3 its addresses (warp 0) and copies (cp.async by their 128 threads, into chunk i - 1's
+    // buffer, which every warp left before the last block barrier), wait for chunk i + 1's keys and
+    // make its logits into the other logits buffer; the other warps take chunk i's softmax and
+    // weighted sum. One block barrier an iteration; each half's own steps behind a named barrier.
+    const int64_t chunks = (j_end - j_begin + kAmChunk - 1) / kAmChunk;
+    for (int64_t i = -1; i < chunks; ++i) {
+      if (warp < kLW) {
+        const int64_t ahead = j_begin + (i + 3) * kAmChunk;
+        const int ab = static_cast<int>((i + 3) % kStages);
+        if (ahead < j_end) {
+          fill_ptrs(ahead, ab);
+          load_sel(ahead + kAmChunk);
+        }
+        named_barrier_sync(1, 32 * kLW);  // its addresses written
+        if (ahead < j_end) issue(ab, tid, 32 * kLW);
+        else cp_async_commit();  // (an empty group: chunk i + 1's stays two groups from the newest)
+        cp_async_wait<2>();
+        named_barrier_sync(1, 32 * kLW);  // chunk i + 1's keys landed, every logits thread's copies
+        if (i + 1 < chunks) {
+          const int b = static_cast<int>((i + 1) % kStages);
+          logits_of(ks0 + b * kAmChunk * rowb, kptr0 + b * kAmChunk, logits + ((i + 1) & 1) * kH * (kAmChunk + 1), warp);
+        }
+      } else if (i >= 0) {
+        softmax_of(logits + (i & 1) * kH * (kAmChunk + 1), soft_hb, soft_nh);
+        named_barrier_sync(2, 32 * (kWarps - kLW));  // every head's weights and stats written
+        pv_of(ks0 + static_cast<int>(i % kStages) * kAmChunk * rowb);
+      }
+      __syncthreads();
+    }
+  } else {
   int buf = 0;  // the chunk's key buffer (kRecords: its pointer buffer)
   for (int64_t c0 = j_begin; c0 < j_end;
        c0 += kAmChunk, buf = kBf16Keys ? (buf + 1) % kStages : kRecords ? 1 - buf : 0) {
@@ -1726,138 +1931,13 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     }
     const uint8_t* ks = ks0 + (kRecords ? 0 : buf) * kAmChunk * rowb;
     const void* const* kptr = kptr0 + buf * kAmChunk;
-    // Logits of heads 16 mt + (0..15) and candidates 8 nt + (0..7): warps 0 .. 4 kMt - 1.
-    if (warp < 4 * kMt) {
-      const int mt = warp / 4, nt = warp % 4;
-      const uint8_t* arow = qs + (16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 16 * (lane / 16);
-      const uint8_t* brow = ks + (8 * nt + (lane % 8)) * rowb + 16 * ((lane / 8) % 2);
-      // Two independent sums (even and odd k-steps of 16 dims) halve the chain of dependent mma.
-      // The fragments of step s + kAhead are loaded before step s's mma (a ring of kAhead + 1
-      // register sets, the loop unrolled so that each set is named): the shared-memory latency
-      // runs under the tensor work (`ldmatrix` results used at once held the 8K prefill's launch
-      // on its short scoreboard, 3.9 cycles an instruction; ncu, H200 2026-12-04). The same mma
-      // in the same order on each sum: the same bits.
-      // (One step ahead where the keys are converted from the fp32 state: two spilled there.)
-      constexpr int kSteps = Dh / 16, kAhead = kKeys == kAmKeysF32 ? 1 : 2;
-      float d[2][4] = {};
-      uint32_t af[kAhead + 1][4], bf[kAhead + 1][2];
-#pragma unroll
-      for (int p = 0; p < kAhead; ++p) {
-        ldmatrix_x4(af[p], arow + 2 * 16 * p);
-        ldmatrix_x2(bf[p], brow + 2 * 16 * p);
-      }
-#pragma unroll
-      for (int st = 0; st < kSteps; ++st) {
-        if (st + kAhead < kSteps) {
-          ldmatrix_x4(af[(st + kAhead) % (kAhead + 1)], arow + 2 * 16 * (st + kAhead));
-          ldmatrix_x2(bf[(st + kAhead) % (kAhead + 1)], brow + 2 * 16 * (st + kAhead));
-        }
-        const int b = st % (kAhead + 1);
-        mma_bf16_m16n8k16(d[st % 2], af[b], bf[b][0], bf[b][1]);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = 16 * mt + gid + 8 * (c / 2), j = 8 * nt + 2 * tig + c % 2;
-        logits[h * (kAmChunk + 1) + j] = kptr[j] ? (d[0][c] + d[1][c]) * a.scale : -INFINITY;
-      }
-    }
+    if (warp < 4 * kMt) logits_of(ks, kptr, logits, warp);
     __syncthreads();
-    // Online softmax: warp w heads kHw w .. kHw w + kHw - 1, lane = candidate. The heads side by
-    // side: each step (the max's shuffles, the exps, the sum's shuffles) taken for all of them
-    // before the next, so their dependent shuffle chains overlap; each head's operations and
-    // their order are the one-head loop's (the same bits). The stats are rewritten by lane 0 after
-    // every lane has read them (the __syncwarp).
-    {
-      constexpr int kHw = kH / kWarps;
-      float v[kHw], m_old[kHw], mx[kHw], p[kHw], alpha[kHw], sum[kHw];
-#pragma unroll
-      for (int hh = 0; hh < kHw; ++hh) {
-        const int h = warp * kHw + hh;
-        v[hh] = logits[h * (kAmChunk + 1) + lane];
-        m_old[hh] = st_m[h];
-        mx[hh] = v[hh];
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int hh = 0; hh < kHw; ++hh) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o));  // (warp_max)
-#pragma unroll
-      for (int hh = 0; hh < kHw; ++hh) {
-        const float m_new = fmaxf(m_old[hh], mx[hh]);
-        mx[hh] = m_new;
-        p[hh] = 0.0f, alpha[hh] = 1.0f;
-        if (m_new != -INFINITY) {  // the same for the whole warp
-          p[hh] = v[hh] == -INFINITY ? 0.0f : expf(v[hh] - m_new);
-          alpha[hh] = m_old[hh] == -INFINITY ? 0.0f : expf(m_old[hh] - m_new);
-        }
-        sum[hh] = p[hh];
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);  // (warp_sum)
-#pragma unroll
-      for (int hh = 0; hh < kHw; ++hh) {
-        const int h = warp * kHw + hh;
-        const __nv_bfloat16 hi = __float2bfloat16_rn(p[hh]);
-        const float r1 = p[hh] - __bfloat162float(hi);
-        const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-        const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-        const __nv_bfloat16 terms[3] = {lo, mid, hi};
-#pragma unroll
-        for (int term = 0; term < 3; ++term)
-          *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
-      }
-      __syncwarp();
-      if (lane == 0) {
-#pragma unroll
-        for (int hh = 0; hh < kHw; ++hh) {
-          const int h = warp * kHw + hh;
-          st_alpha[h] = alpha[hh];
-          st_m[h] = mx[hh];
-          st_l[h] = st_l[h] * alpha[hh] + sum[hh];
-        }
-      }
-    }
+    softmax_of(logits, warp * (kH / kWarps), kH / kWarps);
     __syncthreads();
-    // Weighted sum: the accumulators rescaled to the new max, then + p V for the chunk (the terms
-    // small to large).
-    {
-      float al[kMt][2];
-#pragma unroll
-      for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) al[mt][h] = st_alpha[16 * mt + gid + 8 * h];
-#pragma unroll
-      for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < nts; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[mt][nt][c] *= al[mt][c / 2];
-#pragma unroll
-      for (int kk = 0; kk < kAmChunk; kk += 16) {
-        uint32_t pa[3][kMt][4];
-#pragma unroll
-        for (int term = 0; term < 3; ++term)
-#pragma unroll
-          for (int mt = 0; mt < kMt; ++mt)
-            ldmatrix_x4(pa[term][mt], pw + (term * kH + 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * kAmPRow +
-                                          2 * (kk + 8 * (lane / 16)));
-#pragma unroll
-        for (int np = 0; np < nts / 2; ++np) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, ks + (kk + (lane % 8) + 8 * ((lane / 8) % 2)) * rowb + 2 * (d0 + 16 * np + 8 * (lane / 16)));
-#pragma unroll
-          for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-            for (int term = 0; term < 3; ++term) {
-              mma_bf16_m16n8k16(acc[mt][2 * np], pa[term][mt], vb[0], vb[1]);
-              mma_bf16_m16n8k16(acc[mt][2 * np + 1], pa[term][mt], vb[2], vb[3]);
-            }
-        }
-      }
-    }
+    pv_of(ks);
   }
+  }  // (the chunk loop of the other forms)
   if (n <= a.mma_split) {
     // The token's only split: attention_combine_kernel's arithmetic for one split, here (no scratch,
     // and the combine skips the token). Per head ws = exp(m - M) and denom = exp(sink - M) + ws l,
@@ -1874,9 +1954,10 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < nts; ++nt)
+      for (int nt = 0; nt < kNts; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+          if (nt >= 2 * my_np) break;
           const int head = 16 * mt + gid + 8 * h;
           const float ws = st_alpha[head], denom = logits[head];
           float v[2];
@@ -1894,7 +1975,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < nts; ++nt) {
+    for (int nt = 0; nt < kNts; ++nt) {
+      if (nt >= 2 * my_np) break;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int head = 16 * mt + gid + 8 * h;
@@ -2013,6 +2095,19 @@ size_t combine_smem(int64_t max_splits) {
 }
 }  // namespace
 
+// Whether the 16-head blocks from the bf16 copies run a chunk's logits beside the chunk before's
+// softmax and weighted sum: set_attention_overlap's choice where set (1 yes, -1 no), else yes unless
+// SPARROW_CUDA_DISABLE=attn_overlap. The same bits either way.
+namespace {
+std::atomic<int> g_attention_overlap{0};
+bool attention_overlap() {
+  if (const int n = g_attention_overlap.load(); n != 0) return n > 0;
+  static const bool on = cuda_feature_on("attn_overlap");
+  return on;
+}
+}  // namespace
+void set_attention_overlap(int n) { g_attention_overlap.store(n); }
+
 int64_t attn_mma_split_candidates() {
   static const int64_t per = cuda_env_int(
       "SPARROW_CUDA_ATTN_MMA_SPLIT", kAttnMmaSplitDefault,
@@ -2032,9 +2127,9 @@ void launch_attention(const AttentionArgs& args) {
     // The attribute is per kernel: the most any launch of it asks (records: at most 2 Dh bytes).
     static bool opted = false;
     if (!opted) {
-      const auto opt_in = [](auto kernel, int64_t Dh, int k, int64_t heads) {
+      const auto opt_in = [](auto kernel, int64_t Dh, int k, int64_t heads, bool overlap = false) {
         SPARROW_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(attention_mma_smem(Dh, k, 2 * Dh, heads))));
+                                                static_cast<int>(attention_mma_smem(Dh, k, 2 * Dh, heads, overlap))));
       };
       opt_in(attention_mma_kernel<128, kAmKeysF32>, 128, kAmKeysF32, 32);
       opt_in(attention_mma_kernel<256, kAmKeysF32>, 256, kAmKeysF32, 32);
@@ -2049,6 +2144,8 @@ void launch_attention(const AttentionArgs& args) {
       opt_in(attention_mma_kernel<512, kAmKeysF32, 16, 16>, 512, kAmKeysF32, 16);
       opt_in(attention_mma_kernel<256, kAmKeysBf16, 16, 16>, 256, kAmKeysBf16, 16);
       opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16>, 512, kAmKeysBf16, 16);
+      opt_in(attention_mma_kernel<256, kAmKeysBf16, 16, 16, true>, 256, kAmKeysBf16, 16, true);
+      opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16, true>, 512, kAmKeysBf16, 16, true);
       opt_in(attention_mma_kernel<256, kAmKeysRecord, 16, 16>, 256, kAmKeysRecord, 16);
       opt_in(attention_mma_kernel<512, kAmKeysRecord, 16, 16>, 512, kAmKeysRecord, 16);
       opted = true;
@@ -2060,17 +2157,25 @@ void launch_attention(const AttentionArgs& args) {
     // each chunk's softmax and weighted sum spread over twice the warps; the same bits (`attn_narrow`
     // off: 32 heads and 8 warps always).
     static const bool narrow_on = cuda_feature_on("attn_narrow");
+    // On those blocks from the bf16 copies, each chunk's logits beside the chunk before's softmax and
+    // weighted sum (attention_mma_kernel's kOverlap; the same bits): attention_overlap().
+    const bool overlap = keys == kAmKeysBf16 && attention_overlap();
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const bool narrow = a.Dh >= 256 && (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
                                                                   tp * (a.H / kAmHeads) * max_splits < sm_count()));
       const int heads = narrow ? 16 : kAmHeads;
-      const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads);
+      const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
       const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
       const auto run = [&](auto kernel, int warps) { launch(kernel, grid, 32 * warps, smem, a, t_base, max_splits); };
       const auto pick = [&](auto keys_c) {
         constexpr int k = decltype(keys_c)::value;
-        if (narrow) {
+        if (narrow && overlap) {
+          if constexpr (k == kAmKeysBf16) {
+            if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16, true>, 16);
+            else run(attention_mma_kernel<256, k, 16, 16, true>, 16);
+          }
+        } else if (narrow) {
           if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16>, 16);
           else run(attention_mma_kernel<256, k, 16, 16>, 16);
         } else {

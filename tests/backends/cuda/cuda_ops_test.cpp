@@ -1544,15 +1544,22 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             EXPECT_FALSE(cuda::last_attention_bf16_kv(*gpu)) << what;
             expect_same_bits(gpu->download_f32(converted), gpu->download_f32(og), what + ": bf16 copies vs converted");
             // 16 heads and 16 warps a block (Dh 512; Dh 128 stays at 32) or 32 heads and 8 warps:
-            // the same bits (the launch picks by the call's size).
-            for (int heads : {16, 32}) {
-              const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
-              cuda::set_attention_block_heads(*gpu, heads);
-              gpu->attention(params(forced, qg, vg, sel_g, bg));
-              cuda::set_attention_block_heads(*gpu, 0);
-              expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og),
-                               what + ": " + std::to_string(heads) + " heads a block");
-            }
+            // the same bits (the launch picks by the call's size). The 16-head blocks from the bf16
+            // copies with a chunk's logits beside the chunk before's softmax and weighted sum (the
+            // default) and without (cuda::set_attention_overlap(-1)).
+            for (int heads : {16, 32})
+              for (int overlap : {0, -1}) {
+                if (heads == 32 && overlap != 0) continue;
+                const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
+                cuda::set_attention_block_heads(*gpu, heads);
+                cuda::set_attention_overlap(overlap);
+                gpu->attention(params(forced, qg, vg, sel_g, bg));
+                cuda::set_attention_block_heads(*gpu, 0);
+                cuda::set_attention_overlap(0);
+                expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og),
+                                 what + ": " + std::to_string(heads) + " heads a block" +
+                                     (overlap < 0 ? ", the halves one after the other" : ""));
+              }
             // q's per-head norm and RoPE inside the attention (AttentionParams::q_rope: folded into
             // the kernel's staging of q) against the rms_norm and rope ops first: the same bits, with
             // and without bf16 roundings, at both block shapes. The rotated dims start mid-chunk of a
