@@ -1549,7 +1549,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * a.mma_split;
   if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
-    if (n == 0 && s == 0)
+    if (n == 0 && s == 0 && blockIdx.z == 0)
       for (int i = threadIdx.x; i < kH * kDh; i += kT) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
     return;
   }
@@ -1575,21 +1575,33 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     st_l[tid] = 0.0f;
   }
   // The weighted sum's dims: pairs of n8 tiles (16 dims), kPairs in all; my_np of them a warp from
-  // pair d0 / 16: Dh / (16 kWarps) each, or (kOverlap) spread over the kWarps - kLW warps after the
-  // logits warps, the first kPairs % (kWarps - kLW) of them one more (Dh 512: 8 x 3 + 4 x 2), and
-  // none on the logits warps. A dim's sums do not depend on the warp that makes them.
+  // pair d0 / 16, none on the logits warps (kOverlap). A dim's sums do not depend on the warp or the
+  // block that makes them.
   constexpr int kPairs = Dh / 16, kSW = kWarps - kLW;
   constexpr int kPairsMax = kOverlap ? (kPairs + kSW - 1) / kSW : kPairs / kWarps;
   constexpr int kNts = 2 * kPairsMax;  // n8 tiles a warp holds
+  // (16-head blocks) the block's slice of the dims (blockIdx.z of a.dim_slices, AttentionArgs): the
+  // weighted sum and the stores of pairs [slice kPairs / slices, + kPairs / slices) only; the
+  // logits and softmax are the whole token's in every slice's block (the same operations, so the
+  // same values), a dim's sums the same whichever block makes them.
+  const int slices = kH == 16 ? a.dim_slices : 1, slice = kH == 16 ? static_cast<int>(blockIdx.z) : 0;
+  const int slice_pairs = kPairs / slices;
+  // The pairs over the weighted sum's warps (all of them, or (kOverlap) the kWarps - kLW after the
+  // logits warps), the first slice_pairs % warps of them one more: with the whole of Dh,
+  // Dh / (16 kWarps) each, or (kOverlap, Dh 512) 8 x 3 + 4 x 2.
+  // (The 32-head forms keep the counts compile-time constants: a count known only at run time made
+  // ptxas spill their accumulators.)
+  const int sw = kOverlap ? warp - kLW : warp, nsw = kOverlap ? kSW : kWarps;
   int my_np = kPairs / kWarps, p0 = warp * (kPairs / kWarps);
+  if constexpr (kOverlap || kH == 16) {
+    my_np = sw < 0 ? 0 : slice_pairs / nsw + (sw < slice_pairs % nsw ? 1 : 0);
+    p0 = slice * slice_pairs + (sw < 0 ? 0 : sw * (slice_pairs / nsw) + (sw < slice_pairs % nsw ? sw : slice_pairs % nsw));
+  }
   // The softmax's heads: soft_nh from soft_hb a warp; (kOverlap) 16 heads on 12 warps, the first
   // four two each.
   int soft_hb = warp * (kH / kWarps), soft_nh = kH / kWarps;
   if constexpr (kOverlap) {
     static_assert(kH == 16 && kSW == 12, "16 heads on 12 warps");
-    const int sw = warp - kLW;
-    my_np = sw < 0 ? 0 : kPairs / kSW + (sw < kPairs % kSW ? 1 : 0);
-    p0 = sw < 0 ? 0 : sw * (kPairs / kSW) + (sw < kPairs % kSW ? sw : kPairs % kSW);
     soft_hb = sw < 4 ? 2 * sw : 4 + sw;
     soft_nh = sw < 4 ? 2 : 1;
   }
@@ -1775,6 +1787,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   // Weighted sum of the chunk whose keys are ks: this warp's accumulators (my_np pairs of n8 tiles
   // from dim d0) rescaled to the new max, then + p V for the chunk (the terms small to large).
   const auto pv_of = [&](const uint8_t* ks) {
+    if constexpr (kOverlap || kH == 16)
+      if (my_np == 0) return;  // (a warp without dims in this block's slice)
     float al[kMt][2];
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
@@ -1984,7 +1998,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
         *reinterpret_cast<float2*>(out) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
     }
-  if (tid < kH) {
+  if (tid < kH && slice == 0) {  // (every slice's block has the same stats)
     float* out = a.split_scratch + ((th0 + tid) * max_splits + s) * (a.Dh + 2);
     out[a.Dh] = st_m[tid];
     out[a.Dh + 1] = st_l[tid];
@@ -2108,6 +2122,27 @@ bool attention_overlap() {
 }  // namespace
 void set_attention_overlap(int n) { g_attention_overlap.store(n); }
 
+// The dim slices of a call's 16-head blocks (AttentionArgs::dim_slices): set_attention_dim_slices's
+// where set, else 1 with SPARROW_CUDA_DISABLE=attn_dims, else the most of 4 and 2 that keeps the
+// call's blocks within the SMs (a decode batch leaves most of them idle: at batch 1 a token's 4
+// blocks walk its chunks on 4 SMs), else 1. The same bits any way.
+namespace {
+std::atomic<int> g_attention_dim_slices{0}, g_last_attention_dim_slices{0};
+int attention_dim_slices(int64_t blocks) {
+  if (const int n = g_attention_dim_slices.load(); n != 0) return n;
+  static const bool on = cuda_feature_on("attn_dims");
+  if (!on) return 1;
+  for (int n : {4, 2})
+    if (n * blocks <= sm_count()) return n;
+  return 1;
+}
+}  // namespace
+void set_attention_dim_slices(int n) {
+  SPARROW_CHECK(n == 0 || n == 1 || n == 2 || n == 4);
+  g_attention_dim_slices.store(n);
+}
+int last_attention_dim_slices() { return g_last_attention_dim_slices.load(); }
+
 int64_t attn_mma_split_candidates() {
   static const int64_t per = cuda_env_int(
       "SPARROW_CUDA_ATTN_MMA_SPLIT", kAttnMmaSplitDefault,
@@ -2166,7 +2201,10 @@ void launch_attention(const AttentionArgs& args) {
                                                                   tp * (a.H / kAmHeads) * max_splits < sm_count()));
       const int heads = narrow ? 16 : kAmHeads;
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
-      const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
+      a.dim_slices = narrow ? attention_dim_slices(tp * (a.H / heads) * max_splits) : 1;
+      g_last_attention_dim_slices.store(a.dim_slices);
+      const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits),
+                      static_cast<unsigned>(a.dim_slices));
       const auto run = [&](auto kernel, int warps) { launch(kernel, grid, 32 * warps, smem, a, t_base, max_splits); };
       const auto pick = [&](auto keys_c) {
         constexpr int k = decltype(keys_c)::value;

@@ -1547,19 +1547,34 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             // the same bits (the launch picks by the call's size). The 16-head blocks from the bf16
             // copies with a chunk's logits beside the chunk before's softmax and weighted sum (the
             // default) and without (cuda::set_attention_overlap(-1)).
+            // Each (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
+            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits.
             for (int heads : {16, 32})
-              for (int overlap : {0, -1}) {
-                if (heads == 32 && overlap != 0) continue;
-                const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
-                cuda::set_attention_block_heads(*gpu, heads);
-                cuda::set_attention_overlap(overlap);
-                gpu->attention(params(forced, qg, vg, sel_g, bg));
-                cuda::set_attention_block_heads(*gpu, 0);
-                cuda::set_attention_overlap(0);
-                expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og),
-                                 what + ": " + std::to_string(heads) + " heads a block" +
-                                     (overlap < 0 ? ", the halves one after the other" : ""));
-              }
+              for (int overlap : {0, -1})
+                for (int slices : {0, 1, 2, 4}) {
+                  if (heads == 32 && (overlap != 0 || slices != 0)) continue;
+                  const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
+                  cuda::set_attention_block_heads(*gpu, heads);
+                  cuda::set_attention_overlap(overlap);
+                  cuda::set_attention_dim_slices(slices);
+                  gpu->attention(params(forced, qg, vg, sel_g, bg));
+                  const int ran = cuda::last_attention_dim_slices();
+                  cuda::set_attention_block_heads(*gpu, 0);
+                  cuda::set_attention_overlap(0);
+                  cuda::set_attention_dim_slices(0);
+                  const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
+                                           (overlap < 0 ? ", the halves one after the other" : "") + ", dim slices " +
+                                           std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
+                  // (Dh 128 stays on 32-head blocks, one slice.)
+                  const bool narrow = heads == 16 && Dh >= 256;
+                  if (slices != 0) EXPECT_EQ(ran, narrow ? slices : 1) << form;
+                  // (A token has at most 2 splits here: where twice its blocks fit in the SMs, the
+                  // size's choice is more than one slice, with attn_dims on.)
+                  if (slices == 0 && narrow && cuda::cuda_feature_on("attn_dims") &&
+                      2 * T * (H / 16) * 2 <= cuda::sm_count())
+                    EXPECT_GT(ran, 1) << form;
+                  expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og), form);
+                }
             // q's per-head norm and RoPE inside the attention (AttentionParams::q_rope: folded into
             // the kernel's staging of q) against the rms_norm and rope ops first: the same bits, with
             // and without bf16 roundings, at both block shapes. The rotated dims start mid-chunk of a
@@ -1697,15 +1712,20 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
                                  std::to_string(n1) + ")";
         EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what;
         out[side] = gpu->download_f32(o);
-        for (int heads : {16, 32}) {  // either block shape: the same bits
-          cuda::set_attention_block_heads(*gpu, heads);
-          gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
-                          .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
-                          .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
-                          .round_bf16 = true, .bf16_operands = true, .kv_record = true});
-          cuda::set_attention_block_heads(*gpu, 0);
-          expect_same_bits(gpu->download_f32(o), out[side], what + ", " + std::to_string(heads) + " heads a block");
-        }
+        for (int heads : {16, 32})  // either block shape, 16 heads on 1, 2 or 4 blocks: the same bits
+          for (int slices : {1, 2, 4}) {
+            if (heads == 32 && slices != 1) continue;
+            cuda::set_attention_block_heads(*gpu, heads);
+            cuda::set_attention_dim_slices(slices);
+            gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
+                            .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
+                            .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
+                            .round_bf16 = true, .bf16_operands = true, .kv_record = true});
+            cuda::set_attention_block_heads(*gpu, 0);
+            cuda::set_attention_dim_slices(0);
+            expect_same_bits(gpu->download_f32(o), out[side],
+                             what + ", " + std::to_string(heads) + " heads a block, dim slices " + std::to_string(slices));
+          }
         gpu->window_append({.kv = v, .batch = &b, .layer = 0, .kv_record = true});
         for (int s = 0; s < 2; ++s) {
           EXPECT_EQ(cuda::state_keeps_records(*(records ? rec : val)[s], 0), records) << what << " seq " << s;
