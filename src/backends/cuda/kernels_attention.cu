@@ -8,6 +8,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "backends/cuda/attn_layout.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
 #include "core/check.h"
@@ -1585,18 +1586,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   // logits and softmax are the whole token's in every slice's block (the same operations, so the
   // same values), a dim's sums the same whichever block makes them.
   const int slices = kH == 16 ? a.dim_slices : 1, slice = kH == 16 ? static_cast<int>(blockIdx.z) : 0;
-  const int slice_pairs = kPairs / slices;
-  // The pairs over the weighted sum's warps (all of them, or (kOverlap) the kWarps - kLW after the
-  // logits warps), the first slice_pairs % warps of them one more: with the whole of Dh,
-  // Dh / (16 kWarps) each, or (kOverlap, Dh 512) 8 x 3 + 4 x 2.
+  // The slice's pairs over the weighted sum's warps (all of them, or (kOverlap) the kWarps - kLW
+  // after the logits warps), attention_pv_pairs: with the whole of Dh, Dh / (16 kWarps) each, or
+  // (kOverlap, Dh 512) 8 x 3 + 4 x 2.
   // (The 32-head forms keep the counts compile-time constants: a count known only at run time made
   // ptxas spill their accumulators.)
   const int sw = kOverlap ? warp - kLW : warp, nsw = kOverlap ? kSW : kWarps;
   int my_np = kPairs / kWarps, p0 = warp * (kPairs / kWarps);
-  if constexpr (kOverlap || kH == 16) {
-    my_np = sw < 0 ? 0 : slice_pairs / nsw + (sw < slice_pairs % nsw ? 1 : 0);
-    p0 = slice * slice_pairs + (sw < 0 ? 0 : sw * (slice_pairs / nsw) + (sw < slice_pairs % nsw ? sw : slice_pairs % nsw));
-  }
+  if constexpr (kOverlap || kH == 16) attention_pv_pairs(kPairs, slices, slice, sw, nsw, p0, my_np);
   // The softmax's heads: soft_nh from soft_hb a warp; (kOverlap) 16 heads on 12 warps, the first
   // four two each.
   int soft_hb = warp * (kH / kWarps), soft_nh = kH / kWarps;
@@ -2131,10 +2128,7 @@ std::atomic<int> g_attention_dim_slices{0}, g_last_attention_dim_slices{0};
 int attention_dim_slices(int64_t blocks) {
   if (const int n = g_attention_dim_slices.load(); n != 0) return n;
   static const bool on = cuda_feature_on("attn_dims");
-  if (!on) return 1;
-  for (int n : {4, 2})
-    if (n * blocks <= sm_count()) return n;
-  return 1;
+  return on ? attention_dim_slices_for(blocks, sm_count()) : 1;
 }
 }  // namespace
 void set_attention_dim_slices(int n) {
