@@ -198,7 +198,8 @@ void set_attention_overlap(int n);
 // logits and softmax and the weighted sum of a slice of Dh: 1, 2 or 4; 0 (the default) the most of
 // 4 and 2 that keeps the call's blocks within the SMs, or 1 with SPARROW_CUDA_DISABLE=attn_dims.
 // The same bits any way. Process-wide; defined with the kernels. last_attention_dim_slices: the
-// last call's (1 where it ran 32-head blocks).
+// last tensor-core attention launch's, in any backend (1 where it ran 32-head blocks; not updated
+// by the kernels without blocks of heads: check last_attention_tensor_cores first).
 void set_attention_dim_slices(int n);
 int last_attention_dim_slices();
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight

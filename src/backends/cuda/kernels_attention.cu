@@ -1403,7 +1403,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // (hi = bf16(p), mid = bf16(p - hi), lo = bf16(p - hi - mid): 24 significant bits), each multiplied
 // with the keys on the tensor cores. Only the order of the fp32 sums differs from the CPU.
 //
-// grid (tokens of the pass * H / 32, splits), block 8 warps: 32 heads of one token over one split
+// grid (tokens of the pass * H / 32, splits, 1), block 8 warps: 32 heads of one token over one split
 // of a.mma_split candidates (a multiple of 32), taken in chunks of 32 (flash-attention's online softmax
 // across the chunks). Shared memory: q [32 heads, Dh] and the chunk's keys [32, Dh] as bf16 (rows
 // padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
@@ -1418,7 +1418,9 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // A split depends only on the token's own candidates: batch invariant. The 16-head blocks from the
 // bf16 copies (kOverlap, `attn_overlap`) run the phases in two halves side by side: chunk i + 1's
 // logits (and chunk i + 3's copies) on warps 0-3 while warps 4-15 take chunk i's softmax and
-// weighted sum; the same operations a head, candidate and dim, so the same bits.
+// weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
+// of a call that leaves SMs idle come dim_slices (2 or 4) to a (token, heads, split): grid z the
+// slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
@@ -1581,11 +1583,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   constexpr int kPairs = Dh / 16, kSW = kWarps - kLW;
   constexpr int kPairsMax = kOverlap ? (kPairs + kSW - 1) / kSW : kPairs / kWarps;
   constexpr int kNts = 2 * kPairsMax;  // n8 tiles a warp holds
-  // (16-head blocks) the block's slice of the dims (blockIdx.z of a.dim_slices, AttentionArgs): the
+  // (16-head blocks) the block's slice of the dims (blockIdx.z of gridDim.z = a.dim_slices): the
   // weighted sum and the stores of pairs [slice kPairs / slices, + kPairs / slices) only; the
   // logits and softmax are the whole token's in every slice's block (the same operations, so the
   // same values), a dim's sums the same whichever block makes them.
-  const int slices = kH == 16 ? a.dim_slices : 1, slice = kH == 16 ? static_cast<int>(blockIdx.z) : 0;
+  const int slices = kH == 16 ? static_cast<int>(gridDim.z) : 1, slice = kH == 16 ? static_cast<int>(blockIdx.z) : 0;
   // The slice's pairs over the weighted sum's warps (all of them, or (kOverlap) the kWarps - kLW
   // after the logits warps), attention_pv_pairs: with the whole of Dh, Dh / (16 kWarps) each, or
   // (kOverlap, Dh 512) 8 x 3 + 4 x 2.
