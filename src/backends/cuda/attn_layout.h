@@ -14,7 +14,7 @@
 namespace sparrow::cuda {
 
 // The weighted sum's dims come in pairs of n8 tiles (16 dims; `pairs` = Dh / 16 in all). A block of
-// slice `slice` of `slices` (AttentionArgs::dim_slices) makes pairs [slice pairs / slices, + pairs /
+// slice `slice` of `slices` (the grid's z) makes pairs [slice pairs / slices, + pairs /
 // slices); its `warps` weighted-sum warps take them in order, `count` each from `first`, the first
 // (pairs / slices) % warps of them one more. REQUIRES pairs % slices == 0, 0 <= slice < slices;
 // warp_index < 0 (a warp that makes no weighted sum) gets none.

@@ -119,7 +119,7 @@ struct DevView {
 // blocks from the bf16 copies make a chunk's logits on 4 warps beside the chunk before's softmax and
 // weighted sum on the other 12; off: the three phases one after the other on every warp, the same
 // bits), "attn_dims" (a call of few 16-head blocks spread over 2 or 4 times the blocks, each with the
-// whole logits and softmax and a slice of the weighted sum's dims, AttentionArgs::dim_slices; off:
+// whole logits and softmax and a slice of the weighted sum's dims, the grid's z; off:
 // one block a (token, 16 heads, split), the same bits) and "alloc_nofill" (tensors left unfilled at
 // allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
@@ -762,10 +762,6 @@ struct AttentionArgs {
   // With mma: heads a block, 16 (Dh 256 or 512) or 32, or 0 to choose by the call's size; the same
   // bits either way (tests force each).
   int block_heads = 0;
-  // With mma on 16-head blocks: the blocks a (token, 16 heads, split) takes, 1, 2 or 4, each making
-  // the whole logits and softmax and the weighted sum of its slice of Dh (blockIdx.z); set by
-  // launch_attention (attention_dim_slices). The same bits any way.
-  int dim_slices = 1;
   bool round_bf16 = false;  // out stored rounded to bf16
   int64_t mma_split = kAttnMmaSplitDefault;  // set by launch_attention: attn_mma_split_candidates()
   // With mma: q holds the heads' projections, normalised and rotated as the kernel stages them

@@ -1419,7 +1419,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // bf16 copies (kOverlap, `attn_overlap`) run the phases in two halves side by side: chunk i + 1's
 // logits (and chunk i + 3's copies) on warps 0-3 while warps 4-15 take chunk i's softmax and
 // weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
-// of a call that leaves SMs idle come dim_slices (2 or 4) to a (token, heads, split): grid z the
+// of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
 // slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
@@ -1583,7 +1583,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   constexpr int kPairs = Dh / 16, kSW = kWarps - kLW;
   constexpr int kPairsMax = kOverlap ? (kPairs + kSW - 1) / kSW : kPairs / kWarps;
   constexpr int kNts = 2 * kPairsMax;  // n8 tiles a warp holds
-  // (16-head blocks) the block's slice of the dims (blockIdx.z of gridDim.z = a.dim_slices): the
+  // (16-head blocks) the block's slice of the dims (blockIdx.z of gridDim.z, attention_dim_slices): the
   // weighted sum and the stores of pairs [slice kPairs / slices, + kPairs / slices) only; the
   // logits and softmax are the whole token's in every slice's block (the same operations, so the
   // same values), a dim's sums the same whichever block makes them.
@@ -2197,10 +2197,11 @@ void launch_attention(const AttentionArgs& args) {
                                                                   tp * (a.H / kAmHeads) * max_splits < sm_count()));
       const int heads = narrow ? 16 : kAmHeads;
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
-      a.dim_slices = narrow ? attention_dim_slices(tp * (a.H / heads) * max_splits) : 1;
-      g_last_attention_dim_slices.store(a.dim_slices);
+      // The dim slices of a 16-head block (grid z; the kernel reads gridDim.z).
+      const int slices = narrow ? attention_dim_slices(tp * (a.H / heads) * max_splits) : 1;
+      g_last_attention_dim_slices.store(slices);
       const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits),
-                      static_cast<unsigned>(a.dim_slices));
+                      static_cast<unsigned>(slices));
       const auto run = [&](auto kernel, int warps) { launch(kernel, grid, 32 * warps, smem, a, t_base, max_splits); };
       const auto pick = [&](auto keys_c) {
         constexpr int k = decltype(keys_c)::value;
