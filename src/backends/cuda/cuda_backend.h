@@ -194,6 +194,14 @@ void set_decode_quarter_blocks(int n);
 // (the default) yes unless SPARROW_CUDA_DISABLE=attn_overlap. The same bits either way.
 // Process-wide; defined with the kernels.
 void set_attention_overlap(int n);
+// The blocks a (token, 16 heads, split) of the tensor-core attention takes, each making the whole
+// logits and softmax and the weighted sum of a slice of Dh: 1, 2 or 4; 0 (the default) the most of
+// 4 and 2 that keeps the call's blocks within the SMs, or 1 with SPARROW_CUDA_DISABLE=attn_dims.
+// The same bits any way. Process-wide; defined with the kernels. last_attention_dim_slices: the
+// last tensor-core attention launch's, in any backend (1 where it ran 32-head blocks; not updated
+// by the kernels without blocks of heads: check last_attention_tensor_cores first).
+void set_attention_dim_slices(int n);
+int last_attention_dim_slices();
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
 // SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,

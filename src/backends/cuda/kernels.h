@@ -118,7 +118,9 @@ struct DevView {
 // kernel and its rows and spans, the same bits), "attn_overlap" (the tensor-core attention's 16-head
 // blocks from the bf16 copies make a chunk's logits on 4 warps beside the chunk before's softmax and
 // weighted sum on the other 12; off: the three phases one after the other on every warp, the same
-// bits) and "alloc_nofill" (tensors left unfilled at
+// bits), "attn_dims" (a call of few 16-head blocks spread over 2 or 4 times the blocks, each with the
+// whole logits and softmax and a slice of the weighted sum's dims, the grid's z; off:
+// one block a (token, 16 heads, split), the same bits) and "alloc_nofill" (tensors left unfilled at
 // allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under

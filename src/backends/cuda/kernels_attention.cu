@@ -8,6 +8,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "backends/cuda/attn_layout.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
 #include "core/check.h"
@@ -1402,7 +1403,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // (hi = bf16(p), mid = bf16(p - hi), lo = bf16(p - hi - mid): 24 significant bits), each multiplied
 // with the keys on the tensor cores. Only the order of the fp32 sums differs from the CPU.
 //
-// grid (tokens of the pass * H / 32, splits), block 8 warps: 32 heads of one token over one split
+// grid (tokens of the pass * H / 32, splits, 1), block 8 warps: 32 heads of one token over one split
 // of a.mma_split candidates (a multiple of 32), taken in chunks of 32 (flash-attention's online softmax
 // across the chunks). Shared memory: q [32 heads, Dh] and the chunk's keys [32, Dh] as bf16 (rows
 // padded by 16 bytes: ldmatrix's 8 row addresses hit distinct banks), the logits [32, 33], the
@@ -1417,7 +1418,9 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // A split depends only on the token's own candidates: batch invariant. The 16-head blocks from the
 // bf16 copies (kOverlap, `attn_overlap`) run the phases in two halves side by side: chunk i + 1's
 // logits (and chunk i + 3's copies) on warps 0-3 while warps 4-15 take chunk i's softmax and
-// weighted sum; the same operations a head, candidate and dim, so the same bits.
+// weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
+// of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
+// slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
@@ -1549,7 +1552,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * a.mma_split;
   if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
-    if (n == 0 && s == 0)
+    if (n == 0 && s == 0 && blockIdx.z == 0)
       for (int i = threadIdx.x; i < kH * kDh; i += kT) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
     return;
   }
@@ -1575,21 +1578,29 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     st_l[tid] = 0.0f;
   }
   // The weighted sum's dims: pairs of n8 tiles (16 dims), kPairs in all; my_np of them a warp from
-  // pair d0 / 16: Dh / (16 kWarps) each, or (kOverlap) spread over the kWarps - kLW warps after the
-  // logits warps, the first kPairs % (kWarps - kLW) of them one more (Dh 512: 8 x 3 + 4 x 2), and
-  // none on the logits warps. A dim's sums do not depend on the warp that makes them.
+  // pair d0 / 16, none on the logits warps (kOverlap). A dim's sums do not depend on the warp or the
+  // block that makes them.
   constexpr int kPairs = Dh / 16, kSW = kWarps - kLW;
   constexpr int kPairsMax = kOverlap ? (kPairs + kSW - 1) / kSW : kPairs / kWarps;
   constexpr int kNts = 2 * kPairsMax;  // n8 tiles a warp holds
+  // (16-head blocks) the block's slice of the dims (blockIdx.z of gridDim.z, attention_dim_slices): the
+  // weighted sum and the stores of pairs [slice kPairs / slices, + kPairs / slices) only; the
+  // logits and softmax are the whole token's in every slice's block (the same operations, so the
+  // same values), a dim's sums the same whichever block makes them.
+  const int slices = kH == 16 ? static_cast<int>(gridDim.z) : 1, slice = kH == 16 ? static_cast<int>(blockIdx.z) : 0;
+  // The slice's pairs over the weighted sum's warps (all of them, or (kOverlap) the kWarps - kLW
+  // after the logits warps), attention_pv_pairs: with the whole of Dh, Dh / (16 kWarps) each, or
+  // (kOverlap, Dh 512) 8 x 3 + 4 x 2.
+  // (The 32-head forms keep the counts compile-time constants: a count known only at run time made
+  // ptxas spill their accumulators.)
+  const int sw = kOverlap ? warp - kLW : warp, nsw = kOverlap ? kSW : kWarps;
   int my_np = kPairs / kWarps, p0 = warp * (kPairs / kWarps);
+  if constexpr (kOverlap || kH == 16) attention_pv_pairs(kPairs, slices, slice, sw, nsw, p0, my_np);
   // The softmax's heads: soft_nh from soft_hb a warp; (kOverlap) 16 heads on 12 warps, the first
   // four two each.
   int soft_hb = warp * (kH / kWarps), soft_nh = kH / kWarps;
   if constexpr (kOverlap) {
     static_assert(kH == 16 && kSW == 12, "16 heads on 12 warps");
-    const int sw = warp - kLW;
-    my_np = sw < 0 ? 0 : kPairs / kSW + (sw < kPairs % kSW ? 1 : 0);
-    p0 = sw < 0 ? 0 : sw * (kPairs / kSW) + (sw < kPairs % kSW ? sw : kPairs % kSW);
     soft_hb = sw < 4 ? 2 * sw : 4 + sw;
     soft_nh = sw < 4 ? 2 : 1;
   }
@@ -1775,6 +1786,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   // Weighted sum of the chunk whose keys are ks: this warp's accumulators (my_np pairs of n8 tiles
   // from dim d0) rescaled to the new max, then + p V for the chunk (the terms small to large).
   const auto pv_of = [&](const uint8_t* ks) {
+    if constexpr (kOverlap || kH == 16)
+      if (my_np == 0) return;  // (a warp without dims in this block's slice)
     float al[kMt][2];
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
@@ -1984,7 +1997,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
         *reinterpret_cast<float2*>(out) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
     }
-  if (tid < kH) {
+  if (tid < kH && slice == 0) {  // (every slice's block has the same stats)
     float* out = a.split_scratch + ((th0 + tid) * max_splits + s) * (a.Dh + 2);
     out[a.Dh] = st_m[tid];
     out[a.Dh + 1] = st_l[tid];
@@ -2108,6 +2121,24 @@ bool attention_overlap() {
 }  // namespace
 void set_attention_overlap(int n) { g_attention_overlap.store(n); }
 
+// The dim slices of a call's 16-head blocks (AttentionArgs::dim_slices): set_attention_dim_slices's
+// where set, else 1 with SPARROW_CUDA_DISABLE=attn_dims, else the most of 4 and 2 that keeps the
+// call's blocks within the SMs (a decode batch leaves most of them idle: at batch 1 a token's 4
+// blocks walk its chunks on 4 SMs), else 1. The same bits any way.
+namespace {
+std::atomic<int> g_attention_dim_slices{0}, g_last_attention_dim_slices{0};
+int attention_dim_slices(int64_t blocks) {
+  if (const int n = g_attention_dim_slices.load(); n != 0) return n;
+  static const bool on = cuda_feature_on("attn_dims");
+  return on ? attention_dim_slices_for(blocks, sm_count()) : 1;
+}
+}  // namespace
+void set_attention_dim_slices(int n) {
+  SPARROW_CHECK(n == 0 || n == 1 || n == 2 || n == 4);
+  g_attention_dim_slices.store(n);
+}
+int last_attention_dim_slices() { return g_last_attention_dim_slices.load(); }
+
 int64_t attn_mma_split_candidates() {
   static const int64_t per = cuda_env_int(
       "SPARROW_CUDA_ATTN_MMA_SPLIT", kAttnMmaSplitDefault,
@@ -2166,7 +2197,11 @@ void launch_attention(const AttentionArgs& args) {
                                                                   tp * (a.H / kAmHeads) * max_splits < sm_count()));
       const int heads = narrow ? 16 : kAmHeads;
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
-      const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits));
+      // The dim slices of a 16-head block (grid z; the kernel reads gridDim.z).
+      const int slices = narrow ? attention_dim_slices(tp * (a.H / heads) * max_splits) : 1;
+      g_last_attention_dim_slices.store(slices);
+      const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits),
+                      static_cast<unsigned>(slices));
       const auto run = [&](auto kernel, int warps) { launch(kernel, grid, 32 * warps, smem, a, t_base, max_splits); };
       const auto pick = [&](auto keys_c) {
         constexpr int k = decltype(keys_c)::value;

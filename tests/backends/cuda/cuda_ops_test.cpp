@@ -19,6 +19,7 @@
 #include <random>
 
 #include "backends/cpu/cpu_state.h"
+#include "backends/cuda/attn_layout.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/fp4_layout.h"
 #include "backends/cuda/tile_raster.h"
@@ -1547,19 +1548,40 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             // the same bits (the launch picks by the call's size). The 16-head blocks from the bf16
             // copies with a chunk's logits beside the chunk before's softmax and weighted sum (the
             // default) and without (cuda::set_attention_overlap(-1)).
+            // Each (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
+            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits.
             for (int heads : {16, 32})
-              for (int overlap : {0, -1}) {
-                if (heads == 32 && overlap != 0) continue;
-                const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
-                cuda::set_attention_block_heads(*gpu, heads);
-                cuda::set_attention_overlap(overlap);
-                gpu->attention(params(forced, qg, vg, sel_g, bg));
-                cuda::set_attention_block_heads(*gpu, 0);
-                cuda::set_attention_overlap(0);
-                expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og),
-                                 what + ": " + std::to_string(heads) + " heads a block" +
-                                     (overlap < 0 ? ", the halves one after the other" : ""));
-              }
+              for (int overlap : {0, -1})
+                for (int slices : {0, 1, 2, 4}) {
+                  if (heads == 32 && (overlap != 0 || slices != 0)) continue;
+                  const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
+                  cuda::set_attention_block_heads(*gpu, heads);
+                  cuda::set_attention_overlap(overlap);
+                  cuda::set_attention_dim_slices(slices);
+                  gpu->attention(params(forced, qg, vg, sel_g, bg));
+                  // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
+                  const int ran = cuda::last_attention_tensor_cores(*gpu) ? cuda::last_attention_dim_slices() : 1;
+                  cuda::set_attention_block_heads(*gpu, 0);
+                  cuda::set_attention_overlap(0);
+                  cuda::set_attention_dim_slices(0);
+                  const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
+                                           (overlap < 0 ? ", the halves one after the other" : "") + ", dim slices " +
+                                           std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
+                  // (Dh 128 stays on 32-head blocks, one slice.)
+                  const bool narrow = heads == 16 && Dh >= 256 && cuda::last_attention_tensor_cores(*gpu);
+                  if (slices != 0) {
+                    EXPECT_EQ(ran, narrow ? slices : 1) << form;
+                  }
+                  // (A checked token has at most 670 candidates, so at most this many splits at the
+                  // process's split size (gpu-check runs these tests at 128 too): where twice the
+                  // blocks fit in the SMs, the size's choice is more than one slice, with attn_dims on.)
+                  const int64_t most_splits = (670 + cuda::attn_mma_split_candidates() - 1) / cuda::attn_mma_split_candidates();
+                  if (slices == 0 && narrow && cuda::cuda_feature_on("attn_dims") &&
+                      2 * T * (H / 16) * most_splits <= cuda::sm_count()) {
+                    EXPECT_GT(ran, 1) << form;
+                  }
+                  expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og), form);
+                }
             // q's per-head norm and RoPE inside the attention (AttentionParams::q_rope: folded into
             // the kernel's staging of q) against the rms_norm and rope ops first: the same bits, with
             // and without bf16 roundings, at both block shapes. The rotated dims start mid-chunk of a
@@ -1697,15 +1719,20 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
                                  std::to_string(n1) + ")";
         EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what;
         out[side] = gpu->download_f32(o);
-        for (int heads : {16, 32}) {  // either block shape: the same bits
-          cuda::set_attention_block_heads(*gpu, heads);
-          gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
-                          .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
-                          .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
-                          .round_bf16 = true, .bf16_operands = true, .kv_record = true});
-          cuda::set_attention_block_heads(*gpu, 0);
-          expect_same_bits(gpu->download_f32(o), out[side], what + ", " + std::to_string(heads) + " heads a block");
-        }
+        for (int heads : {16, 32})  // either block shape, 16 heads on 1, 2 or 4 blocks: the same bits
+          for (int slices : {1, 2, 4}) {
+            if (heads == 32 && slices != 1) continue;
+            cuda::set_attention_block_heads(*gpu, heads);
+            cuda::set_attention_dim_slices(slices);
+            gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
+                            .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
+                            .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
+                            .round_bf16 = true, .bf16_operands = true, .kv_record = true});
+            cuda::set_attention_block_heads(*gpu, 0);
+            cuda::set_attention_dim_slices(0);
+            expect_same_bits(gpu->download_f32(o), out[side],
+                             what + ", " + std::to_string(heads) + " heads a block, dim slices " + std::to_string(slices));
+          }
         gpu->window_append({.kv = v, .batch = &b, .layer = 0, .kv_record = true});
         for (int s = 0; s < 2; ++s) {
           EXPECT_EQ(cuda::state_keeps_records(*(records ? rec : val)[s], 0), records) << what << " seq " << s;
@@ -3005,6 +3032,64 @@ TEST(CudaFp4Layout, TiledOrderIsAPermutationWithEachBlocksGroupInOnePiece) {
   EXPECT_FALSE(cuda::fp4_tiles(96, 64));
   EXPECT_FALSE(cuda::fp4_tiles(64, 48));
   EXPECT_FALSE(cuda::fp4_tiles(0, 64));
+}
+
+// The tensor-core attention's weighted sum shared out (attn_layout.h), on the host: for every form
+// (Dh 128 / 256 / 512 as pairs of n8 tiles; 8 or 16 weighted-sum warps, or the overlapped form's
+// 12) and 1, 2 or 4 dim slices, every pair made by exactly one (slice's block, warp), a slice's
+// pairs its own quarter or half in order, no warp holding more pairs than the form's accumulators
+// (the whole-Dh count rounded up), and a warp that makes no weighted sum (index -1) holding none.
+TEST(CudaAttnLayout, EveryDimPairOnceOverSlicesAndWarps) {
+  for (int pairs : {8, 16, 32})
+    for (int warps : {8, 12, 16})
+      for (int slices : {1, 2, 4}) {
+        const std::string what = std::to_string(pairs) + " pairs, " + std::to_string(warps) + " warps, " +
+                                 std::to_string(slices) + " slices";
+        const int most = (pairs + warps - 1) / warps;
+        std::vector<int> seen(static_cast<size_t>(pairs), 0);
+        for (int slice = 0; slice < slices; ++slice) {
+          int first = -1, count = -1;
+          cuda::attention_pv_pairs(pairs, slices, slice, -1, warps, first, count);
+          EXPECT_EQ(count, 0) << what;
+          int next = slice * (pairs / slices);  // the warps' ranges follow each other
+          for (int w = 0; w < warps; ++w) {
+            cuda::attention_pv_pairs(pairs, slices, slice, w, warps, first, count);
+            ASSERT_GE(count, 0) << what;
+            ASSERT_LE(count, most) << what << " warp " << w;
+            if (count > 0) {
+              ASSERT_EQ(first, next) << what << " slice " << slice << " warp " << w;
+            }
+            next += count;
+            for (int p = first; p < first + count; ++p) {
+              ASSERT_GE(p, slice * (pairs / slices)) << what;
+              ASSERT_LT(p, (slice + 1) * (pairs / slices)) << what;
+              ++seen[static_cast<size_t>(p)];
+            }
+          }
+          EXPECT_EQ(next, (slice + 1) * (pairs / slices)) << what << " slice " << slice;
+        }
+        for (int p = 0; p < pairs; ++p) EXPECT_EQ(seen[static_cast<size_t>(p)], 1) << what << " pair " << p;
+      }
+  // The whole-Dh forms as the kernel had them: 16 warps at Dh 512 two pairs each, the overlapped
+  // form's 12 warps 8 x 3 + 4 x 2.
+  int first = 0, count = 0;
+  cuda::attention_pv_pairs(32, 1, 0, 5, 16, first, count);
+  EXPECT_EQ(first, 10);
+  EXPECT_EQ(count, 2);
+  cuda::attention_pv_pairs(32, 1, 0, 7, 12, first, count);
+  EXPECT_EQ(first, 21);
+  EXPECT_EQ(count, 3);
+  cuda::attention_pv_pairs(32, 1, 0, 8, 12, first, count);
+  EXPECT_EQ(first, 24);
+  EXPECT_EQ(count, 2);
+  // The launch's choice: 4 slices while 4 x the blocks fit in the SMs, then 2, then 1 (batch 1 on
+  // V4-Flash: 4 blocks of 16 heads, so 16 blocks on the H200's 132 SMs; batch 8: 32 -> 128).
+  EXPECT_EQ(cuda::attention_dim_slices_for(4, 132), 4);
+  EXPECT_EQ(cuda::attention_dim_slices_for(33, 132), 4);
+  EXPECT_EQ(cuda::attention_dim_slices_for(34, 132), 2);
+  EXPECT_EQ(cuda::attention_dim_slices_for(66, 132), 2);
+  EXPECT_EQ(cuda::attention_dim_slices_for(67, 132), 1);
+  EXPECT_EQ(cuda::attention_dim_slices_for(256, 132), 1);
 }
 
 // The TMA kernels' raster (tile_raster.h), on the host: every (token tile, weight tile) taken once
