@@ -2516,23 +2516,27 @@ void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
 
-void launch_grouped_w4a8(const GroupedW4A8Args& g) {
-  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
+PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
+  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return g.out;
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
       if (w4a8_decode_rows(g) == 16) launch_w4a8_decode<16>(g, w4a8_decode_span(g, z), z);
       else launch_w4a8_decode<8>(g, w4a8_decode_span(g, z), z);
-      if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
-      return;
+      if (z == 1) return g.out;
+      const int64_t count = (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
+      if (g.leave_parts) return PartsView(g.partial, count, kW4A8Warps, false);
+      add_quarters(g.out, g.partial, count);
+      return g.out;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
     GroupedW4A8Args a = g;
     a.cols_fast = w4a8_cols_fast(g.max_tiles);
-    if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
-    return launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
+    if (g.wgmma_warpgroups == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
+    else launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
+    return g.out;
   }
   if (g.tiled) {
     static const bool smem_set = [] {
@@ -2557,6 +2561,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
       launch(grouped_w4a8_kernel<2>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
              small_smem_bytes<2>(), g);
   }
+  return g.out;
 }
 
 namespace {
@@ -2693,20 +2698,21 @@ bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N) {
   return rows <= kTiledRows || tma_split_pays(fp8_tma_tiles(rows, N), kW4A8Warps);
 }
 
-void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
-  if (g.rows_total == 0 || g.N == 0) return;
+PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
+  if (g.rows_total == 0 || g.N == 0) return g.out;
   if (g.rows_total <= kTiledRows) {
     const int64_t items = (g.rows_total + 7) / 8;
     const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
     launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    if (z > 1 && g.leave_parts) return PartsView(g.partial, g.rows_total * g.N, kW4A8Warps, g.round_bf16);
     if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
     else if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
-    return;
+    return g.out;
   }
   static const bool tma = cuda_feature_on("fp8_tma");
   if (tma) {
     const char* why = launch_fp8_tma(g);
-    if (why == nullptr) return;  // (rounded there)
+    if (why == nullptr) return g.out;  // (rounded there)
     // The fallback gives the same bits at a third of the speed: said once, so that it is not silent.
     static std::once_flag said;
     std::call_once(said, [why] {
@@ -2715,6 +2721,7 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   }
   launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
   if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
+  return g.out;
 }
 
 namespace {
@@ -2730,8 +2737,9 @@ void launch_bf16_decode_form(dim3 grid, const Bf16LinearArgs& c) {
   launch(bf16_linear_decode_kernel<kF32X, kFp8W>, grid, kWgThreads, bf16_dec_smem_bytes<kF32X, kFp8W>(), c);
 }
 
-// The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its quarters then added.
-void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
+// The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its parts then added, or
+// (a.leave_parts) left in a.partial: the view returned.
+PartsView launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   Bf16LinearArgs c = a;
   if (a.x_f32 != nullptr) c.x_f32 = a.x_f32 + r0 * a.x_ld;
   else c.x = a.x + r0 * a.x_ld;
@@ -2743,7 +2751,9 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   else if (f32x) launch_bf16_decode_form<true, false>(grid, c);
   else if (fp8w) launch_bf16_decode_form<false, true>(grid, c);
   else launch_bf16_decode_form<false, false>(grid, c);
+  if (a.leave_parts) return PartsView(a.partial, n * a.N, parts, a.round_bf16);
   add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts, a.round_bf16);
+  return a.out + r0 * a.N;
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).
@@ -2791,19 +2801,23 @@ int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N) {
 
 bool bf16_wgmma_reads_f32(int64_t rows) { return rows <= kTiledRows; }
 
-void launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
-  if (a.rows == 0 || a.N == 0) return;
+PartsView launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
+  if (a.rows == 0 || a.N == 0) return a.out;
   if (a.rows <= kTiledRows) return launch_bf16_decode(a, 0, a.rows);
   SPARROW_CHECK(a.x != nullptr && a.w != nullptr && "the bf16 linears' TMA form reads bf16 inputs and weights");
   static const bool tma = cuda_feature_on("bf16_tma");
   const char* why = tma ? launch_bf16_tma(a) : "bf16_tma is off";
-  if (why == nullptr) return;
+  if (why == nullptr) return a.out;
   // The decode form in chunks of 64 rows: the same bits, far slower; said once.
   static std::once_flag said;
   std::call_once(said, [why] {
     std::fprintf(stderr, "sparrow: the bf16 linears' TMA kernel cannot run (%s); using the 8-row wgmma kernel\n", why);
   });
-  for (int64_t r0 = 0; r0 < a.rows; r0 += kTiledRows) launch_bf16_decode(a, r0, std::min<int64_t>(kTiledRows, a.rows - r0));
+  Bf16LinearArgs chunk = a;
+  chunk.leave_parts = false;  // (each chunk's parts summed before the next chunk writes them)
+  for (int64_t r0 = 0; r0 < a.rows; r0 += kTiledRows)
+    launch_bf16_decode(chunk, r0, std::min<int64_t>(kTiledRows, a.rows - r0));
+  return a.out;
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {
