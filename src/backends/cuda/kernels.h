@@ -420,10 +420,10 @@ struct GroupedW4A8Args {
   // (launch_fp8_wgmma_linear) the outputs rounded to bf16 (an op's round_bf16): in the quarters'
   // sum where one runs, else by launch_bf16_round after the kernel; the same values either way.
   bool round_bf16 = false;
-  // (decode wgmma kernel, either launcher) where its quarters run in separate blocks, leave them in
-  // `partial` for the output's reader (the returned PartsView, with the rounding), instead of adding
-  // them in a launch of their own: the caller's promise that only that view is read, before the
-  // next launch that writes `partial`. `out` is then not written.
+  // Where K's quarters run in separate blocks (the decode wgmma kernel, either launcher; the FP8 TMA
+  // kernel's split items), leave them in `partial` for the output's reader (the returned PartsView,
+  // with the rounding), instead of adding them in a launch of their own: the caller's promise that
+  // only that view is read, before the next launch that writes `partial`. `out` is then not written.
   bool leave_parts = false;
 };
 // Returns the view of the output: `out` itself, or the quarters left (leave_parts).
@@ -437,7 +437,7 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g);
 // fp8_wgmma_linear_wants_partial), or with `fp8_tma` off the 64-row tiles of 128 columns. REQUIRES
 // the codes in their natural order (not w4a8_order), K % 128 == 0, 16-byte aligned rows, the
 // scales' rows_pad a multiple of 4. Returns the output's view (leave_parts: the quarters, where the
-// 8-row form split them over blocks).
+// 8-row form split them over blocks or the TMA kernel into separate items).
 PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
 // Whether launch_fp8_wgmma_linear would use `partial` ([4, rows, N] floats) for rows x N: up to 64
 // rows, and where its 128 x 128 tiles, cut into K's quarters as separate work items (added in
@@ -467,8 +467,8 @@ struct Bf16LinearArgs {
   int64_t rows = 0, x_ld = 0;
   int N = 0, K = 0, R = 0;
   bool round_bf16 = false;  // the outputs rounded to bf16: in the parts' sum where one runs, else after
-  // The decode form's parts (up to 64 rows) left in `partial` for the output's reader, as
-  // GroupedW4A8Args::leave_parts: the returned view; `out` not written.
+  // The parts of the decode form (up to 64 rows) or of the TMA form's split items left in `partial`
+  // for the output's reader, as GroupedW4A8Args::leave_parts: the returned view; `out` not written.
   bool leave_parts = false;
 };
 // The shapes the kernels take: K a multiple of 64, and a group's rows whole 128-row tiles (R % 128

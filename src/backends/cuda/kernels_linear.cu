@@ -2639,7 +2639,9 @@ int tma_raster_group(int64_t activation_bytes) {
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
 // `partial` is given and splitting saves a wave of the SMs: tma_split_pays); nullptr when launched, else why not
 // (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
-const char* launch_fp8_tma(const GroupedW4A8Args& g) {
+// `left` (GroupedW4A8Args::leave_parts): where the quarters ran as separate items, *left is set to
+// them and they are not added here.
+const char* launch_fp8_tma(const GroupedW4A8Args& g, PartsView* left = nullptr) {
   Fp8TmaArgs a{};
   const int64_t groups = g.K / kW4A8GroupK;
   if (groups < 1) return "K under 128";
@@ -2675,7 +2677,8 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   const bool round_here = tma_store_rounds(g.round_bf16, a.split);
   launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
-  finish_tma(g.out, g.partial, g.rows_total * g.N, a.split, g.round_bf16, round_here);
+  if (left != nullptr && a.split > 1) *left = PartsView(g.partial, g.rows_total * g.N, a.split, g.round_bf16);
+  else finish_tma(g.out, g.partial, g.rows_total * g.N, a.split, g.round_bf16, round_here);
   return nullptr;
 }
 
@@ -2711,8 +2714,9 @@ PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   }
   static const bool tma = cuda_feature_on("fp8_tma");
   if (tma) {
-    const char* why = launch_fp8_tma(g);
-    if (why == nullptr) return g.out;  // (rounded there)
+    PartsView view = g.out;
+    const char* why = launch_fp8_tma(g, g.leave_parts ? &view : nullptr);
+    if (why == nullptr) return view;  // (rounded there, or by the reader of the quarters left)
     // The fallback gives the same bits at a third of the speed: said once, so that it is not silent.
     static std::once_flag said;
     std::call_once(said, [why] {
@@ -2757,7 +2761,8 @@ PartsView launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).
-const char* launch_bf16_tma(const Bf16LinearArgs& a) {
+// `left`: as launch_fp8_tma's (Bf16LinearArgs::leave_parts).
+const char* launch_bf16_tma(const Bf16LinearArgs& a, PartsView* left = nullptr) {
   if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   Bf16TmaArgs t{};
   if (!encode_2d(&t.w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.w, a.K, a.N, 2 * static_cast<uint64_t>(a.K), kBf16Step,
@@ -2781,7 +2786,8 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   const bool round_here = tma_store_rounds(a.round_bf16, t.split);
   launch(round_here ? bf16_linear_tma_kernel<true> : bf16_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads, kBf16TmaSmemBytes, t);
-  finish_tma(a.out, a.partial, a.rows * a.N, t.split, a.round_bf16, round_here);
+  if (left != nullptr && t.split > 1) *left = PartsView(a.partial, a.rows * a.N, t.split, a.round_bf16);
+  else finish_tma(a.out, a.partial, a.rows * a.N, t.split, a.round_bf16, round_here);
   return nullptr;
 }
 
@@ -2806,8 +2812,9 @@ PartsView launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
   if (a.rows <= kTiledRows) return launch_bf16_decode(a, 0, a.rows);
   SPARROW_CHECK(a.x != nullptr && a.w != nullptr && "the bf16 linears' TMA form reads bf16 inputs and weights");
   static const bool tma = cuda_feature_on("bf16_tma");
-  const char* why = tma ? launch_bf16_tma(a) : "bf16_tma is off";
-  if (why == nullptr) return a.out;
+  PartsView view = a.out;
+  const char* why = tma ? launch_bf16_tma(a, a.leave_parts ? &view : nullptr) : "bf16_tma is off";
+  if (why == nullptr) return view;
   // The decode form in chunks of 64 rows: the same bits, far slower; said once.
   static std::once_flag said;
   std::call_once(said, [why] {
