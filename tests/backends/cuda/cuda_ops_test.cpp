@@ -2564,7 +2564,7 @@ TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
 // kernels split these few tiles into separate items; the routed experts take the tiled kernel,
 // which does not split), with the switch off and on. The count of outputs read that way must grow
 // by the readers' number when on, and stay put when off: the comparison saw the left parts, not
-// two summed runs.
+// two summed runs. (Each test has its own backend: no switch restored.)
 TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
   SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(212);
@@ -2650,11 +2650,6 @@ TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
     for (size_t i = 0; i < on.size(); ++i) expect_same_bits(on[i], off[i], "output " + std::to_string(i) + tag);
     EXPECT_GT(std::count_if(on.back().begin(), on.back().end(), [](float v) { return v != 0.0f; }), T * D / 2) << tag;
   }
-  cuda::set_parts_in_readers(*gpu, cuda::cuda_feature_on("parts_in_readers"));
-  cuda::set_moe_fused_act(*gpu, cuda::cuda_feature_on("moe_fused_act"));
-  cuda::set_w4a8_wgmma(*gpu, cuda::cuda_feature_on("w4a8_wgmma"));
-  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
-  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
 // The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
