@@ -359,9 +359,20 @@ __global__ void split_cols_kernel(SplitColsArgs a, int64_t width, int chunks) {
   int64_t c = (static_cast<int64_t>(blockIdx.x % chunks) * kElementThreads + threadIdx.x) * kPer;
   if (c >= width) return;
   const int64_t src = r * width + c;
-  int p = 0;
-  while (p + 1 < a.parts && c >= a.cols[p]) c -= a.cols[p++];
-  float* dst = a.dst[p] + r * a.cols[p] + c;
+  // The part holding column c: a walk over the parts with constant indices (unrolled), so the
+  // arguments' arrays stay in the constant bank (an index known only at run time copied them to
+  // the stack: a 96-byte frame).
+  float* base = a.dst[0];
+  int64_t cols = a.cols[0];
+#pragma unroll
+  for (int q = 1; q < kSplitColsParts; ++q) {
+    if (q < a.parts && c >= cols) {
+      c -= cols;
+      base = a.dst[q];
+      cols = a.cols[q];
+    }
+  }
+  float* dst = base + r * cols + c;
   if constexpr (kVec) {
     float4 v = dev_parts_at4(a.src, src);
     if (a.round_bf16) v = make_float4(dev_bf16_round(v.x), dev_bf16_round(v.y), dev_bf16_round(v.z), dev_bf16_round(v.w));
