@@ -94,6 +94,11 @@ int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), con
   return static_cast<int64_t>(n);
 }
 
+int cuda_probe_repeats(const char* var) {
+  return static_cast<int>(cuda_env_int(var, 0, [](int64_t n) { return n >= 0 && n <= 8; },
+                                       "a probe's extra launches must be 0 to 8"));
+}
+
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
 // work runs there): a cudaFree would synchronise the whole device, and the forward allocates and
 // frees its activations op by op. make_cuda_backend raises the default pool's release threshold so

@@ -1371,9 +1371,7 @@ __global__ void parts_sum_kernel(float* out, const float* partial, int64_t count
 // captured step, for the benchmark's A/B (docs/cuda.md), never a setting to run with.
 void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false) {
   static const bool fused = cuda_feature_on("fused_round");
-  static const int repeat = static_cast<int>(cuda_env_int(
-      "SPARROW_CUDA_REPEAT_PARTS_SUM", 0, [](int64_t n) { return n >= 0 && n <= 8; },
-      "the parts sums' extra launches (a probe) must be 0 to 8"));
+  static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_PARTS_SUM");
   if (count <= 0) return;
   for (int r = 0; r <= repeat; ++r) {
     if (four_wide(count, out, partial))
