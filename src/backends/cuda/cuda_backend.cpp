@@ -686,20 +686,20 @@ class CudaBackend final : public Backend {
       }
       const float* d = nullptr;
       DeviceBuffer scratch;
-      // The stacked product's view: split_cols adds a decode GEMM's parts itself (parts_in_readers).
+      // The stacked product's view: split_cols adds a split GEMM's parts itself (parts_in_readers);
+      // d itself where none were left.
       PartsView view;
       PartsView* const leave = parts_in_readers_ ? &view : nullptr;
       if (fp8) {
         d = fp8_.run_stacked(p0.in, ws, leave);
       } else {
         scratch = DeviceBuffer(static_cast<size_t>(T * N) * sizeof(float));
-        view = scratch.f32();
         if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); },
                               leave))
           d = scratch.f32();
       }
       if (d) {
-        if (!leave) view = d;
+        if (view.data == nullptr) view = d;
         count_left(view);
         SplitColsArgs a{.src = view, .rows = T, .parts = static_cast<int>(ps.size()), .dst = {}, .cols = {},
                         .round_bf16 = p0.round_bf16};
@@ -1796,7 +1796,7 @@ class CudaBackend final : public Backend {
       const WeightMatrix* ws[] = {&w.w1, &w.w3};
       stacked = fp8_.run_stacked(Tensor(nullptr, const_cast<float*>(x), ElemType::kF32, {R, x_stride}), ws,
                                  y_view && fused ? &stacked_view : nullptr);
-      if (stacked && !(y_view && fused)) stacked_view = stacked;
+      if (stacked && stacked_view.data == nullptr) stacked_view = stacked;
       if (stacked) count_left(stacked_view);
     }
     if (!stacked) {

@@ -160,7 +160,7 @@ __device__ inline uint16_t dev_f32_to_bf16(float f) {
 __device__ inline float dev_bf16_round(float f) { return dev_bf16(dev_f32_to_bf16(f)); }
 
 // Value i of a GEMM's output through its PartsView (kernels.h): the slices added in order and
-// rounded as parts_sum_kernel does, or the summed value itself.
+// rounded (parts_sum_kernel's arithmetic, which it calls too), or the summed value itself.
 __device__ __forceinline__ float dev_parts_at(const PartsView& v, int64_t i) {
   float s = v.data[i];
   for (int p = 1; p < v.parts; ++p) s += v.data[p * v.stride + i];

@@ -1344,25 +1344,15 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
 // add them (the W4A8 and FP8 kernels' four quarters, the bf16 kernels' bf16_parts); rounded to bf16
 // when asked (the op's round_bf16, which bf16_round_kernel would apply after: the same values).
 // kVec: four neighbouring values a thread through 16-byte loads and stores (count a multiple of 4,
-// both arrays 16-byte aligned), each value's sum as the one-value form makes it.
+// both arrays 16-byte aligned), each value's sum as the one-value form makes it. The sum is the
+// readers' own (dev_parts_at, parts_in_readers): one definition of its arithmetic.
 template <bool kVec>
-__global__ void parts_sum_kernel(float* out, const float* partial, int64_t count, int parts, bool round) {
+__global__ void parts_sum_kernel(float* out, PartsView v, int64_t count) {
   wait_previous_grid();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * (kVec ? 4 : 1);
   if (i >= count) return;
-  if constexpr (kVec) {
-    float4 s = *reinterpret_cast<const float4*>(partial + i);
-    for (int p = 1; p < parts; ++p) {
-      const float4 v = *reinterpret_cast<const float4*>(partial + p * count + i);
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    if (round) s = make_float4(dev_bf16_round(s.x), dev_bf16_round(s.y), dev_bf16_round(s.z), dev_bf16_round(s.w));
-    *reinterpret_cast<float4*>(out + i) = s;
-  } else {
-    float s = partial[i];
-    for (int p = 1; p < parts; ++p) s += partial[p * count + i];
-    out[i] = round ? dev_bf16_round(s) : s;
-  }
+  if constexpr (kVec) *reinterpret_cast<float4*>(out + i) = dev_parts_at4(v, i);
+  else out[i] = dev_parts_at(v, i);
 }
 // out [count] from partial [parts][count] (a no-op for count 0).
 // `round` in the sum unless SPARROW_CUDA_DISABLE=fused_round (then a bf16_round pass after, the same bits).
@@ -1373,11 +1363,12 @@ void add_parts(float* out, const float* partial, int64_t count, int parts, bool 
   static const bool fused = cuda_feature_on("fused_round");
   static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_PARTS_SUM");
   if (count <= 0) return;
+  const PartsView v(partial, count, parts, round && fused);
   for (int r = 0; r <= repeat; ++r) {
     if (four_wide(count, out, partial))
-      launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, partial, count, parts, round && fused);
+      launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, v, count);
     else
-      launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
+      launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, v, count);
   }
   if (round && !fused) launch_bf16_round(out, count);
 }
