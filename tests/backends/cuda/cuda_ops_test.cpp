@@ -2639,13 +2639,22 @@ TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
       }
       return std::pair{outs, cuda::parts_left_for_readers(*gpu) - before};
     };
-    const auto [off, left_off] = run_all(false);
+    // On first: its slices then land in buffers that have not held these values (the off run's
+    // slices, the same values, would hide a reader that ran before its GEMM or read stale slices).
     const auto [on, left_on] = run_all(true);
+    const auto [off, left_off] = run_all(false);
     const std::string tag = " T=" + std::to_string(T);
     EXPECT_EQ(left_off, 0) << "parts were left with the switch off" << tag;
     // 2 + 1 stacked FP8 / bf16 products, the router's logits, the experts' w1 / w3 and w2 (not at 100
-    // rows), the shared expert's w1 / w3 and w2.
-    EXPECT_EQ(left_on, T <= 64 ? 8 : 6) << "not every reader added the parts itself" << tag;
+    // rows), the shared expert's w1 / w3 and w2: where the paths that leave them are all on (read
+    // once from SPARROW_CUDA_DISABLE, which gpu-check's fallback rows set; no setters).
+    bool defaults = true;
+    for (const char* s : {"fp8_stack", "fp8_wgmma", "fp8_tma", "bf16_gemm", "bf16_wgmma", "bf16_tma", "grouped_moe",
+                          "moe_device_plan", "w4a8_pair", "swiglu_sim"})
+      defaults = defaults && cuda::cuda_feature_on(s);
+    if (defaults) {
+      EXPECT_EQ(left_on, T <= 64 ? 8 : 6) << "not every reader added the parts itself" << tag;
+    }
     ASSERT_EQ(on.size(), off.size());
     for (size_t i = 0; i < on.size(); ++i) expect_same_bits(on[i], off[i], "output " + std::to_string(i) + tag);
     EXPECT_GT(std::count_if(on.back().begin(), on.back().end(), [](float v) { return v != 0.0f; }), T * D / 2) << tag;
