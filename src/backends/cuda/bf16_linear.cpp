@@ -87,7 +87,8 @@ bool Bf16GroupedLinear::takes(const WeightMatrix& w) {
 }
 
 bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std::span<const WeightMatrix* const> ws,
-                                    const std::function<DevWeight(const WeightMatrix&)>& device_weight) {
+                                    const std::function<DevWeight(const WeightMatrix&)>& device_weight,
+                                    PartsView* parts) {
   if (ws.empty()) return false;
   const int64_t K = ws[0]->in;
   int64_t N = 0;
@@ -121,12 +122,12 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
     st = &stacked_.put(ws[0]->data, fp, std::move(b));
     fresh = true;
   }
-  gemm(out, in, T, 1, N, K, st->get(), false, fresh);
+  gemm(out, in, T, 1, N, K, st->get(), false, fresh, nullptr, parts);
   return true;
 }
 
 bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
-                            const std::function<DevWeight()>& device_weight, bool round_bf16) {
+                            const std::function<DevWeight()>& device_weight, bool round_bf16, PartsView* parts) {
   SPARROW_CHECK(G > 0 && w.out % G == 0);
   const int64_t N = w.out, K = w.in, R = N / G;
   // 16-byte aligned leading dimensions and batch strides for every operand.
@@ -140,7 +141,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
       w.block_out % 64 == 0 && w.block_in % 64 == 0) {
     const DevWeight dw = device_weight();
     if (reinterpret_cast<uintptr_t>(dw.data) % 16 == 0) {
-      gemm(out, in, T, G, R, K, nullptr, round_bf16, false, &dw);
+      gemm(out, in, T, G, R, K, nullptr, round_bf16, false, &dw, parts);
       return true;
     }
   }
@@ -162,7 +163,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
     }
     a_bf16 = wb->get();
   }
-  gemm(out, in, T, G, R, K, a_bf16, round_bf16, fresh);
+  gemm(out, in, T, G, R, K, a_bf16, round_bf16, fresh, nullptr, parts);
   return true;
 }
 
@@ -171,7 +172,8 @@ bool Bf16GroupedLinear::own_kernels(int64_t N, int64_t K, int64_t R) const {
 }
 
 void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
-                             bool round_bf16, bool fresh_weight, const DevWeight* w8) {
+                             bool round_bf16, bool fresh_weight, const DevWeight* w8, PartsView* parts) {
+  if (parts) *parts = PartsView(out);  // (unless the parts are left below)
   static const bool f32_in = cuda_feature_on("bf16_f32_in");
   const bool own = own_kernels(G * R, K, R), decode_form = own && bf16_wgmma_reads_f32(T);
   SPARROW_CHECK((w8 == nullptr || decode_form) && "e4m3 weights only in the wgmma decode form");
@@ -189,13 +191,14 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
   if (own) {
     const int64_t N = G * R;
     partial_.ensure(static_cast<size_t>(bf16_wgmma_partial_floats(T, N)) * sizeof(float));
-    launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(),
+    const PartsView view = launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(),
                               .x = reads_f32 ? nullptr : static_cast<const uint16_t*>(xb_.get()),
                               .x_f32 = reads_f32 ? in : nullptr,
                               .w = static_cast<const uint16_t*>(a_bf16), .w8 = w8 != nullptr ? *w8 : DevWeight{},
                               .rows = T, .x_ld = G * K,
                               .N = static_cast<int>(N), .K = static_cast<int>(K), .R = static_cast<int>(R),
-                              .round_bf16 = round_bf16});
+                              .round_bf16 = round_bf16, .leave_parts = parts != nullptr});
+    if (parts) *parts = view;
     launch_check("bf16 linear (wgmma)");
     last_wgmma_ = true;
     return;

@@ -51,8 +51,11 @@ class Bf16GroupedLinear {
   // tensor cores ran it; false (nothing run) when the weight or the shapes do not suit them: w
   // neither FP8-block nor BF16, K or R not multiples of 8, no cuBLASLt or no algorithm. `device_weight` uploads w as stored (decoded to bf16 once).
   // `round_bf16`: the outputs rounded to bf16 (in the parts' sum where one runs, else a pass after).
+  // With `parts`, the wgmma decode form's parts may be left for the caller's reader (kernels.h
+  // PartsView): *parts says where the output is (out itself, or the parts in kept scratch, valid
+  // until the next call; out then not written).
   bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
-           const std::function<DevWeight()>& device_weight, bool round_bf16 = false);
+           const std::function<DevWeight()>& device_weight, bool round_bf16 = false, PartsView* parts = nullptr);
   static constexpr int64_t kInvariantM = 4096;
   // The project's wgmma kernels instead of cuBLASLt where the shapes suit them (test support; on
   // unless SPARROW_CUDA_DISABLE=bf16_wgmma), and whether the last GEMM ran on them.
@@ -65,9 +68,9 @@ class Bf16GroupedLinear {
   bool last_fp8_weights() const { return last_fp8_weights_; }
   // out [T, N1 + N2 + ...] from in [T, K] and the weights stacked row-wise (each one run() takes
   // with G = 1, one K), as one GEMM over the stack (decoded to bf16 once and cached): true when it
-  // ran, false (nothing run) otherwise. `device_weight` uploads a weight as stored.
+  // ran, false (nothing run) otherwise. `device_weight` uploads a weight as stored. `parts` as in run().
   bool run_stacked(float* out, const float* in, int64_t T, std::span<const WeightMatrix* const> ws,
-                   const std::function<DevWeight(const WeightMatrix&)>& device_weight);
+                   const std::function<DevWeight(const WeightMatrix&)>& device_weight, PartsView* parts = nullptr);
 
  private:
   static bool takes(const WeightMatrix& w);  // FP8-block or BF16: exact bf16 values
@@ -78,7 +81,8 @@ class Bf16GroupedLinear {
   // `fresh_weight`: a_bf16 was written by the launch just before (its first use). `w8`: instead of
   // a_bf16, the FP8 weight as stored (the wgmma decode form only).
   void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
-            bool round_bf16 = false, bool fresh_weight = false, const DevWeight* w8 = nullptr);
+            bool round_bf16 = false, bool fresh_weight = false, const DevWeight* w8 = nullptr,
+            PartsView* parts = nullptr);
   struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
   const Plan& plan(int64_t R, int64_t K, int64_t G);
 

@@ -691,15 +691,22 @@ class CudaBackend final : public Backend {
       }
       const float* d = nullptr;
       DeviceBuffer scratch;
+      // The stacked product's view: split_cols adds a split GEMM's parts itself (parts_in_readers);
+      // d itself where none were left.
+      PartsView view;
+      PartsView* const leave = parts_in_readers_ ? &view : nullptr;
       if (fp8) {
-        d = fp8_.run_stacked(p0.in, ws);
+        d = fp8_.run_stacked(p0.in, ws, leave);
       } else {
         scratch = DeviceBuffer(static_cast<size_t>(T * N) * sizeof(float));
-        if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); }))
+        if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); },
+                              leave))
           d = scratch.f32();
       }
       if (d) {
-        SplitColsArgs a{.src = d, .rows = T, .parts = static_cast<int>(ps.size()), .dst = {}, .cols = {},
+        if (view.data == nullptr) view = d;
+        count_left(view);
+        SplitColsArgs a{.src = view, .rows = T, .parts = static_cast<int>(ps.size()), .dst = {}, .cols = {},
                         .round_bf16 = p0.round_bf16};
         for (size_t i = 0; i < ps.size(); ++i) {
           a.dst[i] = ps[i].out.f32();
@@ -1204,12 +1211,14 @@ class CudaBackend final : public Backend {
     if (!forced && p.kind == MoeKind::kScored) SPARROW_CHECK_EQ(p.bias.numel(), E);
     if (T == 0) return;
     DeviceBuffer logits = DeviceBuffer::scratch(T * E * sizeof(float));  // (the linear writes every logit)
-    if (!(p.input_bf16 && bf16_gemm(logits.f32(), p.x.f32(), T, 1, gate)))
+    PartsView view = logits.f32();  // (the gate's parts where the bf16 GEMM leaves them: parts_in_readers)
+    if (!(p.input_bf16 && bf16_gemm(logits.f32(), p.x.f32(), T, 1, gate, false, parts_in_readers_ ? &view : nullptr)))
       launch_linear({.out = logits.f32(), .in = p.x.f32(), .in_rows = nullptr, .w = dev_weight(gate), .T = T,
                      .in_stride = gate.in, .rows_per_group = E});
     launch_check("router logits");
+    count_left(view);
     const double scale = p.placement == RoutedScalePlacement::kInRouterWeights ? p.routed_scale : 1.0;
-    launch_router({.out_experts = p.out_experts.i32(), .out_weights = p.out_weights.f32(), .logits = logits.f32(),
+    launch_router({.out_experts = p.out_experts.i32(), .out_weights = p.out_weights.f32(), .logits = view,
                    .forced = forced ? p.forced_experts.i32() : nullptr, .token_ids = device_batch(batch).ids,
                    .bias = dev_view(p.bias), .tid2eid = dev_index_view(p.tid2eid), .T = T, .E = E, .K = K,
                    .hash = p.kind == MoeKind::kHash, .scale = static_cast<float>(scale)});
@@ -1284,15 +1293,18 @@ class CudaBackend final : public Backend {
     }
     routed_part.reset();
     DeviceBuffer shared_out;
+    PartsView shared_view;  // (data null: no shared expert)
     if (p.shared) {
       OpProfiler::Scope part(profiler_, "moe/shared expert");
       const int64_t F = p.shared->w1.out;
       DeviceBuffer h1 = DeviceBuffer::scratch(T * F * sizeof(float)), h3 = DeviceBuffer::scratch(T * F * sizeof(float));
       shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
+      shared_view = shared_out.f32();
       swiglu_ffn(*p.shared, x, D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit,
-                 {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0});
+                 {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
+                 parts_in_readers_ ? &shared_view : nullptr);
     }
-    launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = p.shared ? shared_out.f32() : nullptr,
+    launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = shared_view,
                         .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics});
     launch_check("moe combine");
   }
@@ -1669,14 +1681,16 @@ class CudaBackend final : public Backend {
     static const bool plan_early = cuda_feature_on("w4a8_early");
     // out = in x W^T over the plan; `in` is float rows (CUDA cores) or `codes` (w4a8).
     // w_b (w4a8 decode wgmma only): a second projection of the same shape into out + total * N.
+    // Returns out's view: where `leave` and the decode kernel split K's quarters over blocks, the
+    // quarters in `partial`, for the next kernel to add (parts_in_readers; out not written).
     auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in, const Codes& codes,
-                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr) {
+                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr, bool leave = false) -> PartsView {
       const auto* dw = static_cast<const DevWeight*>(w.get());
       const auto* offsets = static_cast<const int64_t*>(plan.offsets.get());
       const auto* items = static_cast<const int32_t*>(plan.items.get());
       const auto* n_items = static_cast<const int32_t*>(plan.n_items.get());
       if (w4a8) {
-        launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
+        return launch_grouped_w4a8({.out = out, .codes = static_cast<const uint8_t*>(codes.codes.get()),
                              .scales = codes.scales.f32(), .rows_pad = codes.rows, .k_pad = codes.k_pad,
                              .in_rows = in_rows, .w = dw, .offsets = offsets, .items = items, .n_items = n_items,
                              .max_items = plan.max_items, .N = shape.out, .K = shape.in, .tiled = tiled,
@@ -1684,12 +1698,12 @@ class CudaBackend final : public Backend {
                              .wgmma = wgmma, .wgmma_warpgroups = w4a8_wgmma_warpgroups_,
                              .partial = split ? partial.f32() : nullptr, .rows_total = total,
                              .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr,
-                             .plan_early = plan_early});
-      } else {
-        launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
-                                      .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
-                                      .in_stride = shape.in, .format = shape.format, .vectorized = vec});
+                             .plan_early = plan_early, .leave_parts = leave});
       }
+      launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
+                                    .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
+                                    .in_stride = shape.in, .format = shape.format, .vectorized = vec});
+      return out;
     };
     // The profile's names of the two projection steps, by path: CUDA cores, then W4A8 (mma.sync or
     // wgmma, small or tiled kernel).
@@ -1701,11 +1715,17 @@ class CudaBackend final : public Backend {
                                           "moe/experts w2, scatter (w4a8 wgmma tiled)"};
     const int path = w4a8 ? 1 + (tiled ? 1 : 0) + (wgmma ? 2 : 0) : 0;
     std::optional<OpProfiler::Scope> part(std::in_place, profiler_, kW13[path]);
+    // The fused activation kernel adds w1 and w3's quarters itself where one launch made both (their
+    // own launches would share `partial`), and the scatter w2's (parts_in_readers).
+    const bool fused_act = w4a8 && moe_fused_act_;
+    PartsView h1_view = h1, h3_view = h3;
     {
       // w4a8 quantises the layer input itself (p.x; x is its fp8_rows copy, the same values).
       const Codes xc = w4a8 ? quantise(p.x.f32(), p.x.dim(0), D) : Codes{};
       if (pair) {
-        project(tab.w1, f.w1, h1, x, xc, rows, &tab.w3);
+        h1_view = project(tab.w1, f.w1, h1, x, xc, rows, &tab.w3, fused_act && parts_in_readers_);
+        h3_view = h1_view.from(total * F);
+        count_left(h1_view);
       } else {
         project(tab.w1, f.w1, h1, x, xc, rows);
         project(tab.w3, f.w3, h3, x, xc, rows);
@@ -1713,10 +1733,10 @@ class CudaBackend final : public Backend {
     }
     part.emplace(profiler_, "moe/experts swiglu, scale, act_quant");
     Codes hc;
-    if (w4a8 && moe_fused_act_) {
+    if (fused_act) {
       // The three steps below in one kernel, the same bits (SPARROW_CUDA_DISABLE=moe_fused_act: in turn).
       hc = new_codes(total, F);
-      launch_swiglu_quant_fp8({.h1 = h1, .h3 = h3, .limit = static_cast<float>(p.swiglu_limit),
+      launch_swiglu_quant_fp8({.h1 = h1_view, .h3 = h3_view, .limit = static_cast<float>(p.swiglu_limit),
                                .slots = slots, .weights = p.weights.f32(), .scale = combine_scale,
                                .q = quant_args(hc, nullptr, F)});
       launch_check("experts swiglu, routing weight, act_quant (w4a8)");
@@ -1732,9 +1752,10 @@ class CudaBackend final : public Backend {
       }
     }
     part.emplace(profiler_, kW2[path]);
-    project(tab.w2, f.w2, y.f32(), h1, hc, nullptr);
+    const PartsView y_view = project(tab.w2, f.w2, y.f32(), h1, hc, nullptr, nullptr, parts_in_readers_);
     launch_check("experts ffn");
-    launch_expert_scatter({.contrib = contrib, .y = y.f32(), .slots = slots,
+    count_left(y_view);
+    launch_expert_scatter({.contrib = contrib, .y = y_view, .slots = slots,
                            .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = total, .D = D,
                            .scale = static_cast<float>(combine_scale)});
     launch_check("experts scatter");
@@ -1749,8 +1770,12 @@ class CudaBackend final : public Backend {
   };
 
   // ys = w2 (silu(min(w1 x, L)) * clamp(w3 x, -L, L)) for the R rows `rows` of x (all T when null).
+  // With `y_view` (the shared expert under parts_in_readers), the FP8 GEMMs' quarters may be left for
+  // their readers: the stacked w1 / w3's for swiglu_sim, w2's for the caller's reader, *y_view then
+  // saying where y is (y itself or the quarters, valid until the next FP8 linear).
   void swiglu_ffn(const ExpertWeights& w, const float* x, int64_t x_stride, const int32_t* rows, int64_t R, float* h1,
-                  float* h3, float* y, double limit, const RefRouting& ref) {
+                  float* h3, float* y, double limit, const RefRouting& ref, PartsView* y_view = nullptr) {
+    if (y_view) *y_view = y;
     const int64_t F = w.w1.out;
     SPARROW_CHECK_EQ(w.w3.out, F);
     SPARROW_CHECK_EQ(w.w2.in, F);
@@ -1761,22 +1786,27 @@ class CudaBackend final : public Backend {
     // quantising them again gives the same values (fp8_gemm_rows).
     const bool tensor_cores = ref.on && rows == nullptr;
     auto project = [&](float* out, const float* in, const int32_t* in_rows, int64_t in_stride, int64_t rows_per_group,
-                       const WeightMatrix& m) {
-      if (!(tensor_cores && fp8_gemm_rows(out, in, R, m)))
+                       const WeightMatrix& m, PartsView* view = nullptr) {
+      if (!(tensor_cores && fp8_gemm_rows(out, in, R, m, false, view)))
         launch_linear({.out = out, .in = in, .in_rows = in_rows, .w = dev_weight(m), .T = R, .in_stride = in_stride,
                        .rows_per_group = rows_per_group, .vectorized = ref.on});
     };
     // The shared expert's w1 and w3 as one GEMM over the two stacked (`fp8_stack`), SwiGLU reading
     // both halves of each row.
-    const float* stacked = nullptr;
-    if (fp8_stack_ && tensor_cores && fp8_gemm_in_linear_) {
-      const WeightMatrix* ws[] = {&w.w1, &w.w3};
-      stacked = fp8_.run_stacked(Tensor(nullptr, const_cast<float*>(x), ElemType::kF32, {R, x_stride}), ws);
-    }
     // Under the reference numerics SwiGLU, the routing weight's rounding and the fp8 rounding in one
-    // kernel (SPARROW_CUDA_DISABLE=swiglu_sim: three passes, the same bits).
+    // kernel (SPARROW_CUDA_DISABLE=swiglu_sim: three passes, the same bits), which can add the
+    // stacked GEMM's quarters itself.
     static const bool swiglu_sim = cuda_feature_on("swiglu_sim");
     const bool fused = ref.on && swiglu_sim;
+    const float* stacked = nullptr;
+    PartsView stacked_view;
+    if (fp8_stack_ && tensor_cores && fp8_gemm_in_linear_) {
+      const WeightMatrix* ws[] = {&w.w1, &w.w3};
+      stacked = fp8_.run_stacked(Tensor(nullptr, const_cast<float*>(x), ElemType::kF32, {R, x_stride}), ws,
+                                 y_view && fused ? &stacked_view : nullptr);
+      if (stacked && stacked_view.data == nullptr) stacked_view = stacked;
+      if (stacked) count_left(stacked_view);
+    }
     if (!stacked) {
       project(h1, x, rows, x_stride, F, w.w1);
       project(h3, x, rows, x_stride, F, w.w3);
@@ -1786,7 +1816,8 @@ class CudaBackend final : public Backend {
     const float* const b = stacked ? stacked + F : h3;
     const int64_t stride = stacked ? 2 * F : F;
     if (fused)
-      launch_swiglu_sim_fp8({.out = h1, .a = a, .b = b, .R = R, .F = F, .stride = stride,
+      launch_swiglu_sim_fp8({.out = h1, .a = stacked ? stacked_view : PartsView(h1),
+                             .b = stacked ? stacked_view.from(F) : PartsView(h3), .R = R, .F = F, .stride = stride,
                              .limit = static_cast<float>(limit), .slots = ref.slots, .weights = ref.weights,
                              .scale = ref.scale, .block = kFp8ActBlock});
     else  // (the strided form; with stride F it is h1 in place, the same values)
@@ -1800,17 +1831,20 @@ class CudaBackend final : public Backend {
       launch_check("expert routing weight");
       fp8_rows(h1, R, F, F, kFp8ActBlock, "expert w2 act_quant_fp8");
     }
-    project(y, h1, nullptr, F, w.w2.out, w.w2);
+    project(y, h1, nullptr, F, w.w2.out, w.w2, y_view);
     launch_check("expert ffn");
+    if (y_view) count_left(*y_view);
   }
 
   // out [T, N] = in [T, G*K] (bf16 values) x w^T in G groups as a bf16 GEMM on the tensor cores
   // (Bf16GroupedLinear) when bf16_gemm is on and w is a weight it takes (FP8-block or BF16, R and K
   // multiples of 8); false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
   // `round_bf16`: the outputs rounded to bf16 too (in the GEMM's sum of parts where it has one).
-  bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w, bool round_bf16 = false) {
+  // `parts`: as Bf16GroupedLinear::run's (set only when it returns true).
+  bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w, bool round_bf16 = false,
+                 PartsView* parts = nullptr) {
     static const bool on = cuda_feature_on("bf16_gemm");
-    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16)) return false;
+    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16, parts)) return false;
     launch_check("bf16 GEMM");
     return true;
   }
@@ -1819,13 +1853,19 @@ class CudaBackend final : public Backend {
   // batch-invariant cuBLASLt plan) when fp8_gemm is on and w is FP8 with 128x128 blocks; false (and
   // nothing run) otherwise. An input whose rows are already FP8-rounded (1x128, power-of-two scales)
   // is quantised to the same values again, so callers may pass either.
-  bool fp8_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w, bool round_bf16 = false) {
+  // `parts`: as Fp8Linear::run's (set only when it returns true).
+  bool fp8_gemm_rows(float* out, const float* in, int64_t T, const WeightMatrix& w, bool round_bf16 = false,
+                     PartsView* parts = nullptr) {
     if (!fp8_gemm_in_linear_ || w.format != WeightFormat::kFp8Block || w.block_out != 128 || w.block_in != 128)
       return false;
     const Tensor ti(nullptr, const_cast<float*>(in), ElemType::kF32, {T, w.in});
     const Tensor to(nullptr, out, ElemType::kF32, {T, w.out});
-    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); }, round_bf16);
+    fp8_.run({.out = to, .in = ti, .weight = &w}, [&] { return dev_weight(w); }, round_bf16, parts);
     return true;
+  }
+  // Counts a view whose parts its reader adds (parts_left_for_readers).
+  void count_left(const PartsView& v) {
+    if (!v.summed()) ++parts_left_;
   }
 
   WeightCache<DeviceBuffer> weights_;
@@ -1865,6 +1905,9 @@ class CudaBackend final : public Backend {
   int attention_block_heads_ = 0;        // test support (set_attention_block_heads)
   bool hc_fused_ = cuda_feature_on("hc_fused");  // set_hc_fused; SPARROW_CUDA_DISABLE=hc_fused
   bool last_hc_boundary_fused_ = false;
+  // set_parts_in_readers; SPARROW_CUDA_DISABLE=parts_in_readers
+  bool parts_in_readers_ = cuda_feature_on("parts_in_readers");
+  int64_t parts_left_ = 0;  // GEMM outputs whose parts a reader added (test support)
   bool attention_bf16_kv_ = true;        // test support (set_attention_bf16_kv)
   int indexer_mma_tiles_ = 0;       // test support
 
@@ -1884,6 +1927,8 @@ class CudaBackend final : public Backend {
   void set_kv_records(bool on) { kv_records_ = on; }
   void set_hc_fused(bool on) { hc_fused_ = on; }
   bool hc_fused() const { return hc_fused_; }
+  void set_parts_in_readers(bool on) { parts_in_readers_ = on; }
+  int64_t parts_left_for_readers() const { return parts_left_; }
   bool last_hc_boundary_fused() const { return last_hc_boundary_fused_; }
   bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
@@ -2048,6 +2093,8 @@ bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).las
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }
 void set_hc_fused(Backend& backend, bool on) { cuda_backend(backend).set_hc_fused(on); }
+void set_parts_in_readers(Backend& backend, bool on) { cuda_backend(backend).set_parts_in_readers(on); }
+int64_t parts_left_for_readers(Backend& backend) { return cuda_backend(backend).parts_left_for_readers(); }
 bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }

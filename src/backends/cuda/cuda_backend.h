@@ -258,6 +258,14 @@ bool kv_records(Backend& backend);
 // last hc_boundary call did (test support).
 void set_hc_fused(Backend& backend, bool on);
 bool hc_fused(Backend& backend);
+// Whether a split decode GEMM's parts are added by the kernel that reads its output where the op
+// runs both (kernels.h PartsView: the stacked linears' split_cols, the router, the experts' fused
+// activation and scatter, the shared expert's swiglu_sim and the combine), instead of a
+// parts_sum_kernel launch between them: on by default, off with SPARROW_CUDA_DISABLE=parts_in_readers
+// or here; the same bits either way. parts_left_for_readers counts the outputs read that way since
+// the backend was made (test support).
+void set_parts_in_readers(Backend& backend, bool on);
+int64_t parts_left_for_readers(Backend& backend);
 bool last_hc_boundary_fused(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, or 0
 // (the default: by the call's size).

@@ -164,6 +164,24 @@ __device__ inline uint16_t dev_f32_to_bf16(float f) {
 // bf16 round to nearest even, as an f32.
 __device__ inline float dev_bf16_round(float f) { return dev_bf16(dev_f32_to_bf16(f)); }
 
+// Value i of a GEMM's output through its PartsView (kernels.h): the slices added in order and
+// rounded (parts_sum_kernel's arithmetic, which it calls too), or the summed value itself.
+__device__ __forceinline__ float dev_parts_at(const PartsView& v, int64_t i) {
+  float s = v.data[i];
+  for (int p = 1; p < v.parts; ++p) s += v.data[p * v.stride + i];
+  return v.round ? dev_bf16_round(s) : s;
+}
+// Values i .. i + 3 (i a multiple of 4; data and stride allow 16-byte loads: parts_view_four_wide).
+__device__ __forceinline__ float4 dev_parts_at4(const PartsView& v, int64_t i) {
+  float4 s = *reinterpret_cast<const float4*>(v.data + i);
+  for (int p = 1; p < v.parts; ++p) {
+    const float4 t = *reinterpret_cast<const float4*>(v.data + p * v.stride + i);
+    s.x += t.x, s.y += t.y, s.z += t.z, s.w += t.w;
+  }
+  if (v.round) s = make_float4(dev_bf16_round(s.x), dev_bf16_round(s.y), dev_bf16_round(s.z), dev_bf16_round(s.w));
+  return s;
+}
+
 // f32 -> OCP e4m3fn byte: |x| >= 448 and ±inf saturate to ±448, NaN gives 0x7F | sign.
 __device__ inline uint8_t dev_f32_to_e4m3(float x) {
   const uint8_t sign = signbit(x) ? 0x80 : 0x00;

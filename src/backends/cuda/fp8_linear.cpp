@@ -282,7 +282,8 @@ int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
   return m_pad;
 }
 
-void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16) {
+PartsView Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16,
+                               bool leave_parts) {
   GroupedW4A8Args g{};
   g.out = d;
   g.round_bf16 = round_bf16;
@@ -300,14 +301,16 @@ void Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const P
     partial_.ensure(static_cast<size_t>(4 * T * n) * sizeof(float));
     g.partial = partial_.f32();
   }
-  launch_fp8_wgmma_linear(g);
+  g.leave_parts = leave_parts;
+  const PartsView view = launch_fp8_wgmma_linear(g);
   launch_check("linear_fp8_block wgmma");
   last_path_ = Fp8GemmPath::kTensorCores;
   last_wgmma_ = true;
   last_m_ = m_pad, last_n_ = pw.n_pad, last_k_ = pw.k_pad;
+  return view;
 }
 
-const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws) {
+const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws, PartsView* parts) {
   if (force_fallback_ || ws.empty()) return nullptr;
   const int64_t K = ws[0]->in, T = in.dim(0);
   int64_t N = 0;
@@ -323,7 +326,8 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   const int64_t m_pad = quantise(in, K);
   out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
   if (wgmma) {
-    run_wgmma(out_scratch_.f32(), T, N, m_pad, pw);
+    const PartsView view = run_wgmma(out_scratch_.f32(), T, N, m_pad, pw, false, parts != nullptr);
+    if (parts) *parts = view;
     return out_scratch_.f32();
   }
   if (!run_cublaslt(out_scratch_.f32(), static_cast<const uint8_t*>(act_codes_.get()), act_scales_.f32(), pw, m_pad))
@@ -331,10 +335,13 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   launch_check("linear_fp8_block cuBLASLt (stacked)");
   last_path_ = Fp8GemmPath::kTensorCores;
   last_wgmma_ = false;
+  if (parts) *parts = PartsView(out_scratch_.f32());
   return out_scratch_.f32();
 }
 
-void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original, bool round_bf16) {
+void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original, bool round_bf16,
+                    PartsView* parts) {
+  if (parts) *parts = PartsView(p.out.f32());  // (unless the quarters are left below)
   const WeightMatrix& w = *p.weight;
   const int64_t T = p.in.dim(0), K = w.in, N = w.out;
   SPARROW_CHECK(K > 0 && p.in.type() == ElemType::kF32 && p.out.type() == ElemType::kF32);
@@ -348,7 +355,8 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
   if (why.empty() && wgmma_path()) {
     const PaddedWeight& pw = padded_weight(w);
-    run_wgmma(p.out.f32(), T, N, quantise(p.in, K), pw, round_bf16);
+    const PartsView view = run_wgmma(p.out.f32(), T, N, quantise(p.in, K), pw, round_bf16, parts != nullptr);
+    if (parts) *parts = view;
     return;
   }
   const auto round_after = [&] {

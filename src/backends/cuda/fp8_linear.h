@@ -62,16 +62,21 @@ class Fp8Linear {
 
   // out [T, N] = dequant(q(in [T, K])) · dequant(w [N, K])^T, rounded to bf16 when `round_bf16`
   // (in the wgmma kernels' quarter sum where one runs, else a pass after). `original` uploads w byte
-  // for byte (the fallback's weight); it is called only when the fallback runs.
-  void run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original, bool round_bf16 = false);
+  // for byte (the fallback's weight); it is called only when the fallback runs. With `parts`, the
+  // 8-row wgmma form's quarters may be left for the caller's reader (kernels.h PartsView): *parts
+  // says where the output is (p.out itself, or the quarters in kept scratch, valid until the next
+  // call; p.out then not written).
+  void run(const LinearFp8BlockParams& p, const std::function<DevWeight()>& original, bool round_bf16 = false,
+           PartsView* parts = nullptr);
 
   // in [T, K] times several weights stacked row-wise ([N1 + N2 + ..., K], each FP8 with 128x128
   // blocks, each N a multiple of 128, one K) as one tensor-core GEMM: a pointer to the product
   // [M_pad, N1 + N2 + ...] row-major (kept scratch, valid until the next call; rows past T are
   // padding), or null when the stack cannot run that way (any weight refused, shapes, the
   // fallback forced, or cuBLASLt failing: run the linears one by one then). The stacked copy is
-  // made on first use and cached like a single weight.
-  const float* run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws);
+  // made on first use and cached like a single weight. With `parts` (where it ran), *parts is the
+  // product's view: the returned pointer's rows, or the quarters left as run() leaves them.
+  const float* run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws, PartsView* parts = nullptr);
   // Test support: always take the fallback (false: choose as described above).
   void set_force_fallback(bool force) { force_fallback_ = force; }
   // One cuBLASLt algorithm per weight shape for every M (chosen for kInvariantM rows, no split-K
@@ -106,7 +111,9 @@ class Fp8Linear {
   // instead of cuBLASLt (`fp8_wgmma`).
   bool wgmma_path() const { return batch_invariant_ && wgmma_ && !force_fallback_; }
   // d [T, n] (row stride n) = the linear of the quantised codes and pw's first n rows.
-  void run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16 = false);
+  // `leave_parts`: GroupedW4A8Args::leave_parts; returns the output's view.
+  PartsView run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16 = false,
+                      bool leave_parts = false);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
   // The handle, workspace and matmul descriptor (its fixed attributes set), made on first use.

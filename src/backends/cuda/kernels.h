@@ -48,6 +48,28 @@ inline bool four_wide(int64_t n, const P*... arrays) {
   return n % 4 == 0 && (... && (arrays == nullptr || aligned16(arrays)));
 }
 
+// A GEMM's output as the kernel after it reads it. A split decode GEMM (K's parts in blocks of
+// their own, each part's sums into its own slice) may leave its parts for that reader instead of
+// a parts_sum_kernel launch (`parts_in_readers`): value i is then
+// (((data[i] + data[stride + i]) + data[2 stride + i]) + ...) over `parts` slices, rounded to bf16
+// when `round`: the sum's own operations in its order (dev_parts_at, device_common.cuh), so the same
+// bits. A summed output is the one-slice view of itself (the implicit conversion).
+struct PartsView {
+  const float* data = nullptr;
+  int64_t stride = 0;  // floats from one slice to the next
+  int parts = 1;
+  bool round = false;
+  PartsView() = default;
+  PartsView(const float* summed) : data(summed) {}  // NOLINT(google-explicit-constructor)
+  PartsView(const float* slices, int64_t slice_stride, int n, bool round_bf16)
+      : data(slices), stride(slice_stride), parts(n), round(round_bf16) {}
+  // The view of the values from `offset` on (the same slices, each advanced).
+  PartsView from(int64_t offset) const { return {data + offset, stride, parts, round}; }
+  bool summed() const { return parts == 1 && !round; }
+};
+// Whether four neighbouring values can be read through 16-byte loads (dev_parts_at4).
+inline bool parts_view_four_wide(const PartsView& v) { return aligned16(v.data) && (v.parts == 1 || v.stride % 4 == 0); }
+
 // A float/index tensor in device memory, decoded by its stored dtype.
 struct DevView {
   const void* data = nullptr;
@@ -120,7 +142,9 @@ struct DevView {
 // weighted sum on the other 12; off: the three phases one after the other on every warp, the same
 // bits), "attn_dims" (a call of few 16-head blocks spread over 2 or 4 times the blocks, each with the
 // whole logits and softmax and a slice of the weighted sum's dims, the grid's z; off:
-// one block a (token, 16 heads, split), the same bits) and "alloc_nofill" (tensors left unfilled at
+// one block a (token, 16 heads, split), the same bits), "parts_in_readers" (a split decode GEMM's
+// parts added by the kernel reading its output where one op runs both, PartsView; off: a
+// parts_sum_kernel launch between them, the same bits) and "alloc_nofill" (tensors left unfilled at
 // allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
@@ -406,8 +430,14 @@ struct GroupedW4A8Args {
   // (launch_fp8_wgmma_linear) the outputs rounded to bf16 (an op's round_bf16): in the quarters'
   // sum where one runs, else by launch_bf16_round after the kernel; the same values either way.
   bool round_bf16 = false;
+  // Where K's quarters run in separate blocks (the decode wgmma kernel, either launcher; the FP8 TMA
+  // kernel's split items), leave them in `partial` for the output's reader (the returned PartsView,
+  // with the rounding), instead of adding them in a launch of their own: the caller's promise that
+  // only that view is read, before the next launch that writes `partial`. `out` is then not written.
+  bool leave_parts = false;
 };
-void launch_grouped_w4a8(const GroupedW4A8Args& g);
+// Returns the view of the output: `out` itself, or the quarters left (leave_parts).
+PartsView launch_grouped_w4a8(const GroupedW4A8Args& g);
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block
@@ -416,8 +446,9 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g);
 // tiles (fp8_linear_tma_kernel; its quarters in separate work items where
 // fp8_wgmma_linear_wants_partial), or with `fp8_tma` off the 64-row tiles of 128 columns. REQUIRES
 // the codes in their natural order (not w4a8_order), K % 128 == 0, 16-byte aligned rows, the
-// scales' rows_pad a multiple of 4.
-void launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
+// scales' rows_pad a multiple of 4. Returns the output's view (leave_parts: the quarters, where the
+// 8-row form split them over blocks or the TMA kernel into separate items).
+PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
 // Whether launch_fp8_wgmma_linear would use `partial` ([4, rows, N] floats) for rows x N: up to 64
 // rows, and where its 128 x 128 tiles, cut into K's quarters as separate work items (added in
 // order after), take fewer waves of the SMs than whole (kernels_linear.cu tma_split_pays).
@@ -446,12 +477,15 @@ struct Bf16LinearArgs {
   int64_t rows = 0, x_ld = 0;
   int N = 0, K = 0, R = 0;
   bool round_bf16 = false;  // the outputs rounded to bf16: in the parts' sum where one runs, else after
+  // The parts of the decode form (up to 64 rows) or of the TMA form's split items left in `partial`
+  // for the output's reader, as GroupedW4A8Args::leave_parts: the returned view; `out` not written.
+  bool leave_parts = false;
 };
 // The shapes the kernels take: K a multiple of 64, and a group's rows whole 128-row tiles (R % 128
 // == 0) unless there is one group (R == N); K below 2^31, N at most 65535 x 64 (the decode form's grid).
 bool bf16_wgmma_linear_takes(int64_t N, int64_t K, int64_t R);
 int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N);
-void launch_bf16_wgmma_linear(const Bf16LinearArgs& a);
+PartsView launch_bf16_wgmma_linear(const Bf16LinearArgs& a);  // the output's view
 // Whether launch_bf16_wgmma_linear takes Bf16LinearArgs::x_f32 for `rows` rows (its decode form).
 bool bf16_wgmma_reads_f32(int64_t rows);
 // The small kernel's tiles a block: 1 (16 columns) while 32-column blocks would number under about
@@ -545,10 +579,11 @@ void launch_row_sim(const RowSimArgs& a);
 void launch_bf16_round(float* x, int64_t n);
 
 // The columns of src [rows, sum of cols] row-major handed out to parts: dst[p] [rows, cols[p]] gets
-// the p-th run of columns, rounded to bf16 (as launch_bf16_round) when round_bf16.
+// the p-th run of columns, rounded to bf16 (as launch_bf16_round) when round_bf16. src may be a
+// split GEMM's parts (PartsView), added here.
 inline constexpr int kSplitColsParts = 4;  // at most
 struct SplitColsArgs {
-  const float* src;
+  PartsView src;
   int64_t rows;
   int parts;
   float* dst[kSplitColsParts];
@@ -573,13 +608,14 @@ void launch_route_scale_bf16(const RouteScaleArgs& a);
 // kernel, the same bits, h not written: q's codes and scales from h1 [R, F], h3 [R, F] (q.in unused,
 // q.rows = R, q.K = q.in_stride = F).
 struct SwigluQuantArgs {
-  const float* h1;
-  const float* h3;
+  PartsView h1;  // [R, F] each (or the w1 / w3 GEMM's quarters)
+  PartsView h3;
   float limit;
   const int32_t* slots;   // [R] (ignored when weights is null)
   const float* weights;   // [T*K] or null (g = 1)
   double scale;
   ActQuantFp8Args q;
+  bool four_wide = false;  // (set by the launch) h1 and h3 allow 16-byte loads
 };
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a);
 
@@ -605,8 +641,8 @@ void launch_kv_record_decode(const KvRecordArgs& a);
 // route_scale_bf16's (1 when weights is null). The shared expert's h before w2 (`swiglu_sim`).
 struct SwigluSimArgs {
   float* out;
-  const float* a;
-  const float* b;
+  PartsView a;  // (or the stacked w1 / w3 GEMM's quarters, b its view from F on)
+  PartsView b;
   int64_t R, F, stride;
   float limit;
   const int32_t* slots = nullptr;  // [R] (ignored when weights is null)
@@ -807,7 +843,7 @@ inline int64_t attention_splits(int64_t candidates, bool mma = false) {
 struct RouterArgs {
   int32_t* out_experts;          // [T, K]
   float* out_weights;            // [T, K]
-  const float* logits;           // [T, E]
+  PartsView logits;              // [T, E] (or the gate GEMM's parts)
   const int32_t* forced;         // [T, K] or null
   const int32_t* token_ids;      // [T]
   DevView bias;                  // [E] (scored) or data null
@@ -836,7 +872,7 @@ void launch_swiglu(const SwigluArgs& a);
 // (ref_numerics: the routing weight went in before w2).
 struct ScatterArgs {
   float* contrib;         // [T*K, D]
-  const float* y;         // [R, D]
+  PartsView y;            // [R, D] (or the w2 GEMM's quarters)
   const int32_t* slots;   // [R]
   const float* weights;   // [T*K] or null
   int64_t R, D;
@@ -848,7 +884,7 @@ void launch_expert_scatter(const ScatterArgs& a);
 struct CombineArgs {
   float* out;              // [T, D]
   const float* contrib;    // [T*K, D]
-  const float* shared;     // [T, D] or null
+  PartsView shared;        // [T, D] (or the shared expert's w2 quarters), or data null
   int64_t T, K, D;
   bool round_bf16 = false;  // the sums rounded to bf16 (MoeParams::ref_numerics' final rounding)
 };

@@ -146,16 +146,15 @@ __global__ void swiglu_quant_fp8_kernel(SwigluQuantArgs s) {
   if (!act_quant_warp_pair(a, p)) return;
   const int64_t m = p.m, k0 = p.k0, at = m * a.K + k0;
   float x[kValuesPerLane], y[kValuesPerLane];
-  if (k0 + kValuesPerLane <= a.K && a.K % 4 == 0 && reinterpret_cast<uintptr_t>(s.h1) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(s.h3) % 16 == 0) {
-    const float4 g1 = *reinterpret_cast<const float4*>(s.h1 + at), g3 = *reinterpret_cast<const float4*>(s.h3 + at);
+  if (k0 + kValuesPerLane <= a.K && a.K % 4 == 0 && s.four_wide) {
+    const float4 g1 = dev_parts_at4(s.h1, at), g3 = dev_parts_at4(s.h3, at);
     x[0] = g1.x, x[1] = g1.y, x[2] = g1.z, x[3] = g1.w;
     y[0] = g3.x, y[1] = g3.y, y[2] = g3.z, y[3] = g3.w;
   } else {
 #pragma unroll
     for (int i = 0; i < kValuesPerLane; ++i) {
-      x[i] = k0 + i < a.K ? s.h1[at + i] : 0.0f;
-      y[i] = k0 + i < a.K ? s.h3[at + i] : 0.0f;
+      x[i] = k0 + i < a.K ? dev_parts_at(s.h1, at + i) : 0.0f;
+      y[i] = k0 + i < a.K ? dev_parts_at(s.h3, at + i) : 0.0f;
     }
   }
   const double g = s.weights ? static_cast<double>(s.weights[s.slots[m]]) * s.scale : 1.0;
@@ -359,16 +358,27 @@ __global__ void split_cols_kernel(SplitColsArgs a, int64_t width, int chunks) {
   const int64_t r = blockIdx.x / chunks;
   int64_t c = (static_cast<int64_t>(blockIdx.x % chunks) * kElementThreads + threadIdx.x) * kPer;
   if (c >= width) return;
-  const float* src = a.src + r * width + c;
-  int p = 0;
-  while (p + 1 < a.parts && c >= a.cols[p]) c -= a.cols[p++];
-  float* dst = a.dst[p] + r * a.cols[p] + c;
+  const int64_t src = r * width + c;
+  // The part holding column c: a walk over the parts with constant indices (unrolled), so the
+  // arguments' arrays stay in the constant bank (an index known only at run time copied them to
+  // the stack: a 96-byte frame).
+  float* base = a.dst[0];
+  int64_t cols = a.cols[0];
+#pragma unroll
+  for (int q = 1; q < kSplitColsParts; ++q) {
+    if (q < a.parts && c >= cols) {
+      c -= cols;
+      base = a.dst[q];
+      cols = a.cols[q];
+    }
+  }
+  float* dst = base + r * cols + c;
   if constexpr (kVec) {
-    float4 v = *reinterpret_cast<const float4*>(src);
+    float4 v = dev_parts_at4(a.src, src);
     if (a.round_bf16) v = make_float4(dev_bf16_round(v.x), dev_bf16_round(v.y), dev_bf16_round(v.z), dev_bf16_round(v.w));
     *reinterpret_cast<float4*>(dst) = v;
   } else {
-    const float v = *src;
+    const float v = dev_parts_at(a.src, src);
     *dst = a.round_bf16 ? dev_bf16_round(v) : v;
   }
 }
@@ -384,11 +394,12 @@ __global__ void swiglu_sim_fp8_kernel(SwigluSimArgs a, int64_t blocks_per_row) {
   const int64_t r = w / blocks_per_row, b = (w % blocks_per_row) * a.block;
   const int64_t e = b + a.block < a.F ? b + a.block : a.F;
   const double g = a.weights ? static_cast<double>(a.weights[a.slots[r]]) * a.scale : 1.0;
-  const float* x = a.a + r * a.stride;
-  const float* y = a.b + r * a.stride;
+  const int64_t row = r * a.stride;
   float* out = a.out + r * a.F;
   sim_block_warp(b, e, threadIdx.x % 32, true,
-                 [&](int64_t i) { return dev_route_scale_bf16(dev_swiglu(x[i], y[i], a.limit), g); },
+                 [&](int64_t i) {
+                   return dev_route_scale_bf16(dev_swiglu(dev_parts_at(a.a, row + i), dev_parts_at(a.b, row + i), a.limit), g);
+                 },
                  [&](int64_t i, float v) { out[i] = v; });
 }
 
@@ -428,7 +439,7 @@ void launch_bf16_round(float* x, int64_t n) {
 
 void launch_split_cols(const SplitColsArgs& a) {
   int64_t width = 0;
-  bool vec = aligned16(a.src);
+  bool vec = parts_view_four_wide(a.src);
   for (int p = 0; p < a.parts; ++p) {
     width += a.cols[p];
     vec = vec && a.cols[p] % 4 == 0 && aligned16(a.dst[p]);
@@ -476,7 +487,9 @@ void launch_act_quant_fp8(const ActQuantFp8Args& a) {
 
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a) {
   const int64_t pairs = quant_pairs(a.q);
-  if (pairs > 0) launch(swiglu_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
+  SwigluQuantArgs s = a;
+  s.four_wide = parts_view_four_wide(a.h1) && parts_view_four_wide(a.h3);
+  if (pairs > 0) launch(swiglu_quant_fp8_kernel, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, s);
 }
 
 void launch_kv_record_encode(const KvRecordArgs& a) {

@@ -1344,25 +1344,15 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
 // add them (the W4A8 and FP8 kernels' four quarters, the bf16 kernels' bf16_parts); rounded to bf16
 // when asked (the op's round_bf16, which bf16_round_kernel would apply after: the same values).
 // kVec: four neighbouring values a thread through 16-byte loads and stores (count a multiple of 4,
-// both arrays 16-byte aligned), each value's sum as the one-value form makes it.
+// both arrays 16-byte aligned), each value's sum as the one-value form makes it. The sum is the
+// readers' own (dev_parts_at, parts_in_readers): one definition of its arithmetic.
 template <bool kVec>
-__global__ void parts_sum_kernel(float* out, const float* partial, int64_t count, int parts, bool round) {
+__global__ void parts_sum_kernel(float* out, PartsView v, int64_t count) {
   wait_previous_grid();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * (kVec ? 4 : 1);
   if (i >= count) return;
-  if constexpr (kVec) {
-    float4 s = *reinterpret_cast<const float4*>(partial + i);
-    for (int p = 1; p < parts; ++p) {
-      const float4 v = *reinterpret_cast<const float4*>(partial + p * count + i);
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    if (round) s = make_float4(dev_bf16_round(s.x), dev_bf16_round(s.y), dev_bf16_round(s.z), dev_bf16_round(s.w));
-    *reinterpret_cast<float4*>(out + i) = s;
-  } else {
-    float s = partial[i];
-    for (int p = 1; p < parts; ++p) s += partial[p * count + i];
-    out[i] = round ? dev_bf16_round(s) : s;
-  }
+  if constexpr (kVec) *reinterpret_cast<float4*>(out + i) = dev_parts_at4(v, i);
+  else out[i] = dev_parts_at(v, i);
 }
 // out [count] from partial [parts][count] (a no-op for count 0).
 // `round` in the sum unless SPARROW_CUDA_DISABLE=fused_round (then a bf16_round pass after, the same bits).
@@ -1373,11 +1363,12 @@ void add_parts(float* out, const float* partial, int64_t count, int parts, bool 
   static const bool fused = cuda_feature_on("fused_round");
   static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_PARTS_SUM");
   if (count <= 0) return;
+  const PartsView v(partial, count, parts, round && fused);
   for (int r = 0; r <= repeat; ++r) {
     if (four_wide(count, out, partial))
-      launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, partial, count, parts, round && fused);
+      launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, v, count);
     else
-      launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
+      launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, v, count);
   }
   if (round && !fused) launch_bf16_round(out, count);
 }
@@ -2510,23 +2501,27 @@ void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
 
-void launch_grouped_w4a8(const GroupedW4A8Args& g) {
-  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return;
+PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
+  if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return g.out;
   if (g.wgmma) {
     if (!g.tiled) {
       const unsigned z = decode_quarter_blocks(g, g.max_items, (g.w_b != nullptr ? 2 : 1) * blocks_for(g.N, kWgCols));
       if (w4a8_decode_rows(g) == 16) launch_w4a8_decode<16>(g, w4a8_decode_span(g, z), z);
       else launch_w4a8_decode<8>(g, w4a8_decode_span(g, z), z);
-      if (z > 1) add_quarters(g.out, g.partial, (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N);
-      return;
+      if (z == 1) return g.out;
+      const int64_t count = (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
+      if (g.leave_parts) return PartsView(g.partial, count, kW4A8Warps, false);
+      add_quarters(g.out, g.partial, count);
+      return g.out;
     }
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
     GroupedW4A8Args a = g;
     a.cols_fast = w4a8_cols_fast(g.max_tiles);
-    if (g.wgmma_warpgroups == 1) return launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
-    return launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
+    if (g.wgmma_warpgroups == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
+    else launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
+    return g.out;
   }
   if (g.tiled) {
     static const bool smem_set = [] {
@@ -2551,6 +2546,7 @@ void launch_grouped_w4a8(const GroupedW4A8Args& g) {
       launch(grouped_w4a8_kernel<2>, dim3(static_cast<unsigned>(g.max_items), blocks_for(g.N, 32)), 32 * kW4A8Warps,
              small_smem_bytes<2>(), g);
   }
+  return g.out;
 }
 
 namespace {
@@ -2628,7 +2624,9 @@ int tma_raster_group(int64_t activation_bytes) {
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
 // `partial` is given and splitting saves a wave of the SMs: tma_split_pays); nullptr when launched, else why not
 // (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
-const char* launch_fp8_tma(const GroupedW4A8Args& g) {
+// `left` (GroupedW4A8Args::leave_parts): where the quarters ran as separate items, *left is set to
+// them and they are not added here.
+const char* launch_fp8_tma(const GroupedW4A8Args& g, PartsView* left = nullptr) {
   Fp8TmaArgs a{};
   const int64_t groups = g.K / kW4A8GroupK;
   if (groups < 1) return "K under 128";
@@ -2664,7 +2662,8 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g) {
   const bool round_here = tma_store_rounds(g.round_bf16, a.split);
   launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
-  finish_tma(g.out, g.partial, g.rows_total * g.N, a.split, g.round_bf16, round_here);
+  if (left != nullptr && a.split > 1) *left = PartsView(g.partial, g.rows_total * g.N, a.split, g.round_bf16);
+  else finish_tma(g.out, g.partial, g.rows_total * g.N, a.split, g.round_bf16, round_here);
   return nullptr;
 }
 
@@ -2687,20 +2686,22 @@ bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N) {
   return rows <= kTiledRows || tma_split_pays(fp8_tma_tiles(rows, N), kW4A8Warps);
 }
 
-void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
-  if (g.rows_total == 0 || g.N == 0) return;
+PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
+  if (g.rows_total == 0 || g.N == 0) return g.out;
   if (g.rows_total <= kTiledRows) {
     const int64_t items = (g.rows_total + 7) / 8;
     const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
     launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    if (z > 1 && g.leave_parts) return PartsView(g.partial, g.rows_total * g.N, kW4A8Warps, g.round_bf16);
     if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
     else if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
-    return;
+    return g.out;
   }
   static const bool tma = cuda_feature_on("fp8_tma");
   if (tma) {
-    const char* why = launch_fp8_tma(g);
-    if (why == nullptr) return;  // (rounded there)
+    PartsView view = g.out;
+    const char* why = launch_fp8_tma(g, g.leave_parts ? &view : nullptr);
+    if (why == nullptr) return view;  // (rounded there, or by the reader of the quarters left)
     // The fallback gives the same bits at a third of the speed: said once, so that it is not silent.
     static std::once_flag said;
     std::call_once(said, [why] {
@@ -2709,6 +2710,7 @@ void launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   }
   launch_w4a8_wgmma<64, 2, true>(g, (g.rows_total + kTiledRows - 1) / kTiledRows);
   if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);
+  return g.out;
 }
 
 namespace {
@@ -2724,8 +2726,9 @@ void launch_bf16_decode_form(dim3 grid, const Bf16LinearArgs& c) {
   launch(bf16_linear_decode_kernel<kF32X, kFp8W>, grid, kWgThreads, bf16_dec_smem_bytes<kF32X, kFp8W>(), c);
 }
 
-// The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its quarters then added.
-void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
+// The decode form over rows [r0, r0 + n) of a (n <= the partial's rows), its parts then added, or
+// (a.leave_parts) left in a.partial: the view returned.
+PartsView launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   Bf16LinearArgs c = a;
   if (a.x_f32 != nullptr) c.x_f32 = a.x_f32 + r0 * a.x_ld;
   else c.x = a.x + r0 * a.x_ld;
@@ -2737,11 +2740,14 @@ void launch_bf16_decode(const Bf16LinearArgs& a, int64_t r0, int64_t n) {
   else if (f32x) launch_bf16_decode_form<true, false>(grid, c);
   else if (fp8w) launch_bf16_decode_form<false, true>(grid, c);
   else launch_bf16_decode_form<false, false>(grid, c);
+  if (a.leave_parts) return PartsView(a.partial, n * a.N, parts, a.round_bf16);
   add_parts(a.out + r0 * a.N, a.partial, n * a.N, parts, a.round_bf16);
+  return a.out + r0 * a.N;
 }
 
 // The TMA form; nullptr when launched, else why not (nothing launched).
-const char* launch_bf16_tma(const Bf16LinearArgs& a) {
+// `left`: as launch_fp8_tma's (Bf16LinearArgs::leave_parts).
+const char* launch_bf16_tma(const Bf16LinearArgs& a, PartsView* left = nullptr) {
   if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   Bf16TmaArgs t{};
   if (!encode_2d(&t.w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.w, a.K, a.N, 2 * static_cast<uint64_t>(a.K), kBf16Step,
@@ -2765,7 +2771,8 @@ const char* launch_bf16_tma(const Bf16LinearArgs& a) {
   const bool round_here = tma_store_rounds(a.round_bf16, t.split);
   launch(round_here ? bf16_linear_tma_kernel<true> : bf16_linear_tma_kernel<false>,
          static_cast<unsigned>(std::min<int64_t>(tiles * t.split, sm_count())), kTmaThreads, kBf16TmaSmemBytes, t);
-  finish_tma(a.out, a.partial, a.rows * a.N, t.split, a.round_bf16, round_here);
+  if (left != nullptr && t.split > 1) *left = PartsView(a.partial, a.rows * a.N, t.split, a.round_bf16);
+  else finish_tma(a.out, a.partial, a.rows * a.N, t.split, a.round_bf16, round_here);
   return nullptr;
 }
 
@@ -2785,19 +2792,24 @@ int64_t bf16_wgmma_partial_floats(int64_t rows, int64_t N) {
 
 bool bf16_wgmma_reads_f32(int64_t rows) { return rows <= kTiledRows; }
 
-void launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
-  if (a.rows == 0 || a.N == 0) return;
+PartsView launch_bf16_wgmma_linear(const Bf16LinearArgs& a) {
+  if (a.rows == 0 || a.N == 0) return a.out;
   if (a.rows <= kTiledRows) return launch_bf16_decode(a, 0, a.rows);
   SPARROW_CHECK(a.x != nullptr && a.w != nullptr && "the bf16 linears' TMA form reads bf16 inputs and weights");
   static const bool tma = cuda_feature_on("bf16_tma");
-  const char* why = tma ? launch_bf16_tma(a) : "bf16_tma is off";
-  if (why == nullptr) return;
+  PartsView view = a.out;
+  const char* why = tma ? launch_bf16_tma(a, a.leave_parts ? &view : nullptr) : "bf16_tma is off";
+  if (why == nullptr) return view;
   // The decode form in chunks of 64 rows: the same bits, far slower; said once.
   static std::once_flag said;
   std::call_once(said, [why] {
     std::fprintf(stderr, "sparrow: the bf16 linears' TMA kernel cannot run (%s); using the 8-row wgmma kernel\n", why);
   });
-  for (int64_t r0 = 0; r0 < a.rows; r0 += kTiledRows) launch_bf16_decode(a, r0, std::min<int64_t>(kTiledRows, a.rows - r0));
+  Bf16LinearArgs chunk = a;
+  chunk.leave_parts = false;  // (each chunk's parts summed before the next chunk writes them)
+  for (int64_t r0 = 0; r0 < a.rows; r0 += kTiledRows)
+    launch_bf16_decode(chunk, r0, std::min<int64_t>(kTiledRows, a.rows - r0));
+  return a.out;
 }
 
 void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g) {

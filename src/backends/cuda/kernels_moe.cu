@@ -35,7 +35,7 @@ __global__ void router_kernel(RouterArgs a, bool warp_topk) {
   __shared__ int32_t chosen[kMaxRouterTopk];
   const int64_t t = blockIdx.x, E = a.E, K = a.K;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    log_score[e] = log_sqrt_softplus(a.logits[t * E + e]);
+    log_score[e] = log_sqrt_softplus(dev_parts_at(a.logits, t * E + e));
     if (!a.hash && !a.forced) biased[e] = expf(log_score[e]) + dev_load(a.bias, e);
   }
   __syncthreads();
@@ -123,14 +123,15 @@ __global__ void expert_scatter_kernel(ScatterArgs a) {
   const int64_t r = i / a.D, d = i % a.D;
   const int64_t slot = a.slots[r];
   if constexpr (kVec) {
-    float4 v = *reinterpret_cast<const float4*>(a.y + i);
+    float4 v = dev_parts_at4(a.y, i);
     if (a.weights) {
       const float g = a.weights[slot] * a.scale;
       v = make_float4(g * v.x, g * v.y, g * v.z, g * v.w);
     }
     *reinterpret_cast<float4*>(a.contrib + slot * a.D + d) = v;
   } else {
-    a.contrib[slot * a.D + d] = a.weights ? a.weights[slot] * a.scale * a.y[i] : a.y[i];
+    const float y = dev_parts_at(a.y, i);
+    a.contrib[slot * a.D + d] = a.weights ? a.weights[slot] * a.scale * y : y;
   }
 }
 
@@ -150,8 +151,8 @@ __global__ void moe_combine_kernel(CombineArgs a) {
       const float4 c = *reinterpret_cast<const float4*>(a.contrib + (t * a.K + k) * a.D + d);
       acc.x += c.x, acc.y += c.y, acc.z += c.z, acc.w += c.w;
     }
-    if (a.shared) {
-      const float4 sh = *reinterpret_cast<const float4*>(a.shared + i);
+    if (a.shared.data) {
+      const float4 sh = dev_parts_at4(a.shared, i);
       acc.x += sh.x, acc.y += sh.y, acc.z += sh.z, acc.w += sh.w;
     }
     if (a.round_bf16)
@@ -160,7 +161,7 @@ __global__ void moe_combine_kernel(CombineArgs a) {
   } else {
     float acc = 0.0f;
     for (int64_t k = 0; k < a.K; ++k) acc += a.contrib[(t * a.K + k) * a.D + d];
-    if (a.shared) acc += a.shared[i];
+    if (a.shared.data) acc += dev_parts_at(a.shared, i);
     a.out[i] = a.round_bf16 ? dev_bf16_round(acc) : acc;
   }
 }
@@ -294,7 +295,7 @@ void launch_swiglu(const SwigluArgs& a) {
 
 void launch_expert_scatter(const ScatterArgs& a) {
   if (a.R * a.D <= 0) return;
-  if (four_wide(a.D, a.y, a.contrib))
+  if (four_wide(a.D, a.contrib) && parts_view_four_wide(a.y))
     launch(expert_scatter_kernel<true>, blocks_for(a.R * a.D / 4, kThreads), kThreads, 0, a);
   else
     launch(expert_scatter_kernel<false>, blocks_for(a.R * a.D, kThreads), kThreads, 0, a);
@@ -306,7 +307,7 @@ void launch_moe_combine(const CombineArgs& a) {
   if (a.T * a.D <= 0) return;
   CombineArgs c = a;
   c.round_bf16 = a.round_bf16 && fused;
-  if (four_wide(a.D, a.out, a.contrib, a.shared))
+  if (four_wide(a.D, a.out, a.contrib) && (a.shared.data == nullptr || parts_view_four_wide(a.shared)))
     launch(moe_combine_kernel<true>, blocks_for(a.T * a.D / 4, kThreads), kThreads, 0, c);
   else
     launch(moe_combine_kernel<false>, blocks_for(a.T * a.D, kThreads), kThreads, 0, c);

@@ -2589,6 +2589,112 @@ TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
   }
 }
 
+// A split decode GEMM's parts added by the kernel that reads its output (`parts_in_readers`,
+// kernels.h PartsView) give the bits of the parts' own sum, with the reader's rounding after:
+// the stacked linears' split_cols (FP8 with and without round_bf16, and bf16), the scored router's
+// logits (a bf16 gate), and in the MoE (MXFP4 routed experts on wgmma, an FP8 shared expert with
+// 128 x 128 blocks, as released) the fused activation, the scatter, swiglu_sim and the combine;
+// each at 1 and 5 tokens (a decode GEMM splits K over blocks at these sizes) and at 100 (the TMA
+// kernels split these few tiles into separate items; the routed experts take the tiled kernel,
+// which does not split), with the switch off and on. The count of outputs read that way must grow
+// by the readers' number when on, and stay put when off: the comparison saw the left parts, not
+// two summed runs. (Each test has its own backend: no switch restored.)
+TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
+  Rng rng(212);
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  cuda::set_moe_fused_act(*gpu, true);
+  const int64_t K = 512, D = 256, F = 256, E = 6;
+  const StoredMatrix a8 = fp8_matrix(rng, 256, K, 128, 128, DType::kF8E8M0),
+                     b8 = fp8_matrix(rng, 128, K, 128, 128, DType::kF8E8M0);
+  const StoredMatrix a16 = float_matrix(DType::kBF16, 200, K, rng.normal(200 * K, 0.05)),
+                     b16 = float_matrix(DType::kBF16, 56, K, rng.normal(56 * K, 0.05));
+  const StoredMatrix gate = float_matrix(DType::kBF16, 256, D, rng.normal(256 * D, 0.1));
+  const Stored bias = stored_floats(DType::kF32, {256}, rng.normal(256, 0.05));
+  MoeCase mc;
+  mc.D = D, mc.F = F, mc.E = E;
+  mc.store.reserve(3 * (E + 1));
+  for (int64_t e = 0; e <= E; ++e) {
+    const bool routed = e < E;
+    for (const auto& [out, in] : {std::pair{F, D}, std::pair{D, F}, std::pair{F, D}})
+      mc.store.push_back(routed ? fp4_matrix(rng, out, in, 118, 121) : fp8_matrix(rng, out, in, 128, 128, DType::kF8E8M0));
+    const ExpertWeights w{.w1 = mc.store[3 * e].w, .w2 = mc.store[3 * e + 1].w, .w3 = mc.store[3 * e + 2].w};
+    if (routed) mc.routed.push_back(w);
+    else mc.shared = w;
+  }
+  for (const int64_t T : {1, 5, 100}) {
+    std::vector<float> x = rng.normal(T * K), xd = rng.normal(T * D, 2.0);
+    for (float& v : x) v = bf16_round(v);
+    for (float& v : xd) v = bf16_round(v);
+    const Tensor xg = gpu->upload_f32(x, {T, K}), xdg = gpu->upload_f32(xd, {T, D});
+    std::vector<int32_t> ids(T), choices(2 * T);
+    for (int64_t t = 0; t < T; ++t) {
+      ids[t] = static_cast<int32_t>(t);
+      choices[2 * t] = static_cast<int32_t>(t % E), choices[2 * t + 1] = static_cast<int32_t>((3 * t + 1) % E);
+    }
+    const BatchInfo batch = simple_batch(ids);
+    const Tensor eg = gpu->upload_i32(choices, {T, 2}), wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
+    // Every output of the four calls, in order, and the reads of left parts they made.
+    auto run_all = [&](bool on) {
+      cuda::set_parts_in_readers(*gpu, on);
+      const int64_t before = cuda::parts_left_for_readers(*gpu);
+      std::vector<std::vector<float>> outs;
+      for (const bool round : {false, true}) {
+        const Tensor oa = gpu->alloc(ElemType::kF32, {T, 256}), ob = gpu->alloc(ElemType::kF32, {T, 128});
+        const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a8.w, .act_quant_fp8 = true, .round_bf16 = round},
+                                   {.out = ob, .in = xg, .weight = &b8.w, .act_quant_fp8 = true, .round_bf16 = round}};
+        gpu->linears(ps);
+        outs.push_back(gpu->download_f32(oa));
+        outs.push_back(gpu->download_f32(ob));
+      }
+      {
+        const Tensor oa = gpu->alloc(ElemType::kF32, {T, 200}), ob = gpu->alloc(ElemType::kF32, {T, 56});
+        const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a16.w, .input_bf16 = true},
+                                   {.out = ob, .in = xg, .weight = &b16.w, .input_bf16 = true}};
+        gpu->linears(ps);
+        outs.push_back(gpu->download_f32(oa));
+        outs.push_back(gpu->download_f32(ob));
+      }
+      {
+        const Tensor oe = gpu->alloc(ElemType::kI32, {T, 6}), ow = gpu->alloc(ElemType::kF32, {T, 6});
+        gpu->router({.out_experts = oe, .out_weights = ow, .x = xdg, .gate = &gate.w, .bias = bias.view,
+                     .batch = &batch, .kind = MoeKind::kScored, .k = 6, .routed_scale = 1.5,
+                     .placement = RoutedScalePlacement::kInRouterWeights, .input_bf16 = true});
+        const std::vector<int32_t> experts = gpu->download_i32(oe);
+        outs.emplace_back(experts.begin(), experts.end());
+        outs.push_back(gpu->download_f32(ow));
+      }
+      {
+        const Tensor o = gpu->alloc(ElemType::kF32, {T, D});
+        gpu->moe(w4a8_moe_params(mc, o, xdg, eg, wg));
+        outs.push_back(gpu->download_f32(o));
+      }
+      return std::pair{outs, cuda::parts_left_for_readers(*gpu) - before};
+    };
+    // On first: its slices then land in buffers that have not held these values (the off run's
+    // slices, the same values, would hide a reader that ran before its GEMM or read stale slices).
+    const auto [on, left_on] = run_all(true);
+    const auto [off, left_off] = run_all(false);
+    const std::string tag = " T=" + std::to_string(T);
+    EXPECT_EQ(left_off, 0) << "parts were left with the switch off" << tag;
+    // 2 + 1 stacked FP8 / bf16 products, the router's logits, the experts' w1 / w3 and w2 (not at 100
+    // rows), the shared expert's w1 / w3 and w2: where the paths that leave them are all on (read
+    // once from SPARROW_CUDA_DISABLE, which gpu-check's fallback rows set; no setters).
+    bool defaults = true;
+    for (const char* s : {"fp8_stack", "fp8_wgmma", "fp8_tma", "bf16_gemm", "bf16_wgmma", "bf16_tma", "grouped_moe",
+                          "moe_device_plan", "w4a8_pair", "swiglu_sim"})
+      defaults = defaults && cuda::cuda_feature_on(s);
+    if (defaults) {
+      EXPECT_EQ(left_on, T <= 64 ? 8 : 6) << "not every reader added the parts itself" << tag;
+    }
+    ASSERT_EQ(on.size(), off.size());
+    for (size_t i = 0; i < on.size(); ++i) expect_same_bits(on[i], off[i], "output " + std::to_string(i) + tag);
+    EXPECT_GT(std::count_if(on.back().begin(), on.back().end(), [](float v) { return v != 0.0f; }), T * D / 2) << tag;
+  }
+}
+
 // The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
 // of its arithmetic: the MoE's output is the same bits at either width, for the CUDA test's shapes
 // (N = 96 and 256: a partial 32-column block and a 16-column one past N), 7 to 16 rows an expert
