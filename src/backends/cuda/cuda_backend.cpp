@@ -689,7 +689,9 @@ class CudaBackend final : public Backend {
       if (fp8) {
         d = fp8_.run_stacked(p0.in, ws);
       } else {
-        scratch = DeviceBuffer(static_cast<size_t>(T * N) * sizeof(float));
+        // (Unfilled: the GEMM writes every element, and a fill is a graph node of its own that cuts
+        // the step's chain of programmatic dependent launches: DeviceBuffer::scratch.)
+        scratch = DeviceBuffer::scratch(static_cast<size_t>(T * N) * sizeof(float));
         if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); }))
           d = scratch.f32();
       }
