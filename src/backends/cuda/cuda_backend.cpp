@@ -1114,9 +1114,11 @@ class CudaBackend final : public Backend {
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
     const int64_t per_pass =
         one_split ? T : split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
-    DeviceBuffer scratch(one_split ? 0
-                         : split   ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
-                                   : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
+    // (Unfilled: a split's kernel writes its part before the combine reads it, and the combine reads
+    // only the splits a token has; attention_kernel writes a candidate's logit before it reads it.)
+    DeviceBuffer scratch = DeviceBuffer::scratch(one_split ? 0
+                                                 : split   ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
+                                                           : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
     launch_attention({.out = p.out.f32(), .scratch = split ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
@@ -1530,7 +1532,10 @@ class CudaBackend final : public Backend {
     plan.slots = DeviceBuffer::scratch(total * sizeof(int32_t));
     plan.items = DeviceBuffer::scratch(2 * plan.max_items * sizeof(int32_t));
     plan.n_items = DeviceBuffer::scratch(sizeof(int32_t));
-    const DeviceBuffer counts(E * sizeof(int32_t));  // zero-filled
+    // Zero-filled where several blocks add to it; else the count kernel's one block stores every count
+    // (no fill: a node of the captured step that cuts its chain of programmatic dependent launches).
+    const DeviceBuffer counts = moe_plan_counts_unfilled(total) ? DeviceBuffer::scratch(E * sizeof(int32_t))
+                                                               : DeviceBuffer(E * sizeof(int32_t));
     launch_moe_plan({.experts = experts.i32(), .T = T, .K = K, .E = E,
                      .offsets = static_cast<int64_t*>(plan.offsets.get()), .rows = static_cast<int32_t*>(plan.rows.get()),
                      .slots = static_cast<int32_t*>(plan.slots.get()), .items = static_cast<int32_t*>(plan.items.get()),
