@@ -299,11 +299,16 @@ void host_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   if (StepGraphs* g = capturing_step()) {  // a captured copy reads pinned bytes when the graph runs
     const void* staged = g->stage(src, bytes);
-    if (step_copy_kernels()) {
-      launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
-      launch_check("upload (captured step)");
-    } else {
-      SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+    // SPARROW_CUDA_REPEAT_UPLOAD=n (0 to 8, default 0): n more copies of each, writing the same
+    // bytes: a probe of what one upload node costs in the captured step (docs/cuda.md).
+    static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_UPLOAD");
+    for (int r = 0; r <= repeat; ++r) {
+      if (step_copy_kernels()) {
+        launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
+        launch_check("upload (captured step)");
+      } else {
+        SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+      }
     }
   } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
   else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
