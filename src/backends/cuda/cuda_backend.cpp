@@ -19,6 +19,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "backends/cuda/bf16_linear.h"
@@ -328,6 +329,36 @@ DeviceBuffer upload_vector(const std::vector<T>& v) {
   host_to_device(b.get(), v.data(), b.bytes());
   return b;
 }
+
+// An op's small host vectors uploaded as one copy: one node of a captured step (an upload_pinned
+// kernel) where each vector was one. Each section starts 16-byte aligned; at(section) is its device
+// address after upload(), null for an empty section.
+class UploadPack {
+ public:
+  template <class T>
+  size_t add(const std::vector<T>& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = (bytes_.size() + 15) / 16 * 16;
+    bytes_.resize(at + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes_.data() + at, v.data(), v.size() * sizeof(T));
+    sizes_.push_back({at, v.size() * sizeof(T)});
+    return sizes_.size() - 1;
+  }
+  void upload() {
+    buf_ = DeviceBuffer(bytes_.size(), false);  // (every byte copied over, the gaps' zeros too)
+    host_to_device(buf_.get(), bytes_.data(), bytes_.size());
+  }
+  template <class T>
+  const T* at(size_t section) const {
+    const auto [offset, bytes] = sizes_.at(section);
+    return bytes == 0 ? nullptr : reinterpret_cast<const T*>(static_cast<const uint8_t*>(buf_.get()) + offset);
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  std::vector<std::pair<size_t, size_t>> sizes_;  // (offset, bytes) a section
+  DeviceBuffer buf_;
+};
 
 RopeTableArg rope_arg(const RopeTable& table) {
   RopeTableArg a;
@@ -698,7 +729,9 @@ class CudaBackend final : public Backend {
       if (fp8) {
         d = fp8_.run_stacked(p0.in, ws, leave);
       } else {
-        scratch = DeviceBuffer(static_cast<size_t>(T * N) * sizeof(float));
+        // (Unfilled: the GEMM writes every element, and a fill is a graph node of its own that cuts
+        // the step's chain of programmatic dependent launches: DeviceBuffer::scratch.)
+        scratch = DeviceBuffer::scratch(static_cast<size_t>(T * N) * sizeof(float));
         if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); },
                               leave))
           d = scratch.f32();
@@ -924,46 +957,47 @@ class CudaBackend final : public Backend {
         fresh_rows > 0 ? DeviceBuffer::scratch(static_cast<size_t>(fresh_rows * p.dim) * sizeof(float)) : DeviceBuffer();
     for (size_t i = 0; i < seqs.size(); ++i)
       if (record_rows[i] >= 0) seqs[i].entries = fresh.f32() + record_rows[i] * p.dim;
-    const DeviceBuffer plan = upload_vector(seqs);
+    // The call's plan, jobs and row lists in one upload (one node of a captured step, not up to five).
     static const bool parallel = cuda_feature_on("compressor_parallel");
-    const DeviceBuffer d_jobs = parallel && !jobs.empty() ? upload_vector(jobs) : DeviceBuffer();
-    launch_compressor({.seqs = static_cast<const CompressorSeqArgs*>(plan.get()), .nseq = static_cast<int64_t>(seqs.size()),
+    if (!parallel) jobs.clear();
+    UploadPack up;
+    const size_t plan = up.add(seqs), d_jobs = up.add(jobs), rows = up.add(emitted_rows), dst = up.add(record_dst),
+                 src = up.add(mirror_src), mirror_dst = up.add(mirror_rows);
+    up.upload();
+    launch_compressor({.seqs = up.at<CompressorSeqArgs>(plan), .nseq = static_cast<int64_t>(seqs.size()),
                        .kv = p.kv.f32(), .gate = p.gate.f32(), .positions = device_batch(batch).positions,
                        .ape = dev_view(p.ape), .norm_weight = dev_view(p.norm_weight), .rope = rope_arg(*p.rope),
                        .ratio = m, .dim = p.dim, .overlap = p.overlap, .norm_eps = static_cast<float>(p.norm_eps),
                        .round_bf16 = p.round_bf16,
-                       .parallel = parallel, .jobs = static_cast<const int64_t*>(d_jobs.get()),
+                       .parallel = parallel, .jobs = up.at<int64_t>(d_jobs),
                        .n_jobs = parallel ? static_cast<int64_t>(jobs.size() / 2) : 0});
     launch_check("compressor");
     // entry_sim (the stored record), then `--index-keys`: each new entry rounded as stored, after its
     // rotation, in emit_entry's order. The kernel never reads an entry back once it is emitted.
     if (!emitted_rows.empty()) {
-      const DeviceBuffer rows = upload_vector(emitted_rows);
       for (QuantSimKind kind : p.entry_sim) {
         const int64_t dims = kind == QuantSimKind::kFp8Pow2Block64 ? p.dim - p.rope->rope_dim() : p.dim;
         SPARROW_CHECK(dims >= 0 && dims <= p.dim);
         RowSimArgs sim = row_sim_of(kind, dims);
-        sim.rows = static_cast<float* const*>(rows.get());
+        sim.rows = up.at<float*>(rows);
         sim.n = static_cast<int64_t>(emitted_rows.size());
         sim.dims = dims;
         launch_row_sim(sim);
         launch_check("compressor entry_sim");
       }
-      launch_key_sim({.rows = static_cast<float* const*>(rows.get()), .n = static_cast<int64_t>(emitted_rows.size()),
+      launch_key_sim({.rows = up.at<float*>(rows), .n = static_cast<int64_t>(emitted_rows.size()),
                       .dim = p.dim, .precision = p.key_precision});
       launch_check("compressor key precision");
     }
     if (fresh_rows > 0) {
-      const DeviceBuffer dst = upload_vector(record_dst);
-      launch_kv_record_encode({.in = fresh.f32(), .rec_rows = static_cast<uint8_t* const*>(dst.get()), .rows = fresh_rows,
+      launch_kv_record_encode({.in = fresh.f32(), .rec_rows = up.at<uint8_t*>(dst), .rows = fresh_rows,
                                .in_stride = p.dim, .layout = fresh_layout});
       launch_check("compressor records");
     }
     // The bf16 copies, after the roundings (a sequence whose copy broke off gets none).
     if (!mirror_rows.empty()) {
-      const DeviceBuffer src = upload_vector(mirror_src), dst = upload_vector(mirror_rows);
-      launch_rows_to_bf16(static_cast<const float* const*>(src.get()), static_cast<uint16_t* const*>(dst.get()),
-                          static_cast<int64_t>(mirror_rows.size()), p.dim);
+      launch_rows_to_bf16(up.at<const float*>(src), up.at<uint16_t*>(mirror_dst), static_cast<int64_t>(mirror_rows.size()),
+                          p.dim);
       launch_check("compressor bf16 copies");
     }
   }
@@ -1127,9 +1161,11 @@ class CudaBackend final : public Backend {
     constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
     const int64_t per_pass =
         one_split ? T : split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
-    DeviceBuffer scratch(one_split ? 0
-                         : split   ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
-                                   : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
+    // (Unfilled: a split's kernel writes its part before the combine reads it, and the combine reads
+    // only the splits a token has; attention_kernel writes a candidate's logit before it reads it.)
+    DeviceBuffer scratch = DeviceBuffer::scratch(one_split ? 0
+                                                 : split   ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
+                                                           : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
     launch_attention({.out = p.out.f32(), .scratch = split ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
@@ -1548,7 +1584,10 @@ class CudaBackend final : public Backend {
     plan.slots = DeviceBuffer::scratch(total * sizeof(int32_t));
     plan.items = DeviceBuffer::scratch(2 * plan.max_items * sizeof(int32_t));
     plan.n_items = DeviceBuffer::scratch(sizeof(int32_t));
-    const DeviceBuffer counts(E * sizeof(int32_t));  // zero-filled
+    // Zero-filled where several blocks add to it; else the count kernel's one block stores every count
+    // (no fill: a node of the captured step that cuts its chain of programmatic dependent launches).
+    const DeviceBuffer counts = moe_plan_counts_unfilled(total) ? DeviceBuffer::scratch(E * sizeof(int32_t))
+                                                               : DeviceBuffer(E * sizeof(int32_t));
     launch_moe_plan({.experts = experts.i32(), .T = T, .K = K, .E = E,
                      .offsets = static_cast<int64_t*>(plan.offsets.get()), .rows = static_cast<int32_t*>(plan.rows.get()),
                      .slots = static_cast<int32_t*>(plan.slots.get()), .items = static_cast<int32_t*>(plan.items.get()),

@@ -341,9 +341,12 @@ struct MoePlanArgs {
   int32_t* items;
   int32_t* n_items;
   int64_t max_items;  // a bound on the items: T*K / 8 + min(E, T*K) + 1 (cuda_backend.cpp)
-  int32_t* counts;    // [E] scratch, zero on entry
+  int32_t* counts;    // [E] scratch, zero on entry unless moe_plan_counts_unfilled(T * K)
 };
 void launch_moe_plan(const MoePlanArgs& a);
+// Whether launch_moe_plan's count kernel runs one block for this many choices (T * K), which stores
+// every count: MoePlanArgs::counts then need not be zeroed.
+bool moe_plan_counts_unfilled(int64_t choices);
 
 // The routed experts of one MoE call in one launch, over a plan (launch_moe_plan, or the same
 // built on the host): grid x = max_items work items (blocks past *n_items leave); item (e, t0)

@@ -178,7 +178,8 @@ namespace {
 
 // The plan in two launches (one block with a serial placement loop on thread 0 took 6.9 ms for a
 // prefill of 8192 tokens and 0.22 ms at batch 256 on the H200):
-// 1. moe_count_kernel: rows per expert (shared-memory histograms added to counts[E], zero before).
+// 1. moe_count_kernel: rows per expert (shared-memory histograms added to counts[E], zero before;
+//    stored by the one block where there is one).
 // 2. moe_place_kernel: every block scans the counts (offsets, first item of each expert); warp w of
 //    block b places expert e = 8b + w: it walks the T*K choices in (token, slot) order 32 at a time,
 //    a ballot giving each match its place, so the rows of an expert keep that order (the host plan's);
@@ -198,8 +199,12 @@ __global__ void moe_count_kernel(MoePlanArgs a) {
     atomicAdd(&hist[e], 1);
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < a.E; e += blockDim.x)
-    if (hist[e] != 0) atomicAdd(&a.counts[e], hist[e]);
+  // One block (up to 1,024 choices: the decode batches) stores every count, so counts need not be
+  // zeroed (moe_plan_counts_unfilled: no fill node in the captured step); more add theirs to zeros.
+  for (int64_t e = threadIdx.x; e < a.E; e += blockDim.x) {
+    if (gridDim.x == 1) a.counts[e] = hist[e];
+    else if (hist[e] != 0) atomicAdd(&a.counts[e], hist[e]);
+  }
 }
 
 __global__ void moe_place_kernel(MoePlanArgs a) {
@@ -281,11 +286,17 @@ __global__ void moe_place_kernel(MoePlanArgs a) {
 
 }  // namespace
 
+namespace {
+// The count kernel's blocks for this many choices: 1,024 a block, at most 132.
+unsigned moe_count_blocks(int64_t choices) {
+  return static_cast<unsigned>(std::min<int64_t>((choices + 1023) / 1024, 132));
+}
+}  // namespace
+bool moe_plan_counts_unfilled(int64_t choices) { return moe_count_blocks(choices) == 1; }
+
 void launch_moe_plan(const MoePlanArgs& a) {
   if (a.T * a.K == 0) return;
-  const int64_t n = a.T * a.K;
-  const unsigned count_blocks = static_cast<unsigned>(std::min<int64_t>((n + 1023) / 1024, 132));
-  launch(moe_count_kernel, count_blocks, 1024, a.E * sizeof(int32_t), a);
+  launch(moe_count_kernel, moe_count_blocks(a.T * a.K), 1024, a.E * sizeof(int32_t), a);
   launch(moe_place_kernel, blocks_for(a.E, kPlanWarps), kPlanThreads, 2 * (a.E + 1) * sizeof(int32_t), a);
 }
 
