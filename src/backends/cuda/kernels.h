@@ -115,7 +115,9 @@ struct DevView {
 // row length rounded up to a power of two, so a captured CSA layer's graph keeps its shape until
 // the row doubles), "w4a8_producer" (the routed experts' decode kernel with a producer warp issuing
 // its copies, w4a8_decode_ws_kernel, at 8 rows a block and 2-group slots; off: the block-wide
-// kernel and its rows and spans, the same bits) and "alloc_nofill" (tensors left unfilled at
+// kernel and its rows and spans, the same bits), "moe_x_lazy" (the MoE's FP8-rounded input rows
+// made only where a CUDA-core projection reads them, cuda_backend.cpp moe; off: always first, the
+// same bits) and "alloc_nofill" (tensors left unfilled at
 // allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
