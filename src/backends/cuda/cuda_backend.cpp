@@ -1334,8 +1334,9 @@ class CudaBackend final : public Backend {
       const int64_t F = p.shared->w1.out;
       DeviceBuffer h1 = DeviceBuffer::scratch(T * F * sizeof(float)), h3 = DeviceBuffer::scratch(T * F * sizeof(float));
       shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
-      swiglu_ffn(*p.shared, p.x.f32(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit,
-                 {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0}, &rounded);
+      // (Lazy: the unrounded rows, which its tensor-core GEMMs quantise; else the rounded ones, as before.)
+      swiglu_ffn(*p.shared, moe_x_lazy_ ? p.x.f32() : rounded(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(),
+                 p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0}, &rounded);
     }
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = p.shared ? shared_out.f32() : nullptr,
                         .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics});

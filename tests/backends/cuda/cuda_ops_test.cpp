@@ -2557,11 +2557,12 @@ TEST_F(CudaOps, MoeW4A8FusedActivationGivesTheSameBits) {
 
 // The MoE's FP8-rounded input rows made only where a CUDA-core projection reads them
 // (cuda::set_moe_x_lazy): the W4A8 experts and the shared expert's FP8 tensor-core GEMMs quantise the
-// unrounded input themselves, which must give the bits of quantising the rounded rows, also where
-// re-quantising halves a block's scale (a block whose largest value, 225 x 2^-7, rounds down to 224
-// x its scale: the rounded block's scale is half the input's, its codes double). At 1, 5 and 100
-// tokens, W4A8 routed experts and a 128 x 128 FP8 shared expert, with the lazy rows and without;
-// then the routed experts on the CUDA cores (W4A8 off), which read the rounded rows.
+// unrounded input themselves (lazy) where they quantised the rounded rows (not lazy), which must
+// give the same bits, also where re-quantising halves a block's scale (a block whose largest value,
+// 225 x 2^-7, rounds down to 224 x its scale: the rounded block's scale is half the input's, its
+// codes double). At 1, 5 and 100 tokens, W4A8 routed experts and a 128 x 128 FP8 shared expert,
+// with the lazy rows and without; then the routed experts on the CUDA cores (W4A8 off), then the
+// shared expert's projections on the CUDA cores (fp8_gemm off): those read the rounded rows.
 TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
   SPARROW_SKIP_UNLESS_CUDA(gpu);
   Rng rng(231);
@@ -2589,8 +2590,11 @@ TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
     const Tensor xg = gpu->upload_f32(x, {T, D}), eg = gpu->upload_i32(choices, {T, 2}),
                  wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
     const std::string tag = " T=" + std::to_string(T);
-    for (const bool w4a8 : {true, false}) {
+    // W4A8 experts and the shared expert on the FP8 tensor cores (the fast path); the experts on the
+    // CUDA cores; the shared expert's projections on the CUDA cores too (its fallback: cc_x).
+    for (const auto& [w4a8, fp8_gemm] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
       cuda::set_w4a8_experts(*gpu, w4a8);
+      cuda::set_fp8_gemm_in_linear(*gpu, fp8_gemm);
       std::vector<float> out[2];
       bool made[2] = {};
       for (const bool lazy : {true, false}) {  // (lazy first: buffers that never held the other's values)
@@ -2600,15 +2604,13 @@ TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
         out[lazy ? 0 : 1] = gpu->download_f32(o);
         made[lazy ? 0 : 1] = cuda::last_moe_x_rounded(*gpu);
       }
-      const std::string what = std::string(w4a8 ? " w4a8" : " cuda cores") + tag;
+      const std::string what = std::string(w4a8 ? " w4a8" : " cuda cores") + (fp8_gemm ? "" : ", shared on cuda cores") + tag;
       EXPECT_TRUE(made[1]) << "without the lazy rows the rounded rows are always made" << what;
-      // The CUDA-core experts read them; on the fast paths nothing does (where those paths run: the
-      // fallback rows of gpu-check turn some off through SPARROW_CUDA_DISABLE).
-      if (!w4a8) {
+      // The CUDA-core projections read them; on the fast paths nothing does (where the grouped plan
+      // runs: gpu-check's fallback rows turn it off through SPARROW_CUDA_DISABLE).
+      if (!w4a8 || !fp8_gemm) {
         EXPECT_TRUE(made[0]) << what;
-      }
-      if (w4a8 && cuda::cuda_feature_on("w4a8") && cuda::cuda_feature_on("grouped_moe") &&
-          cuda::cuda_feature_on("fp8_stack")) {
+      } else if (cuda::cuda_feature_on("grouped_moe")) {
         EXPECT_FALSE(made[0]) << "the rounded rows were made though no projection reads them" << what;
       }
       expect_same_bits(out[0], out[1], "moe lazy vs eager rounded input" + what);
