@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "backends/cuda/device_common.cuh"
-#include "core/check.h"
 
 namespace sparrow::cuda {
 namespace {
@@ -286,14 +285,17 @@ __global__ void moe_place_kernel(MoePlanArgs a) {
 
 }  // namespace
 
-bool moe_plan_counts_unfilled(int64_t choices) { return choices <= 1024; }
+namespace {
+// The count kernel's blocks for this many choices: 1,024 a block, at most 132.
+unsigned moe_count_blocks(int64_t choices) {
+  return static_cast<unsigned>(std::min<int64_t>((choices + 1023) / 1024, 132));
+}
+}  // namespace
+bool moe_plan_counts_unfilled(int64_t choices) { return moe_count_blocks(choices) == 1; }
 
 void launch_moe_plan(const MoePlanArgs& a) {
   if (a.T * a.K == 0) return;
-  const int64_t n = a.T * a.K;
-  const unsigned count_blocks = static_cast<unsigned>(std::min<int64_t>((n + 1023) / 1024, 132));
-  SPARROW_CHECK((count_blocks == 1) == moe_plan_counts_unfilled(n));
-  launch(moe_count_kernel, count_blocks, 1024, a.E * sizeof(int32_t), a);
+  launch(moe_count_kernel, moe_count_blocks(a.T * a.K), 1024, a.E * sizeof(int32_t), a);
   launch(moe_place_kernel, blocks_for(a.E, kPlanWarps), kPlanThreads, 2 * (a.E + 1) * sizeof(int32_t), a);
 }
 
