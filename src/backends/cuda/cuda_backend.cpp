@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -729,8 +730,9 @@ class CudaBackend final : public Backend {
       if (fp8) {
         d = fp8_.run_stacked(p0.in, ws, leave);
       } else {
-        // (Unfilled: the GEMM writes every element, and a fill is a graph node of its own that cuts
-        // the step's chain of programmatic dependent launches: DeviceBuffer::scratch.)
+        // (Unfilled: the GEMM writes every element, or leaves its parts for split_cols, and a fill is
+        // a graph node of its own that cuts the step's chain of programmatic dependent launches:
+        // DeviceBuffer::scratch.)
         scratch = DeviceBuffer::scratch(static_cast<size_t>(T * N) * sizeof(float));
         if (bf16_.run_stacked(scratch.f32(), p0.in.f32(), T, ws, [&](const WeightMatrix& w) { return dev_weight(w); },
                               leave))
@@ -1274,18 +1276,28 @@ class CudaBackend final : public Backend {
     if (T == 0) return;
     // ref_numerics: every expert reads the input FP8-quantised (1x128 per token, as the CPU's
     // swiglu_ffn quantises each gathered row: the same row gives the same codes for every expert).
-    const float* x = p.x.f32();
+    // The rounded rows (xq) are made where a path reads them: the CUDA-core projections. The W4A8
+    // experts and the shared expert's FP8 tensor-core GEMMs quantise p.x themselves, which gives the
+    // rounded rows' values (quantising those again gives them back, with the same or half the block
+    // scale and the codes doubled: the same products), so on the fast profiles' paths the pass is
+    // not launched (`moe_x_lazy`, set_moe_x_lazy; off: made first, as before, the same bits).
     DeviceBuffer xq;
-    if (p.ref_numerics && D > 0) {
-      OpProfiler::Scope part(profiler_, "moe/input act_quant");
-      // Rounded from x into xq in one pass (a copy then an in-place pass put a copy node between
-      // two kernels of a captured step).
-      xq = DeviceBuffer::scratch(static_cast<size_t>(T * D) * sizeof(float));
-      launch_row_sim({.x = xq.f32(), .rows = nullptr, .n = T, .row_stride = D, .dims = D, .kind = RowSimKind::kFp8Pow2,
-                      .block = kFp8ActBlock, .src = x});
-      launch_check("moe input act_quant_fp8");
-      x = xq.f32();
-    }
+    last_moe_x_rounded_ = false;
+    const std::function<const float*()> rounded = [&]() -> const float* {
+      if (!p.ref_numerics || D == 0) return p.x.f32();
+      if (!xq.get()) {
+        OpProfiler::Scope part(profiler_, "moe/input act_quant");
+        // Rounded from x into xq in one pass (a copy then an in-place pass put a copy node between
+        // two kernels of a captured step).
+        xq = DeviceBuffer::scratch(static_cast<size_t>(T * D) * sizeof(float));
+        launch_row_sim({.x = xq.f32(), .rows = nullptr, .n = T, .row_stride = D, .dims = D,
+                        .kind = RowSimKind::kFp8Pow2, .block = kFp8ActBlock, .src = p.x.f32()});
+        launch_check("moe input act_quant_fp8");
+        last_moe_x_rounded_ = true;
+      }
+      return xq.f32();
+    };
+    if (!moe_x_lazy_) rounded();
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     // (Every slot's row is written: each slot has an expert, and every expert's rows are scattered.)
     DeviceBuffer contrib = DeviceBuffer::scratch(T * K * D * sizeof(float));
@@ -1300,7 +1312,7 @@ class CudaBackend final : public Backend {
       } else {
         plan = upload_plan(plan_on_host(p.experts, T, K, E));
       }
-      run_planned_experts(*tab, routed[0], plan, x, D, T * K, contrib.f32(), p, combine_scale);
+      run_planned_experts(*tab, routed[0], plan, rounded, D, T * K, contrib.f32(), p, combine_scale);
     } else {
       const HostMoePlan hp = plan_on_host(p.experts, T, K, E);
       if (hp.max_rows > 0) {
@@ -1318,7 +1330,8 @@ class CudaBackend final : public Backend {
           if (R == 0) continue;
           const RefRouting ref{.on = p.ref_numerics, .slots = slots_ptr + hp.offsets[e], .weights = p.weights.f32(),
                                .scale = combine_scale};
-          swiglu_ffn(routed[e], x, D, rows_ptr + hp.offsets[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit, ref);
+          swiglu_ffn(routed[e], rounded(), D, rows_ptr + hp.offsets[e], R, h1.f32(), h3.f32(), y.f32(), p.swiglu_limit,
+                     ref);
           // ref_numerics: the weight is in h already; contrib = y.
           launch_expert_scatter({.contrib = contrib.f32(), .y = y.f32(), .slots = slots_ptr + hp.offsets[e],
                                  .weights = p.ref_numerics ? nullptr : p.weights.f32(), .R = R, .D = D,
@@ -1336,9 +1349,10 @@ class CudaBackend final : public Backend {
       DeviceBuffer h1 = DeviceBuffer::scratch(T * F * sizeof(float)), h3 = DeviceBuffer::scratch(T * F * sizeof(float));
       shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
       shared_view = shared_out.f32();
-      swiglu_ffn(*p.shared, x, D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(), p.swiglu_limit,
-                 {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
-                 parts_in_readers_ ? &shared_view : nullptr);
+      // (Lazy: the unrounded rows, which its tensor-core GEMMs quantise; else the rounded ones, as before.)
+      swiglu_ffn(*p.shared, moe_x_lazy_ ? p.x.f32() : rounded(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(),
+                 p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
+                 parts_in_readers_ ? &shared_view : nullptr, &rounded);
     }
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = shared_view,
                         .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics});
@@ -1646,8 +1660,11 @@ class CudaBackend final : public Backend {
   // scales (launch_act_quant_fp8: the values fp8_rows gives, bit for bit), both operands are widened
   // to f16 in the kernel; the products are exact, the sums fp32 in the mma's order, so the rows
   // differ from the CUDA-core path in the last bits.
-  void run_planned_experts(const ExpertTables& tab, const ExpertWeights& f, const MoePlan& plan, const float* x,
-                           int64_t D, int64_t total, float* contrib, const MoeParams& p, double combine_scale) {
+  // x_of: the input rows FP8-rounded (made on the first call), which the CUDA-core projections read;
+  // the W4A8 kernels quantise p.x themselves.
+  void run_planned_experts(const ExpertTables& tab, const ExpertWeights& f, const MoePlan& plan,
+                           const std::function<const float*()>& x_of, int64_t D, int64_t total, float* contrib,
+                           const MoeParams& p, double combine_scale) {
     const int64_t F = f.w1.out;
     SPARROW_CHECK_EQ(f.w3.out, F);
     SPARROW_CHECK_EQ(f.w2.in, F);
@@ -1666,6 +1683,8 @@ class CudaBackend final : public Backend {
     // multiple of 128, packed e8m0 scales; unless SPARROW_CUDA_DISABLE=w4a8_wgmma); the tiled and the
     // decode kernel there give the same bits as each other, not as the mma.sync kernels.
     const bool wgmma = w4a8 && w4a8_wgmma_ && tab.wgmma_ok;
+    // The rounded input rows, for the CUDA-core projections only (null on W4A8: not made there).
+    const float* const x = w4a8 ? nullptr : x_of();
     // The tiled kernel's grid: sum over experts of ceil(R_e / 64) <= total / 64 + min(E, total) + 1.
     const int64_t E = static_cast<int64_t>(p.routed->size());
     const int64_t max_tiles = total / kW4A8TileRows + std::min(E, total) + 1;
@@ -1812,8 +1831,11 @@ class CudaBackend final : public Backend {
   // With `y_view` (the shared expert under parts_in_readers), the FP8 GEMMs' quarters may be left for
   // their readers: the stacked w1 / w3's for swiglu_sim, w2's for the caller's reader, *y_view then
   // saying where y is (y itself or the quarters, valid until the next FP8 linear).
+  // cc_x, where set: x is the input before its FP8 rounding (ref.on), which the tensor-core GEMMs
+  // quantise themselves, and cc_x() the rounded rows that a CUDA-core projection reads instead.
   void swiglu_ffn(const ExpertWeights& w, const float* x, int64_t x_stride, const int32_t* rows, int64_t R, float* h1,
-                  float* h3, float* y, double limit, const RefRouting& ref, PartsView* y_view = nullptr) {
+                  float* h3, float* y, double limit, const RefRouting& ref, PartsView* y_view = nullptr,
+                  const std::function<const float*()>* cc_x = nullptr) {
     if (y_view) *y_view = y;
     const int64_t F = w.w1.out;
     SPARROW_CHECK_EQ(w.w3.out, F);
@@ -1821,14 +1843,16 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(w.w1.in, x_stride);
     SPARROW_CHECK_EQ(w.w2.out, x_stride);
     // Under the reference numerics, an ungathered FFN (the shared expert) with 128x128 FP8 weights
-    // takes the fast linears' tensor-core GEMM (fp8_gemm): its inputs are already FP8-rounded, and
-    // quantising them again gives the same values (fp8_gemm_rows).
+    // takes the fast linears' tensor-core GEMM (fp8_gemm), which quantises its input: the rounded
+    // rows' values whether it is given them (quantising them again gives them back) or, with cc_x,
+    // the rows before their rounding (fp8_gemm_rows).
     const bool tensor_cores = ref.on && rows == nullptr;
     auto project = [&](float* out, const float* in, const int32_t* in_rows, int64_t in_stride, int64_t rows_per_group,
-                       const WeightMatrix& m, PartsView* view = nullptr) {
+                       const WeightMatrix& m, PartsView* view = nullptr,
+                       const std::function<const float*()>* cc_in = nullptr) {
       if (!(tensor_cores && fp8_gemm_rows(out, in, R, m, false, view)))
-        launch_linear({.out = out, .in = in, .in_rows = in_rows, .w = dev_weight(m), .T = R, .in_stride = in_stride,
-                       .rows_per_group = rows_per_group, .vectorized = ref.on});
+        launch_linear({.out = out, .in = cc_in ? (*cc_in)() : in, .in_rows = in_rows, .w = dev_weight(m), .T = R,
+                       .in_stride = in_stride, .rows_per_group = rows_per_group, .vectorized = ref.on});
     };
     // The shared expert's w1 and w3 as one GEMM over the two stacked (`fp8_stack`), SwiGLU reading
     // both halves of each row.
@@ -1847,8 +1871,8 @@ class CudaBackend final : public Backend {
       if (stacked) count_left(stacked_view);
     }
     if (!stacked) {
-      project(h1, x, rows, x_stride, F, w.w1);
-      project(h3, x, rows, x_stride, F, w.w3);
+      project(h1, x, rows, x_stride, F, w.w1, nullptr, cc_x);
+      project(h3, x, rows, x_stride, F, w.w3, nullptr, cc_x);
     }
     // SwiGLU's operands: the stacked GEMM's rows of 2F (w1's half, then w3's), or h1 and h3.
     float* const a = stacked ? const_cast<float*>(stacked) : h1;
@@ -1929,6 +1953,8 @@ class CudaBackend final : public Backend {
   bool w4a8_experts_ = cuda_feature_on("w4a8");
   bool w4a8_tiled_ = cuda_feature_on("w4a8_tiled");
   bool moe_fused_act_ = cuda_feature_on("moe_fused_act");
+  bool moe_x_lazy_ = cuda_feature_on("moe_x_lazy");
+  bool last_moe_x_rounded_ = false;  // test support
   bool fp8_stack_ = cuda_feature_on("fp8_stack");  // linears of one input as one GEMM (linears, swiglu_ffn)
   bool w4a8_wgmma_ = cuda_feature_on("w4a8_wgmma");
   int w4a8_wgmma_warpgroups_ = 0;
@@ -1954,6 +1980,8 @@ class CudaBackend final : public Backend {
   void set_w4a8_experts(bool on) { w4a8_experts_ = on; }
   void set_w4a8_tiled(bool on) { w4a8_tiled_ = on; }
   void set_moe_fused_act(bool on) { moe_fused_act_ = on; }
+  void set_moe_x_lazy(bool on) { moe_x_lazy_ = on; }
+  bool last_moe_x_rounded() const { return last_moe_x_rounded_; }
   void set_w4a8_wgmma(bool on) { w4a8_wgmma_ = on; }
   void set_w4a8_wgmma_warpgroups(int n) { w4a8_wgmma_warpgroups_ = n; }
   void set_w4a8_wgmma_split(int mode) { w4a8_wgmma_split_ = mode; }
@@ -2110,6 +2138,8 @@ bool bf16_linear_last_fp8_weights(Backend& backend) { return cuda_backend(backen
 void set_w4a8_experts(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_experts(on); }
 void set_w4a8_tiled(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_tiled(on); }
 void set_moe_fused_act(Backend& backend, bool on) { cuda_backend(backend).set_moe_fused_act(on); }
+void set_moe_x_lazy(Backend& backend, bool on) { cuda_backend(backend).set_moe_x_lazy(on); }
+bool last_moe_x_rounded(Backend& backend) { return cuda_backend(backend).last_moe_x_rounded(); }
 void set_w4a8_wgmma(Backend& backend, bool on) { cuda_backend(backend).set_w4a8_wgmma(on); }
 void set_w4a8_wgmma_split(Backend& backend, int mode) {
   SPARROW_CHECK(mode >= 0 && mode <= 2);

@@ -173,6 +173,12 @@ void set_w4a8_tiled(Backend& backend, bool on);
 // Whether the W4A8 experts' swiglu, routing weight and act_quant run as one kernel (on unless
 // SPARROW_CUDA_DISABLE=moe_fused_act); the same bits as the three kernels in turn.
 void set_moe_fused_act(Backend& backend, bool on);
+// Whether the MoE makes its input's FP8-rounded rows (ref numerics) only where a CUDA-core
+// projection reads them (on unless SPARROW_CUDA_DISABLE=moe_x_lazy): the W4A8 experts and the shared
+// expert's FP8 tensor-core GEMMs quantise the input themselves; the same bits either way.
+// last_moe_x_rounded: whether the last MoE call made them.
+void set_moe_x_lazy(Backend& backend, bool on);
+bool last_moe_x_rounded(Backend& backend);
 // Whether those run on wgmma, the FP8 tensor cores (kernels.h GroupedW4A8Args::wgmma), where every
 // K is a multiple of 128 and the scales are packed e8m0 (on unless SPARROW_CUDA_DISABLE=w4a8_wgmma).
 // Its decode and tiled kernels give the same bits as each other, not the mma.sync kernels' bits.

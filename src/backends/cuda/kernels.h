@@ -140,11 +140,13 @@ struct DevView {
 // kernel and its rows and spans, the same bits), "attn_overlap" (the tensor-core attention's 16-head
 // blocks from the bf16 copies make a chunk's logits on 4 warps beside the chunk before's softmax and
 // weighted sum on the other 12; off: the three phases one after the other on every warp, the same
-// bits), "attn_dims" (a call of few 16-head blocks spread over 2 or 4 times the blocks, each with the
+// bits), "parts_in_readers" (a split decode GEMM's parts added by the kernel reading its output
+// where one op runs both, PartsView; off: a parts_sum_kernel launch between them, the same bits),
+// "attn_dims" (a call of few 16-head blocks spread over 2 or 4 times the blocks, each with the
 // whole logits and softmax and a slice of the weighted sum's dims, the grid's z; off:
-// one block a (token, 16 heads, split), the same bits), "parts_in_readers" (a split decode GEMM's
-// parts added by the kernel reading its output where one op runs both, PartsView; off: a
-// parts_sum_kernel launch between them, the same bits) and "alloc_nofill" (tensors left unfilled at
+// one block a (token, 16 heads, split), the same bits), "moe_x_lazy" (the MoE's FP8-rounded input
+// rows made only where a CUDA-core projection reads them, cuda_backend.cpp moe; off: always first,
+// the same bits) and "alloc_nofill" (tensors left unfilled at
 // allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under

@@ -2695,6 +2695,70 @@ TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
   }
 }
 
+// The MoE's FP8-rounded input rows made only where a CUDA-core projection reads them
+// (cuda::set_moe_x_lazy): the W4A8 experts and the shared expert's FP8 tensor-core GEMMs quantise the
+// unrounded input themselves (lazy) where they quantised the rounded rows (not lazy), which must
+// give the same bits, also where re-quantising halves a block's scale (a block whose largest value,
+// 225 x 2^-7, rounds down to 224 x its scale: the rounded block's scale is half the input's, its
+// codes double). At 1, 5 and 100 tokens, W4A8 routed experts and a 128 x 128 FP8 shared expert,
+// with the lazy rows and without; then the routed experts on the CUDA cores (W4A8 off), then the
+// shared expert's projections on the CUDA cores (fp8_gemm off): those read the rounded rows.
+TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
+  Rng rng(231);
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  const int64_t D = 256, F = 256, E = 6;
+  MoeCase mc;
+  mc.D = D, mc.F = F, mc.E = E;
+  mc.store.reserve(3 * (E + 1));
+  for (int64_t e = 0; e <= E; ++e) {
+    const bool routed = e < E;
+    for (const auto& [out, in] : {std::pair{F, D}, std::pair{D, F}, std::pair{F, D}})
+      mc.store.push_back(routed ? fp4_matrix(rng, out, in, 118, 121) : fp8_matrix(rng, out, in, 128, 128, DType::kF8E8M0));
+    const ExpertWeights w{.w1 = mc.store[3 * e].w, .w2 = mc.store[3 * e + 1].w, .w3 = mc.store[3 * e + 2].w};
+    if (routed) mc.routed.push_back(w);
+    else mc.shared = w;
+  }
+  for (const int64_t T : {1, 5, 100}) {
+    std::vector<float> x = rng.uniform(T * D, -1.6, 1.6);
+    for (float& v : x) v = bf16_round(v);
+    for (int64_t t = 0; t < T; t += 2) x[t * D + 5] = 1.7578125f;  // 225 x 2^-7: the scale-halving block
+    std::vector<int32_t> choices(2 * T);
+    for (int64_t t = 0; t < T; ++t)
+      choices[2 * t] = static_cast<int32_t>(t % E), choices[2 * t + 1] = static_cast<int32_t>((3 * t + 1) % E);
+    const Tensor xg = gpu->upload_f32(x, {T, D}), eg = gpu->upload_i32(choices, {T, 2}),
+                 wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
+    const std::string tag = " T=" + std::to_string(T);
+    // W4A8 experts and the shared expert on the FP8 tensor cores (the fast path); the experts on the
+    // CUDA cores; the shared expert's projections on the CUDA cores too (its fallback: cc_x).
+    for (const auto& [w4a8, fp8_gemm] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+      cuda::set_w4a8_experts(*gpu, w4a8);
+      cuda::set_fp8_gemm_in_linear(*gpu, fp8_gemm);
+      std::vector<float> out[2];
+      bool made[2] = {};
+      for (const bool lazy : {true, false}) {  // (lazy first: buffers that never held the other's values)
+        cuda::set_moe_x_lazy(*gpu, lazy);
+        const Tensor o = gpu->alloc(ElemType::kF32, {T, D});
+        gpu->moe(w4a8_moe_params(mc, o, xg, eg, wg));
+        out[lazy ? 0 : 1] = gpu->download_f32(o);
+        made[lazy ? 0 : 1] = cuda::last_moe_x_rounded(*gpu);
+      }
+      const std::string what = std::string(w4a8 ? " w4a8" : " cuda cores") + (fp8_gemm ? "" : ", shared on cuda cores") + tag;
+      EXPECT_TRUE(made[1]) << "without the lazy rows the rounded rows are always made" << what;
+      // The CUDA-core projections read them; on the fast paths nothing does (where the grouped plan
+      // runs: gpu-check's fallback rows turn it off through SPARROW_CUDA_DISABLE).
+      if (!w4a8 || !fp8_gemm) {
+        EXPECT_TRUE(made[0]) << what;
+      } else if (cuda::cuda_feature_on("grouped_moe")) {
+        EXPECT_FALSE(made[0]) << "the rounded rows were made though no projection reads them" << what;
+      }
+      expect_same_bits(out[0], out[1], "moe lazy vs eager rounded input" + what);
+      EXPECT_GT(std::count_if(out[0].begin(), out[0].end(), [](float v) { return v != 0.0f; }), T * D / 2) << what;
+    }
+  }
+}
+
 // The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
 // of its arithmetic: the MoE's output is the same bits at either width, for the CUDA test's shapes
 // (N = 96 and 256: a partial 32-column block and a 16-column one past N), 7 to 16 rows an expert
