@@ -106,9 +106,10 @@ void add_needle_command(CLI::App& app) {
                        got.c_str(), t.predicted[0], t.predicted[1], t.predicted[2], t.hit ? " hit" : "");
         }
     std::printf("%s", opts->json ? (needle_table_json(*rows) + "\n").c_str() : needle_table_text(*rows).c_str());
-    std::fprintf(stderr, "sparrow: %s backend, precision %s, needle format %s, index keys %s%s\n", backend->name(),
+    std::fprintf(stderr, "sparrow: %s backend, precision %s, needle format %s, index keys %s%s%s\n", backend->name(),
                  precision_name(overrides.precision), needle_format_name(no.format), key_precision_name(model->index_keys()),
-                 opts->run.index_topk > 0 ? (", index_topk " + std::to_string(opts->run.index_topk)).c_str() : "");
+                 opts->run.index_topk > 0 ? (", index_topk " + std::to_string(opts->run.index_topk)).c_str() : "",
+                 overrides.attn_weights_bf16 ? ", attention weights bf16" : "");
   });
 }
 

@@ -23,12 +23,16 @@ Expected<std::vector<int32_t>> parse_ids(const std::string& arg);
 // --verbose, the load time and peak RSS).
 std::unique_ptr<Model> load_model_or_fail(const std::string& dir, const ModelOverrides& overrides = {});
 
-// --precision, --index-keys, --index-topk (with a suffix: --precision-a, ...): run-time numerics.
+// --precision, --index-keys, --index-topk, --attn-weights (with a suffix: --precision-a, ...):
+// run-time numerics.
 struct ModelRunOptions {
   // index_keys "auto": the profile's default (fp32 under fp32 and deepseek-ref, bf16 under fast).
   // precision "auto": fast on the cuda backend, fp32 on the cpu one (default_precision).
   std::string precision = "auto", index_keys = "auto";
   int64_t index_topk = 0;
+  // --attn-weights: fp32 (every profile's), or bf16 (an accuracy experiment, cpu backend only:
+  // ModelOverrides::attn_weights_bf16).
+  std::string attn_weights = "fp32";
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");
 // The run options as overrides for a model run on `backend` (which resolves --precision auto).

@@ -132,7 +132,7 @@ opt_in=kv_record
 gtest_row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" "$logs/gtest-opt-in.log" \
   env SPARROW_CUDA_ENABLE="$opt_in" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The tensor-core attention's split size is a process-wide knob (SPARROW_CUDA_ATTN_MMA_SPLIT, default
-# 512): the attention and parity tests again at 128 (a CSA token's 640 candidates in 5 splits).
+# 640): the attention and parity tests again at 128 (a CSA token's 640 candidates in 5 splits).
 gtest_row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" "$logs/gtest-split-128.log" \
   env SPARROW_CUDA_ATTN_MMA_SPLIT=128 "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*:*Parity*'
 worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)

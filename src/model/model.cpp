@@ -70,6 +70,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
   }
   model->precision_ = overrides.precision;
   model->index_keys_ = overrides.index_keys.value_or(precision_default_index_keys(overrides.precision));
+  model->attn_weights_bf16_ = overrides.attn_weights_bf16;
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   auto weights = model_weights_load(*model->checkpoint_, model->config_, progress);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
@@ -112,6 +113,10 @@ KeyPrecision precision_default_index_keys(Precision p) {
 // ref_numerics; deepseek-ref also bf16_scores and the Hadamard/FP4 quant_sim kinds): the CPU and CUDA
 // backends implement all of them (supports_reference_numerics()); other backends are refused here.
 Status Model::check_backend(const Backend& backend) const {
+  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16())
+    return Status::unsupported(std::string("--attn-weights bf16 (an accuracy experiment) is implemented on the cpu "
+                                           "backend only, not on the ") +
+                               backend.name() + " backend");
   if (precision_ == Precision::kFp32 || backend.supports_reference_numerics()) return Status::ok();
   if (precision_ == Precision::kFast)
     return Status::unsupported(
@@ -330,7 +335,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
                  .bf16_operands = ref && nx.kv_fp8, .kv_record = ref && nx.kv_fp8,
-                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps});
+                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps, .weights_bf16 = attn_weights_bf16_});
   be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = ref && nx.kv_fp8});
   // V carried rotated dims: undo the rotation at the query position (spec §3.3).
   be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);

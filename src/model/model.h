@@ -64,6 +64,10 @@ struct ModelOverrides {
   // Precision the indexer keys are stored in; unset: the profile's (precision_default_index_keys).
   std::optional<KeyPrecision> index_keys = std::nullopt;
   Precision precision = Precision::kFp32;
+  // `--attn-weights bf16`: the attention's softmax weights rounded to bf16 before they weight the
+  // keys (AttentionParams::weights_bf16), an accuracy experiment on top of any profile; backends
+  // without it are refused (check_backend).
+  bool attn_weights_bf16 = false;
 };
 
 // Called while Model::load checks the weight table: (layers checked, layers in total).
@@ -79,8 +83,10 @@ class Model {
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   KeyPrecision index_keys() const { return index_keys_; }
+  bool attn_weights_bf16() const { return attn_weights_bf16_; }
   // The model can run on `backend` with its precision profile (deepseek-ref and fast need
-  // quant_sim and the rounding flags: supports_reference_numerics()).
+  // quant_sim and the rounding flags: supports_reference_numerics()) and its experiments
+  // (attn_weights_bf16: supports_attention_weights_bf16()).
   Status check_backend(const Backend& backend) const;
   const ModelWeights& weights() const { return weights_; }
   const RopeTable& rope_main() const { return rope_main_; }
@@ -111,6 +117,7 @@ class Model {
   ModelConfig config_;
   KeyPrecision index_keys_ = KeyPrecision::kF32;
   Precision precision_ = Precision::kFp32;
+  bool attn_weights_bf16_ = false;
   ModelWeights weights_;
   RopeTable rope_main_, rope_compress_;
 };

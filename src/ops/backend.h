@@ -301,6 +301,12 @@ struct AttentionParams {
   // the same bits). q may be overwritten.
   const RopeTable* q_rope = nullptr;
   double q_norm_eps = 0.0;
+  // An accuracy experiment (`--attn-weights bf16`, not a profile's numerics): the softmax weights
+  // rounded to bf16 before they weight the keys, as flash-attention kernels with bf16 P do: the
+  // candidates in chunks of 32 in order, each chunk's weights exp(logit - running max) rounded, the
+  // denominator summing them unrounded, the accumulators rescaled as the max grows, the sink joining
+  // at the end. Only where supports_attention_weights_bf16().
+  bool weights_bf16 = false;
 };
 
 // Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.
@@ -402,6 +408,8 @@ class Backend {
   // quant_sim and the *_bf16 rounding flags are implemented (the deepseek-ref profile).
   // CompressorParams::key_precision is not covered by this: every backend implements it.
   virtual bool supports_reference_numerics() const { return false; }
+  // Whether attention() implements AttentionParams::weights_bf16 (the CPU backend's experiment).
+  virtual bool supports_attention_weights_bf16() const { return false; }
 
   // The ops called between begin_step and end_step are one step of the model over `tokens` tokens.
   // A backend may record them and run them as one unit at end_step (the CUDA backend's graphs,

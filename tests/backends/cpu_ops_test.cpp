@@ -356,6 +356,52 @@ TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
   }
 }
 
+// AttentionParams::weights_bf16 (the `--attn-weights bf16` experiment): each weight p is rounded to
+// bf16 (relative error at most 2^-9) where it weights its key, while the denominator keeps it
+// unrounded, so every output differs from the fp32 weights' by at most 2^-9 of the largest |key| in
+// its dim (the weights over the denominator sum to at most 1), and some differ. 100 tokens of one
+// sequence in one call (up to 100 candidates: several chunks of 32 and the running max's rescaling),
+// two heads of 8 dims, a sink. With q = 0 every logit is 0 and every weight 1, exact in bf16: the
+// outputs then agree to within the sums' order.
+TEST_F(CpuOps, AttentionWithBf16WeightsStaysWithinTheirRounding) {
+  const int64_t H = 2, Dh = 8, T = 100;
+  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+  c.sliding_window = 128;
+  auto state = be->create_sequence_state(c);
+  const std::vector<int32_t> ids(T, 0);
+  BatchInfo b = batch_build({{state.get(), ids}});
+  std::vector<float> q(T * H * Dh), kv(T * Dh);
+  uint32_t seed = 12345;
+  const auto next = [&seed] {  // uniform in [-2, 2), a fixed sequence
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / static_cast<float>(1u << 24) * 4.0f - 2.0f;
+  };
+  for (float& v : q) v = next();
+  for (float& v : kv) v = next();
+  const std::vector<float> sink = {0.5f, -1.0f};
+  const auto run = [&](const std::vector<float>& qv, bool bf16) {
+    Tensor out = be->alloc(ElemType::kF32, {T, H, Dh});
+    be->attention({.out = out, .q = be->upload_f32(qv, {T, H, Dh}), .kv = be->upload_f32(kv, {T, Dh}), .selected = {},
+                   .sinks = view(sink, {H}), .batch = &b, .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0,
+                   .window = 128, .scale = 1.5, .weights_bf16 = bf16});
+    return be->download_f32(out);
+  };
+  const std::vector<float> exact = run(q, false), rounded = run(q, true);
+  std::vector<float> key_max(Dh, 0.0f);
+  for (int64_t j = 0; j < T; ++j)
+    for (int64_t d = 0; d < Dh; ++d) key_max[d] = std::max(key_max[d], std::fabs(kv[j * Dh + d]));
+  int differ = 0;
+  for (int64_t i = 0; i < T * H * Dh; ++i) {
+    const double bound = std::ldexp(1.0, -9) * key_max[i % Dh] * (1 + 1e-5) + 1e-7;
+    EXPECT_LE(std::fabs(rounded[i] - exact[i]), bound) << "value " << i;
+    differ += rounded[i] != exact[i];
+  }
+  EXPECT_GT(differ, T * H * Dh / 4) << "the weights were not rounded";
+  const std::vector<float> zeros(T * H * Dh, 0.0f);
+  const std::vector<float> flat = run(zeros, false), flat_rounded = run(zeros, true);
+  for (int64_t i = 0; i < T * H * Dh; ++i) EXPECT_NEAR(flat_rounded[i], flat[i], 1e-6) << "value " << i;
+}
+
 // The greedy rule (core/argmax.h) on rows written by hand, through the host helper and the op.
 TEST_F(CpuOps, ArgmaxRowsTakesTheFirstMaxAndTheFirstNan) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();

@@ -120,6 +120,25 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
   auto keys = Model::load(kFixtures / "csa", {.index_topk = {}, .index_keys = KeyPrecision::kFp8}).value();
   EXPECT_TRUE(keys->check_backend(plain).is_ok());
   EXPECT_TRUE(Session(*keys, plain).logits(ids, 0).is_ok());
+  // --attn-weights bf16 (an experiment of the CPU backend): refused elsewhere, naming the flag and the
+  // backend, before any op runs; on the CPU it changes the logits (and not by much: the
+  // CpuOps.AttentionWithBf16Weights* bound).
+  {
+    ModelOverrides ov;
+    ov.attn_weights_bf16 = true;
+    auto model = Model::load(kFixtures / "csa", ov).value();
+    EXPECT_TRUE(model->attn_weights_bf16());
+    const auto r = Session(*model, plain).logits(ids, 0);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+    EXPECT_NE(r.status().message().find("--attn-weights bf16"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("no-ref backend"), std::string::npos) << r.status().message();
+    auto rounded = Session(*model, *cpu).logits(ids, 0);
+    auto plain_logits = Session(*fp32, *cpu).logits(ids, 0);
+    ASSERT_TRUE(rounded.is_ok() && plain_logits.is_ok());
+    ASSERT_EQ(rounded->size(), plain_logits->size());
+    EXPECT_NE(*rounded, *plain_logits) << "--attn-weights bf16 left the logits unchanged";
+  }
   EXPECT_EQ(precision_from_name("deepseek-ref"), Precision::kDeepseekRef);
   EXPECT_EQ(precision_from_name("fast"), Precision::kFast);
   EXPECT_STREQ(precision_name(Precision::kFast), "fast");

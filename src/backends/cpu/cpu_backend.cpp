@@ -5,6 +5,7 @@
 // results deterministic and independent of the thread count and of which other tokens share the
 // batch (batch invariance). Formulas cite spec sections (../shared/docs/dsv4-spec.md).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -352,6 +353,7 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_reference_numerics() const override { return true; }
+  bool supports_attention_weights_bf16() const override { return true; }
 
   // Spec §3.3 "Compressor" and §5.2. Rows are buffered until a window of `ratio` tokens completes;
   // the overlapping (CSA) form pools 2*ratio slots: the previous window's first half and the
@@ -464,6 +466,10 @@ class CpuBackend final : public Backend {
           const float* q = p.q.f32() + (t * H + h) * Dh;
           // The sink joins the max and the denominator but carries no value (spec §3.3).
           const double sink = load_float(p.sinks, h);
+          if (p.weights_bf16) {
+            attention_head_bf16_weights(q, keys, Dh, p.scale, sink, acc, p.out.f32() + (t * H + h) * Dh, p.round_bf16);
+            continue;
+          }
           double mx = sink;
           for (size_t j = 0; j < keys.size(); ++j) {
             logits[j] = dot(q, keys[j], Dh) * p.scale;
@@ -482,6 +488,43 @@ class CpuBackend final : public Backend {
         }
       }
     });
+  }
+
+  // AttentionParams::weights_bf16 for one head: flash-attention's order with bf16 weights. Chunks of
+  // kChunk candidates in order; per chunk the running max m (the logits in fp32, as the GPU kernels
+  // keep them), the accumulators and the denominator rescaled by exp(m_old - m), each weight
+  // p = exp(logit - m) rounded to bf16 where it weights its key and unrounded in the denominator;
+  // then the sink: M = max(sink, m), out = exp(m - M) acc / (exp(sink - M) + exp(m - M) l).
+  static void attention_head_bf16_weights(const float* q, const std::vector<const float*>& keys, int64_t Dh,
+                                          double scale, double sink, std::vector<double>& acc, float* o,
+                                          bool round_bf16) {
+    constexpr size_t kChunk = 32;
+    double m = -std::numeric_limits<double>::infinity(), l = 0.0;
+    std::fill(acc.begin(), acc.end(), 0.0);
+    std::array<float, kChunk> s;
+    for (size_t c0 = 0; c0 < keys.size(); c0 += kChunk) {
+      const size_t n = std::min(kChunk, keys.size() - c0);
+      double mx = m;
+      for (size_t j = 0; j < n; ++j) {
+        s[j] = static_cast<float>(dot(q, keys[c0 + j], Dh) * scale);
+        mx = std::max(mx, static_cast<double>(s[j]));
+      }
+      const double alpha = m == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(m - mx);
+      for (double& a : acc) a *= alpha;
+      l *= alpha;
+      m = mx;
+      for (size_t j = 0; j < n; ++j) {
+        const float e = static_cast<float>(std::exp(static_cast<double>(s[j]) - m));
+        l += e;
+        const double w = bf16_round(e);
+        for (int64_t d = 0; d < Dh; ++d) acc[d] += w * keys[c0 + j][d];
+      }
+    }
+    const double M = std::max(sink, m);
+    const double ws = m == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(m - M);
+    const double denom = std::exp(sink - M) + ws * l;
+    for (int64_t d = 0; d < Dh; ++d) o[d] = static_cast<float>(ws * acc[d] / denom);
+    if (round_bf16) bf16_round_inplace(o, Dh);
   }
 
   void window_append(const WindowAppendParams& p) override {

@@ -94,6 +94,11 @@ int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), con
   return static_cast<int64_t>(n);
 }
 
+int cuda_probe_repeats(const char* var) {
+  return static_cast<int>(cuda_env_int(var, 0, [](int64_t n) { return n >= 0 && n <= 8; },
+                                       "a probe's extra launches must be 0 to 8"));
+}
+
 // Device memory comes from the stream-ordered allocator on the default stream (all of the backend's
 // work runs there): a cudaFree would synchronise the whole device, and the forward allocates and
 // frees its activations op by op. make_cuda_backend raises the default pool's release threshold so
@@ -294,11 +299,16 @@ void host_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   if (StepGraphs* g = capturing_step()) {  // a captured copy reads pinned bytes when the graph runs
     const void* staged = g->stage(src, bytes);
-    if (step_copy_kernels()) {
-      launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
-      launch_check("upload (captured step)");
-    } else {
-      SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+    // SPARROW_CUDA_REPEAT_UPLOAD=n (0 to 8, default 0): n more copies of each, writing the same
+    // bytes: a probe of what one upload node costs in the captured step (docs/cuda.md).
+    static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_UPLOAD");
+    for (int r = 0; r <= repeat; ++r) {
+      if (step_copy_kernels()) {
+        launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
+        launch_check("upload (captured step)");
+      } else {
+        SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+      }
     }
   } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
   else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
@@ -1006,6 +1016,9 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "attention");
+    if (p.weights_bf16)  // (Model::check_backend refuses it first: supports_attention_weights_bf16)
+      throw std::runtime_error("attention: AttentionParams::weights_bf16 (the --attn-weights bf16 experiment) is "
+                               "implemented on the cpu backend only");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
     const bool csa = p.kind == AttentionKind::kCsa;

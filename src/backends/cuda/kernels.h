@@ -133,6 +133,11 @@ bool cuda_feature_enabled(const char* name);
 // `fallback` when unset or empty; a value that is not a whole decimal integer, or that `ok`
 // refuses, throws std::runtime_error naming the variable, the value and `rule`.
 int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), const char* rule);
+// A launch-cost probe's count (SPARROW_CUDA_REPEAT_PARTS_SUM, SPARROW_CUDA_REPEAT_ACT_QUANT,
+// SPARROW_CUDA_REPEAT_UPLOAD; docs/cuda.md): the extra launches, 0 to 8 (0 when unset), of a kernel
+// (or copy) whose launches each write the same values; through cuda_env_int, so a bad value stops
+// the run naming the variable.
+int cuda_probe_repeats(const char* var);
 
 struct DevWeight {
   WeightFormat format = WeightFormat::kFloat;

@@ -463,10 +463,15 @@ int64_t quant_pairs(const ActQuantFp8Args& a) {
 }
 }  // namespace
 
+// SPARROW_CUDA_REPEAT_ACT_QUANT=n (0 to 8, default 0): n more launches of each act_quant, writing the
+// same codes and scales (its input is never its output): add_parts' probe of a launch's cost.
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {
+  static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_ACT_QUANT");
   const int64_t pairs = quant_pairs(a);
-  if (pairs >= kQuantManyPairs) launch(act_quant_fp8_kernel<4>, blocks_for(pairs, kQuantWarps * 4), 32 * kQuantWarps, 0, a);
-  else if (pairs > 0) launch(act_quant_fp8_kernel<1>, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
+  for (int r = 0; r <= repeat; ++r) {
+    if (pairs >= kQuantManyPairs) launch(act_quant_fp8_kernel<4>, blocks_for(pairs, kQuantWarps * 4), 32 * kQuantWarps, 0, a);
+    else if (pairs > 0) launch(act_quant_fp8_kernel<1>, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
+  }
 }
 
 void launch_swiglu_quant_fp8(const SwigluQuantArgs& a) {

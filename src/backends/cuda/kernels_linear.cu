@@ -1366,13 +1366,19 @@ __global__ void parts_sum_kernel(float* out, const float* partial, int64_t count
 }
 // out [count] from partial [parts][count] (a no-op for count 0).
 // `round` in the sum unless SPARROW_CUDA_DISABLE=fused_round (then a bf16_round pass after, the same bits).
+// SPARROW_CUDA_REPEAT_PARTS_SUM=n (0 to 8, default 0) launches the sum n more times, each writing
+// the same values (out and partial never overlap): a probe of what one such launch costs inside a
+// captured step, for the benchmark's A/B (docs/cuda.md), never a setting to run with.
 void add_parts(float* out, const float* partial, int64_t count, int parts, bool round = false) {
   static const bool fused = cuda_feature_on("fused_round");
+  static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_PARTS_SUM");
   if (count <= 0) return;
-  if (four_wide(count, out, partial))
-    launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, partial, count, parts, round && fused);
-  else
-    launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
+  for (int r = 0; r <= repeat; ++r) {
+    if (four_wide(count, out, partial))
+      launch(parts_sum_kernel<true>, blocks_for(count / 4, 256), 256, 0, out, partial, count, parts, round && fused);
+    else
+      launch(parts_sum_kernel<false>, blocks_for(count, 256), 256, 0, out, partial, count, parts, round && fused);
+  }
   if (round && !fused) launch_bf16_round(out, count);
 }
 void add_quarters(float* out, const float* partial, int64_t count, bool round = false) {

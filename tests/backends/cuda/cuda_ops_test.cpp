@@ -3300,6 +3300,28 @@ TEST(CudaEnv, IntKnobsTakeValidValuesAndNameBadOnes) {
   ::unsetenv(var);
 }
 
+// The launch-cost probes' counts (SPARROW_CUDA_REPEAT_*): 0 when unset, 0 to 8, anything else
+// refused naming the variable.
+TEST(CudaEnv, ProbeRepeatsTakeZeroToEight) {
+  const char* var = "SPARROW_CUDA_TEST_PROBE";
+  ::unsetenv(var);
+  EXPECT_EQ(cuda::cuda_probe_repeats(var), 0);
+  for (const char* good : {"0", "3", "8"}) {
+    ::setenv(var, good, 1);
+    EXPECT_EQ(cuda::cuda_probe_repeats(var), std::stoi(good));
+  }
+  for (const char* bad : {"9", "-1", "2x"}) {
+    ::setenv(var, bad, 1);
+    try {
+      const int got = cuda::cuda_probe_repeats(var);
+      ADD_FAILURE() << bad << " was taken as " << got;
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), std::string(var) + "=" + bad + ": a probe's extra launches must be 0 to 8");
+    }
+  }
+  ::unsetenv(var);
+}
+
 TEST(CudaBackendFactory, NoGpuIsAStatusNotACrash) {
   auto be = backend_create("cuda");
   if (be.is_ok()) {
