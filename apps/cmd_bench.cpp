@@ -12,6 +12,7 @@ void add_bench_command(CLI::App& app) {
     std::string layers = "all", batches = "1,8,32,128,256", contexts = "4k,32k,128k", prefill = "8k";
     std::string model_step = "4k";
     std::string index_keys = "fp8";
+    std::string attn_weights = "fp32";
     double copy_gib = 2.0;
   };
   auto opts = std::make_shared<Opts>();
@@ -30,6 +31,11 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--precision", opts->b.precision, "Numerics profile of the timed model: fp32, deepseek-ref or fast (fast: bf16 activations, FP8 linears and W4A8 experts on the tensor cores; docs/cuda.md)")
       ->check(CLI::IsMember({"fp32", "deepseek-ref", "fast"}))
+      ->capture_default_str();
+  cmd->add_option("--attn-weights", opts->attn_weights,
+                  "Attention softmax weights of the timed model: fp32, or bf16 (rounded where they weight the keys: "
+                  "an accuracy experiment, under fast or deepseek-ref)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")
       ->check(CLI::IsMember({"fp8", "fp4", "bf16"}))
@@ -98,6 +104,7 @@ void add_bench_command(CLI::App& app) {
       if (!steps.is_ok()) fail(steps.status());
       b.model_step_contexts = *steps;
     }
+    b.attn_weights_bf16 = opts->attn_weights == "bf16";
     b.index_keys = opts->index_keys == "fp4"    ? bench::IndexKeyFormat::kFp4
                    : opts->index_keys == "bf16" ? bench::IndexKeyFormat::kBf16
                                                 : bench::IndexKeyFormat::kFp8;
@@ -109,7 +116,8 @@ void add_bench_command(CLI::App& app) {
     b.command_line = "sparrow bench" + std::string(b.peaks_only ? " --peaks-only" : "") +
                      (b.model_dir.empty() ? "" : " --model " + b.model_dir) + " --layers " + opts->layers +
                      " --batches " + opts->batches + " --contexts " + opts->contexts + " --prefill " + opts->prefill +
-                     " --precision " + b.precision + " --index-keys " + opts->index_keys +
+                     " --precision " + b.precision + " --attn-weights " + opts->attn_weights +
+                     " --index-keys " + opts->index_keys +
                      " --gemm-tokens " + std::to_string(b.gemm_tokens) + " --model-step " + opts->model_step + (b.timing.breakdown ? " --breakdown" : "") + (b.timing.graphs ? " --graphs" : "") + " --time-budget " + std::to_string(b.time_budget_s);
     const Status st = bench::run_bench(b);
     if (!st.is_ok()) fail(st);

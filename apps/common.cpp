@@ -86,7 +86,7 @@ void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string&
   cmd->add_option("--attn-weights" + suffix, o->attn_weights,
                   "Attention softmax weights" + side +
                       ": fp32, or bf16 (rounded before they weight the keys, as flash-attention kernels with bf16 "
-                      "P do: an accuracy experiment, cpu backend only)")
+                      "P do: an accuracy experiment; cpu, or cuda under fast or deepseek-ref)")
       ->capture_default_str();
 }
 

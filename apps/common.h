@@ -30,8 +30,8 @@ struct ModelRunOptions {
   // precision "auto": fast on the cuda backend, fp32 on the cpu one (default_precision).
   std::string precision = "auto", index_keys = "auto";
   int64_t index_topk = 0;
-  // --attn-weights: fp32 (every profile's), or bf16 (an accuracy experiment, cpu backend only:
-  // ModelOverrides::attn_weights_bf16).
+  // --attn-weights: fp32 (every profile's), or bf16 (an accuracy experiment: the cpu backend, and
+  // cuda under fast or deepseek-ref; ModelOverrides::attn_weights_bf16).
   std::string attn_weights = "fp32";
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");

@@ -401,8 +401,9 @@ Status run_bench(const BenchOptions& o) {
   }
 
   // The model and its cells.
-  SPARROW_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                           Model::load(o.model_dir, {.index_topk = {}, .index_keys = {}, .precision = *precision}));
+  ModelOverrides overrides{.index_topk = {}, .index_keys = {}, .precision = *precision};
+  overrides.attn_weights_bf16 = o.attn_weights_bf16;
+  SPARROW_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(o.model_dir, overrides));
   SPARROW_RETURN_IF_ERROR(model->check_backend(*backend));
   const ModelConfig& c = model->config();
   std::vector<int64_t> layers = o.layers;
@@ -424,6 +425,7 @@ Status run_bench(const BenchOptions& o) {
                   {"contexts", o.contexts},
                   {"prefill_tokens", o.prefill_tokens},
                   {"precision", o.precision},
+                  {"attention_softmax_weights", o.attn_weights_bf16 ? "bf16" : "fp32"},
                   {"backend", o.backend},
                   {"warmup", o.timing.warmup},
                   {"min_reps", o.timing.min_reps},

@@ -113,10 +113,13 @@ KeyPrecision precision_default_index_keys(Precision p) {
 // ref_numerics; deepseek-ref also bf16_scores and the Hadamard/FP4 quant_sim kinds): the CPU and CUDA
 // backends implement all of them (supports_reference_numerics()); other backends are refused here.
 Status Model::check_backend(const Backend& backend) const {
-  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16())
-    return Status::unsupported(std::string("--attn-weights bf16 (an accuracy experiment) is implemented on the cpu "
-                                           "backend only, not on the ") +
-                               backend.name() + " backend");
+  // (The attention's operands are bf16 values where forward() sets AttentionParams::bf16_operands.)
+  const Numerics nx = numerics_of(precision_);
+  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16(nx.round_bf16 && nx.kv_fp8))
+    return Status::unsupported(std::string("--attn-weights bf16 (an accuracy experiment) is not implemented on the ") +
+                               backend.name() + " backend with precision " + precision_name(precision_) +
+                               " (the cpu backend: any precision; cuda: fast or deepseek-ref, its tensor-core "
+                               "attention)");
   if (precision_ == Precision::kFp32 || backend.supports_reference_numerics()) return Status::ok();
   if (precision_ == Precision::kFast)
     return Status::unsupported(

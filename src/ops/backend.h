@@ -305,7 +305,7 @@ struct AttentionParams {
   // rounded to bf16 before they weight the keys, as flash-attention kernels with bf16 P do: the
   // candidates in chunks of 32 in order, each chunk's weights exp(logit - running max) rounded, the
   // denominator summing them unrounded, the accumulators rescaled as the max grows, the sink joining
-  // at the end. Only where supports_attention_weights_bf16().
+  // at the end. Only where supports_attention_weights_bf16(bf16_operands).
   bool weights_bf16 = false;
 };
 
@@ -408,8 +408,12 @@ class Backend {
   // quant_sim and the *_bf16 rounding flags are implemented (the deepseek-ref profile).
   // CompressorParams::key_precision is not covered by this: every backend implements it.
   virtual bool supports_reference_numerics() const { return false; }
-  // Whether attention() implements AttentionParams::weights_bf16 (the CPU backend's experiment).
-  virtual bool supports_attention_weights_bf16() const { return false; }
+  // Whether attention() implements AttentionParams::weights_bf16 on calls with these bf16_operands
+  // (the CPU on any; the CUDA backend's tensor-core kernel, which needs bf16 operands).
+  virtual bool supports_attention_weights_bf16(bool bf16_operands) const {
+    (void)bf16_operands;
+    return false;
+  }
 
   // The ops called between begin_step and end_step are one step of the model over `tokens` tokens.
   // A backend may record them and run them as one unit at end_step (the CUDA backend's graphs,

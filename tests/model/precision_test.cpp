@@ -72,10 +72,16 @@ TEST(RefNumerics, ProfileKeepsChunkingInvarianceAndStaysNearFp32) {
 }
 
 // A backend with every op but the reference numerics: the CPU backend behind a wrapper that says
-// it has no quant_sim (as the CUDA backend says today).
+// it has no quant_sim (as the CUDA backend said once). `bf16_weights_kernel`: it says it has them
+// and AttentionParams::weights_bf16 on bf16 operands only, as the CUDA backend does.
 class NoReferenceNumerics final : public Backend {
  public:
-  const char* name() const override { return "no-ref"; }
+  explicit NoReferenceNumerics(bool bf16_weights_kernel = false) : bf16_weights_kernel_(bf16_weights_kernel) {}
+  const char* name() const override { return bf16_weights_kernel_ ? "bf16-weights-kernel" : "no-ref"; }
+  bool supports_reference_numerics() const override { return bf16_weights_kernel_; }
+  bool supports_attention_weights_bf16(bool bf16_operands) const override {
+    return bf16_weights_kernel_ && bf16_operands;
+  }
   Tensor alloc(ElemType t, std::vector<int64_t> s) override { return cpu_->alloc(t, std::move(s)); }
   Tensor upload_f32(const std::vector<float>& v, std::vector<int64_t> s) override { return cpu_->upload_f32(v, std::move(s)); }
   Tensor upload_i32(const std::vector<int32_t>& v, std::vector<int64_t> s) override { return cpu_->upload_i32(v, std::move(s)); }
@@ -98,6 +104,7 @@ class NoReferenceNumerics final : public Backend {
   void moe(const MoeParams& p) override { cpu_->moe(p); }
 
  private:
+  bool bf16_weights_kernel_;
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
@@ -138,6 +145,22 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
     ASSERT_TRUE(rounded.is_ok() && plain_logits.is_ok());
     ASSERT_EQ(rounded->size(), plain_logits->size());
     EXPECT_NE(*rounded, *plain_logits) << "--attn-weights bf16 left the logits unchanged";
+  }
+  // A backend whose attention rounds the weights only on bf16 operands (CUDA's tensor-core kernel):
+  // fp32 refused naming the precision, fast (bf16 operands) accepted.
+  {
+    NoReferenceNumerics kernel(true);
+    ModelOverrides ov;
+    ov.attn_weights_bf16 = true;
+    const Status on_fp32 = Model::load(kFixtures / "csa", ov).value()->check_backend(kernel);
+    EXPECT_EQ(on_fp32.code(), StatusCode::kUnsupported);
+    EXPECT_NE(on_fp32.message().find("precision fp32"), std::string::npos) << on_fp32.message();
+    EXPECT_NE(on_fp32.message().find("bf16-weights-kernel backend"), std::string::npos) << on_fp32.message();
+    ov.precision = Precision::kFast;
+    EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(kernel).is_ok());
+    ov.attn_weights_bf16 = false;
+    ov.precision = Precision::kFp32;
+    EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(kernel).is_ok());
   }
   EXPECT_EQ(precision_from_name("deepseek-ref"), Precision::kDeepseekRef);
   EXPECT_EQ(precision_from_name("fast"), Precision::kFast);

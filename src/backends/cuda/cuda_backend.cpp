@@ -796,6 +796,9 @@ class CudaBackend final : public Backend {
 
   // Every flag of the fast and deepseek-ref profiles is simulated on the device (docs/cuda.md).
   bool supports_reference_numerics() const override { return true; }
+  // The tensor-core attention's one-term weights (AttentionArgs::weights_bf16); attention() names what
+  // else keeps a call off that kernel.
+  bool supports_attention_weights_bf16(bool bf16_operands) const override { return bf16_operands; }
 
   // On the device: the default goes through the host, which a captured step cannot.
   Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows) override {
@@ -1059,9 +1062,6 @@ class CudaBackend final : public Backend {
 
   void attention(const AttentionParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "attention");
-    if (p.weights_bf16)  // (Model::check_backend refuses it first: supports_attention_weights_bf16)
-      throw std::runtime_error("attention: AttentionParams::weights_bf16 (the --attn-weights bf16 experiment) is "
-                               "implemented on the cpu backend only");
     const BatchInfo& batch = *p.batch;
     const int64_t T = batch.num_tokens(), H = p.q.dim(1), Dh = p.q.dim(2);
     const bool csa = p.kind == AttentionKind::kCsa;
@@ -1119,6 +1119,13 @@ class CudaBackend final : public Backend {
     const bool mma = split_on && mma_on && p.bf16_operands && attention_mma_fits(H, Dh) &&
                      attention_splits(max_candidates, true) <= 8192;
     last_attention_mma_ = mma;
+    if (p.weights_bf16 && !mma)
+      throw std::runtime_error(
+          "attention: layer " + std::to_string(p.layer) +
+          ": --attn-weights bf16 (AttentionParams::weights_bf16) runs on the tensor-core attention only, which this "
+          "call cannot use (it needs bf16 operands: --precision fast or deepseek-ref; H a multiple of 32 and Dh 128, "
+          "256 or 512, here H " + std::to_string(H) + " Dh " + std::to_string(Dh) +
+          "; the features attn_mma and attn_split on; at most 8192 splits)");
     // q's norm and rotation (AttentionParams::q_rope) folded into the tensor-core kernel's staging of
     // q (AttentionArgs::q_prep; `attn_q_fold` off: the rms_norm and rope kernels first, the same bits).
     static const bool q_fold_on = cuda_feature_on("attn_q_fold");
@@ -1176,7 +1183,7 @@ class CudaBackend final : public Backend {
                       .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
                       .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
                       .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
-                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}});
+                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16});
     launch_check("attention");
   }
 

@@ -818,6 +818,10 @@ struct AttentionArgs {
   bool q_prep = false;
   float q_eps = 0.0f;
   RopeTableArg q_rope{};
+  // With mma (AttentionParams::weights_bf16): each softmax weight rounded to bf16 where it weights
+  // its key (one bf16 term in the weighted sum's mma instead of three); 32-head blocks whatever
+  // block_heads asks.
+  bool weights_bf16 = false;
 };
 void launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.

@@ -1421,6 +1421,11 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
 // of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
 // slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
+// kTerms = 1 (AttentionArgs::weights_bf16, the `--attn-weights bf16` experiment; 32-head blocks
+// only): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as before, a third of
+// the weighted sum's mma. The CPU's experiment rounds the same weights, exp(logit - running max)
+// over chunks of 32 from the first candidate; here a token's later splits (past a.mma_split
+// candidates) start their own running max, so a weight there may round apart from the CPU's.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
@@ -1523,7 +1528,7 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
 // kKeys: AmKeys, where the keys come from. kHeads (32 or 16) heads a block, kWarps (8 or 16) warps:
 // each head's, candidate's and output dimension's arithmetic is the same whatever the two (the same
 // mma rows, the same sums in the same order), so the launch picks them by the call's size.
-template <int kDh, int kKeys, int kHeads = kAmHeads, int kWarps = kAmThreads / 32, bool kOverlap = false>
+template <int kDh, int kKeys, int kHeads = kAmHeads, int kWarps = kAmThreads / 32, bool kOverlap = false, int kTerms = 3>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mma_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   wait_previous_grid();
   static_assert((kHeads == 16 || kHeads == 32) && (kWarps == 8 || kWarps == 16), "heads a block and warps");
@@ -1534,6 +1539,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = attention_mma_stages(kKeys, kHeads);
   static_assert(!kOverlap || (kBf16Keys && kHeads == 16 && kWarps == 16 && kStages == 4),
                 "the two halves side by side: the 16-head form from the bf16 copies");
+  static_assert(kTerms == 3 || (kTerms == 1 && kHeads == 32 && !kOverlap), "the weights' terms: 3, or 1 on 32-head blocks");
   // (kOverlap) the logits warps; the other kWarps - kLW take the softmax and the weighted sum.
   constexpr int kLW = 4;
   const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
@@ -1763,13 +1769,17 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       if (hh >= nh) continue;
       const int h = hb + hh;
       const __nv_bfloat16 hi = __float2bfloat16_rn(p[hh]);
-      const float r1 = p[hh] - __bfloat162float(hi);
-      const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-      const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-      const __nv_bfloat16 terms[3] = {lo, mid, hi};
+      if constexpr (kTerms == 1) {  // (AttentionArgs::weights_bf16: the weight rounded, the sum above not)
+        *reinterpret_cast<__nv_bfloat16*>(pw + h * kAmPRow + 2 * lane) = hi;
+      } else {
+        const float r1 = p[hh] - __bfloat162float(hi);
+        const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+        const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+        const __nv_bfloat16 terms[3] = {lo, mid, hi};
 #pragma unroll
-      for (int term = 0; term < 3; ++term)
-        *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
+        for (int term = 0; term < 3; ++term)
+          *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
+      }
     }
     __syncwarp();
     if (lane == 0) {
@@ -1801,9 +1811,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
         for (int c = 0; c < 4; ++c) acc[mt][nt][c] *= al[mt][c / 2];
 #pragma unroll
     for (int kk = 0; kk < kAmChunk; kk += 16) {
-      uint32_t pa[3][kMt][4];
+      uint32_t pa[kTerms][kMt][4];
 #pragma unroll
-      for (int term = 0; term < 3; ++term)
+      for (int term = 0; term < kTerms; ++term)
 #pragma unroll
         for (int mt = 0; mt < kMt; ++mt)
           ldmatrix_x4(pa[term][mt], pw + (term * kH + 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2)) * kAmPRow +
@@ -1816,7 +1826,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 #pragma unroll
         for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-          for (int term = 0; term < 3; ++term) {
+          for (int term = 0; term < kTerms; ++term) {
             mma_bf16_m16n8k16(acc[mt][2 * np], pa[term][mt], vb[0], vb[1]);
             mma_bf16_m16n8k16(acc[mt][2 * np + 1], pa[term][mt], vb[2], vb[3]);
           }
@@ -2179,6 +2189,15 @@ void launch_attention(const AttentionArgs& args) {
       opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16, true>, 512, kAmKeysBf16, 16, true);
       opt_in(attention_mma_kernel<256, kAmKeysRecord, 16, 16>, 256, kAmKeysRecord, 16);
       opt_in(attention_mma_kernel<512, kAmKeysRecord, 16, 16>, 512, kAmKeysRecord, 16);
+      opt_in(attention_mma_kernel<128, kAmKeysF32, 32, 8, false, 1>, 128, kAmKeysF32, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysF32, 32, 8, false, 1>, 256, kAmKeysF32, 32);
+      opt_in(attention_mma_kernel<512, kAmKeysF32, 32, 8, false, 1>, 512, kAmKeysF32, 32);
+      opt_in(attention_mma_kernel<128, kAmKeysBf16, 32, 8, false, 1>, 128, kAmKeysBf16, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysBf16, 32, 8, false, 1>, 256, kAmKeysBf16, 32);
+      opt_in(attention_mma_kernel<512, kAmKeysBf16, 32, 8, false, 1>, 512, kAmKeysBf16, 32);
+      opt_in(attention_mma_kernel<128, kAmKeysRecord, 32, 8, false, 1>, 128, kAmKeysRecord, 32);
+      opt_in(attention_mma_kernel<256, kAmKeysRecord, 32, 8, false, 1>, 256, kAmKeysRecord, 32);
+      opt_in(attention_mma_kernel<512, kAmKeysRecord, 32, 8, false, 1>, 512, kAmKeysRecord, 32);
       opted = true;
     }
     if (a.records)
@@ -2193,8 +2212,9 @@ void launch_attention(const AttentionArgs& args) {
     const bool overlap = keys == kAmKeysBf16 && attention_overlap();
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
-      const bool narrow = a.Dh >= 256 && (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
-                                                                  tp * (a.H / kAmHeads) * max_splits < sm_count()));
+      const bool narrow = !a.weights_bf16 && a.Dh >= 256 &&
+                          (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
+                                                   tp * (a.H / kAmHeads) * max_splits < sm_count()));
       const int heads = narrow ? 16 : kAmHeads;
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
       // The dim slices of a 16-head block (grid z; the kernel reads gridDim.z).
@@ -2213,6 +2233,10 @@ void launch_attention(const AttentionArgs& args) {
         } else if (narrow) {
           if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16>, 16);
           else run(attention_mma_kernel<256, k, 16, 16>, 16);
+        } else if (a.weights_bf16) {
+          if (a.Dh == 512) run(attention_mma_kernel<512, k, 32, 8, false, 1>, 8);
+          else if (a.Dh == 256) run(attention_mma_kernel<256, k, 32, 8, false, 1>, 8);
+          else run(attention_mma_kernel<128, k, 32, 8, false, 1>, 8);
         } else {
           if (a.Dh == 512) run(attention_mma_kernel<512, k>, 8);
           else if (a.Dh == 256) run(attention_mma_kernel<256, k>, 8);

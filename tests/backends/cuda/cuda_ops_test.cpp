@@ -58,6 +58,8 @@ class CudaOps : public ::testing::Test {
   // Defined with the W4A8 MoE tests below.
   struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F = 96);
   // Defined with the attention tests below.
+  void check_attention_bf16_weights(AttentionParams w, const Tensor& exact, AttentionParams fp32_path,
+                                    AttentionParams on_cpu, const std::string& what);
   void check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
                                   std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed,
                                   int64_t H = 3);
@@ -1463,6 +1465,64 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 // not the GPU's), and to the CPU where the inputs are the same (window only); the keys read from
 // the state's bf16 copies and converted in the kernel give the same bits, so do both block shapes;
 // sequence 1's tokens alone give the same bits as in their batch.
+// AttentionParams::weights_bf16 (`--attn-weights bf16`) on the call `w` (bf16 operands), whose
+// exact result `exact` was the GPU's last attention call: the tensor-core kernel's one-term weights,
+// or where the call cannot run on that kernel (attn_mma or attn_split off) an error naming the flag;
+// so for `fp32_path` (fp32 operands) always. A weight rounded to bf16 moves by at most 2^-9 of
+// itself and a row's rounding errors are independent, so the outputs move by about 2^-9 / sqrt(3) of
+// their RMS: the bar is 2^-7, and some output must move beyond kOpTol (the flag was applied). Where
+// `on_cpu` is given (a sliding-window call, the same keys on both backends, one split a token: the
+// CPU's chunks) the CPU's experiment is the reference: the kernel lies within a quarter of the
+// rounding's own move of it. What differs there is the fp32 order of the logits and expf, a few
+// ulps of a weight, so a weight that near a bf16 tie rounds the other way (about 1e-4 of them: a
+// few hundredths of the move); a kernel that ignored the flag would lie the whole move away.
+void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exact, AttentionParams fp32_path,
+                                           AttentionParams on_cpu, const std::string& what) {
+  const bool real = std::string(gpu->name()) == "cuda";
+  const bool mma = !real || cuda::last_attention_tensor_cores(*gpu);
+  w.weights_bf16 = fp32_path.weights_bf16 = on_cpu.weights_bf16 = true;
+  if (real) {
+    fp32_path.out = gpu->alloc(ElemType::kF32, fp32_path.out.shape());
+    try {
+      gpu->attention(fp32_path);
+      ADD_FAILURE() << what << ": weights_bf16 with fp32 operands did not throw";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("--attn-weights bf16"), std::string::npos) << e.what();
+    }
+    if (!mma) {
+      EXPECT_THROW(gpu->attention(w), std::runtime_error) << what << ": weights_bf16 off the tensor-core kernel";
+      return;
+    }
+  }
+  gpu->attention(w);
+  const std::vector<float> got = gpu->download_f32(w.out), ex = gpu->download_f32(exact);
+  ASSERT_EQ(got.size(), ex.size());
+  const auto rms = [](const std::vector<float>& a, const std::vector<float>* b) {
+    double s = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = static_cast<double>(a[i]) - (b ? static_cast<double>((*b)[i]) : 0.0);
+      s += d * d;
+    }
+    return std::sqrt(s / static_cast<double>(a.empty() ? 1 : a.size()));
+  };
+  const double moved = rms(got, &ex), scale = rms(ex, nullptr);
+  int64_t beyond = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    beyond += std::abs(got[i] - ex[i]) > kOpTol.atol + kOpTol.rtol * std::abs(ex[i]) ? 1 : 0;
+  std::printf("[bf16 weights] %s: moved rms %.3g = %.3f 2^-9 of the output's rms, %lld beyond kOpTol\n", what.c_str(),
+              moved, moved / scale * 512.0, static_cast<long long>(beyond));
+  EXPECT_GT(beyond, 0) << what << ": weights_bf16 changed nothing";
+  EXPECT_LE(moved, scale / 128.0) << what << ": weights_bf16 moved the outputs more than their rounding can";
+  if (on_cpu.batch == nullptr) return;
+  on_cpu.out = cpu->alloc(ElemType::kF32, w.out.shape());
+  cpu->attention(on_cpu);
+  const std::vector<float> want = cpu->download_f32(on_cpu.out);
+  const double apart = rms(got, &want);
+  std::printf("[bf16 weights] %s: vs the CPU's experiment rms %.3g (%.3f of the move)\n", what.c_str(), apart,
+              moved > 0.0 ? apart / moved : 0.0);
+  EXPECT_LE(apart, 0.25 * moved) << what << ": weights_bf16 on the GPU is not the CPU's experiment";
+}
+
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
   for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512}}) {
@@ -1532,6 +1592,9 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
           }
           expect_close(*gpu, og, *gpu, fp32_path.out, kOpTol, what + " vs the fp32 kernels");
           if (kind == AttentionKind::kSliding) expect_close(*gpu, og, *cpu, oc, kOpTol, what + " vs the CPU");
+          check_attention_bf16_weights(params(gpu->alloc(ElemType::kF32, {T, H, Dh}), qg, vg, sel_g, bg), og, fp32_path,
+                                       kind == AttentionKind::kSliding ? params(oc, qc, vc, sel_c, bc) : AttentionParams{},
+                                       what);
           if (real) {
             // The keys from the state's bf16 copies (kept since the state was made) or converted
             // from the fp32 state in the kernel: the same values, the same bits.
