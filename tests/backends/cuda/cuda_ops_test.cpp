@@ -2016,6 +2016,22 @@ struct MoeCase {
   int64_t D, F, E;
 };
 
+// E MXFP4 routed experts and an FP8 shared expert with 128 x 128 weight blocks, as released.
+MoeCase make_released_moe(Rng& rng, int64_t E, int64_t D, int64_t F) {
+  MoeCase mc;
+  mc.D = D, mc.F = F, mc.E = E;
+  mc.store.reserve(3 * (E + 1));
+  for (int64_t e = 0; e <= E; ++e) {
+    const bool routed = e < E;
+    for (const auto& [out, in] : {std::pair{F, D}, std::pair{D, F}, std::pair{F, D}})
+      mc.store.push_back(routed ? fp4_matrix(rng, out, in, 118, 121) : fp8_matrix(rng, out, in, 128, 128, DType::kF8E8M0));
+    const ExpertWeights w{.w1 = mc.store[3 * e].w, .w2 = mc.store[3 * e + 1].w, .w3 = mc.store[3 * e + 2].w};
+    if (routed) mc.routed.push_back(w);
+    else mc.shared = w;
+  }
+  return mc;
+}
+
 MoeCase make_moe(Rng& rng, int64_t E, int64_t D, int64_t F, bool quantised) {
   MoeCase c;
   c.D = D, c.F = F, c.E = E;
@@ -2676,17 +2692,7 @@ TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
                      b16 = float_matrix(DType::kBF16, 56, K, rng.normal(56 * K, 0.05));
   const StoredMatrix gate = float_matrix(DType::kBF16, 256, D, rng.normal(256 * D, 0.1));
   const Stored bias = stored_floats(DType::kF32, {256}, rng.normal(256, 0.05));
-  MoeCase mc;
-  mc.D = D, mc.F = F, mc.E = E;
-  mc.store.reserve(3 * (E + 1));
-  for (int64_t e = 0; e <= E; ++e) {
-    const bool routed = e < E;
-    for (const auto& [out, in] : {std::pair{F, D}, std::pair{D, F}, std::pair{F, D}})
-      mc.store.push_back(routed ? fp4_matrix(rng, out, in, 118, 121) : fp8_matrix(rng, out, in, 128, 128, DType::kF8E8M0));
-    const ExpertWeights w{.w1 = mc.store[3 * e].w, .w2 = mc.store[3 * e + 1].w, .w3 = mc.store[3 * e + 2].w};
-    if (routed) mc.routed.push_back(w);
-    else mc.shared = w;
-  }
+  const MoeCase mc = make_released_moe(rng, E, D, F);
   for (const int64_t T : {1, 5, 100}) {
     std::vector<float> x = rng.normal(T * K), xd = rng.normal(T * D, 2.0);
     for (float& v : x) v = bf16_round(v);
@@ -2772,17 +2778,7 @@ TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
   cuda::set_fp8_gemm_in_linear(*gpu, true);
   cuda::set_w4a8_wgmma(*gpu, true);
   const int64_t D = 256, F = 256, E = 6;
-  MoeCase mc;
-  mc.D = D, mc.F = F, mc.E = E;
-  mc.store.reserve(3 * (E + 1));
-  for (int64_t e = 0; e <= E; ++e) {
-    const bool routed = e < E;
-    for (const auto& [out, in] : {std::pair{F, D}, std::pair{D, F}, std::pair{F, D}})
-      mc.store.push_back(routed ? fp4_matrix(rng, out, in, 118, 121) : fp8_matrix(rng, out, in, 128, 128, DType::kF8E8M0));
-    const ExpertWeights w{.w1 = mc.store[3 * e].w, .w2 = mc.store[3 * e + 1].w, .w3 = mc.store[3 * e + 2].w};
-    if (routed) mc.routed.push_back(w);
-    else mc.shared = w;
-  }
+  const MoeCase mc = make_released_moe(rng, E, D, F);
   for (const int64_t T : {1, 5, 100}) {
     std::vector<float> x = rng.uniform(T * D, -1.6, 1.6);
     for (float& v : x) v = bf16_round(v);
