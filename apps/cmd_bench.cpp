@@ -34,7 +34,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--attn-weights", opts->attn_weights,
                   "Attention softmax weights of the timed model: fp32, or bf16 (rounded where they weight the keys: "
-                  "an accuracy experiment, under fast or deepseek-ref)")
+                  "an accuracy experiment, under fast or deepseek-ref; its kernel runs 32-head blocks at every size, "
+                  "so decode cells also lose the 16-head forms)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")

@@ -2,6 +2,9 @@
 // one line on stderr naming what is wrong, with exit status 1; bad command-line usage exits 2+.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <exception>
+
 #include "common.h"
 
 int main(int argc, char** argv) {
@@ -23,6 +26,13 @@ int main(int argc, char** argv) {
   sparrow::app::add_render_chat_command(app);
   sparrow::app::add_serve_command(app);
   sparrow::app::add_bench_command(app);
-  CLI11_PARSE(app, argc, argv);
+  // A backend's refusal of a call it cannot run (a std::exception from inside an op: e.g. the CUDA
+  // attention's) ends the run with its message, as every other error does, not with std::terminate.
+  try {
+    CLI11_PARSE(app, argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sparrow: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }

@@ -115,11 +115,14 @@ KeyPrecision precision_default_index_keys(Precision p) {
 Status Model::check_backend(const Backend& backend) const {
   // (The attention's operands are bf16 values where forward() sets AttentionParams::bf16_operands.)
   const Numerics nx = numerics_of(precision_);
-  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16(nx.round_bf16 && nx.kv_fp8))
+  if (attn_weights_bf16_ &&
+      !backend.supports_attention_weights_bf16(nx.round_bf16 && nx.kv_fp8, config_.num_heads, config_.head_dim))
     return Status::unsupported(std::string("--attn-weights bf16 (an accuracy experiment) is not implemented on the ") +
-                               backend.name() + " backend with precision " + precision_name(precision_) +
-                               " (the cpu backend: any precision; cuda: fast or deepseek-ref, its tensor-core "
-                               "attention)");
+                               backend.name() + " backend with precision " + precision_name(precision_) + " for " +
+                               std::to_string(config_.num_heads) + " heads of " + std::to_string(config_.head_dim) +
+                               " (the cpu backend: any; cuda: its tensor-core attention, under fast or deepseek-ref, "
+                               "a multiple of 32 heads of 128, 256 or 512, SPARROW_CUDA_DISABLE without attn_mma "
+                               "and attn_split)");
   if (precision_ == Precision::kFp32 || backend.supports_reference_numerics()) return Status::ok();
   if (precision_ == Precision::kFast)
     return Status::unsupported(

@@ -86,7 +86,7 @@ class Model {
   bool attn_weights_bf16() const { return attn_weights_bf16_; }
   // The model can run on `backend` with its precision profile (deepseek-ref and fast need
   // quant_sim and the rounding flags: supports_reference_numerics()) and its experiments
-  // (attn_weights_bf16: supports_attention_weights_bf16(bf16 operands)).
+  // (attn_weights_bf16: supports_attention_weights_bf16(bf16 operands, H, Dh)).
   Status check_backend(const Backend& backend) const;
   const ModelWeights& weights() const { return weights_; }
   const RopeTable& rope_main() const { return rope_main_; }

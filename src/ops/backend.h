@@ -305,7 +305,7 @@ struct AttentionParams {
   // rounded to bf16 before they weight the keys, as flash-attention kernels with bf16 P do: the
   // candidates in chunks of 32 in order, each chunk's weights exp(logit - running max) rounded, the
   // denominator summing them unrounded, the accumulators rescaled as the max grows, the sink joining
-  // at the end. Only where supports_attention_weights_bf16(bf16_operands).
+  // at the end. Only where supports_attention_weights_bf16(bf16_operands, H, Dh).
   bool weights_bf16 = false;
 };
 
@@ -408,10 +408,11 @@ class Backend {
   // quant_sim and the *_bf16 rounding flags are implemented (the deepseek-ref profile).
   // CompressorParams::key_precision is not covered by this: every backend implements it.
   virtual bool supports_reference_numerics() const { return false; }
-  // Whether attention() implements AttentionParams::weights_bf16 on calls with these bf16_operands
-  // (the CPU on any; the CUDA backend's tensor-core kernel, which needs bf16 operands).
-  virtual bool supports_attention_weights_bf16(bool bf16_operands) const {
-    (void)bf16_operands;
+  // Whether attention() implements AttentionParams::weights_bf16 on calls with these bf16_operands,
+  // heads and head_dim (the CPU on any; the CUDA backend on its tensor-core kernel: bf16 operands
+  // and the heads it takes).
+  virtual bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t head_dim) const {
+    (void)bf16_operands, (void)heads, (void)head_dim;
     return false;
   }
 

@@ -73,14 +73,16 @@ TEST(RefNumerics, ProfileKeepsChunkingInvarianceAndStaysNearFp32) {
 
 // A backend with every op but the reference numerics: the CPU backend behind a wrapper that says
 // it has no quant_sim (as the CUDA backend said once). `bf16_weights_kernel`: it says it has them
-// and AttentionParams::weights_bf16 on bf16 operands only, as the CUDA backend does.
+// and AttentionParams::weights_bf16 on bf16 operands and a multiple of `heads_multiple` heads only,
+// as the CUDA backend does (32 there).
 class NoReferenceNumerics final : public Backend {
  public:
-  explicit NoReferenceNumerics(bool bf16_weights_kernel = false) : bf16_weights_kernel_(bf16_weights_kernel) {}
+  explicit NoReferenceNumerics(bool bf16_weights_kernel = false, int64_t heads_multiple = 1)
+      : bf16_weights_kernel_(bf16_weights_kernel), heads_multiple_(heads_multiple) {}
   const char* name() const override { return bf16_weights_kernel_ ? "bf16-weights-kernel" : "no-ref"; }
   bool supports_reference_numerics() const override { return bf16_weights_kernel_; }
-  bool supports_attention_weights_bf16(bool bf16_operands) const override {
-    return bf16_weights_kernel_ && bf16_operands;
+  bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t) const override {
+    return bf16_weights_kernel_ && bf16_operands && heads % heads_multiple_ == 0;
   }
   Tensor alloc(ElemType t, std::vector<int64_t> s) override { return cpu_->alloc(t, std::move(s)); }
   Tensor upload_f32(const std::vector<float>& v, std::vector<int64_t> s) override { return cpu_->upload_f32(v, std::move(s)); }
@@ -105,6 +107,7 @@ class NoReferenceNumerics final : public Backend {
 
  private:
   bool bf16_weights_kernel_;
+  int64_t heads_multiple_;
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
@@ -158,6 +161,11 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
     EXPECT_NE(on_fp32.message().find("bf16-weights-kernel backend"), std::string::npos) << on_fp32.message();
     ov.precision = Precision::kFast;
     EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(kernel).is_ok());
+    // Heads it does not take (the fixture's 4 against a multiple of 8): refused, naming them.
+    NoReferenceNumerics eights(true, 8);
+    const Status heads = Model::load(kFixtures / "csa", ov).value()->check_backend(eights);
+    EXPECT_EQ(heads.code(), StatusCode::kUnsupported);
+    EXPECT_NE(heads.message().find("4 heads of 32"), std::string::npos) << heads.message();
     ov.attn_weights_bf16 = false;
     ov.precision = Precision::kFp32;
     EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(kernel).is_ok());

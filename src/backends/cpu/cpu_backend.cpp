@@ -353,7 +353,7 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_reference_numerics() const override { return true; }
-  bool supports_attention_weights_bf16(bool) const override { return true; }
+  bool supports_attention_weights_bf16(bool, int64_t, int64_t) const override { return true; }
 
   // Spec §3.3 "Compressor" and §5.2. Rows are buffered until a window of `ratio` tokens completes;
   // the overlapping (CSA) form pools 2*ratio slots: the previous window's first half and the

@@ -796,9 +796,13 @@ class CudaBackend final : public Backend {
 
   // Every flag of the fast and deepseek-ref profiles is simulated on the device (docs/cuda.md).
   bool supports_reference_numerics() const override { return true; }
-  // The tensor-core attention's one-term weights (AttentionArgs::weights_bf16); attention() names what
-  // else keeps a call off that kernel.
-  bool supports_attention_weights_bf16(bool bf16_operands) const override { return bf16_operands; }
+  // The tensor-core attention's one-term weights (AttentionArgs::weights_bf16): where every call of
+  // the model can take that kernel (attention() refuses a call that cannot, naming why: more than
+  // 8192 splits).
+  bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t head_dim) const override {
+    static const bool on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_split");
+    return bf16_operands && on && attention_mma_fits(heads, head_dim);
+  }
 
   // On the device: the default goes through the host, which a captured step cannot.
   Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows) override {

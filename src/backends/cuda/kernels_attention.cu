@@ -1425,7 +1425,9 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // only): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as before, a third of
 // the weighted sum's mma. The CPU's experiment rounds the same weights, exp(logit - running max)
 // over chunks of 32 from the first candidate; here a token's later splits (past a.mma_split
-// candidates) start their own running max, so a weight there may round apart from the CPU's.
+// candidates) start their own running max, and a CSA selection's masked slots (-1) keep their
+// places in the chunks where the CPU drops them, so the chunks' running maxima, and with them a
+// weight's rounding, may differ from the CPU's there.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");

@@ -1468,9 +1468,10 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 // AttentionParams::weights_bf16 (`--attn-weights bf16`) on the call `w` (bf16 operands), whose
 // exact result `exact` was the GPU's last attention call: the tensor-core kernel's one-term weights,
 // or where the call cannot run on that kernel (attn_mma or attn_split off) an error naming the flag;
-// so for `fp32_path` (fp32 operands) always. A weight rounded to bf16 moves by at most 2^-9 of
-// itself and a row's rounding errors are independent, so the outputs move by about 2^-9 / sqrt(3) of
-// their RMS: the bar is 2^-7, and some output must move beyond kOpTol (the flag was applied). Where
+// so for `fp32_path` (fp32 operands) always. A weight rounded to bf16 moves by at most 2^-8 of
+// itself (half a unit of its 8-bit significand; 2^-9 at the top of its binade), by 2^-9 / sqrt(3) to
+// 2^-8 / sqrt(3) in RMS, and a row's rounding errors are independent, so the outputs move by about
+// that much of their RMS: the bar is 2^-7, and some output must move beyond kOpTol (the flag was applied). Where
 // `on_cpu` is given (a sliding-window call, the same keys on both backends, one split a token: the
 // CPU's chunks) the CPU's experiment is the reference: the kernel lies within a quarter of the
 // rounding's own move of it. What differs there is the fp32 order of the logits and expf, a few
@@ -1496,6 +1497,16 @@ void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exac
   }
   gpu->attention(w);
   const std::vector<float> got = gpu->download_f32(w.out), ex = gpu->download_f32(exact);
+  if (real) {
+    // The one-term form with the keys converted from the fp32 state in the kernel: the same values,
+    // so the same bits.
+    AttentionParams converted = w;
+    converted.out = gpu->alloc(ElemType::kF32, w.out.shape());
+    cuda::set_attention_bf16_kv(*gpu, false);
+    gpu->attention(converted);
+    cuda::set_attention_bf16_kv(*gpu, true);
+    expect_same_bits(gpu->download_f32(converted.out), got, what + ": bf16 weights, keys converted in the kernel");
+  }
   ASSERT_EQ(got.size(), ex.size());
   const auto rms = [](const std::vector<float>& a, const std::vector<float>* b) {
     double s = 0.0;
@@ -1521,6 +1532,61 @@ void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exac
   std::printf("[bf16 weights] %s: vs the CPU's experiment rms %.3g (%.3f of the move)\n", what.c_str(), apart,
               moved > 0.0 ? apart / moved : 0.0);
   EXPECT_LE(apart, 0.25 * moved) << what << ": weights_bf16 on the GPU is not the CPU's experiment";
+}
+
+// AttentionParams::weights_bf16 rounds a weight where it weights its key, not in the denominator.
+// Token t of one sequence attends to t + 1 keys: key 0 with logit 0 (its weight 1, exact) and t keys
+// with logit a / 16 < 0 (weight p = exp(a / 16), chosen so that bf16(p) = p (1 + d) with |d| at
+// least 0.9 x 2^-9, at most 2^-8). Dim 1 of every key is 1, so out[1] = (1 + t bf16(p)) / (1 + t p): about 1 + d away from 1,
+// where a denominator of rounded weights, or exact weights, would give 1. The sink (-60) adds
+// nothing measurable. Both backends must land within a tenth of that deviation of it, at every
+// t and head (32 heads, Dh 128; 40 tokens: two chunks of 32 past t = 31, the max in the first).
+TEST_F(CudaOps, AttentionWithBf16WeightsSumsTheUnroundedWeights) {
+  const int64_t H = 32, Dh = 128, T = 40;
+  // The key value a (a bf16 in [-8, -1]) whose weight rounds farthest from itself.
+  float a = -1.0f;
+  double d = 0.0;
+  for (int i = 0; i <= 896; ++i) {  // (steps of 2^-7: every bf16 in [-2, -1], every other one below)
+    const float v = bf16_round(-8.0f + static_cast<float>(i) / 128.0f);
+    const double pv = static_cast<float>(std::exp(static_cast<double>(v) / 16.0));
+    const double dv = (bf16_round(static_cast<float>(pv)) - pv) / pv;
+    if (std::abs(dv) > std::abs(d)) a = v, d = dv;
+  }
+  ASSERT_GT(std::abs(d), 0.9 / 512.0) << "no key value whose weight rounds far enough";
+  const double p = static_cast<float>(std::exp(static_cast<double>(a) / 16.0)), pr = bf16_round(static_cast<float>(p));
+  ModelConfig cfg = attn_config(AttentionKind::kSliding, T);
+  cfg.head_dim = Dh;
+  Stored sinks = stored_floats(DType::kF32, {H}, std::vector<float>(H, -60.0f));
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  auto [bc, bg] = seqs.batches(T, 0);
+  std::vector<float> q(T * H * Dh, 0.0f), kv(T * Dh, 0.0f);
+  for (int64_t i = 0; i < T * H; ++i) q[i * Dh] = 1.0f;
+  for (int64_t j = 0; j < T; ++j) kv[j * Dh] = j == 0 ? 0.0f : a, kv[j * Dh + 1] = 1.0f;
+  auto [qc, qg] = both_f32(q, {T, H, Dh});
+  auto [vc, vg] = both_f32(kv, {T, Dh});
+  auto [oc, og] = both_alloc(ElemType::kF32, {T, H, Dh});
+  auto params = [&](const Tensor& o, const Tensor& qt, const Tensor& vt, const BatchInfo& b) {
+    return AttentionParams{.out = o, .q = qt, .kv = vt, .sinks = sinks.view, .batch = &b, .layer = 0,
+                           .kind = AttentionKind::kSliding, .window = T, .scale = 1.0 / 16.0, .bf16_operands = true,
+                           .weights_bf16 = true};
+  };
+  const bool real = std::string(gpu->name()) == "cuda";
+  if (real && !(cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"))) {
+    EXPECT_THROW(gpu->attention(params(og, qg, vg, bg)), std::runtime_error);
+    return;
+  }
+  cpu->attention(params(oc, qc, vc, bc));
+  gpu->attention(params(og, qg, vg, bg));
+  const std::vector<float> got = gpu->download_f32(og), want = cpu->download_f32(oc);
+  for (int64_t t = 1; t < T; ++t) {
+    const double expected = (1.0 + static_cast<double>(t) * pr) / (1.0 + static_cast<double>(t) * p);
+    const double bar = 0.1 * std::abs(expected - 1.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t i = (t * H + h) * Dh + 1;
+      ASSERT_NEAR(want[i], expected, bar) << "cpu, token " << t << " head " << h << " (a " << a << ", d " << d << ")";
+      ASSERT_NEAR(got[i], expected, bar) << "gpu, token " << t << " head " << h << " (a " << a << ", d " << d << ")";
+    }
+  }
 }
 
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
@@ -1761,7 +1827,7 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
       }
       const std::vector<float> ckv = csa || m > 0 ? rng.normal(T * main_case.width) : std::vector<float>{};
       const std::vector<float> cgate = csa || m > 0 ? rng.normal(T * main_case.width, 2.0) : std::vector<float>{};
-      std::vector<float> out[2];
+      std::vector<float> out[2], out_w[2];
       for (int side = 0; side < 2; ++side) {
         const bool records = side == 0;
         const BatchInfo& b = records ? br : bv;
@@ -1796,6 +1862,13 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
             expect_same_bits(gpu->download_f32(o), out[side],
                              what + ", " + std::to_string(heads) + " heads a block, dim slices " + std::to_string(slices));
           }
+        // With the weights as one bf16 term (AttentionParams::weights_bf16): the records' form too.
+        gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
+                        .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
+                        .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
+                        .round_bf16 = true, .bf16_operands = true, .kv_record = true, .weights_bf16 = true});
+        EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what << ", bf16 weights";
+        out_w[side] = gpu->download_f32(o);
         gpu->window_append({.kv = v, .batch = &b, .layer = 0, .kv_record = true});
         for (int s = 0; s < 2; ++s) {
           EXPECT_EQ(cuda::state_keeps_records(*(records ? rec : val)[s], 0), records) << what << " seq " << s;
@@ -1804,6 +1877,8 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
       }
       const std::string what = name + " batch (" + std::to_string(n0) + ", " + std::to_string(n1) + ")";
       expect_same_bits(out[0], out[1], what + ": attention over records vs values");
+      expect_same_bits(out_w[0], out_w[1], what + ": attention over records vs values, bf16 weights");
+      EXPECT_NE(out_w[0], out[0]) << what << ": bf16 weights changed nothing";
       if (kind != AttentionKind::kSliding)
         for (int s = 0; s < 2; ++s)
           expect_same_bits(cuda::state_entries(*rec[s], 0, CompressorSlot::kMain),
