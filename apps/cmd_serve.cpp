@@ -51,12 +51,12 @@ void add_serve_command(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
-    if (opts->run.attn_weights != "fp32")
+    // The flags' errors name the flag; the engine parses them again.
+    if (model_overrides_or_fail(opts->run, opts->backend).attn_weights_bf16)
       fail(Status::invalid_argument("--attn-weights " + opts->run.attn_weights +
                                     " is an accuracy experiment of logits, generate, dump, diff, needle and run; "
                                     "serve runs fp32 attention weights"));
     Tokenizer tok = load_tokenizer_or_fail(opts->src);
-    (void)model_overrides_or_fail(opts->run, opts->backend);  // the flags' errors name the flag; the engine parses them again
     EngineOptions eo;
     eo.model_dir = opts->src.model;
     eo.backend = opts->backend;

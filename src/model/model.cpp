@@ -38,6 +38,10 @@ struct Numerics {
   bool moe_ref = false;           // W4A8 experts, routing weight before w2, bf16 combine (§3.4, §4 rows 2-3)
 };
 
+// The attention's q and keys are bf16 values (AttentionParams::bf16_operands): the profiles with
+// bf16 activations and FP8 KV.
+bool attention_bf16_operands(const Numerics& nx) { return nx.round_bf16 && nx.kv_fp8; }
+
 Numerics numerics_of(Precision p) {
   switch (p) {
     case Precision::kFp32:
@@ -113,10 +117,8 @@ KeyPrecision precision_default_index_keys(Precision p) {
 // ref_numerics; deepseek-ref also bf16_scores and the Hadamard/FP4 quant_sim kinds): the CPU and CUDA
 // backends implement all of them (supports_reference_numerics()); other backends are refused here.
 Status Model::check_backend(const Backend& backend) const {
-  // (The attention's operands are bf16 values where forward() sets AttentionParams::bf16_operands.)
-  const Numerics nx = numerics_of(precision_);
-  if (attn_weights_bf16_ &&
-      !backend.supports_attention_weights_bf16(nx.round_bf16 && nx.kv_fp8, config_.num_heads, config_.head_dim))
+  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16(attention_bf16_operands(numerics_of(precision_)),
+                                                                    config_.num_heads, config_.head_dim))
     return Status::unsupported(std::string("--attn-weights bf16 (an accuracy experiment) is not implemented on the ") +
                                backend.name() + " backend with precision " + precision_name(precision_) + " for " +
                                std::to_string(config_.num_heads) + " heads of " + std::to_string(config_.head_dim) +
@@ -340,7 +342,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   be.attention({.out = o, .q = q, .kv = kv, .selected = selected, .sinks = L.attn_sink, .batch = &batch, .layer = l,
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
-                 .bf16_operands = ref && nx.kv_fp8, .kv_record = ref && nx.kv_fp8,
+                 .bf16_operands = attention_bf16_operands(nx), .kv_record = attention_bf16_operands(nx),
                  .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps, .weights_bf16 = attn_weights_bf16_});
   be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = ref && nx.kv_fp8});
   // V carried rotated dims: undo the rotation at the query position (spec §3.3).

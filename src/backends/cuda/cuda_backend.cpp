@@ -256,10 +256,17 @@ void CompressorBuffer::reserve(int64_t n) {
   capacity = cap;
 }
 
-KvRecordLayout kv_records_layout(const ModelConfig& c) {
+// Whether the tensor-core attention (attention_mma_kernel) can take calls of H heads of Dh: its
+// features on (`attn_mma`, `attn_split`) and the shapes it has forms for. What the KV records, the
+// bf16 attention weights and CudaBackend::attention's own choice all rest on.
+bool attention_tensor_cores_take(int64_t H, int64_t Dh) {
   static const bool on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_split");
+  return on && attention_mma_fits(H, Dh);
+}
+
+KvRecordLayout kv_records_layout(const ModelConfig& c) {
   const int64_t nope = c.head_dim - c.rope_dim;
-  if (!on || !attention_mma_fits(c.num_heads, c.head_dim) || c.rope_dim < 0 || nope <= 0 || nope % kKvRecordBlock != 0)
+  if (!attention_tensor_cores_take(c.num_heads, c.head_dim) || c.rope_dim < 0 || nope <= 0 || nope % kKvRecordBlock != 0)
     return {};
   const KvRecordLayout l = kv_record_layout(c.head_dim, c.rope_dim);
   if (l.bytes % 8 != 0 || l.rope_at % 8 != 0 || l.bytes > 2 * c.head_dim) return {};
@@ -345,10 +352,7 @@ class UploadPack {
     sizes_.push_back({at, v.size() * sizeof(T)});
     return sizes_.size() - 1;
   }
-  void upload() {
-    buf_ = DeviceBuffer(bytes_.size(), false);  // (every byte copied over, the gaps' zeros too)
-    host_to_device(buf_.get(), bytes_.data(), bytes_.size());
-  }
+  void upload() { buf_ = upload_vector(bytes_); }  // (the gaps' zeros too)
   template <class T>
   const T* at(size_t section) const {
     const auto [offset, bytes] = sizes_.at(section);
@@ -800,8 +804,7 @@ class CudaBackend final : public Backend {
   // the model can take that kernel (attention() refuses a call that cannot, naming why: more than
   // 8192 splits).
   bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t head_dim) const override {
-    static const bool on = cuda_feature_on("attn_mma") && cuda_feature_on("attn_split");
-    return bf16_operands && on && attention_mma_fits(heads, head_dim);
+    return bf16_operands && attention_tensor_cores_take(heads, head_dim);
   }
 
   // On the device: the default goes through the host, which a captured step cannot.
@@ -1118,10 +1121,9 @@ class CudaBackend final : public Backend {
     // the candidates would need more than 8192 splits (its combine keeps one weight per split in
     // shared memory); its scratch is bounded by running the tokens in passes, which changes no
     // token's arithmetic.
-    static const bool split_on = cuda_feature_on("attn_split"), mma_on = cuda_feature_on("attn_mma");
+    static const bool split_on = cuda_feature_on("attn_split");
     // The tensor-core splits (fast profiles: q and keys bf16 values), whatever the batch.
-    const bool mma = split_on && mma_on && p.bf16_operands && attention_mma_fits(H, Dh) &&
-                     attention_splits(max_candidates, true) <= 8192;
+    const bool mma = p.bf16_operands && attention_tensor_cores_take(H, Dh) && attention_splits(max_candidates, true) <= 8192;
     last_attention_mma_ = mma;
     if (p.weights_bf16 && !mma)
       throw std::runtime_error(

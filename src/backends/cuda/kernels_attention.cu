@@ -2133,7 +2133,7 @@ bool attention_overlap() {
 }  // namespace
 void set_attention_overlap(int n) { g_attention_overlap.store(n); }
 
-// The dim slices of a call's 16-head blocks (AttentionArgs::dim_slices): set_attention_dim_slices's
+// The dim slices of a call's 16-head blocks (the grid's z, which the kernel reads as gridDim.z): set_attention_dim_slices's
 // where set, else 1 with SPARROW_CUDA_DISABLE=attn_dims, else the most of 4 and 2 that keeps the
 // call's blocks within the SMs (a decode batch leaves most of them idle: at batch 1 a token's 4
 // blocks walk its chunks on 4 SMs), else 1. The same bits any way.

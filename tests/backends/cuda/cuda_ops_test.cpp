@@ -1683,7 +1683,8 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
               for (int overlap : {0, -1})
                 for (int slices : {0, 1, 2, 4}) {
                   if (heads == 32 && (overlap != 0 || slices != 0)) continue;
-                  const Tensor forced = gpu->alloc(ElemType::kF32, {T, H, Dh});
+                  // (NaN-filled: a form that left an output unwritten fails the comparison.)
+                  const Tensor forced = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
                   cuda::set_attention_block_heads(*gpu, heads);
                   cuda::set_attention_overlap(overlap);
                   cuda::set_attention_dim_slices(slices);
@@ -1840,10 +1841,15 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
         }
         const Tensor q = gpu->upload_f32(qv, {T, H, Dh}), v = gpu->upload_f32(kv, {T, Dh});
         const Tensor o = gpu->alloc(ElemType::kF32, {T, H, Dh});
-        gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
-                        .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m, .window = cfg.sliding_window,
-                        .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = true, .bf16_operands = true,
-                        .kv_record = true});
+        const Tensor sel_g = csa ? gpu->upload_i32(sel, {T, k}) : Tensor();
+        // Into `out` (o, or a NaN-filled tensor of its own: a form that left an output unwritten fails).
+        const auto attend = [&](const Tensor& out, bool weights_bf16) {
+          gpu->attention({.out = out, .q = q, .kv = v, .selected = sel_g, .sinks = sinks.view, .batch = &b, .layer = 0,
+                          .kind = kind, .ratio = m, .window = cfg.sliding_window,
+                          .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = true, .bf16_operands = true,
+                          .kv_record = true, .weights_bf16 = weights_bf16});
+        };
+        attend(o, false);
         const std::string what = name + (records ? " records" : " values") + " batch (" + std::to_string(n0) + ", " +
                                  std::to_string(n1) + ")";
         EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what;
@@ -1853,20 +1859,15 @@ TEST_F(CudaOps, KvRecordsInTheStateGiveTheValuesBits) {
             if (heads == 32 && slices != 1) continue;
             cuda::set_attention_block_heads(*gpu, heads);
             cuda::set_attention_dim_slices(slices);
-            gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
-                            .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
-                            .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
-                            .round_bf16 = true, .bf16_operands = true, .kv_record = true});
+            const Tensor formed = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
+            attend(formed, false);
             cuda::set_attention_block_heads(*gpu, 0);
             cuda::set_attention_dim_slices(0);
-            expect_same_bits(gpu->download_f32(o), out[side],
+            expect_same_bits(gpu->download_f32(formed), out[side],
                              what + ", " + std::to_string(heads) + " heads a block, dim slices " + std::to_string(slices));
           }
         // With the weights as one bf16 term (AttentionParams::weights_bf16): the records' form too.
-        gpu->attention({.out = o, .q = q, .kv = v, .selected = csa ? gpu->upload_i32(sel, {T, k}) : Tensor(),
-                        .sinks = sinks.view, .batch = &b, .layer = 0, .kind = kind, .ratio = m,
-                        .window = cfg.sliding_window, .scale = 1.0 / std::sqrt(static_cast<double>(Dh)),
-                        .round_bf16 = true, .bf16_operands = true, .kv_record = true, .weights_bf16 = true});
+        attend(o, true);
         EXPECT_EQ(cuda::last_attention_records(*gpu), records) << what << ", bf16 weights";
         out_w[side] = gpu->download_f32(o);
         gpu->window_append({.kv = v, .batch = &b, .layer = 0, .kv_record = true});
