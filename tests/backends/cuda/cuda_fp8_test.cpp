@@ -511,7 +511,9 @@ TEST_F(CudaFp8Linear, RoundedOutputsAreTheSumsRoundedOnEveryPath) {
 // the matching columns of one linear over the stacked matrix built here by hand (which also checks
 // the stacked scales' rows), rounded to bf16 under round_bf16, within the tensor-core bound of the
 // CPU twin, and batch invariant; a stack it cannot take (an N of 129) must give each linear's own
-// bits.
+// bits, and so must a stack it takes: linears() stacks only where the split's copy is small (a CSA
+// layer's wq_b and indexer wq_b at decode sizes, not at an 8K prefill), so a sequence fed in chunks
+// and one-shot runs the same projection both ways.
 TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   cuda::set_fp8_gemm_in_linear(*gpu, true);
@@ -549,6 +551,11 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
         return gpu->download_f32(o);
       };
       const auto [ga, gb] = run_pair(0, T);
+      {
+        const std::vector<float> sa = run_one(a.w, T), sb = run_one(b.w, T);
+        for (size_t i = 0; i < sa.size(); ++i) ASSERT_TRUE(same_float(ga[i], sa[i])) << "first output alone, value " << i;
+        for (size_t i = 0; i < sb.size(); ++i) ASSERT_TRUE(same_float(gb[i], sb[i])) << "second output alone, value " << i;
+      }
       if (N1 % 128 == 0) {
         const std::vector<float> whole = run_one(st.w, T);  // rounded by linear() under round_bf16
         for (int64_t t = 0; t < T; ++t) {
@@ -557,10 +564,6 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
           for (int64_t n = 0; n < N2; ++n)
             ASSERT_TRUE(same_float(gb[t * N2 + n], whole[t * (N1 + N2) + N1 + n])) << "row " << t << " col " << N1 + n;
         }
-      } else {
-        const std::vector<float> sa = run_one(a.w, T), sb = run_one(b.w, T);
-        for (size_t i = 0; i < sa.size(); ++i) ASSERT_TRUE(same_float(ga[i], sa[i])) << "first output, value " << i;
-        for (size_t i = 0; i < sb.size(); ++i) ASSERT_TRUE(same_float(gb[i], sb[i])) << "second output, value " << i;
       }
       // Within the tensor-core bound of the CPU twin (37 rows), without the rounding.
       if (!round) {
@@ -581,6 +584,42 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
         for (int64_t i = 0; i < n * N1; ++i) ASSERT_TRUE(same_float(pa[i], ga[t0 * N1 + i])) << "rows from " << t0;
         for (int64_t i = 0; i < n * N2; ++i) ASSERT_TRUE(same_float(pb[i], gb[t0 * N2 + i])) << "rows from " << t0;
       }
+    }
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
+// linears() of one input whose outputs are wider than it (a CSA layer's wq_b and indexer wq_b: 40960
+// of 1024) run as separate linears, never stacked (the rule is of the shapes, not the rows), and
+// quantise their input once (`act_quant_shared`): each output must be its own linear's bits, with
+// one act_quant launch for the pair where the FP8 tensor-core path runs (two with the switch off).
+// At 1, 5 and 100 rows (the decode forms and the TMA kernel), with and without round_bf16.
+TEST_F(CudaFp8Linear, LinearsOfOneInputTooWideToStackQuantiseItOnce) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  Rng rng(618);
+  const int64_t K = 256, N1 = 768, N2 = 256;
+  const StoredMatrix a = fp8_matrix(rng, N1, K, 128, 128, DType::kF8E8M0);
+  const StoredMatrix b = fp8_matrix(rng, N2, K, 128, 128, DType::kF8E8M0);
+  for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{100}})
+    for (const bool round : {false, true}) {
+      SCOPED_TRACE("T=" + std::to_string(T) + (round ? " round_bf16" : ""));
+      const Tensor xg = gpu->upload_f32(rng.normal(T * K), {T, K});
+      const Tensor oa = gpu->alloc(ElemType::kF32, {T, N1}), ob = gpu->alloc(ElemType::kF32, {T, N2});
+      const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round},
+                                 {.out = ob, .in = xg, .weight = &b.w, .act_quant_fp8 = true, .round_bf16 = round}};
+      const int64_t before = cuda::fp8_linear_quantisations(*gpu);
+      gpu->linears(ps);
+      const int64_t launched = cuda::fp8_linear_quantisations(*gpu) - before;
+      if (cuda::last_linear_tensor_cores(*gpu)) {
+        EXPECT_EQ(launched, cuda::cuda_feature_on("act_quant_shared") ? 1 : 2);
+      }
+      const std::vector<float> ga = gpu->download_f32(oa), gb = gpu->download_f32(ob);
+      const Tensor sa = gpu->alloc(ElemType::kF32, {T, N1}), sb = gpu->alloc(ElemType::kF32, {T, N2});
+      gpu->linear({.out = sa, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round});
+      gpu->linear({.out = sb, .in = xg, .weight = &b.w, .act_quant_fp8 = true, .round_bf16 = round});
+      const std::vector<float> wa = gpu->download_f32(sa), wb = gpu->download_f32(sb);
+      for (size_t i = 0; i < wa.size(); ++i) ASSERT_TRUE(same_float(ga[i], wa[i])) << "first output, value " << i;
+      for (size_t i = 0; i < wb.size(); ++i) ASSERT_TRUE(same_float(gb[i], wb[i])) << "second output, value " << i;
     }
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
