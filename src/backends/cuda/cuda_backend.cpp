@@ -704,16 +704,16 @@ class CudaBackend final : public Backend {
     static const bool bf16_on = cuda_feature_on("bf16_gemm");
     if (ps.empty()) return;
     const LinearParams& p0 = ps[0];
-    // Stacked where the outputs are together no wider than the input (wq_a with wkv, the
-    // compressors' wkv with wgate): split_cols' copy of the product then costs less than the input's
-    // read. A rule of the shapes alone, never of the rows, since a stack's bits may differ from the
-    // separate linears' (cuBLASLt) and a sequence must get the same bits in chunks as one-shot. A
-    // CSA layer's wq_b and indexer wq_b (40960 outputs of 1024 inputs: an 8K prefill's split would
-    // copy 1.3 GB) run as separate linears sharing one quantisation of their input below.
+    // FP8 linears are stacked where their outputs are together no wider than the input (wq_a with
+    // wkv): split_cols' copy of the product then costs less than the input's read. A rule of the
+    // shapes alone, never of the rows, since a stack's bits may differ from the separate linears'
+    // (cuBLASLt) and a sequence must get the same bits in chunks as one-shot. A CSA layer's wq_b and
+    // indexer wq_b (40960 outputs of 1024 inputs: an 8K prefill's split would copy 1.3 GB) run as
+    // separate linears sharing one quantisation of their input below.
     int64_t n_all = 0;
     for (const LinearParams& p : ps) n_all += p.weight->out;
-    const bool stack = fp8_stack_ && ps.size() >= 2 && ps.size() <= kSplitColsParts && n_all <= p0.weight->in;
-    bool fp8 = stack && fp8_gemm_in_linear_, bf16 = stack && bf16_on;
+    const bool stack = fp8_stack_ && ps.size() >= 2 && ps.size() <= kSplitColsParts;
+    bool fp8 = stack && fp8_gemm_in_linear_ && n_all <= p0.weight->in, bf16 = stack && bf16_on;
     std::vector<const WeightMatrix*> ws;
     for (const LinearParams& p : ps) {
       const bool same = p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.round_bf16 == p0.round_bf16;
