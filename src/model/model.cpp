@@ -336,6 +336,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
                        .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = nx.index_bf16_scores,
                        .bf16_operands = ref});
+      iq = Tensor();  // (made with q above; freed here as it was when the indexer made it)
       if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
       if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) {
         tap(opt, l, "attn.indexer.topk_own", selected);  // what this side would have picked

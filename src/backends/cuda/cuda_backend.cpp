@@ -767,7 +767,7 @@ class CudaBackend final : public Backend {
     bool one_input = share && ps.size() >= 2;
     for (const LinearParams& p : ps)
       one_input = one_input && p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.act_quant_fp8 &&
-                  p.weight->in == p0.weight->in;
+                  p.weight->in == p0.weight->in && p.out.f32() != p0.in.f32();  // (no output over the input)
     fp8_.keep_quantised(one_input);
     try {
       for (const LinearParams& p : ps) linear(p);

@@ -617,6 +617,15 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputTooWideToStackQuantiseItOnce) {
       const std::vector<float> wa = gpu->download_f32(sa), wb = gpu->download_f32(sb);
       for (size_t i = 0; i < wa.size(); ++i) ASSERT_TRUE(same_float(ga[i], wa[i])) << "first output, value " << i;
       for (size_t i = 0; i < wb.size(); ++i) ASSERT_TRUE(same_float(gb[i], wb[i])) << "second output, value " << i;
+      // The same input tensor written afresh (in place) after the call: a linear of it quantises the
+      // new values (nothing kept past linears()), as a copy of them in a fresh tensor gives.
+      gpu->rms_norm({.out = xg, .in = xg, .weight = {}, .group = K, .eps = 1e-6});
+      const Tensor fresh = gpu->upload_f32(gpu->download_f32(xg), {T, K});
+      const Tensor na = gpu->alloc(ElemType::kF32, {T, N1}), nf = gpu->alloc(ElemType::kF32, {T, N1});
+      gpu->linear({.out = na, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round});
+      gpu->linear({.out = nf, .in = fresh, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round});
+      const std::vector<float> vn = gpu->download_f32(na), vf = gpu->download_f32(nf);
+      for (size_t i = 0; i < vn.size(); ++i) ASSERT_TRUE(same_float(vn[i], vf[i])) << "after the input changed, value " << i;
     }
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
