@@ -2125,6 +2125,8 @@ std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const
   return out;
 }
 
+void fp8_linear_keep_quantised(Backend& backend, bool on) { cuda_backend(backend).fp8().keep_quantised(on); }
+
 std::string fp8_linear_last_path(Backend& backend) {
   const Fp8Linear& f = cuda_backend(backend).fp8();
   switch (f.last_path()) {

@@ -70,6 +70,10 @@ std::vector<int32_t> indexer_select_rows(const std::vector<float>& scores, const
 std::string fp8_linear_last_path(Backend& backend);
 // true: every call takes the fallback kernel (to test it where cuBLASLt works); false: the default.
 void fp8_linear_force_fallback(Backend& backend, bool force);
+// While on, linear_fp8_block reuses the activation quantisation of the same input tensor made by its
+// last call (Fp8Linear::keep_quantised) instead of quantising it again: `sparrow bench` times the FP8
+// GEMM alone this way, after one call that quantises. The caller must not write the input meanwhile.
+void fp8_linear_keep_quantised(Backend& backend, bool on);
 
 // Per-op timing (`sparrow bench --breakdown`). While on, every op of the backend records CUDA events
 // around its work and its host wall time; take_op_profile synchronises, returns the sums per op
