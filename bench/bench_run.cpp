@@ -265,12 +265,15 @@ json fp8_gemm_section(Backend& backend, const Model& model, const std::vector<in
     Tensor x = backend.alloc(ElemType::kF32, {M, w->in});
     Tensor y = backend.alloc(ElemType::kF32, {M, w->out});
     device_fill_normal(x.f32(), x.numel(), 17, 1.0f);
-    auto ms = time_events(
-        [&](int) {
-          backend.linear_fp8_block({.out = y, .in = x, .weight = w});
-          return Status::ok();
-        },
-        /*warmup=*/2, /*reps=*/5);
+    const auto time_linear = [&] {
+      return time_events(
+          [&](int) {
+            backend.linear_fp8_block({.out = y, .in = x, .weight = w});
+            return Status::ok();
+          },
+          /*warmup=*/2, /*reps=*/5);
+    };
+    auto ms = time_linear();
     if (!ms.is_ok()) {
       g["status"] = "failed: " + ms.status().to_string();
       out.push_back(g);
@@ -288,12 +291,7 @@ json fp8_gemm_section(Backend& backend, const Model& model, const std::vector<in
     g["path"] = path;
     // The GEMM alone: the first call (a warm-up) quantises x and keeps its codes, the rest reuse them.
     cuda::fp8_linear_keep_quantised(backend, true);
-    auto gemm_ms = time_events(
-        [&](int) {
-          backend.linear_fp8_block({.out = y, .in = x, .weight = w});
-          return Status::ok();
-        },
-        /*warmup=*/2, /*reps=*/5);
+    auto gemm_ms = time_linear();
     cuda::fp8_linear_keep_quantised(backend, false);
     double gemm_rate = 0.0;
     if (gemm_ms.is_ok()) {
