@@ -805,7 +805,8 @@ struct AttentionArgs {
   // to bf16 in the kernel; the same values as the bf16 copies, so the same bits.
   bool records = false;
   KvRecordLayout rec{};
-  // With mma: heads a block, 16 (Dh 256 or 512) or 32, or 0 to choose by the call's size; the same
+  // With mma: heads a block, 16 (Dh 256 or 512), 32 or 64 (attention_wg_kernel, from the bf16
+  // copies where H is a multiple of 64; else as 0), or 0 to choose by the call's size; the same
   // bits either way (tests force each).
   int block_heads = 0;
   bool round_bf16 = false;  // out stored rounded to bf16

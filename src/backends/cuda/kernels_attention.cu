@@ -11,6 +11,7 @@
 #include "backends/cuda/attn_layout.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "core/check.h"
 
 namespace sparrow::cuda {
@@ -1474,16 +1475,15 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 }
 
 // AttentionArgs::q_prep: a warp's kHeadsW heads (rows of q from `q`, Dh apart) normalised and
-// rotated into the staged rows (`dst`, rowb bytes apart) as bf16. Lane l holds elements l, l + 32,
+// rotated into the staged rows as bf16: put(head of the warp's, element, its bf16 bits). Lane l holds elements l, l + 32,
 // ... of a head and sums their squares in that order, then warp_sum: rms_norm_warp_kernel's sums
 // (and its register form's); each value times 1 / sqrtf(sum / Dh + eps), rounded to bf16 when
 // round_bf16, as rms_norm_write; the last 2 pairs dims rotated pair by pair (the even element's
 // lane and its neighbour: a pair never straddles two lanes' chunks) with rope_kernel's fp64 angles
 // and rotation (the token's angles computed once into `ang`, shared memory), rounded again when
 // round_bf16; then to bf16 as the staging loop converts. Every thread of the block calls it.
-template <int Dh, int kHeadsW>
-__device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, uint8_t* dst,
-                                            int rowb, int lane) {
+template <int Dh, int kHeadsW, class Put>
+__device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, Put put, int lane) {
   constexpr int kU = Dh / 32;
   const int pairs = a.q_rope.pairs, rope0 = Dh - 2 * pairs;
   const int warp = threadIdx.x / 32;
@@ -1505,7 +1505,6 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
     for (int u = 0; u < kU; ++u) ss += v[u] * v[u];
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dh) + a.q_eps);
-    uint16_t* row = reinterpret_cast<uint16_t*>(dst + hw * rowb);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       float y = v[u] * inv;
@@ -1522,7 +1521,7 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
           if (a.round_bf16) y = dev_bf16_round(y);
         }
       }
-      row[e] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+      put(hw, e, __bfloat16_as_ushort(__float2bfloat16_rn(y)));
     }
   }
 }
@@ -1570,8 +1569,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   if (a.q_prep) {
     // The token's angles go in the logits' space, not used before the chunks.
     static_assert(sizeof(float) * kH * (kAmChunk + 1) >= 2 * sizeof(double) * kMaxRopePairs, "the angles fit");
+    uint8_t* const dst = qs + warp * (kH / kWarps) * rowb;
     attention_mma_q_prep<Dh, kH / kWarps>(a, a.q + (t * a.H + h0) * a.Dh, static_cast<double>(tk.pos),
-                                           reinterpret_cast<double*>(logits), qs + warp * (kH / kWarps) * rowb, rowb, lane);
+                                           reinterpret_cast<double*>(logits),
+                                           [&](int hw, int e, uint16_t v) { reinterpret_cast<uint16_t*>(dst + hw * rowb)[e] = v; },
+                                           lane);
   } else {
     const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
     constexpr int row4 = Dh / 4;  // float4s a row
@@ -2016,6 +2018,323 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   }
 }
 
+
+// ---- attention on wgmma: 64 heads of a token a block (the tensor-core attention's large calls) ----
+//
+// attention_mma_kernel's arithmetic on the warpgroup instructions, for every head, candidate and
+// output dim the same operations in the same order, so the same bits (the tests compare the forms):
+// the logits as two sums of bf16 products (the even and the odd k16 steps of Dh, each in order from
+// zero) added and scaled; the softmax in chunks of 32 candidates (a chunk's max; the weights
+// exp(logit - running max); their sum in warp_sum's order over the chunk's candidates; the running
+// sum l alpha + sum); the weights as three bf16 terms (or one: kTerms, the bf16-weights experiment);
+// the weighted sum rescaled by alpha, then per k16 step of the chunk the terms small to large.
+//
+// grid (tokens of the pass * H / 64, splits), 2 warpgroups: 64 heads of one token over one split
+// (wgmma's M = the heads). Shared memory (from a 1024-byte boundary): q [64 heads, Dh] and a ring of
+// kAwStages chunks' keys [32, Dh], both bf16 in 64-dim atoms of 128-byte rows with the 128-byte
+// swizzle (the layout both wgmma operands read: q and the keys K-major for the logits, the same key
+// bytes MN-major as V for the weighted sum); the logits' exchange [2][64][kAwXRow] fp32; the
+// candidates' addresses [kAwPtrBufs][32]; the token's RoPE angles (q_prep). Per chunk: warpgroup g
+// makes the logits' sum of the k16 steps g, g + 2, ... (wgmma m64n32k16, both operands in shared
+// memory), the two swap them through shared memory, and each then holds the whole logits of its 64
+// heads x 32 candidates, the softmax (a row's 32 candidates on a quad of lanes, the running max and
+// sum in registers, the same in both warpgroups) and the weights' terms as wgmma's A fragments in
+// registers; warpgroup g then adds the chunk's weighted keys into its half of Dh (wgmma m64nNk16,
+// N = 128 or Dh / 2, V from the key buffer). The next chunks' keys are copied in by cp.async under
+// the work (a ring of kAwStages, kAwStages - 1 chunks ahead).
+constexpr int kAwHeads = 64, kAwThreads = 256, kAwStages = 3, kAwPtrBufs = kAwStages + 1;
+constexpr int kAwXRow = kAmChunk + 8;  // floats a row of the logits' exchange (padded against bank conflicts)
+
+size_t attention_wg_smem(int64_t Dh) {
+  const int64_t q = Dh / 64 * kAwHeads * 128, keys = Dh / 64 * kAmChunk * 128;
+  return static_cast<size_t>(1024 + q + kAwStages * keys) + 2 * kAwHeads * kAwXRow * sizeof(float) +
+         kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double);
+}
+// The byte of (row r, dim d) in rows of 128 bytes cut into 64-dim atoms `sub` bytes apart (the
+// 128-byte swizzle: 16-byte piece p of row r at p ^ (r % 8)).
+__device__ inline int aw_at(int r, int d, int sub) {
+  return (d / 64) * sub + r * 128 + ((((d % 64) / 8) ^ (r % 8)) << 4) + (d % 8) * 2;
+}
+__device__ inline void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t a_desc, uint64_t b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " SPARROW_WGMMA_P16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : SPARROW_WGMMA_D16
+      : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+// A from registers (a row's k16 fragment as mma.m16n8k16's), B MN-major.
+template <int kN>
+__device__ inline void wgmma_bf16_rs_mn(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b_desc) {
+  if constexpr (kN == 128)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SPARROW_WGMMA_P64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : SPARROW_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " SPARROW_WGMMA_P32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : SPARROW_WGMMA_D32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+template <int kDh, int kTerms = 3>
+__global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  wait_previous_grid();
+  static_assert(kDh == 128 || kDh == 256 || kDh == 512, "Dh");
+  static_assert(kTerms == 3 || kTerms == 1, "the weights' terms");
+  constexpr int kQSub = kAwHeads * 128, kKSub = kAmChunk * 128;  // bytes of a 64-dim atom column of q, of a chunk
+  constexpr int kKBytes = kDh / 64 * kKSub;
+  constexpr int kSteps = kDh / 16;                        // the logits' k16 steps
+  constexpr int kWgDims = kDh / 2;                        // the weighted sum's dims a warpgroup
+  constexpr int kN = kWgDims < 128 ? kWgDims : 128, kNi = kWgDims / kN;  // its wgmma's N, and instructions a step
+  constexpr int kPieces = kDh / 8;                        // 16-byte pieces of a key row
+  extern __shared__ __align__(16) uint8_t aw_raw[];
+  uint8_t* qs = smem_align_1024(aw_raw);
+  uint8_t* ks0 = qs + kDh / 64 * kQSub;                                            // [kAwStages][kKBytes]
+  float* xch = reinterpret_cast<float*>(ks0 + kAwStages * kKBytes);               // [2][64][kAwXRow]
+  const void** kptr0 = reinterpret_cast<const void**>(xch + 2 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
+  double* ang = reinterpret_cast<double*>(kptr0 + kAwPtrBufs * kAmChunk);        // [2 kMaxRopePairs]
+
+  const SplitBlock blk = split_block(a, t_base, kAwHeads);
+  const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
+  const AttnTokenArgs& tk = blk.tk;
+  const int64_t j_begin = s * a.mma_split;
+  if (j_begin >= n) {  // as attention_mma_kernel
+    if (n == 0 && s == 0)
+      for (int i = threadIdx.x; i < kAwHeads * kDh; i += kAwThreads) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
+    return;
+  }
+  const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
+  const int64_t chunks = (j_end - j_begin + kAmChunk - 1) / kAmChunk;
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int row0 = 16 * (warp % 4) + gid;  // this thread's heads: row0 and row0 + 8 (of the block's 64)
+
+  if (a.q_prep) {
+    attention_mma_q_prep<kDh, kAwHeads / 8>(
+        a, a.q + (t * a.H + h0) * a.Dh, static_cast<double>(tk.pos), ang,
+        [&](int hw, int e, uint16_t v) { *reinterpret_cast<uint16_t*>(qs + aw_at(8 * warp + hw, e, kQSub)) = v; }, lane);
+  } else {
+    const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
+    constexpr int row4 = kDh / 4;
+    for (int i = tid; i < kAwHeads * row4; i += kAwThreads) {
+      const float4 v = qsrc[i];
+      *reinterpret_cast<uint2*>(qs + aw_at(i / row4, 4 * (i % row4), kQSub)) =
+          make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+  }
+  // Chunk c's candidates' addresses (null: masked, or past the split) into address buffer b.
+  const auto fill_ptrs = [&](int64_t c, int b) {
+    if (tid < kAmChunk) {
+      const int64_t j = c + tid;
+      kptr0[b * kAmChunk + tid] =
+          j < j_end ? static_cast<const void*>(candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16))
+                    : nullptr;
+    }
+  };
+  // The bf16 copies of the keys of address buffer pb into key buffer kb (a masked row zero-filled); one group.
+  const auto issue = [&](int kb, int pb) {
+    for (int i = tid; i < kAmChunk * kPieces; i += kAwThreads) {
+      const int r = i / kPieces, p = i % kPieces;
+      const void* row = kptr0[pb * kAmChunk + r];
+      cp_async(ks0 + kb * kKBytes + (p / 8) * kKSub + r * 128 + (((p % 8) ^ (r % 8)) << 4),
+               row ? static_cast<const void*>(static_cast<const uint4*>(row) + p) : static_cast<const void*>(a.q),
+               row != nullptr, 16);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int st = 0; st < kAwStages - 1; ++st) fill_ptrs(j_begin + st * kAmChunk, st);
+  __syncthreads();
+#pragma unroll
+  for (int st = 0; st < kAwStages - 1; ++st) issue(st, st);
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads row0, row0 + 8
+  float acc[kNi][kN / 2];
+#pragma unroll
+  for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+    for (int r = 0; r < kN / 2; ++r) acc[ni][r] = 0.0f;
+  float* const mine = xch + wg * kAwHeads * kAwXRow;
+  const float* const theirs = xch + (1 - wg) * kAwHeads * kAwXRow;
+
+  for (int64_t c = 0; c < chunks; ++c) {
+    // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
+    // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
+    const int64_t ahead = c + kAwStages - 1;
+    if (ahead < chunks) fill_ptrs(j_begin + ahead * kAmChunk, static_cast<int>(ahead % kAwPtrBufs));
+    __syncthreads();
+    if (ahead < chunks) issue(static_cast<int>(ahead % kAwStages), static_cast<int>(ahead % kAwPtrBufs));
+    else cp_async_commit();  // (an empty group: chunk c's stays kAwStages - 1 groups from the newest)
+    cp_async_wait<kAwStages - 1>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    const uint8_t* ks = ks0 + static_cast<int>(c % kAwStages) * kKBytes;
+    const void* const* kptr = kptr0 + static_cast<int>(c % kAwPtrBufs) * kAmChunk;
+
+    // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... in order, from zero.
+    float d[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      d[r] = 0.0f;
+      wgmma_fence_operand(d[r]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < kSteps / 2; ++i) {
+      const int st = 2 * i + wg;
+      wgmma_m64n32k16_bf16(d, wgmma_desc_sw128(qs + (st / 4) * kQSub + (st % 4) * 32),
+                           wgmma_desc_sw128(ks + (st / 4) * kKSub + (st % 4) * 32));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 16; ++r) wgmma_fence_operand(d[r]);
+    // d[4 i + 2 h + e]: head row0 + 8 h, candidate 8 i + 2 tig + e.
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(mine + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+    __syncthreads();
+    float v[2][4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 o = *reinterpret_cast<const float2*>(theirs + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig);
+        v[h][i][0] = kptr[8 * i + 2 * tig] ? (d[4 * i + 2 * h] + o.x) * a.scale : -INFINITY;
+        v[h][i][1] = kptr[8 * i + 2 * tig + 1] ? (d[4 * i + 2 * h + 1] + o.y) * a.scale : -INFINITY;
+      }
+    // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes), its weights'
+    // terms into wgmma's A fragments: pa[term][k16 step][reg].
+    float alpha[2];
+    uint32_t pa[kTerms][2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = v[h][0][0];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, v[h][i][e]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      float p[4][2] = {}, al = 1.0f;
+      if (m_new != -INFINITY) {  // (the same for the quad)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) p[i][e] = v[h][i][e] == -INFINITY ? 0.0f : expf(v[h][i][e] - m_new);
+        al = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+      }
+      // warp_sum's tree over candidates 0..31 (halves 16 apart, then 8, 4, 2, 1): candidate bits 4
+      // and 3 are i's, 2 and 1 tig's (lanes 2 and 1 apart), 0 is e.
+      float q2[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) q2[e] = (p[0][e] + p[2][e]) + (p[1][e] + p[3][e]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 2);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 1);
+      const float sum = q2[0] + q2[1];
+      l[h] = l[h] * al + sum;
+      m[h] = m_new;
+      alpha[h] = al;
+      // The terms (hi, and mid and lo: attention_mma_kernel's split), term 0 the smallest.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint16_t tb[3][2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const __nv_bfloat16 hi = __float2bfloat16_rn(p[i][e]);
+          if constexpr (kTerms == 1) {
+            tb[0][e] = __bfloat16_as_ushort(hi);
+          } else {
+            const float r1 = p[i][e] - __bfloat162float(hi);
+            const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+            const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+            tb[0][e] = __bfloat16_as_ushort(lo);
+            tb[1][e] = __bfloat16_as_ushort(mid);
+            tb[2][e] = __bfloat16_as_ushort(hi);
+          }
+        }
+        // k16 step i / 2; regs 0 / 1 the candidates 2 tig (+1) of heads row0 / row0 + 8, regs 2 / 3 those + 8.
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term)
+          pa[term][i / 2][2 * (i % 2) + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
+      }
+    }
+    // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer read
+    // MN-major, this warpgroup's dims from wg kWgDims).
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) {
+        acc[ni][r] *= alpha[(r / 2) % 2];
+        wgmma_fence_operand(acc[ni][r]);
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni)
+          wgmma_bf16_rs_mn<kN>(acc[ni], pa[term][kk],
+                               wgmma_desc_sw128_mn(ks + ((wg * kWgDims + ni * kN) / 64) * kKSub + 16 * kk * 128, kKSub));
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+  }
+  // acc[ni][4 j + 2 h + e]: head row0 + 8 h, dim wg kWgDims + ni kN + 8 j + 2 tig + e.
+  if (n <= a.mma_split) {  // the token's only split: attention_mma_kernel's ending
+    float ws[2], denom[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sink = dev_load(a.sinks, h0 + row0 + 8 * h);
+      const float M = fmaxf(sink, m[h]);
+      ws[h] = attn_split_weight(m[h], M);
+      denom[h] = attn_combine_denom(expf(sink - M), ws[h], l[h]);
+    }
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float o[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            o[e] = attn_combine_term(0.0f, ws[h], acc[ni][4 * j + 2 * h + e]) / denom[h];
+            if (a.round_bf16) o[e] = dev_bf16_round(o[e]);
+          }
+          *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + row0 + 8 * h) * a.Dh + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
+              make_float2(o[0], o[1]);
+        }
+    return;
+  }
+  const int64_t th0 = (t - t_base) * a.H + h0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* part = a.split_scratch + ((th0 + row0 + 8 * h) * max_splits + s) * (a.Dh + 2);
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+        *reinterpret_cast<float2*>(part + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
+            make_float2(acc[ni][4 * j + 2 * h], acc[ni][4 * j + 2 * h + 1]);
+    if (wg == 0 && tig == 0) {
+      part[a.Dh] = m[h];
+      part[a.Dh + 1] = l[h];
+    }
+  }
+}
+
 }  // namespace
 
 void launch_compressor(const CompressorArgs& a) {
@@ -2150,6 +2469,10 @@ void set_attention_dim_slices(int n) {
   g_attention_dim_slices.store(n);
 }
 int last_attention_dim_slices() { return g_last_attention_dim_slices.load(); }
+namespace {
+std::atomic<bool> g_last_attention_wgmma{false};
+}  // namespace
+bool last_attention_wgmma() { return g_last_attention_wgmma.load(); }
 
 int64_t attn_mma_split_candidates() {
   static const int64_t per = cuda_env_int(
@@ -2200,6 +2523,16 @@ void launch_attention(const AttentionArgs& args) {
       opt_in(attention_mma_kernel<128, kAmKeysRecord, 32, 8, false, 1>, 128, kAmKeysRecord, 32);
       opt_in(attention_mma_kernel<256, kAmKeysRecord, 32, 8, false, 1>, 256, kAmKeysRecord, 32);
       opt_in(attention_mma_kernel<512, kAmKeysRecord, 32, 8, false, 1>, 512, kAmKeysRecord, 32);
+      const auto opt_in_wg = [](auto kernel, int64_t Dh) {
+        SPARROW_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(attention_wg_smem(Dh))));
+      };
+      opt_in_wg(attention_wg_kernel<128>, 128);
+      opt_in_wg(attention_wg_kernel<256>, 256);
+      opt_in_wg(attention_wg_kernel<512>, 512);
+      opt_in_wg(attention_wg_kernel<128, 1>, 128);
+      opt_in_wg(attention_wg_kernel<256, 1>, 256);
+      opt_in_wg(attention_wg_kernel<512, 1>, 512);
       opted = true;
     }
     if (a.records)
@@ -2212,11 +2545,36 @@ void launch_attention(const AttentionArgs& args) {
     // On those blocks from the bf16 copies, each chunk's logits beside the chunk before's softmax and
     // weighted sum (attention_mma_kernel's kOverlap; the same bits): attention_overlap().
     const bool overlap = keys == kAmKeysBf16 && attention_overlap();
+    // 64 heads a block on wgmma (attention_wg_kernel; the same bits) from the bf16 copies, where H
+    // takes them and the call does not go to the 16-head blocks (`attn_wgmma` off: never).
+    static const bool wgmma_on = cuda_feature_on("attn_wgmma");
+    g_last_attention_wgmma.store(false);
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const bool narrow = !a.weights_bf16 && a.Dh >= 256 &&
                           (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
                                                    tp * (a.H / kAmHeads) * max_splits < sm_count()));
+      const bool wide = keys == kAmKeysBf16 && a.H % kAwHeads == 0 &&
+                        (a.block_heads == kAwHeads || (a.block_heads == 0 && wgmma_on && !narrow));
+      if (wide) {
+        g_last_attention_wgmma.store(true);
+        g_last_attention_dim_slices.store(1);
+        const dim3 grid(static_cast<unsigned>(tp * a.H / kAwHeads), static_cast<unsigned>(max_splits));
+        const auto run = [&](auto kernel) { launch(kernel, grid, kAwThreads, attention_wg_smem(a.Dh), a, t_base, max_splits); };
+        if (a.weights_bf16) {
+          if (a.Dh == 512) run(attention_wg_kernel<512, 1>);
+          else if (a.Dh == 256) run(attention_wg_kernel<256, 1>);
+          else run(attention_wg_kernel<128, 1>);
+        } else {
+          if (a.Dh == 512) run(attention_wg_kernel<512>);
+          else if (a.Dh == 256) run(attention_wg_kernel<256>);
+          else run(attention_wg_kernel<128>);
+        }
+        if (max_splits > 1)
+          launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
+                 t_base, max_splits);
+        continue;
+      }
       const int heads = narrow ? 16 : kAmHeads;
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
       // The dim slices of a 16-head block (grid z; the kernel reads gridDim.z).

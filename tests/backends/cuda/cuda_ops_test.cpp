@@ -1591,9 +1591,10 @@ TEST_F(CudaOps, AttentionWithBf16WeightsSumsTheUnroundedWeights) {
 
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
-  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512}}) {
+  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512},
+                       std::pair<int64_t, int64_t>{64, 128}, std::pair<int64_t, int64_t>{64, 256}}) {
     for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
-      Rng rng(90 + Dh + static_cast<int>(kind));
+      Rng rng(90 + Dh + static_cast<int>(kind) + H);
       ModelConfig cfg = attn_config(kind, 70);
       cfg.head_dim = Dh;
       const int64_t m = cfg.compress_ratio[0];
@@ -1678,11 +1679,12 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             // copies with a chunk's logits beside the chunk before's softmax and weighted sum (the
             // default) and without (cuda::set_attention_overlap(-1)).
             // Each (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
-            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits.
-            for (int heads : {16, 32})
+            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits. 64 heads
+            // a block on wgmma (where H takes them; from the bf16 copies): the same bits.
+            for (int heads : {16, 32, 64})
               for (int overlap : {0, -1})
                 for (int slices : {0, 1, 2, 4}) {
-                  if (heads == 32 && (overlap != 0 || slices != 0)) continue;
+                  if (heads != 16 && (overlap != 0 || slices != 0)) continue;
                   // (NaN-filled: a form that left an output unwritten fails the comparison.)
                   const Tensor forced = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
                   cuda::set_attention_block_heads(*gpu, heads);
@@ -1691,9 +1693,15 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
                   gpu->attention(params(forced, qg, vg, sel_g, bg));
                   // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
                   const int ran = cuda::last_attention_tensor_cores(*gpu) ? cuda::last_attention_dim_slices() : 1;
+                  const bool wgmma = cuda::last_attention_tensor_cores(*gpu) && cuda::last_attention_wgmma();
                   cuda::set_attention_block_heads(*gpu, 0);
                   cuda::set_attention_overlap(0);
                   cuda::set_attention_dim_slices(0);
+                  if (heads == 64) {
+                    EXPECT_EQ(wgmma, cuda::last_attention_tensor_cores(*gpu) && H % 64 == 0 && copies) << what << ", 64 heads";
+                  } else {
+                    EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
+                  }
                   const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
                                            (overlap < 0 ? ", the halves one after the other" : "") + ", dim slices " +
                                            std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
@@ -1723,7 +1731,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             Rng qrng(700 + Dh + static_cast<int>(kind) + n0);
             const std::vector<float> raw = qrng.normal(T * H * Dh, 3.0);
             for (bool round : {true, false})
-              for (int heads : {0, 16, 32}) {
+              for (int heads : {0, 16, 32, 64}) {
                 const std::string tag = what + (round ? ", rounded" : ", fp32") + ", q folded, heads " + std::to_string(heads);
                 const Tensor q_ops = gpu->upload_f32(raw, {T, H, Dh}), q_fold = gpu->upload_f32(raw, {T, H, Dh});
                 gpu->rms_norm({.out = q_ops, .in = q_ops, .weight = {}, .group = Dh, .eps = 1e-6, .round_bf16 = round});
