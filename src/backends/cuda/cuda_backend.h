@@ -212,6 +212,10 @@ int last_attention_dim_slices();
 // calls that do not go to 16-head blocks, from the bf16 copies, where H is a multiple of 64; off
 // with SPARROW_CUDA_DISABLE=attn_wgmma). The same bits as the other forms. Defined with the kernels.
 bool last_attention_wgmma();
+// Whether that form issues a chunk's logits on the tensor cores before the chunk before's softmax:
+// 1 yes, -1 no, 0 (the default) yes unless SPARROW_CUDA_DISABLE=attn_wg_ahead. The same bits either
+// way. Process-wide; defined with the kernels.
+void set_attention_wg_ahead(int n);
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
 // SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,

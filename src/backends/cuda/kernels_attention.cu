@@ -2047,7 +2047,7 @@ constexpr int kAwXRow = kAmChunk + 8;  // floats a row of the logits' exchange (
 
 size_t attention_wg_smem(int64_t Dh) {
   const int64_t q = Dh / 64 * kAwHeads * 128, keys = Dh / 64 * kAmChunk * 128;
-  return static_cast<size_t>(1024 + q + kAwStages * keys) + 2 * kAwHeads * kAwXRow * sizeof(float) +
+  return static_cast<size_t>(1024 + q + kAwStages * keys) + 4 * kAwHeads * kAwXRow * sizeof(float) +
          kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double);
 }
 // The byte of (row r, dim d) in rows of 128 bytes cut into 64-dim atoms `sub` bytes apart (the
@@ -2079,7 +2079,7 @@ __device__ inline void wgmma_bf16_rs_mn(float (&d)[kN / 2], const uint32_t (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
-template <int kDh, int kTerms = 3>
+template <int kDh, int kTerms = 3, bool kAhead = false>
 __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   wait_previous_grid();
   static_assert(kDh == 128 || kDh == 256 || kDh == 512, "Dh");
@@ -2093,8 +2093,8 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   extern __shared__ __align__(16) uint8_t aw_raw[];
   uint8_t* qs = smem_align_1024(aw_raw);
   uint8_t* ks0 = qs + kDh / 64 * kQSub;                                            // [kAwStages][kKBytes]
-  float* xch = reinterpret_cast<float*>(ks0 + kAwStages * kKBytes);               // [2][64][kAwXRow]
-  const void** kptr0 = reinterpret_cast<const void**>(xch + 2 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
+  float* xch = reinterpret_cast<float*>(ks0 + kAwStages * kKBytes);               // [2][2][64][kAwXRow]
+  const void** kptr0 = reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
   double* ang = reinterpret_cast<double*>(kptr0 + kAwPtrBufs * kAmChunk);        // [2 kMaxRopePairs]
 
   const SplitBlock blk = split_block(a, t_base, kAwHeads);
@@ -2156,61 +2156,57 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
     for (int r = 0; r < kN / 2; ++r) acc[ni][r] = 0.0f;
-  float* const mine = xch + wg * kAwHeads * kAwXRow;
-  const float* const theirs = xch + (1 - wg) * kAwHeads * kAwXRow;
+  // The exchange of chunk c: xch + (c % 2) 2 64 kAwXRow, this warpgroup's partial sums at wg 64 kAwXRow
+  // (two, so that a warpgroup may write chunk c + 1's before the other has read chunk c's).
+  const auto mine = [&](int64_t c) { return xch + (static_cast<int>(c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
+  const auto theirs = [&](int64_t c) { return xch + (static_cast<int>(c % 2) * 2 + 1 - wg) * kAwHeads * kAwXRow; };
+  const auto keys_of = [&](int64_t c) { return ks0 + static_cast<int>(c % kAwStages) * kKBytes; };
+  const auto ptrs_of = [&](int64_t c) { return kptr0 + static_cast<int>(c % kAwPtrBufs) * kAmChunk; };
 
-  for (int64_t c = 0; c < chunks; ++c) {
-    // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
-    // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
-    const int64_t ahead = c + kAwStages - 1;
-    if (ahead < chunks) fill_ptrs(j_begin + ahead * kAmChunk, static_cast<int>(ahead % kAwPtrBufs));
-    __syncthreads();
-    if (ahead < chunks) issue(static_cast<int>(ahead % kAwStages), static_cast<int>(ahead % kAwPtrBufs));
-    else cp_async_commit();  // (an empty group: chunk c's stays kAwStages - 1 groups from the newest)
-    cp_async_wait<kAwStages - 1>();
-    fence_proxy_async_smem();
-    __syncthreads();
-    const uint8_t* ks = ks0 + static_cast<int>(c % kAwStages) * kKBytes;
-    const void* const* kptr = kptr0 + static_cast<int>(c % kAwPtrBufs) * kAmChunk;
-
-    // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... in order, from zero.
-    float d[16];
+  // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... of chunk keys ks, in order from
+  // zero, into d (issued and committed; the caller waits).
+  const auto qk_issue = [&](float (&d)[16], const uint8_t* ks) {
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
       d[r] = 0.0f;
       wgmma_fence_operand(d[r]);
     }
     wgmma_fence();
+    // (The descriptors as a base and the steps' offsets in 16-byte units.)
+    const uint64_t qd = wgmma_desc_sw128(qs + wg * 32), kd = wgmma_desc_sw128(ks + wg * 32);
 #pragma unroll
     for (int i = 0; i < kSteps / 2; ++i) {
-      const int st = 2 * i + wg;
-      wgmma_m64n32k16_bf16(d, wgmma_desc_sw128(qs + (st / 4) * kQSub + (st % 4) * 32),
-                           wgmma_desc_sw128(ks + (st / 4) * kKSub + (st % 4) * 32));
+      const int st = 2 * i;  // (+ wg, in the bases)
+      wgmma_m64n32k16_bf16(d, qd + static_cast<uint64_t>(((st / 4) * kQSub + (st % 4) * 32) >> 4),
+                           kd + static_cast<uint64_t>(((st / 4) * kKSub + (st % 4) * 32) >> 4));
     }
     wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int r = 0; r < 16; ++r) wgmma_fence_operand(d[r]);
-    // d[4 i + 2 h + e]: head row0 + 8 h, candidate 8 i + 2 tig + e.
+  };
+  // d[4 i + 2 h + e]: head row0 + 8 h, candidate 8 i + 2 tig + e. Into the exchange (the caller's
+  // barrier follows), then the logits from it and d (masked: -inf).
+  const auto put_partial = [&](const float (&d)[16], int64_t c) {
+    float* const x = mine(c);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(mine + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
-    __syncthreads();
-    float v[2][4][2];
+        *reinterpret_cast<float2*>(x + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+  };
+  const auto logits_from = [&](const float (&d)[16], int64_t c, float (&v)[2][4][2]) {
+    const float* const x = theirs(c);
+    const void* const* kptr = ptrs_of(c);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float2 o = *reinterpret_cast<const float2*>(theirs + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig);
+        const float2 o = *reinterpret_cast<const float2*>(x + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig);
         v[h][i][0] = kptr[8 * i + 2 * tig] ? (d[4 * i + 2 * h] + o.x) * a.scale : -INFINITY;
         v[h][i][1] = kptr[8 * i + 2 * tig + 1] ? (d[4 * i + 2 * h + 1] + o.y) * a.scale : -INFINITY;
       }
-    // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes), its weights'
-    // terms into wgmma's A fragments: pa[term][k16 step][reg].
-    float alpha[2];
-    uint32_t pa[kTerms][2][4];
+  };
+  // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes), its weights'
+  // terms into wgmma's A fragments: pa[term][k16 step][reg].
+  const auto softmax = [&](const float (&v)[2][4][2], float (&alpha)[2], uint32_t (&pa)[kTerms][2][4]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = v[h][0][0];
@@ -2266,8 +2262,10 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
           pa[term][i / 2][2 * (i % 2) + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
       }
     }
-    // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer read
-    // MN-major, this warpgroup's dims from wg kWgDims).
+  };
+  // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer ks read
+  // MN-major, this warpgroup's dims from wg kWgDims); issued and committed.
+  const auto pv_issue = [&](const uint8_t* ks, const float (&alpha)[2], const uint32_t (&pa)[kTerms][2][4]) {
 #pragma unroll
     for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
@@ -2276,20 +2274,92 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         wgmma_fence_operand(acc[ni][r]);
       }
     wgmma_fence();
+    const uint64_t vd = wgmma_desc_sw128_mn(ks + wg * (kWgDims / 64) * kKSub, kKSub);
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
       for (int term = 0; term < kTerms; ++term)
 #pragma unroll
         for (int ni = 0; ni < kNi; ++ni)
-          wgmma_bf16_rs_mn<kN>(acc[ni], pa[term][kk],
-                               wgmma_desc_sw128_mn(ks + ((wg * kWgDims + ni * kN) / 64) * kKSub + 16 * kk * 128, kKSub));
+          wgmma_bf16_rs_mn<kN>(acc[ni], pa[term][kk], vd + static_cast<uint64_t>(((ni * kN / 64) * kKSub + 16 * kk * 128) >> 4));
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  const auto fence_all = [&](float (&d)[16]) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) wgmma_fence_operand(d[r]);
 #pragma unroll
     for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
       for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+  };
+
+  if constexpr (!kAhead) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
+      // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
+      const int64_t ahead = c + kAwStages - 1;
+      if (ahead < chunks) fill_ptrs(j_begin + ahead * kAmChunk, static_cast<int>(ahead % kAwPtrBufs));
+      __syncthreads();
+      if (ahead < chunks) issue(static_cast<int>(ahead % kAwStages), static_cast<int>(ahead % kAwPtrBufs));
+      else cp_async_commit();  // (an empty group: chunk c's stays kAwStages - 1 groups from the newest)
+      cp_async_wait<kAwStages - 1>();
+      fence_proxy_async_smem();
+      __syncthreads();
+      float d[16];
+      qk_issue(d, keys_of(c));
+      wgmma_wait<0>();
+      fence_all(d);
+      put_partial(d, c);
+      __syncthreads();
+      float v[2][4][2], alpha[2];
+      uint32_t pa[kTerms][2][4];
+      logits_from(d, c, v);
+      softmax(v, alpha, pa);
+      pv_issue(keys_of(c), alpha, pa);
+      wgmma_wait<0>();
+      fence_all(d);
+    }
+  } else {
+    // Chunk c + 1's logits on the tensor cores while chunk c's softmax runs: per chunk c, with its
+    // logits' partial sum in d, (1) d into the exchange; a barrier (everyone's weighted sum of chunk
+    // c - 1 done, so its key buffer is free, and chunk c + kAwStages - 1's addresses, written in the
+    // round before, visible); that chunk's copies; (2) chunk c + 1's keys landed (a second barrier),
+    // its logits issued into dn; (3) chunk c's logits from the exchange and d, its softmax, its
+    // weighted sum issued; (4) both waited for, chunk c + kAwStages's addresses written.
+    float d[16];
+    cp_async_wait<kAwStages - 2>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    qk_issue(d, keys_of(0));
+    wgmma_wait<0>();
+    fence_all(d);
+    if (kAwStages - 1 < chunks) fill_ptrs(j_begin + (kAwStages - 1) * kAmChunk, (kAwStages - 1) % kAwPtrBufs);
+    for (int64_t c = 0; c < chunks; ++c) {
+      put_partial(d, c);
+      __syncthreads();
+      const int64_t ahead = c + kAwStages - 1;
+      if (ahead < chunks) issue(static_cast<int>(ahead % kAwStages), static_cast<int>(ahead % kAwPtrBufs));
+      else cp_async_commit();  // (empty: chunk c + 1's stays kAwStages - 2 groups from the newest)
+      float dn[16];
+      if (c + 1 < chunks) {
+        cp_async_wait<kAwStages - 2>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        qk_issue(dn, keys_of(c + 1));
+      }
+      float v[2][4][2], alpha[2];
+      uint32_t pa[kTerms][2][4];
+      logits_from(d, c, v);
+      softmax(v, alpha, pa);
+      pv_issue(keys_of(c), alpha, pa);
+      wgmma_wait<0>();
+      if (c + 1 < chunks) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) d[r] = dn[r];
+      }
+      fence_all(d);
+      if (ahead + 1 < chunks) fill_ptrs(j_begin + (ahead + 1) * kAmChunk, static_cast<int>((ahead + 1) % kAwPtrBufs));
+    }
   }
   // acc[ni][4 j + 2 h + e]: head row0 + 8 h, dim wg kWgDims + ni kN + 8 j + 2 tig + e.
   if (n <= a.mma_split) {  // the token's only split: attention_mma_kernel's ending
@@ -2471,7 +2541,17 @@ void set_attention_dim_slices(int n) {
 int last_attention_dim_slices() { return g_last_attention_dim_slices.load(); }
 namespace {
 std::atomic<bool> g_last_attention_wgmma{false};
+std::atomic<int> g_attention_wg_ahead{0};
+// Whether attention_wg_kernel issues a chunk's logits before the chunk before's softmax (kAhead):
+// set_attention_wg_ahead's choice where set (1 yes, -1 no), else yes unless
+// SPARROW_CUDA_DISABLE=attn_wg_ahead. The same bits either way.
+bool attention_wg_ahead() {
+  if (const int n = g_attention_wg_ahead.load(); n != 0) return n > 0;
+  static const bool on = cuda_feature_on("attn_wg_ahead");
+  return on;
+}
 }  // namespace
+void set_attention_wg_ahead(int n) { g_attention_wg_ahead.store(n); }
 bool last_attention_wgmma() { return g_last_attention_wgmma.load(); }
 
 int64_t attn_mma_split_candidates() {
@@ -2533,6 +2613,12 @@ void launch_attention(const AttentionArgs& args) {
       opt_in_wg(attention_wg_kernel<128, 1>, 128);
       opt_in_wg(attention_wg_kernel<256, 1>, 256);
       opt_in_wg(attention_wg_kernel<512, 1>, 512);
+      opt_in_wg(attention_wg_kernel<128, 3, true>, 128);
+      opt_in_wg(attention_wg_kernel<256, 3, true>, 256);
+      opt_in_wg(attention_wg_kernel<512, 3, true>, 512);
+      opt_in_wg(attention_wg_kernel<128, 1, true>, 128);
+      opt_in_wg(attention_wg_kernel<256, 1, true>, 256);
+      opt_in_wg(attention_wg_kernel<512, 1, true>, 512);
       opted = true;
     }
     if (a.records)
@@ -2561,15 +2647,19 @@ void launch_attention(const AttentionArgs& args) {
         g_last_attention_dim_slices.store(1);
         const dim3 grid(static_cast<unsigned>(tp * a.H / kAwHeads), static_cast<unsigned>(max_splits));
         const auto run = [&](auto kernel) { launch(kernel, grid, kAwThreads, attention_wg_smem(a.Dh), a, t_base, max_splits); };
-        if (a.weights_bf16) {
-          if (a.Dh == 512) run(attention_wg_kernel<512, 1>);
-          else if (a.Dh == 256) run(attention_wg_kernel<256, 1>);
-          else run(attention_wg_kernel<128, 1>);
-        } else {
-          if (a.Dh == 512) run(attention_wg_kernel<512>);
-          else if (a.Dh == 256) run(attention_wg_kernel<256>);
-          else run(attention_wg_kernel<128>);
-        }
+        const auto pick_wg = [&](auto terms_c, auto ahead_c) {
+          constexpr int kT = decltype(terms_c)::value;
+          constexpr bool kA = decltype(ahead_c)::value;
+          if (a.Dh == 512) run(attention_wg_kernel<512, kT, kA>);
+          else if (a.Dh == 256) run(attention_wg_kernel<256, kT, kA>);
+          else run(attention_wg_kernel<128, kT, kA>);
+        };
+        const auto pick_ahead = [&](auto terms_c) {
+          if (attention_wg_ahead()) pick_wg(terms_c, std::true_type{});
+          else pick_wg(terms_c, std::false_type{});
+        };
+        if (a.weights_bf16) pick_ahead(std::integral_constant<int, 1>{});
+        else pick_ahead(std::integral_constant<int, 3>{});
         if (max_splits > 1)
           launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
                  t_base, max_splits);
