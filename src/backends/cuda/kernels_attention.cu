@@ -2048,7 +2048,7 @@ constexpr int kAwXRow = kAmChunk + 8;  // floats a row of the logits' exchange (
 size_t attention_wg_smem(int64_t Dh) {
   const int64_t q = Dh / 64 * kAwHeads * 128, keys = Dh / 64 * kAmChunk * 128;
   return static_cast<size_t>(1024 + q + kAwStages * keys) + 4 * kAwHeads * kAwXRow * sizeof(float) +
-         kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double);
+         kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double) + kAwPtrBufs * sizeof(uint32_t);
 }
 // The byte of (row r, dim d) in rows of 128 bytes cut into 64-dim atoms `sub` bytes apart (the
 // 128-byte swizzle: 16-byte piece p of row r at p ^ (r % 8)).
@@ -2096,6 +2096,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   float* xch = reinterpret_cast<float*>(ks0 + kAwStages * kKBytes);               // [2][2][64][kAwXRow]
   const void** kptr0 = reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
   double* ang = reinterpret_cast<double*>(kptr0 + kAwPtrBufs * kAmChunk);        // [2 kMaxRopePairs]
+  uint32_t* kmask = reinterpret_cast<uint32_t*>(ang + 2 * kMaxRopePairs);         // [kAwPtrBufs]
 
   const SplitBlock blk = split_block(a, t_base, kAwHeads);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -2124,13 +2125,17 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
           make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
     }
   }
-  // Chunk c's candidates' addresses (null: masked, or past the split) into address buffer b.
+  // Chunk c's candidates' addresses (null: masked, or past the split) into address buffer b, and
+  // which are not null as the bits of kmask[b].
   const auto fill_ptrs = [&](int64_t c, int b) {
     if (tid < kAmChunk) {
       const int64_t j = c + tid;
-      kptr0[b * kAmChunk + tid] =
+      const void* key =
           j < j_end ? static_cast<const void*>(candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16))
                     : nullptr;
+      kptr0[b * kAmChunk + tid] = key;
+      const uint32_t bits = __ballot_sync(0xffffffffu, key != nullptr);
+      if (tid == 0) kmask[b] = bits;
     }
   };
   // The bf16 copies of the keys of address buffer pb into key buffer kb (a masked row zero-filled); one group.
@@ -2161,7 +2166,6 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   const auto mine = [&](int64_t c) { return xch + (static_cast<int>(c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
   const auto theirs = [&](int64_t c) { return xch + (static_cast<int>(c % 2) * 2 + 1 - wg) * kAwHeads * kAwXRow; };
   const auto keys_of = [&](int64_t c) { return ks0 + static_cast<int>(c % kAwStages) * kKBytes; };
-  const auto ptrs_of = [&](int64_t c) { return kptr0 + static_cast<int>(c % kAwPtrBufs) * kAmChunk; };
 
   // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... of chunk keys ks, in order from
   // zero, into d (issued and committed; the caller waits).
@@ -2194,14 +2198,14 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   };
   const auto logits_from = [&](const float (&d)[16], int64_t c, float (&v)[2][4][2]) {
     const float* const x = theirs(c);
-    const void* const* kptr = ptrs_of(c);
+    const uint32_t live = kmask[c % kAwPtrBufs] >> (2 * tig);  // (bit 8 i + e: candidate 8 i + 2 tig + e)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float2 o = *reinterpret_cast<const float2*>(x + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig);
-        v[h][i][0] = kptr[8 * i + 2 * tig] ? (d[4 * i + 2 * h] + o.x) * a.scale : -INFINITY;
-        v[h][i][1] = kptr[8 * i + 2 * tig + 1] ? (d[4 * i + 2 * h + 1] + o.y) * a.scale : -INFINITY;
+        v[h][i][0] = (live >> (8 * i)) & 1u ? (d[4 * i + 2 * h] + o.x) * a.scale : -INFINITY;
+        v[h][i][1] = (live >> (8 * i + 1)) & 1u ? (d[4 * i + 2 * h + 1] + o.y) * a.scale : -INFINITY;
       }
   };
   // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes), its weights'
@@ -2266,13 +2270,17 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer ks read
   // MN-major, this warpgroup's dims from wg kWgDims); issued and committed.
   const auto pv_issue = [&](const uint8_t* ks, const float (&alpha)[2], const uint32_t (&pa)[kTerms][2][4]) {
+    // (A warp whose rows all keep their max skips the products by 1: the same values.)
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+        for (int r = 0; r < kN / 2; ++r) acc[ni][r] *= alpha[(r / 2) % 2];
+    }
 #pragma unroll
     for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
-      for (int r = 0; r < kN / 2; ++r) {
-        acc[ni][r] *= alpha[(r / 2) % 2];
-        wgmma_fence_operand(acc[ni][r]);
-      }
+      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
     wgmma_fence();
     const uint64_t vd = wgmma_desc_sw128_mn(ks + wg * (kWgDims / 64) * kKSub, kKSub);
 #pragma unroll
