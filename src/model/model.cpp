@@ -261,7 +261,17 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
   be.rms_norm({.out = qr, .in = qr, .weight = L.q_norm, .group = c.q_lora_rank, .eps = eps, .round_bf16 = ref});
   tap(opt, l, "attn.qr", qr);
   Tensor q = be.alloc(ElemType::kF32, {T, H, Dh});
-  be.linear({.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = aq, .round_bf16 = ref});
+  // A CSA layer's indexer q reads qr too (index_wq_b): one call with wq_b, which a backend may run
+  // as one GEMM (one quantisation of qr); its rope and the rest stay with the indexer below.
+  Tensor iq;
+  if (kind == AttentionKind::kCsa) {
+    iq = be.alloc(ElemType::kF32, {T, c.index_heads, c.index_head_dim});
+    const LinearParams q_proj[] = {{.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = aq, .round_bf16 = ref},
+                                   {.out = iq, .in = qr, .weight = &L.index_wq_b, .act_quant_fp8 = aq, .round_bf16 = ref}};
+    be.linears(q_proj);
+  } else {
+    be.linear({.out = q, .in = qr, .weight = &L.wq_b, .act_quant_fp8 = aq, .round_bf16 = ref});
+  }
   // The per-head norm and rotation of q: here when tapping (the tap shows q as attention reads it),
   // else inside the attention (AttentionParams::q_rope: the same values; a backend may fold them
   // into its kernel).
@@ -308,8 +318,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
                      .norm_weight = L.index_compressor.norm, .batch = &batch, .rope = &rope, .layer = l,
                      .slot = CompressorSlot::kIndexer, .ratio = c.compress_ratio[l], .dim = di, .overlap = true,
                      .norm_eps = eps, .key_precision = index_keys_, .round_bf16 = ref, .entry_sim = key_sim});
-      Tensor iq = be.alloc(ElemType::kF32, {T, Hi, di});
-      be.linear({.out = iq, .in = qr, .weight = &L.index_wq_b, .act_quant_fp8 = aq, .round_bf16 = ref});
+      SPARROW_CHECK_EQ(iq.numel(), T * Hi * di);  // (index_wq_b ran with wq_b above)
       be.rope({.x = iq, .table = &rope, .direction = RopeDirection::kForward, .round_bf16 = ref}, batch);
       if (nx.index_hadamard_fp4) {
         be.quant_sim({.x = iq, .row = di, .dims = di, .kind = QuantSimKind::kHadamardBf16});
@@ -329,6 +338,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
       be.indexer_topk({.out_indices = selected, .q = iq, .head_weights = iw, .batch = &batch, .layer = l,
                        .ratio = c.compress_ratio[l], .k = c.index_topk, .out_scores = scores, .bf16_scores = nx.index_bf16_scores,
                        .bf16_operands = ref});
+      iq = Tensor();  // (made with q above; freed here as it was when the indexer made it)
       if (opt.tap) tap(opt, l, "attn.indexer.scores", scores);
       if (Tensor forced = forced_decision(be, opt, l, "attn.indexer.topk", T); !forced.empty()) {
         tap(opt, l, "attn.indexer.topk_own", selected);  // what this side would have picked

@@ -157,7 +157,8 @@ TEST_F(ModelStep, AForwardIsOneStepCutAfterEveryLayer) {
 // The projections that read one input reach the backend as one linears() call, which the CUDA
 // backend runs as one GEMM over the stacked weights (docs/cuda.md, "Stacked linears"): wq_a and wkv
 // in every layer, a compressor's wkv and wgate in CSA and HCA layers, the indexer's compressor's in
-// CSA layers; each call's params share their input and flags. A model that stopped grouping them
+// CSA layers; or, for wq_b and the indexer's wq_b in CSA layers (both read qr; too wide to stack),
+// as separate linears quantising qr once. Each call's params share their input and flags. A model that stopped grouping them
 // would lose those GEMMs silently (the results stay right), so it is checked here, under fp32 and
 // fast, with the logits unchanged by the wrapper.
 TEST_F(ModelStep, ProjectionsOfOneInputAreOneLinearsCall) {
@@ -176,6 +177,7 @@ TEST_F(ModelStep, ProjectionsOfOneInputAreOneLinearsCall) {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerWeights& L = w.layers[l];
       want.push_back({&L.wq_a, &L.wkv});
+      if (c.attention[l] == AttentionKind::kCsa) want.push_back({&L.wq_b, &L.index_wq_b});
       if (c.attention[l] != AttentionKind::kSliding) want.push_back({&L.compressor.wkv, &L.compressor.wgate});
       if (c.attention[l] == AttentionKind::kCsa) want.push_back({&L.index_compressor.wkv, &L.index_compressor.wgate});
     }

@@ -708,8 +708,16 @@ class CudaBackend final : public Backend {
     static const bool bf16_on = cuda_feature_on("bf16_gemm");
     if (ps.empty()) return;
     const LinearParams& p0 = ps[0];
+    // FP8 linears are stacked where their outputs are together no wider than the input (wq_a with
+    // wkv): split_cols' copy of the product then costs less than the input's read. A rule of the
+    // shapes alone, never of the rows, since a stack's bits may differ from the separate linears'
+    // (cuBLASLt) and a sequence must get the same bits in chunks as one-shot. A CSA layer's wq_b and
+    // indexer wq_b (40960 outputs of 1024 inputs: an 8K prefill's split would copy 1.3 GB) run as
+    // separate linears sharing one quantisation of their input below.
+    int64_t n_all = 0;
+    for (const LinearParams& p : ps) n_all += p.weight->out;
     const bool stack = fp8_stack_ && ps.size() >= 2 && ps.size() <= kSplitColsParts;
-    bool fp8 = stack && fp8_gemm_in_linear_, bf16 = stack && bf16_on;
+    bool fp8 = stack && fp8_gemm_in_linear_ && n_all <= p0.weight->in, bf16 = stack && bf16_on;
     std::vector<const WeightMatrix*> ws;
     for (const LinearParams& p : ps) {
       const bool same = p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.round_bf16 == p0.round_bf16;
@@ -757,7 +765,21 @@ class CudaBackend final : public Backend {
         return;
       }
     }
-    for (const LinearParams& p : ps) linear(p);
+    // One act_quant for FP8 linears of one input (`act_quant_shared`): the same codes and scales
+    // each would make, so the same bits.
+    static const bool share = cuda_feature_on("act_quant_shared");
+    bool one_input = share && ps.size() >= 2;
+    for (const LinearParams& p : ps)
+      one_input = one_input && p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.act_quant_fp8 &&
+                  p.weight->in == p0.weight->in && p.out.f32() != p0.in.f32();  // (no output over the input)
+    fp8_.keep_quantised(one_input);
+    try {
+      for (const LinearParams& p : ps) linear(p);
+    } catch (...) {
+      fp8_.keep_quantised(false);
+      throw;
+    }
+    fp8_.keep_quantised(false);
   }
 
   void grouped_linear(const GroupedLinearParams& p) override {
@@ -2009,6 +2031,7 @@ class CudaBackend final : public Backend {
   bool hc_fused() const { return hc_fused_; }
   void set_parts_in_readers(bool on) { parts_in_readers_ = on; }
   int64_t parts_left_for_readers() const { return parts_left_; }
+  int64_t fp8_linear_quantisations() const { return fp8_.quantisations(); }
   bool last_hc_boundary_fused() const { return last_hc_boundary_fused_; }
   bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
@@ -2177,6 +2200,7 @@ void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_re
 void set_hc_fused(Backend& backend, bool on) { cuda_backend(backend).set_hc_fused(on); }
 void set_parts_in_readers(Backend& backend, bool on) { cuda_backend(backend).set_parts_in_readers(on); }
 int64_t parts_left_for_readers(Backend& backend) { return cuda_backend(backend).parts_left_for_readers(); }
+int64_t fp8_linear_quantisations(Backend& backend) { return cuda_backend(backend).fp8_linear_quantisations(); }
 bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }

@@ -280,6 +280,9 @@ bool hc_fused(Backend& backend);
 // the backend was made (test support).
 void set_parts_in_readers(Backend& backend, bool on);
 int64_t parts_left_for_readers(Backend& backend);
+// The fast FP8 linears' act_quant launches since the backend was made (test support: linears() of
+// one input quantises it once, `act_quant_shared`).
+int64_t fp8_linear_quantisations(Backend& backend);
 bool last_hc_boundary_fused(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, 64
 // (the wgmma form, from the bf16 copies where H takes it), or 0 (the default: by the call's size).

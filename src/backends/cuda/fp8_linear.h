@@ -77,6 +77,16 @@ class Fp8Linear {
   // made on first use and cached like a single weight. With `parts` (where it ran), *parts is the
   // product's view: the returned pointer's rows, or the quarters left as run() leaves them.
   const float* run_stacked(const Tensor& in, std::span<const WeightMatrix* const> ws, PartsView* parts = nullptr);
+  // While on (CudaBackend::linears of one input, not stacked): the first run's act_quant of an input
+  // is kept and a later run of the same input tensor and K reuses its codes and scales (the same
+  // values) instead of launching another. The caller guarantees the input is not written meanwhile
+  // and turns it off after its runs.
+  void keep_quantised(bool on) {
+    keep_ = on;
+    kept_in_ = nullptr;
+  }
+  // act_quant launches made by this object so far (test support).
+  int64_t quantisations() const { return quantisations_; }
   // Test support: always take the fallback (false: choose as described above).
   void set_force_fallback(bool force) { force_fallback_ = force; }
   // One cuBLASLt algorithm per weight shape for every M (chosen for kInvariantM rows, no split-K
@@ -136,6 +146,10 @@ class Fp8Linear {
   // Per-call scratch kept between calls (a step's linears would otherwise allocate and zero-fill
   // three buffers each): the quantised input's codes and scales, and the padded output.
   DeviceBuffer act_codes_, act_scales_, out_scratch_;
+  bool keep_ = false;               // keep_quantised
+  const float* kept_in_ = nullptr;  // the kept quantisation's input, rows, K and M_pad
+  int64_t kept_T_ = 0, kept_K_ = 0, kept_m_pad_ = 0;
+  int64_t quantisations_ = 0;
   WeightCache<PaddedWeight> weights_;
   WeightCache<PaddedWeight> stacked_;  // keyed by the first weight, fingerprinted by all
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans_;

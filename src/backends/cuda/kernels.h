@@ -146,6 +146,8 @@ struct DevView {
 // whole logits and softmax and a slice of the weighted sum's dims, the grid's z; off:
 // one block a (token, 16 heads, split), the same bits), "moe_x_lazy" (the MoE's FP8-rounded input
 // rows made only where a CUDA-core projection reads them, cuda_backend.cpp moe; off: always first,
+// the same bits), "act_quant_shared" (FP8 linears of one input that linears() does not stack, a
+// CSA layer's wq_b and indexer wq_b, quantise it once, Fp8Linear::keep_quantised; off: once each,
 // the same bits) and "alloc_nofill" (tensors left unfilled at
 // allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);

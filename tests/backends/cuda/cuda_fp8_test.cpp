@@ -585,6 +585,51 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputRunStackedWithTheStackedMatrixBits) {
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
+// linears() of one input whose outputs are wider than it (a CSA layer's wq_b and indexer wq_b: 40960
+// of 1024) run as separate linears, never stacked (the rule is of the shapes, not the rows), and
+// quantise their input once (`act_quant_shared`): each output must be its own linear's bits, with
+// one act_quant launch for the pair where the FP8 tensor-core path runs (two with the switch off).
+// At 1, 5 and 100 rows (the decode forms and the TMA kernel), with and without round_bf16.
+TEST_F(CudaFp8Linear, LinearsOfOneInputTooWideToStackQuantiseItOnce) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  Rng rng(618);
+  const int64_t K = 256, N1 = 768, N2 = 256;
+  const StoredMatrix a = fp8_matrix(rng, N1, K, 128, 128, DType::kF8E8M0);
+  const StoredMatrix b = fp8_matrix(rng, N2, K, 128, 128, DType::kF8E8M0);
+  for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{100}})
+    for (const bool round : {false, true}) {
+      SCOPED_TRACE("T=" + std::to_string(T) + (round ? " round_bf16" : ""));
+      const Tensor xg = gpu->upload_f32(rng.normal(T * K), {T, K});
+      const Tensor oa = gpu->alloc(ElemType::kF32, {T, N1}), ob = gpu->alloc(ElemType::kF32, {T, N2});
+      const LinearParams ps[] = {{.out = oa, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round},
+                                 {.out = ob, .in = xg, .weight = &b.w, .act_quant_fp8 = true, .round_bf16 = round}};
+      const int64_t before = cuda::fp8_linear_quantisations(*gpu);
+      gpu->linears(ps);
+      const int64_t launched = cuda::fp8_linear_quantisations(*gpu) - before;
+      if (cuda::last_linear_tensor_cores(*gpu)) {
+        EXPECT_EQ(launched, cuda::cuda_feature_on("act_quant_shared") ? 1 : 2);
+      }
+      const std::vector<float> ga = gpu->download_f32(oa), gb = gpu->download_f32(ob);
+      const Tensor sa = gpu->alloc(ElemType::kF32, {T, N1}), sb = gpu->alloc(ElemType::kF32, {T, N2});
+      gpu->linear({.out = sa, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round});
+      gpu->linear({.out = sb, .in = xg, .weight = &b.w, .act_quant_fp8 = true, .round_bf16 = round});
+      const std::vector<float> wa = gpu->download_f32(sa), wb = gpu->download_f32(sb);
+      for (size_t i = 0; i < wa.size(); ++i) ASSERT_TRUE(same_float(ga[i], wa[i])) << "first output, value " << i;
+      for (size_t i = 0; i < wb.size(); ++i) ASSERT_TRUE(same_float(gb[i], wb[i])) << "second output, value " << i;
+      // The same input tensor written afresh (in place) after the call: a linear of it quantises the
+      // new values (nothing kept past linears()), as a copy of them in a fresh tensor gives.
+      gpu->rms_norm({.out = xg, .in = xg, .weight = {}, .group = K, .eps = 1e-6});
+      const Tensor fresh = gpu->upload_f32(gpu->download_f32(xg), {T, K});
+      const Tensor na = gpu->alloc(ElemType::kF32, {T, N1}), nf = gpu->alloc(ElemType::kF32, {T, N1});
+      gpu->linear({.out = na, .in = xg, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round});
+      gpu->linear({.out = nf, .in = fresh, .weight = &a.w, .act_quant_fp8 = true, .round_bf16 = round});
+      const std::vector<float> vn = gpu->download_f32(na), vf = gpu->download_f32(nf);
+      for (size_t i = 0; i < vn.size(); ++i) ASSERT_TRUE(same_float(vn[i], vf[i])) << "after the input changed, value " << i;
+    }
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // linears() of one bf16-valued input without act_quant (a compressor's wkv and wgate): BF16 weights
 // whose N are multiples of 8 run as one bf16 GEMM over the stack; each output must be exactly the
 // matching columns of one linear over the stacked matrix, and batch invariant; an N of 129 (not
