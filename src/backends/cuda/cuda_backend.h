@@ -213,7 +213,7 @@ int last_attention_dim_slices();
 // with SPARROW_CUDA_DISABLE=attn_wgmma). The same bits as the other forms. Defined with the kernels.
 bool last_attention_wgmma();
 // Whether that form issues a chunk's logits on the tensor cores before the chunk before's softmax:
-// 1 yes, -1 no, 0 (the default) yes unless SPARROW_CUDA_DISABLE=attn_wg_ahead. The same bits either
+// 1 yes, -1 no, 0 (the default) no unless SPARROW_CUDA_ENABLE=attn_wg_ahead. The same bits either
 // way. Process-wide; defined with the kernels.
 void set_attention_wg_ahead(int n);
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight

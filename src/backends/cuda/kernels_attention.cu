@@ -1126,12 +1126,18 @@ __device__ inline const T* selected_entry(const AttnTokenArgs& tk, int32_t w, co
   if (w >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
   return entries + static_cast<int64_t>(w) * stride;
 }
+// q % window (q >= 0), in 32 bits where both fit (a 64-bit remainder is a call).
+__device__ inline int64_t ring_slot(int64_t q, int64_t window) {
+  return q < (int64_t{1} << 31) && window < (int64_t{1} << 31)
+             ? static_cast<int64_t>(static_cast<uint32_t>(q) % static_cast<uint32_t>(window))
+             : q % window;
+}
 template <class T>
 __device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
                                         const T* ring, const T* entries, const T* batch_kv, int64_t stride) {
   if (j < tk.n_window) {
     const int64_t q = tk.pos - tk.n_window + 1 + j;
-    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * stride : ring + (q % a.window) * stride;
+    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * stride : ring + ring_slot(q, a.window) * stride;
   }
   const int64_t i = j - tk.n_window;
   if (!a.csa) return entries + i * stride;
@@ -2108,7 +2114,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     return;
   }
   const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
-  const int64_t chunks = (j_end - j_begin + kAmChunk - 1) / kAmChunk;
+  const int chunks = static_cast<int>((j_end - j_begin + kAmChunk - 1) / kAmChunk);  // (at most 8192 / 32)
   const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int row0 = 16 * (warp % 4) + gid;  // this thread's heads: row0 and row0 + 8 (of the block's 64)
 
@@ -2138,13 +2144,20 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       if (tid == 0) kmask[b] = bits;
     }
   };
-  // The bf16 copies of the keys of address buffer pb into key buffer kb (a masked row zero-filled); one group.
+  // The bf16 copies of the keys of address buffer pb into key buffer kb (a masked row zero-filled);
+  // one group. A thread copies piece cp_p of rows cp_r0 + kRowStep k (k < kCopies).
+  constexpr int kRowStep = kAwThreads / kPieces, kCopies = kAmChunk / kRowStep;
+  static_assert(kAwThreads % kPieces == 0 && kCopies * kAwThreads == kAmChunk * kPieces, "whole rounds of copies");
+  const int cp_p = tid % kPieces, cp_r0 = tid / kPieces;
+  const int cp_dst = (cp_p / 8) * kKSub + cp_r0 * 128;
   const auto issue = [&](int kb, int pb) {
-    for (int i = tid; i < kAmChunk * kPieces; i += kAwThreads) {
-      const int r = i / kPieces, p = i % kPieces;
-      const void* row = kptr0[pb * kAmChunk + r];
-      cp_async(ks0 + kb * kKBytes + (p / 8) * kKSub + r * 128 + (((p % 8) ^ (r % 8)) << 4),
-               row ? static_cast<const void*>(static_cast<const uint4*>(row) + p) : static_cast<const void*>(a.q),
+    uint8_t* const base = ks0 + kb * kKBytes + cp_dst;
+    const void* const* rows = kptr0 + pb * kAmChunk + cp_r0;
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      const void* row = rows[k * kRowStep];
+      cp_async(base + k * kRowStep * 128 + (((cp_p % 8) ^ ((cp_r0 + k * kRowStep) % 8)) << 4),
+               row ? static_cast<const void*>(static_cast<const uint4*>(row) + cp_p) : static_cast<const void*>(a.q),
                row != nullptr, 16);
     }
     cp_async_commit();
@@ -2163,9 +2176,9 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     for (int r = 0; r < kN / 2; ++r) acc[ni][r] = 0.0f;
   // The exchange of chunk c: xch + (c % 2) 2 64 kAwXRow, this warpgroup's partial sums at wg 64 kAwXRow
   // (two, so that a warpgroup may write chunk c + 1's before the other has read chunk c's).
-  const auto mine = [&](int64_t c) { return xch + (static_cast<int>(c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
-  const auto theirs = [&](int64_t c) { return xch + (static_cast<int>(c % 2) * 2 + 1 - wg) * kAwHeads * kAwXRow; };
-  const auto keys_of = [&](int64_t c) { return ks0 + static_cast<int>(c % kAwStages) * kKBytes; };
+  const auto mine = [&](int c) { return xch + ((c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
+  const auto theirs = [&](int c) { return xch + ((c % 2) * 2 + 1 - wg) * kAwHeads * kAwXRow; };
+  const auto keys_of = [&](int c) { return ks0 + (c % kAwStages) * kKBytes; };
 
   // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... of chunk keys ks, in order from
   // zero, into d (issued and committed; the caller waits).
@@ -2188,7 +2201,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   };
   // d[4 i + 2 h + e]: head row0 + 8 h, candidate 8 i + 2 tig + e. Into the exchange (the caller's
   // barrier follows), then the logits from it and d (masked: -inf).
-  const auto put_partial = [&](const float (&d)[16], int64_t c) {
+  const auto put_partial = [&](const float (&d)[16], int c) {
     float* const x = mine(c);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -2196,7 +2209,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       for (int h = 0; h < 2; ++h)
         *reinterpret_cast<float2*>(x + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
   };
-  const auto logits_from = [&](const float (&d)[16], int64_t c, float (&v)[2][4][2]) {
+  const auto logits_from = [&](const float (&d)[16], int c, float (&v)[2][4][2]) {
     const float* const x = theirs(c);
     const uint32_t live = kmask[c % kAwPtrBufs] >> (2 * tig);  // (bit 8 i + e: candidate 8 i + 2 tig + e)
 #pragma unroll
@@ -2302,13 +2315,13 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   };
 
   if constexpr (!kAhead) {
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int c = 0; c < chunks; ++c) {
       // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
       // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
-      const int64_t ahead = c + kAwStages - 1;
-      if (ahead < chunks) fill_ptrs(j_begin + ahead * kAmChunk, static_cast<int>(ahead % kAwPtrBufs));
+      const int ahead = c + kAwStages - 1;
+      if (ahead < chunks) fill_ptrs(j_begin + int64_t{ahead} * kAmChunk, ahead % kAwPtrBufs);
       __syncthreads();
-      if (ahead < chunks) issue(static_cast<int>(ahead % kAwStages), static_cast<int>(ahead % kAwPtrBufs));
+      if (ahead < chunks) issue(ahead % kAwStages, ahead % kAwPtrBufs);
       else cp_async_commit();  // (an empty group: chunk c's stays kAwStages - 1 groups from the newest)
       cp_async_wait<kAwStages - 1>();
       fence_proxy_async_smem();
@@ -2342,11 +2355,11 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     wgmma_wait<0>();
     fence_all(d);
     if (kAwStages - 1 < chunks) fill_ptrs(j_begin + (kAwStages - 1) * kAmChunk, (kAwStages - 1) % kAwPtrBufs);
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int c = 0; c < chunks; ++c) {
       put_partial(d, c);
       __syncthreads();
-      const int64_t ahead = c + kAwStages - 1;
-      if (ahead < chunks) issue(static_cast<int>(ahead % kAwStages), static_cast<int>(ahead % kAwPtrBufs));
+      const int ahead = c + kAwStages - 1;
+      if (ahead < chunks) issue(ahead % kAwStages, ahead % kAwPtrBufs);
       else cp_async_commit();  // (empty: chunk c + 1's stays kAwStages - 2 groups from the newest)
       float dn[16];
       if (c + 1 < chunks) {
@@ -2366,7 +2379,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         for (int r = 0; r < 16; ++r) d[r] = dn[r];
       }
       fence_all(d);
-      if (ahead + 1 < chunks) fill_ptrs(j_begin + (ahead + 1) * kAmChunk, static_cast<int>((ahead + 1) % kAwPtrBufs));
+      if (ahead + 1 < chunks) fill_ptrs(j_begin + int64_t{ahead + 1} * kAmChunk, (ahead + 1) % kAwPtrBufs);
     }
   }
   // acc[ni][4 j + 2 h + e]: head row0 + 8 h, dim wg kWgDims + ni kN + 8 j + 2 tig + e.
@@ -2551,11 +2564,13 @@ namespace {
 std::atomic<bool> g_last_attention_wgmma{false};
 std::atomic<int> g_attention_wg_ahead{0};
 // Whether attention_wg_kernel issues a chunk's logits before the chunk before's softmax (kAhead):
-// set_attention_wg_ahead's choice where set (1 yes, -1 no), else yes unless
-// SPARROW_CUDA_DISABLE=attn_wg_ahead. The same bits either way.
+// set_attention_wg_ahead's choice where set (1 yes, -1 no), else no unless
+// SPARROW_CUDA_ENABLE=attn_wg_ahead (an 8K CSA prefill's attention 6.82 ms without, 8.43 with on
+// the H200, 2026-12-05: its second barrier a chunk and 16 more live registers). The same bits
+// either way.
 bool attention_wg_ahead() {
   if (const int n = g_attention_wg_ahead.load(); n != 0) return n > 0;
-  static const bool on = cuda_feature_on("attn_wg_ahead");
+  static const bool on = cuda_feature_enabled("attn_wg_ahead");
   return on;
 }
 }  // namespace

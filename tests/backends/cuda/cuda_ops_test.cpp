@@ -1682,9 +1682,9 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             // default) and without (cuda::set_attention_overlap(-1)).
             // Each (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
             // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits. 64 heads
-            // a block on wgmma (where H takes them; from the bf16 copies), with a chunk's logits
-            // issued before the chunk before's softmax (the default) and without
-            // (cuda::set_attention_wg_ahead(-1)): the same bits.
+            // a block on wgmma (where H takes them; from the bf16 copies), without a chunk's logits
+            // issued before the chunk before's softmax and with them (cuda::set_attention_wg_ahead:
+            // -1 and 1 below): the same bits.
             for (int heads : {16, 32, 64})
               for (int overlap : {0, -1})
                 for (int slices : {0, 1, 2, 4}) {
@@ -1693,7 +1693,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
                   const Tensor forced = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
                   cuda::set_attention_block_heads(*gpu, heads);
                   cuda::set_attention_overlap(overlap);
-                  cuda::set_attention_wg_ahead(overlap);
+                  cuda::set_attention_wg_ahead(overlap == 0 ? -1 : 1);
                   cuda::set_attention_dim_slices(slices);
                   gpu->attention(params(forced, qg, vg, sel_g, bg));
                   // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
@@ -1709,7 +1709,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
                     EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
                   }
                   const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
-                                           (overlap < 0 ? (heads == 64 ? ", the logits not ahead" : ", the halves one after the other") : "") + ", dim slices " +
+                                           (overlap < 0 ? (heads == 64 ? ", the logits ahead" : ", the halves one after the other") : "") + ", dim slices " +
                                            std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
                   // (Dh 128 stays on 32-head blocks, one slice.)
                   const bool narrow = heads == 16 && Dh >= 256 && cuda::last_attention_tensor_cores(*gpu);
