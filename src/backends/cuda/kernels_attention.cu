@@ -2534,11 +2534,15 @@ size_t combine_smem(int64_t max_splits) {
 // softmax and weighted sum: set_attention_overlap's choice where set (1 yes, -1 no), else yes unless
 // SPARROW_CUDA_DISABLE=attn_overlap. The same bits either way.
 namespace {
+// A test's choice where set (1 on, -1 off), else the process's.
+bool forced_or(const std::atomic<int>& forced, bool process) {
+  const int n = forced.load();
+  return n != 0 ? n > 0 : process;
+}
 std::atomic<int> g_attention_overlap{0};
 bool attention_overlap() {
-  if (const int n = g_attention_overlap.load(); n != 0) return n > 0;
   static const bool on = cuda_feature_on("attn_overlap");
-  return on;
+  return forced_or(g_attention_overlap, on);
 }
 }  // namespace
 void set_attention_overlap(int n) { g_attention_overlap.store(n); }
@@ -2569,9 +2573,8 @@ std::atomic<int> g_attention_wg_ahead{0};
 // the H200, 2026-12-05: its second barrier a chunk and 16 more live registers). The same bits
 // either way.
 bool attention_wg_ahead() {
-  if (const int n = g_attention_wg_ahead.load(); n != 0) return n > 0;
   static const bool on = cuda_feature_enabled("attn_wg_ahead");
-  return on;
+  return forced_or(g_attention_wg_ahead, on);
 }
 }  // namespace
 void set_attention_wg_ahead(int n) { g_attention_wg_ahead.store(n); }
