@@ -1770,10 +1770,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       }
       sum[hh] = p[hh];
     }
+    // The exp-sum of each half of the chunk (candidates 0..15, 16..31: lanes 8, 4, 2, 1 apart),
+    // then the halves added: attention_wg_kernel's order, where a warpgroup sums one half.
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = 8; o > 0; o >>= 1)
 #pragma unroll
-      for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);  // (warp_sum)
+      for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);
+#pragma unroll
+    for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 16);
 #pragma unroll
     for (int hh = 0; hh < kHw; ++hh) {
       if (hh >= nh) continue;
@@ -2031,8 +2035,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 // output dim the same operations in the same order, so the same bits (the tests compare the forms):
 // the logits as two sums of bf16 products (the even and the odd k16 steps of Dh, each in order from
 // zero) added and scaled; the softmax in chunks of 32 candidates (a chunk's max; the weights
-// exp(logit - running max); their sum in warp_sum's order over the chunk's candidates; the running
-// sum l alpha + sum); the weights as three bf16 terms (or one: kTerms, the bf16-weights experiment);
+// exp(logit - running max); their sum as each half's (candidates 0..15, 16..31) in a butterfly's
+// order, the halves then added; the running sum l alpha + sum); the weights as three bf16 terms (or
+// one: kTerms, the bf16-weights experiment);
 // the weighted sum rescaled by alpha, then per k16 step of the chunk the terms small to large.
 //
 // grid (tokens of the pass * H / 64, splits), 2 warpgroups: 64 heads of one token over one split
@@ -2043,18 +2048,23 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 // candidates' addresses [kAwPtrBufs][32]; the token's RoPE angles (q_prep). Per chunk: warpgroup g
 // makes the logits' sum of the k16 steps g, g + 2, ... (wgmma m64n32k16, both operands in shared
 // memory), the two swap them through shared memory, and each then holds the whole logits of its 64
-// heads x 32 candidates, the softmax (a row's 32 candidates on a quad of lanes, the running max and
-// sum in registers, the same in both warpgroups) and the weights' terms as wgmma's A fragments in
-// registers; warpgroup g then adds the chunk's weighted keys into its half of Dh (wgmma m64nNk16,
+// heads x 32 candidates: the chunk's max (a row's 32 candidates on a quad of lanes), then the
+// weights, their terms and their sum for the candidates of its own k16 step only (half the chunk),
+// the terms as wgmma's A fragments in registers; the halves' fragments and sums are swapped through
+// shared memory (the running max and sum in registers, the same in both); warpgroup g then adds the chunk's weighted keys into its half of Dh (wgmma m64nNk16,
 // N = 128 or Dh / 2, V from the key buffer). The next chunks' keys are copied in by cp.async under
 // the work (a ring of kAwStages, kAwStages - 1 chunks ahead).
 constexpr int kAwHeads = 64, kAwThreads = 256, kAwStages = 3, kAwPtrBufs = kAwStages + 1;
 constexpr int kAwXRow = kAmChunk + 8;  // floats a row of the logits' exchange (padded against bank conflicts)
+// 32-bit words a thread in the weights' exchange: 4 fragment registers a term (up to three) and two
+// half sums, padded to 80 bytes (a quarter warp's 16-byte stores then hit distinct banks).
+constexpr int kAwPx = 20;
 
 size_t attention_wg_smem(int64_t Dh) {
   const int64_t q = Dh / 64 * kAwHeads * 128, keys = Dh / 64 * kAmChunk * 128;
   return static_cast<size_t>(1024 + q + kAwStages * keys) + 4 * kAwHeads * kAwXRow * sizeof(float) +
-         kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double) + kAwPtrBufs * sizeof(uint32_t);
+         kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double) + (kAwPtrBufs + 3) / 4 * 4 * sizeof(uint32_t) +
+         2 * 128 * kAwPx * sizeof(uint32_t);
 }
 // The byte of (row r, dim d) in rows of 128 bytes cut into 64-dim atoms `sub` bytes apart (the
 // 128-byte swizzle: 16-byte piece p of row r at p ^ (r % 8)).
@@ -2103,6 +2113,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   const void** kptr0 = reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
   double* ang = reinterpret_cast<double*>(kptr0 + kAwPtrBufs * kAmChunk);        // [2 kMaxRopePairs]
   uint32_t* kmask = reinterpret_cast<uint32_t*>(ang + 2 * kMaxRopePairs);         // [kAwPtrBufs]
+  uint32_t* pxch = kmask + (kAwPtrBufs + 3) / 4 * 4;                              // [2][128][kAwPx]
 
   const SplitBlock blk = split_block(a, t_base, kAwHeads);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -2223,7 +2234,15 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   };
   // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes), its weights'
   // terms into wgmma's A fragments: pa[term][k16 step][reg].
-  const auto softmax = [&](const float (&v)[2][4][2], float (&alpha)[2], uint32_t (&pa)[kTerms][2][4]) {
+  // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes): the max over
+  // all 32 (both warpgroups hold every logit), the weights and their terms of this warpgroup's k16
+  // step only (candidates 16 wg ..: i = 2 wg, 2 wg + 1), their sum in the tree of
+  // attention_mma_kernel's half (candidates 8, 4, 2, 1 apart); the terms into pa[term][wg] (wgmma's
+  // A fragments) and, with the half's sum, into the exchange for the other warpgroup, whose half
+  // comes back after the barrier into pa[term][1 - wg]; the sum is the halves' (the caller's
+  // barrier, then take_half).
+  const auto softmax = [&](const float (&v)[2][4][2], float (&alpha)[2], uint32_t (&own)[kTerms][4], float (&half)[2],
+                           float (&m_new)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = v[h][0][0];
@@ -2233,39 +2252,39 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         for (int e = 0; e < 2; ++e) mx = fmaxf(mx, v[h][i][e]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx);
-      float p[4][2] = {}, al = 1.0f;
-      if (m_new != -INFINITY) {  // (the same for the quad)
+      m_new[h] = fmaxf(m[h], mx);
+      float p[2][2] = {}, al = 1.0f;
+      if (m_new[h] != -INFINITY) {  // (the same for the quad)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int ii = 0; ii < 2; ++ii)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) p[i][e] = v[h][i][e] == -INFINITY ? 0.0f : expf(v[h][i][e] - m_new);
-        al = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+          for (int e = 0; e < 2; ++e) {
+            const float x = wg == 0 ? v[h][ii][e] : v[h][2 + ii][e];  // (selected, not indexed: registers)
+            p[ii][e] = x == -INFINITY ? 0.0f : expf(x - m_new[h]);
+          }
+        al = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new[h]);
       }
-      // warp_sum's tree over candidates 0..31 (halves 16 apart, then 8, 4, 2, 1): candidate bits 4
-      // and 3 are i's, 2 and 1 tig's (lanes 2 and 1 apart), 0 is e.
+      // The half's tree: candidate bit 3 is ii, bits 2 and 1 tig's (lanes 2 and 1 apart), 0 is e.
       float q2[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) q2[e] = (p[0][e] + p[2][e]) + (p[1][e] + p[3][e]);
+      for (int e = 0; e < 2; ++e) q2[e] = p[0][e] + p[1][e];
 #pragma unroll
       for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 2);
 #pragma unroll
       for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 1);
-      const float sum = q2[0] + q2[1];
-      l[h] = l[h] * al + sum;
-      m[h] = m_new;
+      half[h] = q2[0] + q2[1];
       alpha[h] = al;
       // The terms (hi, and mid and lo: attention_mma_kernel's split), term 0 the smallest.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int ii = 0; ii < 2; ++ii) {
         uint16_t tb[3][2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const __nv_bfloat16 hi = __float2bfloat16_rn(p[i][e]);
+          const __nv_bfloat16 hi = __float2bfloat16_rn(p[ii][e]);
           if constexpr (kTerms == 1) {
             tb[0][e] = __bfloat16_as_ushort(hi);
           } else {
-            const float r1 = p[i][e] - __bfloat162float(hi);
+            const float r1 = p[ii][e] - __bfloat162float(hi);
             const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
             const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
             tb[0][e] = __bfloat16_as_ushort(lo);
@@ -2273,11 +2292,41 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
             tb[2][e] = __bfloat16_as_ushort(hi);
           }
         }
-        // k16 step i / 2; regs 0 / 1 the candidates 2 tig (+1) of heads row0 / row0 + 8, regs 2 / 3 those + 8.
+        // Regs 0 / 1 the candidates 2 tig (+1) of heads row0 / row0 + 8, regs 2 / 3 those + 8.
 #pragma unroll
         for (int term = 0; term < kTerms; ++term)
-          pa[term][i / 2][2 * (i % 2) + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
+          own[term][2 * ii + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
       }
+    }
+    // Into the exchange: this thread's fragments and half sums, at its place in its warpgroup.
+    uint32_t* const x = pxch + (wg * 128 + tid % 128) * kAwPx;
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term)
+      *reinterpret_cast<uint4*>(x + 4 * term) = make_uint4(own[term][0], own[term][1], own[term][2], own[term][3]);
+    *reinterpret_cast<float2*>(x + 4 * kTerms) = make_float2(half[0], half[1]);
+  };
+  // After the barrier: pa[term][k16 step] from this warpgroup's fragments (`own`, its step wg) and
+  // the other's, the sums (the halves added, low + high) into the running sums and max.
+  const auto take_half = [&](uint32_t (&pa)[kTerms][2][4], const uint32_t (&own)[kTerms][4], const float (&half)[2],
+                             const float (&alpha)[2], const float (&m_new)[2]) {
+    const uint32_t* const x = pxch + ((1 - wg) * 128 + tid % 128) * kAwPx;
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term) {
+      const uint4 f = *reinterpret_cast<const uint4*>(x + 4 * term);
+      const uint32_t oth[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // (selected, not indexed by wg: registers)
+        pa[term][0][r] = wg == 0 ? own[term][r] : oth[r];
+        pa[term][1][r] = wg == 0 ? oth[r] : own[term][r];
+      }
+    }
+    const float2 o = *reinterpret_cast<const float2*>(x + 4 * kTerms);
+    const float other[2] = {o.x, o.y};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = wg == 0 ? half[h] + other[h] : other[h] + half[h];
+      l[h] = l[h] * alpha[h] + sum;
+      m[h] = m_new[h];
     }
   };
   // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer ks read
@@ -2332,10 +2381,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       fence_all(d);
       put_partial(d, c);
       __syncthreads();
-      float v[2][4][2], alpha[2];
-      uint32_t pa[kTerms][2][4];
+      float v[2][4][2], alpha[2], half[2], m_new[2];
+      uint32_t own[kTerms][4], pa[kTerms][2][4];
       logits_from(d, c, v);
-      softmax(v, alpha, pa);
+      softmax(v, alpha, own, half, m_new);
+      __syncthreads();
+      take_half(pa, own, half, alpha, m_new);
       pv_issue(keys_of(c), alpha, pa);
       wgmma_wait<0>();
       fence_all(d);
@@ -2368,10 +2419,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         __syncthreads();
         qk_issue(dn, keys_of(c + 1));
       }
-      float v[2][4][2], alpha[2];
-      uint32_t pa[kTerms][2][4];
+      float v[2][4][2], alpha[2], half[2], m_new[2];
+      uint32_t own[kTerms][4], pa[kTerms][2][4];
       logits_from(d, c, v);
-      softmax(v, alpha, pa);
+      softmax(v, alpha, own, half, m_new);
+      __syncthreads();
+      take_half(pa, own, half, alpha, m_new);
       pv_issue(keys_of(c), alpha, pa);
       wgmma_wait<0>();
       if (c + 1 < chunks) {
