@@ -354,7 +354,7 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
                  .bf16_operands = attention_bf16_operands(nx), .kv_record = attention_bf16_operands(nx),
                  .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps, .weights_bf16 = attn_weights_bf16_});
-  be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = ref && nx.kv_fp8});
+  be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = attention_bf16_operands(nx)});
   // V carried rotated dims: undo the rotation at the query position (spec §3.3).
   be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.core", o);

@@ -716,23 +716,20 @@ class CudaBackend final : public Backend {
     // separate linears sharing one quantisation of their input below.
     int64_t n_all = 0;
     for (const LinearParams& p : ps) n_all += p.weight->out;
+    const auto reads_p0_input = [&](const LinearParams& p) { return p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel(); };
     const bool stack = fp8_stack_ && ps.size() >= 2 && ps.size() <= kSplitColsParts;
     bool fp8 = stack && fp8_gemm_in_linear_ && n_all <= p0.weight->in, bf16 = stack && bf16_on;
     std::vector<const WeightMatrix*> ws;
     for (const LinearParams& p : ps) {
-      const bool same = p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.round_bf16 == p0.round_bf16;
+      const bool same = reads_p0_input(p) && p.round_bf16 == p0.round_bf16;
       fp8 = fp8 && same && p.act_quant_fp8 && p.weight->format == WeightFormat::kFp8Block;
       bf16 = bf16 && same && !p.act_quant_fp8 && p.input_bf16;
       ws.push_back(p.weight);
     }
     if (fp8 || bf16) {
       OpProfiler::Scope op_scope(profiler_, "linears (stacked)", p0.weight);
-      const int64_t T = p0.in.dim(0);
-      int64_t N = 0;
-      for (const LinearParams& p : ps) {
-        SPARROW_CHECK_EQ(p.out.numel(), T * p.weight->out);
-        N += p.weight->out;
-      }
+      const int64_t T = p0.in.dim(0), N = n_all;
+      for (const LinearParams& p : ps) SPARROW_CHECK_EQ(p.out.numel(), T * p.weight->out);
       const float* d = nullptr;
       DeviceBuffer scratch;
       // The stacked product's view: split_cols adds a split GEMM's parts itself (parts_in_readers);
@@ -770,16 +767,15 @@ class CudaBackend final : public Backend {
     static const bool share = cuda_feature_on("act_quant_shared");
     bool one_input = share && ps.size() >= 2;
     for (const LinearParams& p : ps)
-      one_input = one_input && p.in.f32() == p0.in.f32() && p.in.numel() == p0.in.numel() && p.act_quant_fp8 &&
-                  p.weight->in == p0.weight->in && p.out.f32() != p0.in.f32();  // (no output over the input)
+      one_input = one_input && reads_p0_input(p) && p.act_quant_fp8 && p.weight->in == p0.weight->in &&
+                  p.out.f32() != p0.in.f32();  // (no output over the input)
+    // (Off again however the runs end.)
+    struct Keep {
+      Fp8Linear& f;
+      ~Keep() { f.keep_quantised(false); }
+    } keep{fp8_};
     fp8_.keep_quantised(one_input);
-    try {
-      for (const LinearParams& p : ps) linear(p);
-    } catch (...) {
-      fp8_.keep_quantised(false);
-      throw;
-    }
-    fp8_.keep_quantised(false);
+    for (const LinearParams& p : ps) linear(p);
   }
 
   void grouped_linear(const GroupedLinearParams& p) override {

@@ -2623,6 +2623,14 @@ TEST_F(CudaOps, MoeRefNumericsMatchesCpu) {
   }
 }
 
+// Token t's two experts: t % E and (3 t + 1) % E ([T, 2]; distinct where E does not divide 2 t + 1).
+std::vector<int32_t> two_experts_a_token(int64_t T, int64_t E) {
+  std::vector<int32_t> choices(2 * T);
+  for (int64_t t = 0; t < T; ++t)
+    choices[2 * t] = static_cast<int32_t>(t % E), choices[2 * t + 1] = static_cast<int32_t>((3 * t + 1) % E);
+  return choices;
+}
+
 // The MoE call of the W4A8 tests: reference numerics (the path W4A8 serves), the routed scale
 // applied in the combine, the clamp active on some values.
 MoeParams w4a8_moe_params(const MoeCase& mc, const Tensor& o, const Tensor& x, const Tensor& e, const Tensor& w) {
@@ -2788,13 +2796,10 @@ TEST_F(CudaOps, PartsLeftForReadersGiveTheSummedBits) {
     for (float& v : x) v = bf16_round(v);
     for (float& v : xd) v = bf16_round(v);
     const Tensor xg = gpu->upload_f32(x, {T, K}), xdg = gpu->upload_f32(xd, {T, D});
-    std::vector<int32_t> ids(T), choices(2 * T);
-    for (int64_t t = 0; t < T; ++t) {
-      ids[t] = static_cast<int32_t>(t);
-      choices[2 * t] = static_cast<int32_t>(t % E), choices[2 * t + 1] = static_cast<int32_t>((3 * t + 1) % E);
-    }
+    std::vector<int32_t> ids(T);
+    for (int64_t t = 0; t < T; ++t) ids[t] = static_cast<int32_t>(t);
     const BatchInfo batch = simple_batch(ids);
-    const Tensor eg = gpu->upload_i32(choices, {T, 2}), wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
+    const Tensor eg = gpu->upload_i32(two_experts_a_token(T, E), {T, 2}), wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
     // Every output of the four calls, in order, and the reads of left parts they made.
     auto run_all = [&](bool on) {
       cuda::set_parts_in_readers(*gpu, on);
@@ -2873,10 +2878,7 @@ TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
     std::vector<float> x = rng.uniform(T * D, -1.6, 1.6);
     for (float& v : x) v = bf16_round(v);
     for (int64_t t = 0; t < T; t += 2) x[t * D + 5] = 1.7578125f;  // 225 x 2^-7: the scale-halving block
-    std::vector<int32_t> choices(2 * T);
-    for (int64_t t = 0; t < T; ++t)
-      choices[2 * t] = static_cast<int32_t>(t % E), choices[2 * t + 1] = static_cast<int32_t>((3 * t + 1) % E);
-    const Tensor xg = gpu->upload_f32(x, {T, D}), eg = gpu->upload_i32(choices, {T, 2}),
+    const Tensor xg = gpu->upload_f32(x, {T, D}), eg = gpu->upload_i32(two_experts_a_token(T, E), {T, 2}),
                  wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
     const std::string tag = " T=" + std::to_string(T);
     // W4A8 experts and the shared expert on the FP8 tensor cores (the fast path); the experts on the
