@@ -2232,8 +2232,6 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         v[h][i][1] = (live >> (8 * i + 1)) & 1u ? (d[4 * i + 2 * h + 1] + o.y) * a.scale : -INFINITY;
       }
   };
-  // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes), its weights'
-  // terms into wgmma's A fragments: pa[term][k16 step][reg].
   // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes): the max over
   // all 32 (both warpgroups hold every logit), the weights and their terms of this warpgroup's k16
   // step only (candidates 16 wg ..: i = 2 wg, 2 wg + 1), their sum in the tree of
@@ -2343,6 +2341,17 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
       for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+    // (A's fragments made before the fence, not between the chain's wgmma.)
+    uint32_t fa[kTerms][2][4];
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          fa[term][kk][r] = pa[term][kk][r];
+          wgmma_fence_operand(fa[term][kk][r]);
+        }
     wgmma_fence();
     const uint64_t vd = wgmma_desc_sw128_mn(ks + wg * (kWgDims / 64) * kKSub, kKSub);
 #pragma unroll
@@ -2351,7 +2360,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       for (int term = 0; term < kTerms; ++term)
 #pragma unroll
         for (int ni = 0; ni < kNi; ++ni)
-          wgmma_bf16_rs_mn<kN>(acc[ni], pa[term][kk], vd + static_cast<uint64_t>(((ni * kN / 64) * kKSub + 16 * kk * 128) >> 4));
+          wgmma_bf16_rs_mn<kN>(acc[ni], fa[term][kk], vd + static_cast<uint64_t>(((ni * kN / 64) * kKSub + 16 * kk * 128) >> 4));
     wgmma_commit();
   };
   const auto fence_all = [&](float (&d)[16]) {

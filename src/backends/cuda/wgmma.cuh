@@ -20,6 +20,10 @@ template <int kPending>
 __device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
 // Keeps the compiler from moving reads or writes of an accumulator across the asynchronous wgmma.
 __device__ inline void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// The same for a register operand of wgmma's A (the weights' fragments, made by selects just
+// before the chain): without it the compiler may place their moves between the chain's wgmma and
+// ptxas then fences each later wgmma (warning C7519, the chain serialised).
+__device__ inline void wgmma_fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 // Writes to shared memory by ordinary stores or cp.async made visible to the tensor core's (async
 // proxy) reads.
 __device__ inline void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
