@@ -1955,29 +1955,32 @@ TEST_F(CudaOps, AttentionWithNothingButTheSink) {
   for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f);
 }
 
-// The same on the tensor-core kernel (32 heads, Dh 128; it writes one-split tokens itself): no
+// The same on the tensor-core kernels (32 and 64 heads, Dh 128; they write one-split tokens themselves): no
 // candidates at all (a window of 0) and only masked ones (CSA, every selection -1) give 0.
 TEST_F(CudaOps, AttentionOnTensorCoresWithNothingButTheSink) {
   Rng rng(83);
-  const int64_t H = 32, Dh = 128, k = 3, T = 5;
-  for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kCsa}) {
-    ModelConfig cfg = attn_config(kind, 0);
-    cfg.head_dim = Dh;
-    Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
-    TwoSequences seqs(*cpu, *gpu, cfg);
-    auto [bc, bg] = seqs.batches(T, 0);
-    (void)bc;
-    Tensor sg;
-    if (kind == AttentionKind::kCsa) sg = gpu->upload_i32(std::vector<int32_t>(T * k, -1), {T, k});
-    const Tensor qg = gpu->upload_f32(host_bf16(rng.normal(T * H * Dh)), {T, H, Dh});
-    const Tensor vg = gpu->upload_f32(host_bf16(rng.normal(T * Dh)), {T, Dh});
-    const Tensor og = gpu->upload_f32(std::vector<float>(T * H * Dh, 7.0f), {T, H, Dh});  // every element must be written
-    gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sg, .sinks = sinks.view, .batch = &bg, .layer = 0,
-                    .kind = kind, .ratio = cfg.compress_ratio[0], .window = 0, .scale = 0.2, .bf16_operands = true});
-    if (std::string(gpu->name()) == "cuda") {
-      EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"));
+  const int64_t Dh = 128, k = 3, T = 5;
+  // (H 64: the 64-head wgmma blocks where attn_wgmma is on, whose tokens without candidates leave early.)
+  for (int64_t H : {32, 64}) {
+    for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kCsa}) {
+      ModelConfig cfg = attn_config(kind, 0);
+      cfg.head_dim = Dh;
+      Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
+      TwoSequences seqs(*cpu, *gpu, cfg);
+      auto [bc, bg] = seqs.batches(T, 0);
+      (void)bc;
+      Tensor sg;
+      if (kind == AttentionKind::kCsa) sg = gpu->upload_i32(std::vector<int32_t>(T * k, -1), {T, k});
+      const Tensor qg = gpu->upload_f32(host_bf16(rng.normal(T * H * Dh)), {T, H, Dh});
+      const Tensor vg = gpu->upload_f32(host_bf16(rng.normal(T * Dh)), {T, Dh});
+      const Tensor og = gpu->upload_f32(std::vector<float>(T * H * Dh, 7.0f), {T, H, Dh});  // every element must be written
+      gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sg, .sinks = sinks.view, .batch = &bg, .layer = 0,
+                      .kind = kind, .ratio = cfg.compress_ratio[0], .window = 0, .scale = 0.2, .bf16_operands = true});
+      if (std::string(gpu->name()) == "cuda") {
+        EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"));
+      }
+      for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f) << "H " << H << ", kind " << static_cast<int>(kind);
     }
-    for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f) << "kind " << static_cast<int>(kind);
   }
 }
 
