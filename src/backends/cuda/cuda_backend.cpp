@@ -2203,7 +2203,7 @@ bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }
 void set_attention_block_heads(Backend& backend, int heads) {
-  SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32);
+  SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32 || heads == 64);
   cuda_backend(backend).set_attention_block_heads(heads);
 }
 void set_attention_bf16_kv(Backend& backend, bool on) { cuda_backend(backend).set_attention_bf16_kv(on); }

@@ -212,6 +212,14 @@ void set_attention_overlap(int n);
 // by the kernels without blocks of heads: check last_attention_tensor_cores first).
 void set_attention_dim_slices(int n);
 int last_attention_dim_slices();
+// Whether the last tensor-core attention launch, in any backend, ran 64 heads a block on wgmma (the
+// calls that do not go to 16-head blocks, from the bf16 copies, where H is a multiple of 64; off
+// with SPARROW_CUDA_DISABLE=attn_wgmma). The same bits as the other forms. Defined with the kernels.
+bool last_attention_wgmma();
+// Whether that form issues a chunk's logits on the tensor cores before the chunk before's softmax:
+// 1 yes, -1 no, 0 (the default) no unless SPARROW_CUDA_ENABLE=attn_wg_ahead. The same bits either
+// way. Process-wide; defined with the kernels.
+void set_attention_wg_ahead(int n);
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
 // SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,
@@ -280,8 +288,8 @@ int64_t parts_left_for_readers(Backend& backend);
 // one input quantises it once, `act_quant_shared`).
 int64_t fp8_linear_quantisations(Backend& backend);
 bool last_hc_boundary_fused(Backend& backend);
-// Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, or 0
-// (the default: by the call's size).
+// Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, 64
+// (the wgmma form, from the bf16 copies where H takes it), or 0 (the default: by the call's size).
 void set_attention_block_heads(Backend& backend, int heads);
 void set_attention_bf16_kv(Backend& backend, bool on);
 // That scorer's tiles of 128 entries a block: 1 to 32, 0 (the default) chooses by the grid's size.

@@ -148,14 +148,17 @@ struct DevView {
 // rows made only where a CUDA-core projection reads them, cuda_backend.cpp moe; off: always first,
 // the same bits), "act_quant_shared" (FP8 linears of one input that linears() does not stack, a
 // CSA layer's wq_b and indexer wq_b, quantise it once, Fp8Linear::keep_quantised; off: once each,
-// the same bits) and "alloc_nofill" (tensors left unfilled at
-// allocation; off: zero-filled). Read once per process.
+// the same bits), "attn_wgmma" (the tensor-core attention's calls that do not go to 16-head
+// blocks, from the bf16 copies where H is a multiple of 64, on attention_wg_kernel: 64 heads of a
+// token a block on wgmma; off: 32-head blocks, the same bits) and "alloc_nofill" (tensors left
+// unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
-// H200, 2026-12-03). Read once per process.
+// H200, 2026-12-03) and "attn_wg_ahead" (attention_wg_kernel issues a chunk's logits before the
+// chunk before's softmax: the same bits, slower on the H200, 2026-12-05). Read once per process.
 bool cuda_feature_enabled(const char* name);
 // The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):
 // `fallback` when unset or empty; a value that is not a whole decimal integer, or that `ok`
@@ -807,7 +810,8 @@ struct AttentionArgs {
   // to bf16 in the kernel; the same values as the bf16 copies, so the same bits.
   bool records = false;
   KvRecordLayout rec{};
-  // With mma: heads a block, 16 (Dh 256 or 512) or 32, or 0 to choose by the call's size; the same
+  // With mma: heads a block, 16 (Dh 256 or 512), 32 or 64 (attention_wg_kernel, from the bf16
+  // copies where H is a multiple of 64; else as 0), or 0 to choose by the call's size; the same
   // bits either way (tests force each).
   int block_heads = 0;
   bool round_bf16 = false;  // out stored rounded to bf16

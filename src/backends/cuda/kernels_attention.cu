@@ -11,6 +11,7 @@
 #include "backends/cuda/attn_layout.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_common.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "core/check.h"
 
 namespace sparrow::cuda {
@@ -1125,12 +1126,18 @@ __device__ inline const T* selected_entry(const AttnTokenArgs& tk, int32_t w, co
   if (w >= tk.n_entries) __trap();  // a selection past the stored entries is a bug upstream
   return entries + static_cast<int64_t>(w) * stride;
 }
+// q % window (q >= 0), in 32 bits where both fit (a 64-bit remainder is a call).
+__device__ inline int64_t ring_slot(int64_t q, int64_t window) {
+  return q < (int64_t{1} << 31) && window < (int64_t{1} << 31)
+             ? static_cast<int64_t>(static_cast<uint32_t>(q) % static_cast<uint32_t>(window))
+             : q % window;
+}
 template <class T>
 __device__ inline const T* candidate_in(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j,
                                         const T* ring, const T* entries, const T* batch_kv, int64_t stride) {
   if (j < tk.n_window) {
     const int64_t q = tk.pos - tk.n_window + 1 + j;
-    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * stride : ring + (q % a.window) * stride;
+    return q >= tk.first_pos ? batch_kv + (q - tk.first_pos) * stride : ring + ring_slot(q, a.window) * stride;
   }
   const int64_t i = j - tk.n_window;
   if (!a.csa) return entries + i * stride;
@@ -1474,16 +1481,15 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 }
 
 // AttentionArgs::q_prep: a warp's kHeadsW heads (rows of q from `q`, Dh apart) normalised and
-// rotated into the staged rows (`dst`, rowb bytes apart) as bf16. Lane l holds elements l, l + 32,
+// rotated into the staged rows as bf16: put(head of the warp's, element, its bf16 bits). Lane l holds elements l, l + 32,
 // ... of a head and sums their squares in that order, then warp_sum: rms_norm_warp_kernel's sums
 // (and its register form's); each value times 1 / sqrtf(sum / Dh + eps), rounded to bf16 when
 // round_bf16, as rms_norm_write; the last 2 pairs dims rotated pair by pair (the even element's
 // lane and its neighbour: a pair never straddles two lanes' chunks) with rope_kernel's fp64 angles
 // and rotation (the token's angles computed once into `ang`, shared memory), rounded again when
 // round_bf16; then to bf16 as the staging loop converts. Every thread of the block calls it.
-template <int Dh, int kHeadsW>
-__device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, uint8_t* dst,
-                                            int rowb, int lane) {
+template <int Dh, int kHeadsW, class Put>
+__device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, Put put, int lane) {
   constexpr int kU = Dh / 32;
   const int pairs = a.q_rope.pairs, rope0 = Dh - 2 * pairs;
   const int warp = threadIdx.x / 32;
@@ -1505,7 +1511,6 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
     for (int u = 0; u < kU; ++u) ss += v[u] * v[u];
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dh) + a.q_eps);
-    uint16_t* row = reinterpret_cast<uint16_t*>(dst + hw * rowb);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       float y = v[u] * inv;
@@ -1522,7 +1527,7 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
           if (a.round_bf16) y = dev_bf16_round(y);
         }
       }
-      row[e] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+      put(hw, e, __bfloat16_as_ushort(__float2bfloat16_rn(y)));
     }
   }
 }
@@ -1570,8 +1575,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   if (a.q_prep) {
     // The token's angles go in the logits' space, not used before the chunks.
     static_assert(sizeof(float) * kH * (kAmChunk + 1) >= 2 * sizeof(double) * kMaxRopePairs, "the angles fit");
+    uint8_t* const dst = qs + warp * (kH / kWarps) * rowb;
     attention_mma_q_prep<Dh, kH / kWarps>(a, a.q + (t * a.H + h0) * a.Dh, static_cast<double>(tk.pos),
-                                           reinterpret_cast<double*>(logits), qs + warp * (kH / kWarps) * rowb, rowb, lane);
+                                           reinterpret_cast<double*>(logits),
+                                           [&](int hw, int e, uint16_t v) { reinterpret_cast<uint16_t*>(dst + hw * rowb)[e] = v; },
+                                           lane);
   } else {
     const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
     constexpr int row4 = Dh / 4;  // float4s a row
@@ -1762,10 +1770,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       }
       sum[hh] = p[hh];
     }
+    // The exp-sum of each half of the chunk (candidates 0..15, 16..31: lanes 8, 4, 2, 1 apart),
+    // then the halves added: attention_wg_kernel's order, where a warpgroup sums one half.
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = 8; o > 0; o >>= 1)
 #pragma unroll
-      for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);  // (warp_sum)
+      for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], o);
+#pragma unroll
+    for (int hh = 0; hh < kHw; ++hh) sum[hh] += __shfl_xor_sync(0xffffffffu, sum[hh], 16);
 #pragma unroll
     for (int hh = 0; hh < kHw; ++hh) {
       if (hh >= nh) continue;
@@ -2016,6 +2028,466 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   }
 }
 
+
+// ---- attention on wgmma: 64 heads of a token a block (the tensor-core attention's large calls) ----
+//
+// attention_mma_kernel's arithmetic on the warpgroup instructions, for every head, candidate and
+// output dim the same operations in the same order, so the same bits (the tests compare the forms):
+// the logits as two sums of bf16 products (the even and the odd k16 steps of Dh, each in order from
+// zero) added and scaled; the softmax in chunks of 32 candidates (a chunk's max; the weights
+// exp(logit - running max); their sum as each half's (candidates 0..15, 16..31) in a butterfly's
+// order, the halves then added; the running sum l alpha + sum); the weights as three bf16 terms (or
+// one: kTerms, the bf16-weights experiment);
+// the weighted sum rescaled by alpha, then per k16 step of the chunk the terms small to large.
+//
+// grid (tokens of the pass * H / 64, splits), 2 warpgroups: 64 heads of one token over one split
+// (wgmma's M = the heads). Shared memory (from a 1024-byte boundary): q [64 heads, Dh] and a ring of
+// kAwStages chunks' keys [32, Dh], both bf16 in 64-dim atoms of 128-byte rows with the 128-byte
+// swizzle (the layout both wgmma operands read: q and the keys K-major for the logits, the same key
+// bytes MN-major as V for the weighted sum); the logits' exchange [2][64][kAwXRow] fp32; the
+// candidates' addresses [kAwPtrBufs][32]; the token's RoPE angles (q_prep). Per chunk: warpgroup g
+// makes the logits' sum of the k16 steps g, g + 2, ... (wgmma m64n32k16, both operands in shared
+// memory), the two swap them through shared memory, and each then holds the whole logits of its 64
+// heads x 32 candidates: the chunk's max (a row's 32 candidates on a quad of lanes), then the
+// weights, their terms and their sum for the candidates of its own k16 step only (half the chunk),
+// the terms as wgmma's A fragments in registers; the halves' fragments and sums are swapped through
+// shared memory (the running max and sum in registers, the same in both); warpgroup g then adds the chunk's weighted keys into its half of Dh (wgmma m64nNk16,
+// N = 128 or Dh / 2, V from the key buffer). The next chunks' keys are copied in by cp.async under
+// the work (a ring of kAwStages, kAwStages - 1 chunks ahead).
+constexpr int kAwHeads = 64, kAwThreads = 256, kAwStages = 3, kAwPtrBufs = kAwStages + 1;
+constexpr int kAwXRow = kAmChunk + 8;  // floats a row of the logits' exchange (padded against bank conflicts)
+// 32-bit words a thread in the weights' exchange: 4 fragment registers a term (up to three) and two
+// half sums, padded to 80 bytes (a quarter warp's 16-byte stores then hit distinct banks).
+constexpr int kAwPx = 20;
+
+size_t attention_wg_smem(int64_t Dh) {
+  const int64_t q = Dh / 64 * kAwHeads * 128, keys = Dh / 64 * kAmChunk * 128;
+  return static_cast<size_t>(1024 + q + kAwStages * keys) + 4 * kAwHeads * kAwXRow * sizeof(float) +
+         kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double) + (kAwPtrBufs + 3) / 4 * 4 * sizeof(uint32_t) +
+         2 * 128 * kAwPx * sizeof(uint32_t);
+}
+// The byte of (row r, dim d) in rows of 128 bytes cut into 64-dim atoms `sub` bytes apart (the
+// 128-byte swizzle: 16-byte piece p of row r at p ^ (r % 8)).
+__device__ inline int aw_at(int r, int d, int sub) {
+  return (d / 64) * sub + r * 128 + ((((d % 64) / 8) ^ (r % 8)) << 4) + (d % 8) * 2;
+}
+__device__ inline void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t a_desc, uint64_t b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " SPARROW_WGMMA_P16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : SPARROW_WGMMA_D16
+      : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+// A from registers (a row's k16 fragment as mma.m16n8k16's), B MN-major.
+template <int kN>
+__device__ inline void wgmma_bf16_rs_mn(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b_desc) {
+  if constexpr (kN == 128)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SPARROW_WGMMA_P64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : SPARROW_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " SPARROW_WGMMA_P32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : SPARROW_WGMMA_D32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+template <int kDh, int kTerms = 3, bool kAhead = false>
+__global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
+  wait_previous_grid();
+  static_assert(kDh == 128 || kDh == 256 || kDh == 512, "Dh");
+  static_assert(kTerms == 3 || kTerms == 1, "the weights' terms");
+  constexpr int kQSub = kAwHeads * 128, kKSub = kAmChunk * 128;  // bytes of a 64-dim atom column of q, of a chunk
+  constexpr int kKBytes = kDh / 64 * kKSub;
+  constexpr int kSteps = kDh / 16;                        // the logits' k16 steps
+  constexpr int kWgDims = kDh / 2;                        // the weighted sum's dims a warpgroup
+  constexpr int kN = kWgDims < 128 ? kWgDims : 128, kNi = kWgDims / kN;  // its wgmma's N, and instructions a step
+  constexpr int kPieces = kDh / 8;                        // 16-byte pieces of a key row
+  extern __shared__ __align__(16) uint8_t aw_raw[];
+  uint8_t* qs = smem_align_1024(aw_raw);
+  uint8_t* ks0 = qs + kDh / 64 * kQSub;                                            // [kAwStages][kKBytes]
+  float* xch = reinterpret_cast<float*>(ks0 + kAwStages * kKBytes);               // [2][2][64][kAwXRow]
+  const void** kptr0 = reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
+  double* ang = reinterpret_cast<double*>(kptr0 + kAwPtrBufs * kAmChunk);        // [2 kMaxRopePairs]
+  uint32_t* kmask = reinterpret_cast<uint32_t*>(ang + 2 * kMaxRopePairs);         // [kAwPtrBufs]
+  uint32_t* pxch = kmask + (kAwPtrBufs + 3) / 4 * 4;                              // [2][128][kAwPx]
+
+  const SplitBlock blk = split_block(a, t_base, kAwHeads);
+  const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
+  const AttnTokenArgs& tk = blk.tk;
+  const int64_t j_begin = s * a.mma_split;
+  if (j_begin >= n) {  // as attention_mma_kernel
+    if (n == 0 && s == 0)
+      for (int i = threadIdx.x; i < kAwHeads * kDh; i += kAwThreads) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
+    return;
+  }
+  const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
+  const int chunks = static_cast<int>((j_end - j_begin + kAmChunk - 1) / kAmChunk);  // (at most 8192 / 32)
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int row0 = 16 * (warp % 4) + gid;  // this thread's heads: row0 and row0 + 8 (of the block's 64)
+
+  if (a.q_prep) {
+    attention_mma_q_prep<kDh, kAwHeads / 8>(
+        a, a.q + (t * a.H + h0) * a.Dh, static_cast<double>(tk.pos), ang,
+        [&](int hw, int e, uint16_t v) { *reinterpret_cast<uint16_t*>(qs + aw_at(8 * warp + hw, e, kQSub)) = v; }, lane);
+  } else {
+    const float4* qsrc = reinterpret_cast<const float4*>(a.q + (t * a.H + h0) * a.Dh);
+    constexpr int row4 = kDh / 4;
+    for (int i = tid; i < kAwHeads * row4; i += kAwThreads) {
+      const float4 v = qsrc[i];
+      *reinterpret_cast<uint2*>(qs + aw_at(i / row4, 4 * (i % row4), kQSub)) =
+          make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+  }
+  // Chunk c's candidates' addresses (null: masked, or past the split) into address buffer b, and
+  // which are not null as the bits of kmask[b].
+  const auto fill_ptrs = [&](int64_t c, int b) {
+    if (tid < kAmChunk) {
+      const int64_t j = c + tid;
+      const void* key =
+          j < j_end ? static_cast<const void*>(candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16))
+                    : nullptr;
+      kptr0[b * kAmChunk + tid] = key;
+      const uint32_t bits = __ballot_sync(0xffffffffu, key != nullptr);
+      if (tid == 0) kmask[b] = bits;
+    }
+  };
+  // The bf16 copies of the keys of address buffer pb into key buffer kb (a masked row zero-filled);
+  // one group. A thread copies piece cp_p of rows cp_r0 + kRowStep k (k < kCopies).
+  constexpr int kRowStep = kAwThreads / kPieces, kCopies = kAmChunk / kRowStep;
+  static_assert(kAwThreads % kPieces == 0 && kCopies * kAwThreads == kAmChunk * kPieces, "whole rounds of copies");
+  const int cp_p = tid % kPieces, cp_r0 = tid / kPieces;
+  const int cp_dst = (cp_p / 8) * kKSub + cp_r0 * 128;
+  const auto issue = [&](int kb, int pb) {
+    uint8_t* const base = ks0 + kb * kKBytes + cp_dst;
+    const void* const* rows = kptr0 + pb * kAmChunk + cp_r0;
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      const void* row = rows[k * kRowStep];
+      cp_async(base + k * kRowStep * 128 + (((cp_p % 8) ^ ((cp_r0 + k * kRowStep) % 8)) << 4),
+               row ? static_cast<const void*>(static_cast<const uint4*>(row) + cp_p) : static_cast<const void*>(a.q),
+               row != nullptr, 16);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int st = 0; st < kAwStages - 1; ++st) fill_ptrs(j_begin + st * kAmChunk, st);
+  __syncthreads();
+#pragma unroll
+  for (int st = 0; st < kAwStages - 1; ++st) issue(st, st);
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads row0, row0 + 8
+  float acc[kNi][kN / 2];
+#pragma unroll
+  for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+    for (int r = 0; r < kN / 2; ++r) acc[ni][r] = 0.0f;
+  // The exchange of chunk c: xch + (c % 2) 2 64 kAwXRow, this warpgroup's partial sums at wg 64 kAwXRow
+  // (two, so that a warpgroup may write chunk c + 1's before the other has read chunk c's).
+  const auto mine = [&](int c) { return xch + ((c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
+  const auto theirs = [&](int c) { return xch + ((c % 2) * 2 + 1 - wg) * kAwHeads * kAwXRow; };
+  const auto keys_of = [&](int c) { return ks0 + (c % kAwStages) * kKBytes; };
+
+  // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... of chunk keys ks, in order from
+  // zero, into d (issued and committed; the caller waits).
+  const auto qk_issue = [&](float (&d)[16], const uint8_t* ks) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      d[r] = 0.0f;
+      wgmma_fence_operand(d[r]);
+    }
+    wgmma_fence();
+    // (The descriptors as a base and the steps' offsets in 16-byte units.)
+    const uint64_t qd = wgmma_desc_sw128(qs + wg * 32), kd = wgmma_desc_sw128(ks + wg * 32);
+#pragma unroll
+    for (int i = 0; i < kSteps / 2; ++i) {
+      const int st = 2 * i;  // (+ wg, in the bases)
+      wgmma_m64n32k16_bf16(d, qd + static_cast<uint64_t>(((st / 4) * kQSub + (st % 4) * 32) >> 4),
+                           kd + static_cast<uint64_t>(((st / 4) * kKSub + (st % 4) * 32) >> 4));
+    }
+    wgmma_commit();
+  };
+  // d[4 i + 2 h + e]: head row0 + 8 h, candidate 8 i + 2 tig + e. Into the exchange (the caller's
+  // barrier follows), then the logits from it and d (masked: -inf).
+  const auto put_partial = [&](const float (&d)[16], int c) {
+    float* const x = mine(c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(x + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+  };
+  const auto logits_from = [&](const float (&d)[16], int c, float (&v)[2][4][2]) {
+    const float* const x = theirs(c);
+    const uint32_t live = kmask[c % kAwPtrBufs] >> (2 * tig);  // (bit 8 i + e: candidate 8 i + 2 tig + e)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 o = *reinterpret_cast<const float2*>(x + (row0 + 8 * h) * kAwXRow + 8 * i + 2 * tig);
+        v[h][i][0] = (live >> (8 * i)) & 1u ? (d[4 * i + 2 * h] + o.x) * a.scale : -INFINITY;
+        v[h][i][1] = (live >> (8 * i + 1)) & 1u ? (d[4 * i + 2 * h + 1] + o.y) * a.scale : -INFINITY;
+      }
+  };
+  // The online softmax of both heads (a head's 32 candidates on the quad's 4 lanes): the max over
+  // all 32 (both warpgroups hold every logit), the weights and their terms of this warpgroup's k16
+  // step only (candidates 16 wg ..: i = 2 wg, 2 wg + 1), their sum in the tree of
+  // attention_mma_kernel's half (candidates 8, 4, 2, 1 apart); the terms into pa[term][wg] (wgmma's
+  // A fragments) and, with the half's sum, into the exchange for the other warpgroup, whose half
+  // comes back after the barrier into pa[term][1 - wg]; the sum is the halves' (the caller's
+  // barrier, then take_half).
+  const auto softmax = [&](const float (&v)[2][4][2], float (&alpha)[2], uint32_t (&own)[kTerms][4], float (&half)[2],
+                           float (&m_new)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = v[h][0][0];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, v[h][i][e]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      m_new[h] = fmaxf(m[h], mx);
+      float p[2][2] = {}, al = 1.0f;
+      if (m_new[h] != -INFINITY) {  // (the same for the quad)
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = wg == 0 ? v[h][ii][e] : v[h][2 + ii][e];  // (selected, not indexed: registers)
+            p[ii][e] = x == -INFINITY ? 0.0f : expf(x - m_new[h]);
+          }
+        al = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new[h]);
+      }
+      // The half's tree: candidate bit 3 is ii, bits 2 and 1 tig's (lanes 2 and 1 apart), 0 is e.
+      float q2[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) q2[e] = p[0][e] + p[1][e];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 2);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 1);
+      half[h] = q2[0] + q2[1];
+      alpha[h] = al;
+      // The terms (hi, and mid and lo: attention_mma_kernel's split), term 0 the smallest.
+#pragma unroll
+      for (int ii = 0; ii < 2; ++ii) {
+        uint16_t tb[3][2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const __nv_bfloat16 hi = __float2bfloat16_rn(p[ii][e]);
+          if constexpr (kTerms == 1) {
+            tb[0][e] = __bfloat16_as_ushort(hi);
+          } else {
+            const float r1 = p[ii][e] - __bfloat162float(hi);
+            const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+            const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+            tb[0][e] = __bfloat16_as_ushort(lo);
+            tb[1][e] = __bfloat16_as_ushort(mid);
+            tb[2][e] = __bfloat16_as_ushort(hi);
+          }
+        }
+        // Regs 0 / 1 the candidates 2 tig (+1) of heads row0 / row0 + 8, regs 2 / 3 those + 8.
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term)
+          own[term][2 * ii + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
+      }
+    }
+    // Into the exchange: this thread's fragments and half sums, at its place in its warpgroup.
+    uint32_t* const x = pxch + (wg * 128 + tid % 128) * kAwPx;
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term)
+      *reinterpret_cast<uint4*>(x + 4 * term) = make_uint4(own[term][0], own[term][1], own[term][2], own[term][3]);
+    *reinterpret_cast<float2*>(x + 4 * kTerms) = make_float2(half[0], half[1]);
+  };
+  // After the barrier: pa[term][k16 step] from this warpgroup's fragments (`own`, its step wg) and
+  // the other's, the sums (the halves added, low + high) into the running sums and max.
+  const auto take_half = [&](uint32_t (&pa)[kTerms][2][4], const uint32_t (&own)[kTerms][4], const float (&half)[2],
+                             const float (&alpha)[2], const float (&m_new)[2]) {
+    const uint32_t* const x = pxch + ((1 - wg) * 128 + tid % 128) * kAwPx;
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term) {
+      const uint4 f = *reinterpret_cast<const uint4*>(x + 4 * term);
+      const uint32_t oth[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // (selected, not indexed by wg: registers)
+        pa[term][0][r] = wg == 0 ? own[term][r] : oth[r];
+        pa[term][1][r] = wg == 0 ? oth[r] : own[term][r];
+      }
+    }
+    const float2 o = *reinterpret_cast<const float2*>(x + 4 * kTerms);
+    const float other[2] = {o.x, o.y};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = wg == 0 ? half[h] + other[h] : other[h] + half[h];
+      l[h] = l[h] * alpha[h] + sum;
+      m[h] = m_new[h];
+    }
+  };
+  // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer ks read
+  // MN-major, this warpgroup's dims from wg kWgDims); issued and committed.
+  const auto pv_issue = [&](const uint8_t* ks, const float (&alpha)[2], const uint32_t (&pa)[kTerms][2][4]) {
+    // (A warp whose rows all keep their max skips the products by 1: the same values.)
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+        for (int r = 0; r < kN / 2; ++r) acc[ni][r] *= alpha[(r / 2) % 2];
+    }
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+    // (A's fragments made before the fence, not between the chain's wgmma.)
+    uint32_t fa[kTerms][2][4];
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          fa[term][kk][r] = pa[term][kk][r];
+          wgmma_fence_operand(fa[term][kk][r]);
+        }
+    wgmma_fence();
+    const uint64_t vd = wgmma_desc_sw128_mn(ks + wg * (kWgDims / 64) * kKSub, kKSub);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni)
+          wgmma_bf16_rs_mn<kN>(acc[ni], fa[term][kk], vd + static_cast<uint64_t>(((ni * kN / 64) * kKSub + 16 * kk * 128) >> 4));
+    wgmma_commit();
+  };
+  const auto fence_all = [&](float (&d)[16]) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) wgmma_fence_operand(d[r]);
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+  };
+
+  if constexpr (!kAhead) {
+    for (int c = 0; c < chunks; ++c) {
+      // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
+      // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
+      const int ahead = c + kAwStages - 1;
+      if (ahead < chunks) fill_ptrs(j_begin + int64_t{ahead} * kAmChunk, ahead % kAwPtrBufs);
+      __syncthreads();
+      if (ahead < chunks) issue(ahead % kAwStages, ahead % kAwPtrBufs);
+      else cp_async_commit();  // (an empty group: chunk c's stays kAwStages - 1 groups from the newest)
+      cp_async_wait<kAwStages - 1>();
+      fence_proxy_async_smem();
+      __syncthreads();
+      float d[16];
+      qk_issue(d, keys_of(c));
+      wgmma_wait<0>();
+      fence_all(d);
+      put_partial(d, c);
+      __syncthreads();
+      float v[2][4][2], alpha[2], half[2], m_new[2];
+      uint32_t own[kTerms][4], pa[kTerms][2][4];
+      logits_from(d, c, v);
+      softmax(v, alpha, own, half, m_new);
+      __syncthreads();
+      take_half(pa, own, half, alpha, m_new);
+      pv_issue(keys_of(c), alpha, pa);
+      wgmma_wait<0>();
+      fence_all(d);
+    }
+  } else {
+    // Chunk c + 1's logits on the tensor cores while chunk c's softmax runs: per chunk c, with its
+    // logits' partial sum in d, (1) d into the exchange; a barrier (everyone's weighted sum of chunk
+    // c - 1 done, so its key buffer is free, and chunk c + kAwStages - 1's addresses, written in the
+    // round before, visible); that chunk's copies; (2) chunk c + 1's keys landed (a second barrier),
+    // its logits issued into dn; (3) chunk c's logits from the exchange and d, its softmax, its
+    // weighted sum issued; (4) both waited for, chunk c + kAwStages's addresses written.
+    float d[16];
+    cp_async_wait<kAwStages - 2>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    qk_issue(d, keys_of(0));
+    wgmma_wait<0>();
+    fence_all(d);
+    if (kAwStages - 1 < chunks) fill_ptrs(j_begin + (kAwStages - 1) * kAmChunk, (kAwStages - 1) % kAwPtrBufs);
+    for (int c = 0; c < chunks; ++c) {
+      put_partial(d, c);
+      __syncthreads();
+      const int ahead = c + kAwStages - 1;
+      if (ahead < chunks) issue(ahead % kAwStages, ahead % kAwPtrBufs);
+      else cp_async_commit();  // (empty: chunk c + 1's stays kAwStages - 2 groups from the newest)
+      float dn[16];
+      if (c + 1 < chunks) {
+        cp_async_wait<kAwStages - 2>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        qk_issue(dn, keys_of(c + 1));
+      }
+      float v[2][4][2], alpha[2], half[2], m_new[2];
+      uint32_t own[kTerms][4], pa[kTerms][2][4];
+      logits_from(d, c, v);
+      softmax(v, alpha, own, half, m_new);
+      __syncthreads();
+      take_half(pa, own, half, alpha, m_new);
+      pv_issue(keys_of(c), alpha, pa);
+      wgmma_wait<0>();
+      if (c + 1 < chunks) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) d[r] = dn[r];
+      }
+      fence_all(d);
+      if (ahead + 1 < chunks) fill_ptrs(j_begin + int64_t{ahead + 1} * kAmChunk, (ahead + 1) % kAwPtrBufs);
+    }
+  }
+  // acc[ni][4 j + 2 h + e]: head row0 + 8 h, dim wg kWgDims + ni kN + 8 j + 2 tig + e.
+  if (n <= a.mma_split) {  // the token's only split: attention_mma_kernel's ending
+    float ws[2], denom[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sink = dev_load(a.sinks, h0 + row0 + 8 * h);
+      const float M = fmaxf(sink, m[h]);
+      ws[h] = attn_split_weight(m[h], M);
+      denom[h] = attn_combine_denom(expf(sink - M), ws[h], l[h]);
+    }
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float o[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            o[e] = attn_combine_term(0.0f, ws[h], acc[ni][4 * j + 2 * h + e]) / denom[h];
+            if (a.round_bf16) o[e] = dev_bf16_round(o[e]);
+          }
+          *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + row0 + 8 * h) * a.Dh + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
+              make_float2(o[0], o[1]);
+        }
+    return;
+  }
+  const int64_t th0 = (t - t_base) * a.H + h0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* part = a.split_scratch + ((th0 + row0 + 8 * h) * max_splits + s) * (a.Dh + 2);
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+        *reinterpret_cast<float2*>(part + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
+            make_float2(acc[ni][4 * j + 2 * h], acc[ni][4 * j + 2 * h + 1]);
+    if (wg == 0 && tig == 0) {
+      part[a.Dh] = m[h];
+      part[a.Dh + 1] = l[h];
+    }
+  }
+}
+
 }  // namespace
 
 void launch_compressor(const CompressorArgs& a) {
@@ -2124,11 +2596,15 @@ size_t combine_smem(int64_t max_splits) {
 // softmax and weighted sum: set_attention_overlap's choice where set (1 yes, -1 no), else yes unless
 // SPARROW_CUDA_DISABLE=attn_overlap. The same bits either way.
 namespace {
+// A test's choice where set (1 on, -1 off), else the process's.
+bool forced_or(const std::atomic<int>& forced, bool process) {
+  const int n = forced.load();
+  return n != 0 ? n > 0 : process;
+}
 std::atomic<int> g_attention_overlap{0};
 bool attention_overlap() {
-  if (const int n = g_attention_overlap.load(); n != 0) return n > 0;
   static const bool on = cuda_feature_on("attn_overlap");
-  return on;
+  return forced_or(g_attention_overlap, on);
 }
 }  // namespace
 void set_attention_overlap(int n) { g_attention_overlap.store(n); }
@@ -2150,6 +2626,21 @@ void set_attention_dim_slices(int n) {
   g_attention_dim_slices.store(n);
 }
 int last_attention_dim_slices() { return g_last_attention_dim_slices.load(); }
+namespace {
+std::atomic<bool> g_last_attention_wgmma{false};
+std::atomic<int> g_attention_wg_ahead{0};
+// Whether attention_wg_kernel issues a chunk's logits before the chunk before's softmax (kAhead):
+// set_attention_wg_ahead's choice where set (1 yes, -1 no), else no unless
+// SPARROW_CUDA_ENABLE=attn_wg_ahead (an 8K CSA prefill's attention 6.82 ms without, 8.43 with on
+// the H200, 2026-12-05: its second barrier a chunk and 16 more live registers). The same bits
+// either way.
+bool attention_wg_ahead() {
+  static const bool on = cuda_feature_enabled("attn_wg_ahead");
+  return forced_or(g_attention_wg_ahead, on);
+}
+}  // namespace
+void set_attention_wg_ahead(int n) { g_attention_wg_ahead.store(n); }
+bool last_attention_wgmma() { return g_last_attention_wgmma.load(); }
 
 int64_t attn_mma_split_candidates() {
   static const int64_t per = cuda_env_int(
@@ -2200,6 +2691,22 @@ void launch_attention(const AttentionArgs& args) {
       opt_in(attention_mma_kernel<128, kAmKeysRecord, 32, 8, false, 1>, 128, kAmKeysRecord, 32);
       opt_in(attention_mma_kernel<256, kAmKeysRecord, 32, 8, false, 1>, 256, kAmKeysRecord, 32);
       opt_in(attention_mma_kernel<512, kAmKeysRecord, 32, 8, false, 1>, 512, kAmKeysRecord, 32);
+      const auto opt_in_wg = [](auto kernel, int64_t Dh) {
+        SPARROW_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(attention_wg_smem(Dh))));
+      };
+      opt_in_wg(attention_wg_kernel<128>, 128);
+      opt_in_wg(attention_wg_kernel<256>, 256);
+      opt_in_wg(attention_wg_kernel<512>, 512);
+      opt_in_wg(attention_wg_kernel<128, 1>, 128);
+      opt_in_wg(attention_wg_kernel<256, 1>, 256);
+      opt_in_wg(attention_wg_kernel<512, 1>, 512);
+      opt_in_wg(attention_wg_kernel<128, 3, true>, 128);
+      opt_in_wg(attention_wg_kernel<256, 3, true>, 256);
+      opt_in_wg(attention_wg_kernel<512, 3, true>, 512);
+      opt_in_wg(attention_wg_kernel<128, 1, true>, 128);
+      opt_in_wg(attention_wg_kernel<256, 1, true>, 256);
+      opt_in_wg(attention_wg_kernel<512, 1, true>, 512);
       opted = true;
     }
     if (a.records)
@@ -2212,11 +2719,40 @@ void launch_attention(const AttentionArgs& args) {
     // On those blocks from the bf16 copies, each chunk's logits beside the chunk before's softmax and
     // weighted sum (attention_mma_kernel's kOverlap; the same bits): attention_overlap().
     const bool overlap = keys == kAmKeysBf16 && attention_overlap();
+    // 64 heads a block on wgmma (attention_wg_kernel; the same bits) from the bf16 copies, where H
+    // takes them and the call does not go to the 16-head blocks (`attn_wgmma` off: never).
+    static const bool wgmma_on = cuda_feature_on("attn_wgmma");
+    g_last_attention_wgmma.store(false);
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
       const bool narrow = !a.weights_bf16 && a.Dh >= 256 &&
                           (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
                                                    tp * (a.H / kAmHeads) * max_splits < sm_count()));
+      const bool wide = keys == kAmKeysBf16 && a.H % kAwHeads == 0 &&
+                        (a.block_heads == kAwHeads || (a.block_heads == 0 && wgmma_on && !narrow));
+      if (wide) {
+        g_last_attention_wgmma.store(true);
+        g_last_attention_dim_slices.store(1);
+        const dim3 grid(static_cast<unsigned>(tp * a.H / kAwHeads), static_cast<unsigned>(max_splits));
+        const auto run = [&](auto kernel) { launch(kernel, grid, kAwThreads, attention_wg_smem(a.Dh), a, t_base, max_splits); };
+        const auto pick_wg = [&](auto terms_c, auto ahead_c) {
+          constexpr int kT = decltype(terms_c)::value;
+          constexpr bool kA = decltype(ahead_c)::value;
+          if (a.Dh == 512) run(attention_wg_kernel<512, kT, kA>);
+          else if (a.Dh == 256) run(attention_wg_kernel<256, kT, kA>);
+          else run(attention_wg_kernel<128, kT, kA>);
+        };
+        const auto pick_ahead = [&](auto terms_c) {
+          if (attention_wg_ahead()) pick_wg(terms_c, std::true_type{});
+          else pick_wg(terms_c, std::false_type{});
+        };
+        if (a.weights_bf16) pick_ahead(std::integral_constant<int, 1>{});
+        else pick_ahead(std::integral_constant<int, 3>{});
+        if (max_splits > 1)
+          launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
+                 t_base, max_splits);
+        continue;
+      }
       const int heads = narrow ? 16 : kAmHeads;
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
       // The dim slices of a 16-head block (grid z; the kernel reads gridDim.z).

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "backends/cuda/device_common.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "backends/cuda/tile_raster.h"
 #include "core/check.h"
 
@@ -754,21 +755,6 @@ __device__ inline uint64_t wgmma_desc(const void* smem, uint32_t lbo, uint32_t s
   return static_cast<uint64_t>((a & 0x3ffffu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32);  // bits 62-63 = 0: no swizzle
 }
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
-// Keeps the compiler from moving reads or writes of an accumulator across the asynchronous wgmma.
-__device__ inline void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-// cp.async writes are made visible to the tensor core's (async proxy) reads of shared memory.
-__device__ inline void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// wgmma's accumulator operands, for the wrappers below: the outputs d[0..31] or d[0..63] and
-// their placeholders in the instruction ("{%0, ..., %31}" / "{%0, ..., %63}"), written once.
-#define SPARROW_WGMMA_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define SPARROW_WGMMA_D64 SPARROW_WGMMA_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define SPARROW_WGMMA_P32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define SPARROW_WGMMA_P64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 __device__ inline void wgmma_m64n8k32_e5m2_e4m3(float (&d)[4], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
   asm volatile(
@@ -1424,7 +1410,6 @@ struct Fp8TmaArgs {
   int raster_group;  // tma_tile_at's group of weight tiles (1: a weight tile's token tiles in a row)
 };
 
-__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 __device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
@@ -1456,9 +1441,6 @@ __device__ inline void tma_ring_init(uint64_t* full, uint64_t* empty, int stages
   }
   __syncthreads();
 }
-// Dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle's period, which
-// the wgmma descriptors assume).
-__device__ inline uint8_t* smem_align_1024(uint8_t* raw) { return raw + ((1024 - (smem_u32(raw) & 1023u)) & 1023u); }
 // A 2-D box of map at (c0 inner, c1 outer) into dst, counted on bar.
 __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile(
@@ -1483,11 +1465,6 @@ __device__ inline void bulk_wait_all() {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   else
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-// K-major operand of 128-byte rows, 128-byte swizzled, 8-row groups 1024 bytes apart.
-__device__ inline uint64_t wgmma_desc_sw128(const void* smem) {
-  return static_cast<uint64_t>((smem_u32(smem) & 0x3ffffu) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
   asm volatile(

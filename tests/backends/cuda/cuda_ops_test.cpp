@@ -1591,9 +1591,10 @@ TEST_F(CudaOps, AttentionWithBf16WeightsSumsTheUnroundedWeights) {
 
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
-  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512}}) {
+  for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512},
+                       std::pair<int64_t, int64_t>{64, 128}, std::pair<int64_t, int64_t>{64, 256}}) {
     for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
-      Rng rng(90 + Dh + static_cast<int>(kind));
+      Rng rng(90 + Dh + static_cast<int>(kind) + H);
       ModelConfig cfg = attn_config(kind, 70);
       cfg.head_dim = Dh;
       const int64_t m = cfg.compress_ratio[0];
@@ -1680,24 +1681,35 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             // copies with a chunk's logits beside the chunk before's softmax and weighted sum (the
             // default) and without (cuda::set_attention_overlap(-1)).
             // Each (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
-            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits.
-            for (int heads : {16, 32})
+            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits. 64 heads
+            // a block on wgmma (where H takes them; from the bf16 copies), without a chunk's logits
+            // issued before the chunk before's softmax and with them (cuda::set_attention_wg_ahead:
+            // -1 and 1 below): the same bits.
+            for (int heads : {16, 32, 64})
               for (int overlap : {0, -1})
                 for (int slices : {0, 1, 2, 4}) {
-                  if (heads == 32 && (overlap != 0 || slices != 0)) continue;
+                  if ((heads == 32 && overlap != 0) || (heads != 16 && slices != 0)) continue;
                   // (NaN-filled: a form that left an output unwritten fails the comparison.)
                   const Tensor forced = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
                   cuda::set_attention_block_heads(*gpu, heads);
                   cuda::set_attention_overlap(overlap);
+                  cuda::set_attention_wg_ahead(overlap == 0 ? -1 : 1);
                   cuda::set_attention_dim_slices(slices);
                   gpu->attention(params(forced, qg, vg, sel_g, bg));
                   // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
                   const int ran = cuda::last_attention_tensor_cores(*gpu) ? cuda::last_attention_dim_slices() : 1;
+                  const bool wgmma = cuda::last_attention_tensor_cores(*gpu) && cuda::last_attention_wgmma();
                   cuda::set_attention_block_heads(*gpu, 0);
                   cuda::set_attention_overlap(0);
+                  cuda::set_attention_wg_ahead(0);
                   cuda::set_attention_dim_slices(0);
+                  if (heads == 64) {
+                    EXPECT_EQ(wgmma, cuda::last_attention_tensor_cores(*gpu) && H % 64 == 0 && copies) << what << ", 64 heads";
+                  } else {
+                    EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
+                  }
                   const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
-                                           (overlap < 0 ? ", the halves one after the other" : "") + ", dim slices " +
+                                           (overlap < 0 ? (heads == 64 ? ", the logits ahead" : ", the halves one after the other") : "") + ", dim slices " +
                                            std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
                   // (Dh 128 stays on 32-head blocks, one slice.)
                   const bool narrow = heads == 16 && Dh >= 256 && cuda::last_attention_tensor_cores(*gpu);
@@ -1725,7 +1737,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             Rng qrng(700 + Dh + static_cast<int>(kind) + n0);
             const std::vector<float> raw = qrng.normal(T * H * Dh, 3.0);
             for (bool round : {true, false})
-              for (int heads : {0, 16, 32}) {
+              for (int heads : {0, 16, 32, 64}) {
                 const std::string tag = what + (round ? ", rounded" : ", fp32") + ", q folded, heads " + std::to_string(heads);
                 const Tensor q_ops = gpu->upload_f32(raw, {T, H, Dh}), q_fold = gpu->upload_f32(raw, {T, H, Dh});
                 gpu->rms_norm({.out = q_ops, .in = q_ops, .weight = {}, .group = Dh, .eps = 1e-6, .round_bf16 = round});
@@ -1943,29 +1955,32 @@ TEST_F(CudaOps, AttentionWithNothingButTheSink) {
   for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f);
 }
 
-// The same on the tensor-core kernel (32 heads, Dh 128; it writes one-split tokens itself): no
+// The same on the tensor-core kernels (32 and 64 heads, Dh 128; they write one-split tokens themselves): no
 // candidates at all (a window of 0) and only masked ones (CSA, every selection -1) give 0.
 TEST_F(CudaOps, AttentionOnTensorCoresWithNothingButTheSink) {
   Rng rng(83);
-  const int64_t H = 32, Dh = 128, k = 3, T = 5;
-  for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kCsa}) {
-    ModelConfig cfg = attn_config(kind, 0);
-    cfg.head_dim = Dh;
-    Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
-    TwoSequences seqs(*cpu, *gpu, cfg);
-    auto [bc, bg] = seqs.batches(T, 0);
-    (void)bc;
-    Tensor sg;
-    if (kind == AttentionKind::kCsa) sg = gpu->upload_i32(std::vector<int32_t>(T * k, -1), {T, k});
-    const Tensor qg = gpu->upload_f32(host_bf16(rng.normal(T * H * Dh)), {T, H, Dh});
-    const Tensor vg = gpu->upload_f32(host_bf16(rng.normal(T * Dh)), {T, Dh});
-    const Tensor og = gpu->upload_f32(std::vector<float>(T * H * Dh, 7.0f), {T, H, Dh});  // every element must be written
-    gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sg, .sinks = sinks.view, .batch = &bg, .layer = 0,
-                    .kind = kind, .ratio = cfg.compress_ratio[0], .window = 0, .scale = 0.2, .bf16_operands = true});
-    if (std::string(gpu->name()) == "cuda") {
-      EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"));
+  const int64_t Dh = 128, k = 3, T = 5;
+  // (H 64: the 64-head wgmma blocks where attn_wgmma is on, whose tokens without candidates leave early.)
+  for (int64_t H : {32, 64}) {
+    for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kCsa}) {
+      ModelConfig cfg = attn_config(kind, 0);
+      cfg.head_dim = Dh;
+      Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
+      TwoSequences seqs(*cpu, *gpu, cfg);
+      auto [bc, bg] = seqs.batches(T, 0);
+      (void)bc;
+      Tensor sg;
+      if (kind == AttentionKind::kCsa) sg = gpu->upload_i32(std::vector<int32_t>(T * k, -1), {T, k});
+      const Tensor qg = gpu->upload_f32(host_bf16(rng.normal(T * H * Dh)), {T, H, Dh});
+      const Tensor vg = gpu->upload_f32(host_bf16(rng.normal(T * Dh)), {T, Dh});
+      const Tensor og = gpu->upload_f32(std::vector<float>(T * H * Dh, 7.0f), {T, H, Dh});  // every element must be written
+      gpu->attention({.out = og, .q = qg, .kv = vg, .selected = sg, .sinks = sinks.view, .batch = &bg, .layer = 0,
+                      .kind = kind, .ratio = cfg.compress_ratio[0], .window = 0, .scale = 0.2, .bf16_operands = true});
+      if (std::string(gpu->name()) == "cuda") {
+        EXPECT_EQ(cuda::last_attention_tensor_cores(*gpu), cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"));
+      }
+      for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f) << "H " << H << ", kind " << static_cast<int>(kind);
     }
-    for (float x : gpu->download_f32(og)) ASSERT_EQ(x, 0.0f) << "kind " << static_cast<int>(kind);
   }
 }
 
