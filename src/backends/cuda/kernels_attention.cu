@@ -1428,9 +1428,10 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
 // of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
 // slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
-// kTerms = 1 (AttentionArgs::weights_bf16, the `--attn-weights bf16` experiment; 32-head blocks
-// only): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as before, a third of
-// the weighted sum's mma. The CPU's experiment rounds the same weights, exp(logit - running max)
+// kTerms = 1 (AttentionArgs::weights_bf16, the `--attn-weights bf16` experiment; every block shape,
+// 16 or 32 heads, the halves side by side or not, any dim slices: the same bits across them as
+// with three terms): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as
+// before, a third of the weighted sum's mma. The CPU's experiment rounds the same weights, exp(logit - running max)
 // over chunks of 32 from the first candidate; here a token's later splits (past a.mma_split
 // candidates) start their own running max, and a CSA selection's masked slots (-1) keep their
 // places in the chunks where the CPU drops them, so the chunks' running maxima, and with them a
@@ -1546,7 +1547,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   constexpr int Dh = kDh, rowb = 2 * kDh + 16, kStages = attention_mma_stages(kKeys, kHeads);
   static_assert(!kOverlap || (kBf16Keys && kHeads == 16 && kWarps == 16 && kStages == 4),
                 "the two halves side by side: the 16-head form from the bf16 copies");
-  static_assert(kTerms == 3 || (kTerms == 1 && kHeads == 32 && !kOverlap), "the weights' terms: 3, or 1 on 32-head blocks");
+  static_assert(kTerms == 3 || kTerms == 1, "the weights' terms: 3 (exact), or 1 (AttentionArgs::weights_bf16)");
   // (kOverlap) the logits warps; the other kWarps - kLW take the softmax and the weighted sum.
   constexpr int kLW = 4;
   const int rec_bytes = kRecords ? static_cast<int>(a.rec.bytes) : 0;
@@ -2682,6 +2683,14 @@ void launch_attention(const AttentionArgs& args) {
       opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16, true>, 512, kAmKeysBf16, 16, true);
       opt_in(attention_mma_kernel<256, kAmKeysRecord, 16, 16>, 256, kAmKeysRecord, 16);
       opt_in(attention_mma_kernel<512, kAmKeysRecord, 16, 16>, 512, kAmKeysRecord, 16);
+      opt_in(attention_mma_kernel<256, kAmKeysF32, 16, 16, false, 1>, 256, kAmKeysF32, 16);
+      opt_in(attention_mma_kernel<512, kAmKeysF32, 16, 16, false, 1>, 512, kAmKeysF32, 16);
+      opt_in(attention_mma_kernel<256, kAmKeysBf16, 16, 16, false, 1>, 256, kAmKeysBf16, 16);
+      opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16, false, 1>, 512, kAmKeysBf16, 16);
+      opt_in(attention_mma_kernel<256, kAmKeysBf16, 16, 16, true, 1>, 256, kAmKeysBf16, 16, true);
+      opt_in(attention_mma_kernel<512, kAmKeysBf16, 16, 16, true, 1>, 512, kAmKeysBf16, 16, true);
+      opt_in(attention_mma_kernel<256, kAmKeysRecord, 16, 16, false, 1>, 256, kAmKeysRecord, 16);
+      opt_in(attention_mma_kernel<512, kAmKeysRecord, 16, 16, false, 1>, 512, kAmKeysRecord, 16);
       opt_in(attention_mma_kernel<128, kAmKeysF32, 32, 8, false, 1>, 128, kAmKeysF32, 32);
       opt_in(attention_mma_kernel<256, kAmKeysF32, 32, 8, false, 1>, 256, kAmKeysF32, 32);
       opt_in(attention_mma_kernel<512, kAmKeysF32, 32, 8, false, 1>, 512, kAmKeysF32, 32);
@@ -2725,7 +2734,7 @@ void launch_attention(const AttentionArgs& args) {
     g_last_attention_wgmma.store(false);
     for (int64_t t_base = 0; t_base < a.T; t_base += a.split_tokens_per_pass) {
       const int64_t tp = a.T - t_base < a.split_tokens_per_pass ? a.T - t_base : a.split_tokens_per_pass;
-      const bool narrow = !a.weights_bf16 && a.Dh >= 256 &&
+      const bool narrow = a.Dh >= 256 &&
                           (a.block_heads == 16 || (a.block_heads == 0 && narrow_on &&
                                                    tp * (a.H / kAmHeads) * max_splits < sm_count()));
       const bool wide = keys == kAmKeysBf16 && a.H % kAwHeads == 0 &&
@@ -2761,25 +2770,26 @@ void launch_attention(const AttentionArgs& args) {
       const dim3 grid(static_cast<unsigned>(tp * a.H / heads), static_cast<unsigned>(max_splits),
                       static_cast<unsigned>(slices));
       const auto run = [&](auto kernel, int warps) { launch(kernel, grid, 32 * warps, smem, a, t_base, max_splits); };
-      const auto pick = [&](auto keys_c) {
-        constexpr int k = decltype(keys_c)::value;
+      // (The weights' terms: 3, exact, or 1 under AttentionArgs::weights_bf16; every block shape.)
+      const auto pick_terms = [&](auto keys_c, auto terms_c) {
+        constexpr int k = decltype(keys_c)::value, w = decltype(terms_c)::value;
         if (narrow && overlap) {
           if constexpr (k == kAmKeysBf16) {
-            if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16, true>, 16);
-            else run(attention_mma_kernel<256, k, 16, 16, true>, 16);
+            if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16, true, w>, 16);
+            else run(attention_mma_kernel<256, k, 16, 16, true, w>, 16);
           }
         } else if (narrow) {
-          if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16>, 16);
-          else run(attention_mma_kernel<256, k, 16, 16>, 16);
-        } else if (a.weights_bf16) {
-          if (a.Dh == 512) run(attention_mma_kernel<512, k, 32, 8, false, 1>, 8);
-          else if (a.Dh == 256) run(attention_mma_kernel<256, k, 32, 8, false, 1>, 8);
-          else run(attention_mma_kernel<128, k, 32, 8, false, 1>, 8);
+          if (a.Dh == 512) run(attention_mma_kernel<512, k, 16, 16, false, w>, 16);
+          else run(attention_mma_kernel<256, k, 16, 16, false, w>, 16);
         } else {
-          if (a.Dh == 512) run(attention_mma_kernel<512, k>, 8);
-          else if (a.Dh == 256) run(attention_mma_kernel<256, k>, 8);
-          else run(attention_mma_kernel<128, k>, 8);
+          if (a.Dh == 512) run(attention_mma_kernel<512, k, 32, 8, false, w>, 8);
+          else if (a.Dh == 256) run(attention_mma_kernel<256, k, 32, 8, false, w>, 8);
+          else run(attention_mma_kernel<128, k, 32, 8, false, w>, 8);
         }
+      };
+      const auto pick = [&](auto keys_c) {
+        if (a.weights_bf16) pick_terms(keys_c, std::integral_constant<int, 1>{});
+        else pick_terms(keys_c, std::integral_constant<int, 3>{});
       };
       if (keys == kAmKeysRecord) pick(std::integral_constant<int, kAmKeysRecord>{});
       else if (keys == kAmKeysBf16) pick(std::integral_constant<int, kAmKeysBf16>{});

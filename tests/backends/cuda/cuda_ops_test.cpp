@@ -60,6 +60,7 @@ class CudaOps : public ::testing::Test {
   // Defined with the attention tests below.
   void check_attention_bf16_weights(AttentionParams w, const Tensor& exact, AttentionParams fp32_path,
                                     AttentionParams on_cpu, const std::string& what);
+  void check_attention_block_shapes(const AttentionParams& p, const std::vector<float>& want, const std::string& what);
   void check_attention_every_kind(int64_t window, int64_t k, int64_t masked_from,
                                   std::initializer_list<std::pair<int64_t, int64_t>> batches, uint64_t seed,
                                   int64_t H = 3);
@@ -1477,6 +1478,67 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 // rounding's own move of it. What differs there is the fp32 order of the logits and expf, a few
 // ulps of a weight, so a weight that near a bf16 tie rounds the other way (about 1e-4 of them: a
 // few hundredths of the move); a kernel that ignored the flag would lie the whole move away.
+// The call p at every block shape of the tensor-core attention gives the bits `want` (its output at
+// the shape the call's size picks): 16 heads and 16 warps a block (Dh 256 and 512; Dh 128 stays at
+// 32), 32 heads and 8 warps, or 64 heads a block on wgmma (where H takes them; from the bf16
+// copies). The 16-head blocks from the bf16 copies with a chunk's logits beside the chunk before's
+// softmax and weighted sum (the default) and without (cuda::set_attention_overlap(-1)); each
+// (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
+// (cuda::set_attention_dim_slices; 0: as the call's size picks); the 64-head blocks without a
+// chunk's logits issued before the chunk before's softmax and with them
+// (cuda::set_attention_wg_ahead: -1 and 1). Where a shape is forced, the launch must have run it
+// (its dim slices, the wgmma form), so a form the launch skips for the call (the weights'
+// one-term form once was) fails here.
+void CudaOps::check_attention_block_shapes(const AttentionParams& p, const std::vector<float>& want,
+                                           const std::string& what) {
+  const int64_t T = p.out.dim(0), H = p.out.dim(1), Dh = p.out.dim(2);
+  const bool copies = cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split") &&
+                      cuda::cuda_feature_on("attn_bf16_kv");
+  for (int heads : {16, 32, 64})
+    for (int overlap : {0, -1})
+      for (int slices : {0, 1, 2, 4}) {
+        if ((heads == 32 && overlap != 0) || (heads != 16 && slices != 0)) continue;
+        // (NaN-filled: a form that left an output unwritten fails the comparison.)
+        AttentionParams forced = p;
+        forced.out = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
+        cuda::set_attention_block_heads(*gpu, heads);
+        cuda::set_attention_overlap(overlap);
+        cuda::set_attention_wg_ahead(overlap == 0 ? -1 : 1);
+        cuda::set_attention_dim_slices(slices);
+        gpu->attention(forced);
+        // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
+        const int ran = cuda::last_attention_tensor_cores(*gpu) ? cuda::last_attention_dim_slices() : 1;
+        const bool wgmma = cuda::last_attention_tensor_cores(*gpu) && cuda::last_attention_wgmma();
+        cuda::set_attention_block_heads(*gpu, 0);
+        cuda::set_attention_overlap(0);
+        cuda::set_attention_wg_ahead(0);
+        cuda::set_attention_dim_slices(0);
+        if (heads == 64) {
+          EXPECT_EQ(wgmma, cuda::last_attention_tensor_cores(*gpu) && H % 64 == 0 && copies) << what << ", 64 heads";
+        } else {
+          EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
+        }
+        const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
+                                 (overlap < 0 ? (heads == 64 ? ", the logits ahead" : ", the halves one after the other") : "") +
+                                 ", dim slices " + std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
+        // (Dh 128 stays on 32-head blocks, one slice.)
+        const bool narrow = heads == 16 && Dh >= 256 && cuda::last_attention_tensor_cores(*gpu);
+        if (slices != 0) {
+          EXPECT_EQ(ran, narrow ? slices : 1) << form;
+        }
+        // (A token of AttentionOnTensorCoresMatchesCpu, the caller, has at most 670 candidates, so
+        // at most this many splits at the process's split size (gpu-check runs these tests at 128
+        // too): where twice the blocks fit in the SMs, the size's choice is more than one slice,
+        // with attn_dims on.)
+        const int64_t most_splits = (670 + cuda::attn_mma_split_candidates() - 1) / cuda::attn_mma_split_candidates();
+        if (slices == 0 && narrow && cuda::cuda_feature_on("attn_dims") &&
+            2 * T * (H / 16) * most_splits <= cuda::sm_count()) {
+          EXPECT_GT(ran, 1) << form;
+        }
+        expect_same_bits(gpu->download_f32(forced.out), want, form);
+      }
+}
+
 void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exact, AttentionParams fp32_path,
                                            AttentionParams on_cpu, const std::string& what) {
   const bool real = std::string(gpu->name()) == "cuda";
@@ -1506,6 +1568,8 @@ void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exac
     gpu->attention(converted);
     cuda::set_attention_bf16_kv(*gpu, true);
     expect_same_bits(gpu->download_f32(converted.out), got, what + ": bf16 weights, keys converted in the kernel");
+    // The one-term weights at every block shape: the same bits, as with three terms.
+    check_attention_block_shapes(w, got, what + ", bf16 weights");
   }
   ASSERT_EQ(got.size(), ex.size());
   const auto rms = [](const std::vector<float>& a, const std::vector<float>* b) {
@@ -1676,56 +1740,7 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
             cuda::set_attention_bf16_kv(*gpu, true);
             EXPECT_FALSE(cuda::last_attention_bf16_kv(*gpu)) << what;
             expect_same_bits(gpu->download_f32(converted), gpu->download_f32(og), what + ": bf16 copies vs converted");
-            // 16 heads and 16 warps a block (Dh 512; Dh 128 stays at 32) or 32 heads and 8 warps:
-            // the same bits (the launch picks by the call's size). The 16-head blocks from the bf16
-            // copies with a chunk's logits beside the chunk before's softmax and weighted sum (the
-            // default) and without (cuda::set_attention_overlap(-1)).
-            // Each (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
-            // (cuda::set_attention_dim_slices; 0: as the call's size picks): the same bits. 64 heads
-            // a block on wgmma (where H takes them; from the bf16 copies), without a chunk's logits
-            // issued before the chunk before's softmax and with them (cuda::set_attention_wg_ahead:
-            // -1 and 1 below): the same bits.
-            for (int heads : {16, 32, 64})
-              for (int overlap : {0, -1})
-                for (int slices : {0, 1, 2, 4}) {
-                  if ((heads == 32 && overlap != 0) || (heads != 16 && slices != 0)) continue;
-                  // (NaN-filled: a form that left an output unwritten fails the comparison.)
-                  const Tensor forced = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
-                  cuda::set_attention_block_heads(*gpu, heads);
-                  cuda::set_attention_overlap(overlap);
-                  cuda::set_attention_wg_ahead(overlap == 0 ? -1 : 1);
-                  cuda::set_attention_dim_slices(slices);
-                  gpu->attention(params(forced, qg, vg, sel_g, bg));
-                  // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
-                  const int ran = cuda::last_attention_tensor_cores(*gpu) ? cuda::last_attention_dim_slices() : 1;
-                  const bool wgmma = cuda::last_attention_tensor_cores(*gpu) && cuda::last_attention_wgmma();
-                  cuda::set_attention_block_heads(*gpu, 0);
-                  cuda::set_attention_overlap(0);
-                  cuda::set_attention_wg_ahead(0);
-                  cuda::set_attention_dim_slices(0);
-                  if (heads == 64) {
-                    EXPECT_EQ(wgmma, cuda::last_attention_tensor_cores(*gpu) && H % 64 == 0 && copies) << what << ", 64 heads";
-                  } else {
-                    EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
-                  }
-                  const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
-                                           (overlap < 0 ? (heads == 64 ? ", the logits ahead" : ", the halves one after the other") : "") + ", dim slices " +
-                                           std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
-                  // (Dh 128 stays on 32-head blocks, one slice.)
-                  const bool narrow = heads == 16 && Dh >= 256 && cuda::last_attention_tensor_cores(*gpu);
-                  if (slices != 0) {
-                    EXPECT_EQ(ran, narrow ? slices : 1) << form;
-                  }
-                  // (A checked token has at most 670 candidates, so at most this many splits at the
-                  // process's split size (gpu-check runs these tests at 128 too): where twice the
-                  // blocks fit in the SMs, the size's choice is more than one slice, with attn_dims on.)
-                  const int64_t most_splits = (670 + cuda::attn_mma_split_candidates() - 1) / cuda::attn_mma_split_candidates();
-                  if (slices == 0 && narrow && cuda::cuda_feature_on("attn_dims") &&
-                      2 * T * (H / 16) * most_splits <= cuda::sm_count()) {
-                    EXPECT_GT(ran, 1) << form;
-                  }
-                  expect_same_bits(gpu->download_f32(forced), gpu->download_f32(og), form);
-                }
+            check_attention_block_shapes(params(og, qg, vg, sel_g, bg), gpu->download_f32(og), what);
             // q's per-head norm and RoPE inside the attention (AttentionParams::q_rope: folded into
             // the kernel's staging of q) against the rms_norm and rope ops first: the same bits, with
             // and without bf16 roundings, at both block shapes. The rotated dims start mid-chunk of a
