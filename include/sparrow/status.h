@@ -4,6 +4,8 @@
 // wrong (the file, the tensor, the field and its value). No exceptions cross the public API.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -87,16 +89,24 @@ class [[nodiscard]] Expected {
   bool is_ok() const { return value_.has_value(); }
   explicit operator bool() const { return is_ok(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
+  // The value; on an error, the process stops with the error's message (as a failed CHECK does),
+  // never a read of a value that is not there. operator-> and operator* do not check.
+  T& value() & { return require(), *value_; }
+  const T& value() const& { return require(), *value_; }
   // By value: `for (auto x : f().value())` must not dangle.
-  T value() && { return std::move(*value_); }
+  T value() && { return require(), std::move(*value_); }
   T* operator->() { return &*value_; }
   const T* operator->() const { return &*value_; }
   T& operator*() { return *value_; }
   const T& operator*() const { return *value_; }
 
  private:
+  void require() const {
+    if (value_.has_value()) return;
+    std::fprintf(stderr, "sparrow: Expected::value() on an error: %s\n", status_.to_string().c_str());
+    std::abort();
+  }
+
   std::optional<T> value_;
   Status status_;
 };
