@@ -10,9 +10,11 @@
 # run cut short by a time limit still shows what it checked); a run of GPU tests that runs none
 # (every one skipped: no usable GPU) is a failure, not a pass.
 #
-#   scripts/gpu-check.sh [--bin DIR] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
+#   scripts/gpu-check.sh [--bin DIR] [--no-gtest] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
 #     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
 #                 CUDA runtime linked statically); default: configure and build build-gpu/ here
+#     --no-gtest  skip section 1, the sparrow_cuda_tests rows (for a build whose GPU tests passed in an
+#                 earlier call: the CLI, diff, synthetic and needle rows then fit beside a benchmark)
 #     --synth     also write a synthetic V4-Flash with `sparrow synth` (real dimensions, released
 #                 formats, 8 experts a layer, mHC scales spread around 1 by --hc-scale-std 0.1;
 #                 2 layers are about 2.6 GB, in $TMPDIR or /tmp) and
@@ -23,15 +25,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bin="" synth=0 synth_layers=2 synth_tokens=40 logs="${OUT:-/tmp/sparrow-gpu-check}"
+bin="" gtest=1 synth=0 synth_layers=2 synth_tokens=40 logs="${OUT:-/tmp/sparrow-gpu-check}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin="$2"; shift 2 ;;
+    --no-gtest) gtest=0; shift ;;
     --synth) synth=1; shift ;;
     --synth-layers) synth_layers="$2"; shift 2 ;;
     --synth-tokens) synth_tokens="$2"; shift 2 ;;
     --logs) logs="$2"; shift 2 ;;
-    *) echo "usage: $0 [--bin DIR] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--bin DIR] [--no-gtest] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$logs"
@@ -58,6 +61,7 @@ row() {
   echo "[gpu-check $(( $(date +%s) - start )) s] $2: $1 ($3)" | tee -a "$logs/progress.txt" >&2
 }
 
+if [ "$gtest" -eq 1 ]; then
 # 1. Every op against the CPU op, and the gtest parity suite (fixtures, every layer kind, batching).
 t0=$(date +%s)
 "$bin/sparrow_cuda_tests" --gtest_color=no >"$logs/gtest.log" 2>&1
@@ -137,6 +141,9 @@ gtest_row "attention and parity tests with SPARROW_CUDA_ATTN_MMA_SPLIT=128" "$lo
   env SPARROW_CUDA_ATTN_MMA_SPLIT=128 "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*:*Parity*'
 worst=$(grep -E '^\[cuda-parity\]' "$logs/gtest.log" | grep -oE 'max\|d\|/max\|ref\|=[0-9.e+-]+' | cut -d= -f2 | sort -g | tail -1)
 [ -n "$worst" ] && row "gtest parity, worst of $(grep -c '^\[cuda-parity\]' "$logs/gtest.log") runs" PASS "rel $worst"
+else
+  echo "[gpu-check] --no-gtest: the sparrow_cuda_tests rows skipped" | tee -a "$logs/progress.txt" >&2
+fi
 
 # 2. The CLI end to end: cuda vs cpu logits on every fixture, three feeding modes.
 compare() {  # name got ref
