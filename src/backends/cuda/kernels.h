@@ -824,9 +824,10 @@ struct AttentionArgs {
   bool q_prep = false;
   float q_eps = 0.0f;
   RopeTableArg q_rope{};
-  // With mma (AttentionParams::weights_bf16): each softmax weight rounded to bf16 where it weights
-  // its key (one bf16 term in the weighted sum's mma instead of three); 32-head blocks whatever
-  // block_heads asks.
+  // AttentionParams::weights_bf16: each softmax weight rounded to bf16 where it weights its key. With
+  // mma one bf16 term in the weighted sum's mma instead of three (every block shape); without, the
+  // one-block-a-(token, head) attention_kernel (REQUIRES split_scratch null), whose running max
+  // over chunks of 32 is the CPU's.
   bool weights_bf16 = false;
 };
 void launch_attention(const AttentionArgs& a);

@@ -1179,7 +1179,8 @@ __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, in
 }
 
 // grid (T * H): softmax with the sink over the token's candidates, K = V. The sink joins the max
-// and the denominator but carries no value (spec §3.3). kWarpDots (the default; off with
+// and the denominator but carries no value (spec §3.3). The calls with AttentionArgs::weights_bf16
+// off the tensor cores come here whatever attn_split says (a split would start its own running max). kWarpDots (the default; off with
 // SPARROW_CUDA_DISABLE=attn_warp): a warp per candidate's logit, lanes over Dh with coalesced key
 // reads, the query in shared memory; otherwise a thread per candidate, Dh in sequence. Either way a
 // (token, head)'s arithmetic does not depend on the other tokens of the batch.
@@ -1211,12 +1212,33 @@ __global__ void attention_kernel(AttentionArgs a) {
       mx = fmaxf(mx, logit);
     }
   }
-  mx = fmaxf(block_max(mx), sink);
+  mx = fmaxf(block_max(mx), sink);  // (its barrier publishes e[])
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
-    e[j] = v;
-    sum += v;
+  if (a.weights_bf16) {
+    // AttentionArgs::weights_bf16: warp 0 takes the candidates in chunks of 32 in order, from the
+    // first (a masked one keeps its place, as in the tensor-core kernel), with their running max mc,
+    // as the CPU does: each weight exp(logit - mc) rounded to bf16, then brought to the block's max
+    // (the CPU's rescale of its accumulators as the max grows), and the unrounded exp(logit - mx)
+    // summed into the denominator.
+    if (threadIdx.x < 32) {
+      float mc = -INFINITY;
+      for (int64_t c0 = 0; c0 < n; c0 += 32) {
+        const int64_t j = c0 + threadIdx.x;
+        const float logit = j < n ? e[j] : -INFINITY;
+        mc = fmaxf(mc, warp_max(logit));
+        if (j < n) {
+          const bool masked = logit == -INFINITY;
+          sum += masked ? 0.0f : expf(logit - mx);
+          e[j] = masked ? 0.0f : dev_bf16_round(expf(logit - mc)) * expf(mc - mx);
+        }
+      }
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
+      e[j] = v;
+      sum += v;
+    }
   }
   const float denom = block_sum(sum) + expf(sink - mx);  // block_sum's barrier publishes e[]
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
@@ -2801,6 +2823,7 @@ void launch_attention(const AttentionArgs& args) {
     return;
   }
   if (a.split_scratch) {
+    SPARROW_CHECK(!a.weights_bf16);  // (attention_kernel's: one running max over all of a token's candidates)
     const int64_t max_splits = attention_splits(a.max_candidates);
     // Eight heads a block where they divide H and fit in shared memory (48 KB), else one. (16 heads
     // a block measured slower on the H200: 0.09 -> 0.17 ms at batch 1, fewer blocks.)
