@@ -1216,7 +1216,7 @@ __global__ void attention_kernel(AttentionArgs a) {
   float sum = 0.0f;
   if (a.weights_bf16) {
     // AttentionArgs::weights_bf16: warp 0 takes the candidates in chunks of 32 in order, from the
-    // first (a masked one keeps its place, as in the tensor-core kernel), with their running max mc,
+    // first (a masked one keeps its place, as in the tensor-core kernel and the CPU), with their running max mc,
     // as the CPU does: each weight exp(logit - mc) rounded to bf16, then brought to the block's max
     // (the CPU's rescale of its accumulators as the max grows), and the unrounded exp(logit - mx)
     // summed into the denominator.
@@ -1453,11 +1453,11 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // kTerms = 1 (AttentionArgs::weights_bf16, the `--attn-weights bf16` experiment; every block shape,
 // 16 or 32 heads, the halves side by side or not, any dim slices: the same bits across them as
 // with three terms): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as
-// before, a third of the weighted sum's mma. The CPU's experiment rounds the same weights, exp(logit - running max)
-// over chunks of 32 from the first candidate; here a token's later splits (past a.mma_split
-// candidates) start their own running max, and a CSA selection's masked slots (-1) keep their
-// places in the chunks where the CPU drops them, so the chunks' running maxima, and with them a
-// weight's rounding, may differ from the CPU's there.
+// before, a third of the weighted sum's mma. The CPU rounds the same weights, exp(logit - running max)
+// over chunks of 32 from the first candidate (a CSA selection's masked slots, -1, keeping their
+// places, as here); here a token's later splits (past a.mma_split candidates) start their own
+// running max, so the chunks' running maxima, and with them a weight's rounding, may differ from
+// the CPU's there.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
