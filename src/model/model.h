@@ -92,7 +92,7 @@ class Model {
   KeyPrecision index_keys() const { return index_keys_; }
   bool attn_weights_bf16() const { return attn_weights_bf16_; }
   // The model can run on `backend` with its precision profile (deepseek-ref and fast need
-  // quant_sim and the rounding flags: supports_reference_numerics()) and its experiments
+  // quant_sim and the rounding flags: supports_reference_numerics()) and its attention weights
   // (attn_weights_bf16: supports_attention_weights_bf16(bf16 operands, H, Dh)).
   Status check_backend(const Backend& backend) const;
   const ModelWeights& weights() const { return weights_; }

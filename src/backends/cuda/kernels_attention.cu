@@ -1450,7 +1450,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
 // of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
 // slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
-// kTerms = 1 (AttentionArgs::weights_bf16, the `--attn-weights bf16` experiment; every block shape,
+// kTerms = 1 (AttentionArgs::weights_bf16, the fast and deepseek-ref default; every block shape,
 // 16 or 32 heads, the halves side by side or not, any dim slices: the same bits across them as
 // with three terms): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as
 // before, a third of the weighted sum's mma. The CPU rounds the same weights, exp(logit - running max)
@@ -2060,7 +2060,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 // zero) added and scaled; the softmax in chunks of 32 candidates (a chunk's max; the weights
 // exp(logit - running max); their sum as each half's (candidates 0..15, 16..31) in a butterfly's
 // order, the halves then added; the running sum l alpha + sum); the weights as three bf16 terms (or
-// one: kTerms, the bf16-weights experiment);
+// one: kTerms, one under bf16 weights);
 // the weighted sum rescaled by alpha, then per k16 step of the chunk the terms small to large.
 //
 // grid (tokens of the pass * H / 64, splits), 2 warpgroups: 64 heads of one token over one split
