@@ -1199,7 +1199,7 @@ class CudaBackend final : public Backend {
                       .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
                       .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
                       .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
-                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16});
+                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
     launch_check("attention");
   }
 

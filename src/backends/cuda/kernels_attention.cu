@@ -1158,6 +1158,8 @@ __device__ inline const float* candidate(const AttentionArgs& a, const AttnToken
 // The logits of candidates j_begin .. j_begin + count - 1 into e[0 .. count): a warp per candidate,
 // lanes over Dh with coalesced key reads, q in shared memory; -inf for a masked candidate. Returns
 // the running max of the logits this thread wrote (lane 0s; -inf for the other lanes).
+// kF64 (attention_kernel under weights_bf16): the CPU's logit, fp64 sums times scale_f64, to fp32.
+template <bool kF64 = false>
 __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j_begin, int64_t count,
                              const float* q_smem, float* e) {
   const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -1166,9 +1168,16 @@ __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, in
     const float* key = candidate(a, tk, t, j_begin + j);
     float logit = -INFINITY;
     if (key) {
-      float d = 0.0f;
-      for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
-      logit = warp_sum(d) * a.scale;
+      if constexpr (kF64) {
+        double d = 0.0;
+        for (int64_t i = lane; i < a.Dh; i += 32) d += static_cast<double>(q_smem[i]) * key[i];
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        logit = static_cast<float>(d * a.scale_f64);
+      } else {
+        float d = 0.0f;
+        for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
+        logit = warp_sum(d) * a.scale;
+      }
     }
     if (lane == 0) {
       e[j] = logit;
@@ -1198,12 +1207,16 @@ __global__ void attention_kernel(AttentionArgs a) {
   if constexpr (kWarpDots) {
     for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
     __syncthreads();
-    mx = warp_logits(a, tk, t, 0, n, q_smem, e);
+    mx = a.weights_bf16 ? warp_logits<true>(a, tk, t, 0, n, q_smem, e) : warp_logits(a, tk, t, 0, n, q_smem, e);
   } else {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float* key = candidate(a, tk, t, j);
       float logit = -INFINITY;
-      if (key) {
+      if (key && a.weights_bf16) {  // (the CPU's logit: fp64 sums)
+        double d = 0.0;
+        for (int64_t i = 0; i < a.Dh; ++i) d += static_cast<double>(q[i]) * key[i];
+        logit = static_cast<float>(d * a.scale_f64);
+      } else if (key) {
         float d = 0.0f;
         for (int64_t i = 0; i < a.Dh; ++i) d += q[i] * key[i];
         logit = d * a.scale;
@@ -1229,7 +1242,9 @@ __global__ void attention_kernel(AttentionArgs a) {
         if (j < n) {
           const bool masked = logit == -INFINITY;
           sum += masked ? 0.0f : expf(logit - mx);
-          e[j] = masked ? 0.0f : dev_bf16_round(expf(logit - mc)) * expf(mc - mx);
+          // (The CPU's weight: exp in fp64 of the fp32 logit's distance to the running max, to fp32.)
+          const float w = masked ? 0.0f : static_cast<float>(exp(static_cast<double>(logit) - static_cast<double>(mc)));
+          e[j] = masked ? 0.0f : dev_bf16_round(w) * expf(mc - mx);
         }
       }
     }

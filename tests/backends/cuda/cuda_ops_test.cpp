@@ -1572,8 +1572,12 @@ void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exac
     }
     return std::sqrt(s / static_cast<double>(a.empty() ? 1 : a.size()));
   };
-  // The rounded outputs `r` against the exact ones `e` of the same path, and against the CPU's experiment.
-  const auto check = [&](const std::vector<float>& r, const std::vector<float>& e, const std::string& path) {
+  // The rounded outputs `r` against the exact ones `e` of the same path, and against the CPU's
+  // rounding within `bar` of the move: a quarter on the tensor cores (fp32 logits and expf, so a
+  // weight near a bf16 tie may round the other way), a five-hundredth on attention_kernel (its logits
+  // and weights made as the CPU's, fp64: only the weighted sum's fp32 order differs; with fp32
+  // logits it lay 0 to 0.049 of the move away, H200 2026-12-05).
+  const auto check = [&](const std::vector<float>& r, const std::vector<float>& e, const std::string& path, double bar) {
     ASSERT_EQ(r.size(), e.size()) << path;
     const double moved = rms(r, &e), scale = rms(e, nullptr);
     int64_t beyond = 0;
@@ -1587,9 +1591,9 @@ void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exac
     const double apart = rms(r, &want);
     std::printf("[bf16 weights] %s: vs the CPU's experiment rms %.3g (%.3f of the move)\n", path.c_str(), apart,
                 moved > 0.0 ? apart / moved : 0.0);
-    EXPECT_LE(apart, 0.25 * moved) << path << ": weights_bf16 on the GPU is not the CPU's rounding";
+    EXPECT_LE(apart, bar * moved) << path << ": weights_bf16 on the GPU is not the CPU's rounding";
   };
-  check(got, ex, what + (mma ? "" : " (attention_kernel: attn_mma or attn_split off)"));
+  check(got, ex, what + (mma ? "" : " (attention_kernel: attn_mma or attn_split off)"), mma ? 0.25 : 0.002);
   if (!real) return;
   // fp32 operands (the fp32 profile with --attn-weights bf16), whose exact result is fp32_path's:
   // attention_kernel, one block a (token, head) and the CPU's chunks, whatever attn_split says.
@@ -1598,7 +1602,8 @@ void CudaOps::check_attention_bf16_weights(AttentionParams w, const Tensor& exac
   rounded.weights_bf16 = true;
   gpu->attention(rounded);
   EXPECT_FALSE(cuda::last_attention_tensor_cores(*gpu)) << what << ": fp32 operands";
-  check(gpu->download_f32(rounded.out), gpu->download_f32(fp32_path.out), what + ", fp32 operands (attention_kernel)");
+  check(gpu->download_f32(rounded.out), gpu->download_f32(fp32_path.out), what + ", fp32 operands (attention_kernel)",
+        0.002);
 }
 
 // AttentionParams::weights_bf16 rounds a weight where it weights its key, not in the denominator.
