@@ -113,7 +113,7 @@ KeyPrecision precision_default_index_keys(Precision p) {
   return KeyPrecision::kF32;
 }
 
-bool precision_default_attn_weights_bf16(Precision p) { return p != Precision::kFp32; }
+bool precision_default_attn_weights_bf16(Precision p) { return kProfilesRoundAttentionWeights && p != Precision::kFp32; }
 
 Expected<std::optional<bool>> attn_weights_from_name(std::string_view name) {
   if (name == "auto") return std::optional<bool>();

@@ -302,8 +302,8 @@ struct AttentionParams {
   const RopeTable* q_rope = nullptr;
   double q_norm_eps = 0.0;
   // The softmax weights rounded to bf16 before they weight the keys, as DeepSeek's sparse attention
-  // kernel and flash-attention kernels with bf16 P do (the fast and deepseek-ref profiles' default,
-  // `--attn-weights`): the candidates in chunks of 32 in order, each chunk's weights
+  // kernel and flash-attention kernels with bf16 P do (`--attn-weights bf16`; the profiles' default
+  // is precision_default_attn_weights_bf16): the candidates in chunks of 32 in order, each chunk's weights
   // exp(logit - running max) rounded, the denominator summing them unrounded, the accumulators
   // rescaled as the max grows, the sink joining at the end. A backend that splits a token's
   // candidates may start each split's running max afresh (docs/accuracy.md). Only where

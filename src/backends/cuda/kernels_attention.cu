@@ -1465,7 +1465,7 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
 // of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
 // slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
-// kTerms = 1 (AttentionArgs::weights_bf16, the fast and deepseek-ref default; every block shape,
+// kTerms = 1 (AttentionArgs::weights_bf16, `--attn-weights bf16`; every block shape,
 // 16 or 32 heads, the halves side by side or not, any dim slices: the same bits across them as
 // with three terms): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as
 // before, a third of the weighted sum's mma. The CPU rounds the same weights, exp(logit - running max)

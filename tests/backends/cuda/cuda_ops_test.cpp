@@ -1466,7 +1466,7 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 // not the GPU's), and to the CPU where the inputs are the same (window only); the keys read from
 // the state's bf16 copies and converted in the kernel give the same bits, so do both block shapes;
 // sequence 1's tokens alone give the same bits as in their batch.
-// AttentionParams::weights_bf16 (the fast profiles' default) on the call `w` (bf16 operands), whose
+// AttentionParams::weights_bf16 (`--attn-weights bf16`) on the call `w` (bf16 operands), whose
 // exact result `exact` was the GPU's last attention call: the tensor-core kernel's one-term weights,
 // or where the call cannot run on that kernel (attn_mma or attn_split off) attention_kernel's; and
 // on `fp32_path` (fp32 operands, its exact result in its out) always attention_kernel's. A weight rounded to bf16 moves by at most 2^-8 of
