@@ -12,7 +12,7 @@ void add_bench_command(CLI::App& app) {
     std::string layers = "all", batches = "1,8,32,128,256", contexts = "4k,32k,128k", prefill = "8k";
     std::string model_step = "4k";
     std::string index_keys = "fp8";
-    std::string attn_weights = "fp32";
+    std::string attn_weights = "auto";
     double copy_gib = 2.0;
   };
   auto opts = std::make_shared<Opts>();
@@ -33,10 +33,9 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "deepseek-ref", "fast"}))
       ->capture_default_str();
   cmd->add_option("--attn-weights", opts->attn_weights,
-                  "Attention softmax weights of the timed model: fp32, or bf16 (rounded where they weight the keys: "
-                  "an accuracy experiment, under fast or deepseek-ref; its kernel runs 32-head blocks at every size, "
-                  "so decode cells also lose the 16-head forms)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                  "Attention softmax weights of the timed model: fp32 (exact: three bf16 terms a weight on the "
+                  "tensor cores), bf16 (one term), or auto: the profile's (fp32 on every profile for now)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")
       ->check(CLI::IsMember({"fp8", "fp4", "bf16"}))
@@ -105,7 +104,7 @@ void add_bench_command(CLI::App& app) {
       if (!steps.is_ok()) fail(steps.status());
       b.model_step_contexts = *steps;
     }
-    b.attn_weights_bf16 = opts->attn_weights == "bf16";
+    b.attn_weights_bf16 = attn_weights_from_name(opts->attn_weights).value();  // (checked above)
     b.index_keys = opts->index_keys == "fp4"    ? bench::IndexKeyFormat::kFp4
                    : opts->index_keys == "bf16" ? bench::IndexKeyFormat::kBf16
                                                 : bench::IndexKeyFormat::kFp8;

@@ -109,7 +109,7 @@ void add_needle_command(CLI::App& app) {
     std::fprintf(stderr, "sparrow: %s backend, precision %s, needle format %s, index keys %s%s%s\n", backend->name(),
                  precision_name(overrides.precision), needle_format_name(no.format), key_precision_name(model->index_keys()),
                  opts->run.index_topk > 0 ? (", index_topk " + std::to_string(opts->run.index_topk)).c_str() : "",
-                 overrides.attn_weights_bf16 ? ", attention weights bf16" : "");
+                 model->attn_weights_bf16() ? ", attention weights bf16" : ", attention weights fp32");
   });
 }
 

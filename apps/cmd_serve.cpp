@@ -52,10 +52,7 @@ void add_serve_command(CLI::App& app) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
     // The flags' errors name the flag; the engine parses them again.
-    if (model_overrides_or_fail(opts->run, opts->backend).attn_weights_bf16)
-      fail(Status::invalid_argument("--attn-weights " + opts->run.attn_weights +
-                                    " is an accuracy experiment of logits, generate, dump, diff, needle and run; "
-                                    "serve runs fp32 attention weights"));
+    (void)model_overrides_or_fail(opts->run, opts->backend);
     Tokenizer tok = load_tokenizer_or_fail(opts->src);
     EngineOptions eo;
     eo.model_dir = opts->src.model;
@@ -66,6 +63,7 @@ void add_serve_command(CLI::App& app) {
     eo.precision = opts->run.precision;
     eo.index_keys = opts->run.index_keys;
     eo.index_topk = opts->run.index_topk;
+    eo.attn_weights = opts->run.attn_weights;
     auto engine = Engine::create(eo);
     if (!engine.is_ok()) fail(engine.status());
     if ((*engine)->vocab_size() < tok.vocab_size())

@@ -85,8 +85,8 @@ void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string&
   cmd->add_option("--index-topk" + suffix, o->index_topk, "Override index_topk" + side)->check(CLI::PositiveNumber);
   cmd->add_option("--attn-weights" + suffix, o->attn_weights,
                   "Attention softmax weights" + side +
-                      ": fp32, or bf16 (rounded before they weight the keys, as flash-attention kernels with bf16 "
-                      "P do: an accuracy experiment; cpu, or cuda under fast or deepseek-ref)")
+                      ": fp32 (exact) or bf16 (each rounded where it weights its key, as DeepSeek's sparse attention "
+                      "kernel does); auto: the profile's (fp32 on every profile for now)")
       ->capture_default_str();
 }
 
@@ -103,9 +103,9 @@ ModelOverrides model_overrides_or_fail(const ModelRunOptions& o, const std::stri
     ov.index_keys = *keys;
   }
   if (o.index_topk > 0) ov.index_topk = o.index_topk;
-  if (o.attn_weights != "fp32" && o.attn_weights != "bf16")
-    fail(Status::invalid_argument("--attn-weights '" + o.attn_weights + "' is not fp32 or bf16"));
-  ov.attn_weights_bf16 = o.attn_weights == "bf16";
+  auto weights = attn_weights_from_name(o.attn_weights);
+  if (!weights.is_ok()) fail(weights.status().with_context("--attn-weights"));
+  ov.attn_weights_bf16 = *weights;
   return ov;
 }
 

@@ -30,9 +30,10 @@ struct ModelRunOptions {
   // precision "auto": fast on the cuda backend, fp32 on the cpu one (default_precision).
   std::string precision = "auto", index_keys = "auto";
   int64_t index_topk = 0;
-  // --attn-weights: fp32 (every profile's), or bf16 (an accuracy experiment: the cpu backend, and
-  // cuda under fast or deepseek-ref; ModelOverrides::attn_weights_bf16).
-  std::string attn_weights = "fp32";
+  // --attn-weights: fp32 (exact), bf16 (each rounded where it weights its key), or auto: the
+  // profile's (precision_default_attn_weights_bf16: exact on every profile for now;
+  // ModelOverrides::attn_weights_bf16).
+  std::string attn_weights = "auto";
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");
 // The run options as overrides for a model run on `backend` (which resolves --precision auto).

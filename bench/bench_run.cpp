@@ -442,7 +442,7 @@ Status run_bench(const BenchOptions& o) {
                   {"contexts", o.contexts},
                   {"prefill_tokens", o.prefill_tokens},
                   {"precision", o.precision},
-                  {"attention_softmax_weights", o.attn_weights_bf16 ? "bf16" : "fp32"},
+                  {"attention_softmax_weights", model->attn_weights_bf16() ? "bf16" : "fp32"},
                   {"backend", o.backend},
                   {"warmup", o.timing.warmup},
                   {"min_reps", o.timing.min_reps},

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,7 @@ struct BenchOptions {
   bool kernel_trace = false;                     // then each segment's kernels' timestamps (a third, short run)
   std::string backend = "cuda";
   std::string precision = "fp32";
-  bool attn_weights_bf16 = false;                // --attn-weights bf16 (ModelOverrides::attn_weights_bf16)
+  std::optional<bool> attn_weights_bf16;          // --attn-weights (ModelOverrides::attn_weights_bf16; unset: the profile's)
   IndexKeyFormat index_keys = IndexKeyFormat::kFp8;  // the floor's indexer key format
   std::string out;                               // "": bench/results/<card>-<date>.json
   double time_budget_s = 0;                      // 0: none; cells past it are skipped, saying so

@@ -69,12 +69,13 @@ struct EngineOptions {
   int64_t max_context = 4096;      // prompt + max_tokens of one request
   int64_t max_queue = 256;         // waiting requests before enqueue refuses
   int64_t state_budget_bytes = int64_t{1} << 30;  // per-request decode state, all requests together
-  // Numerics, as the CLI's --precision / --index-keys / --index-topk: "auto" (fast on cuda, fp32
-  // on cpu), "fp32", "deepseek-ref" or "fast"; "auto" (the profile's), "fp32", "bf16", "fp8" or
-  // "fp4"; 0 keeps config.json's.
+  // Numerics, as the CLI's --precision / --index-keys / --index-topk / --attn-weights: "auto" (fast
+  // on cuda, fp32 on cpu), "fp32", "deepseek-ref" or "fast"; "auto" (the profile's), "fp32", "bf16",
+  // "fp8" or "fp4"; 0 keeps config.json's; "auto" (the profile's), "fp32" or "bf16".
   std::string precision = "auto";
   std::string index_keys = "auto";
   int64_t index_topk = 0;
+  std::string attn_weights = "auto";
 };
 
 struct EngineStats {

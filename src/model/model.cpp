@@ -74,7 +74,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
   }
   model->precision_ = overrides.precision;
   model->index_keys_ = overrides.index_keys.value_or(precision_default_index_keys(overrides.precision));
-  model->attn_weights_bf16_ = overrides.attn_weights_bf16;
+  model->attn_weights_bf16_ = overrides.attn_weights_bf16.value_or(precision_default_attn_weights_bf16(overrides.precision));
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   auto weights = model_weights_load(*model->checkpoint_, model->config_, progress);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
@@ -113,27 +113,35 @@ KeyPrecision precision_default_index_keys(Precision p) {
   return KeyPrecision::kF32;
 }
 
+bool precision_default_attn_weights_bf16(Precision p) { return kProfilesRoundAttentionWeights && p != Precision::kFp32; }
+
+Expected<std::optional<bool>> attn_weights_from_name(std::string_view name) {
+  if (name == "auto") return std::optional<bool>();
+  if (name == "fp32") return std::optional<bool>(false);
+  if (name == "bf16") return std::optional<bool>(true);
+  return Status::invalid_argument("'" + std::string(name) + "' is not auto, fp32 or bf16");
+}
+
 // fast and deepseek-ref need the numerics flags (round_bf16, act_quant_fp8, quant_sim, entry_sim,
 // ref_numerics; deepseek-ref also bf16_scores and the Hadamard/FP4 quant_sim kinds): the CPU and CUDA
 // backends implement all of them (supports_reference_numerics()); other backends are refused here.
 Status Model::check_backend(const Backend& backend) const {
-  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16(attention_bf16_operands(numerics_of(precision_)),
-                                                                    config_.num_heads, config_.head_dim))
-    return Status::unsupported(std::string("--attn-weights bf16 (an accuracy experiment) is not implemented on the ") +
-                               backend.name() + " backend with precision " + precision_name(precision_) + " for " +
-                               std::to_string(config_.num_heads) + " heads of " + std::to_string(config_.head_dim) +
-                               " (the cpu backend: any; cuda: its tensor-core attention, under fast or deepseek-ref, "
-                               "a multiple of 32 heads of 128, 256 or 512, SPARROW_CUDA_DISABLE without attn_mma "
-                               "and attn_split)");
-  if (precision_ == Precision::kFp32 || backend.supports_reference_numerics()) return Status::ok();
-  if (precision_ == Precision::kFast)
+  if (precision_ == Precision::kFast && !backend.supports_reference_numerics())
     return Status::unsupported(
         std::string("precision profile fast is not implemented on the ") + backend.name() +
         " backend yet: it lacks bf16 activation rounding (round_bf16 flags), FP8 1x128 activation quantisation "
         "before the FP8/FP4 GEMMs (LinearParams::act_quant_fp8; linear_fp8_block exists but is not wired), the FP8 "
         "KV record simulation (quant_sim) and the W4A8 MoE path (MoeParams::ref_numerics); use --backend cpu");
-  return Status::unsupported(std::string("precision profile ") + precision_name(precision_) +
-                             " is not implemented on the " + backend.name() + " backend (use --backend cpu)");
+  if (precision_ != Precision::kFp32 && !backend.supports_reference_numerics())
+    return Status::unsupported(std::string("precision profile ") + precision_name(precision_) +
+                               " is not implemented on the " + backend.name() + " backend (use --backend cpu)");
+  if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16(attention_bf16_operands(numerics_of(precision_)),
+                                                                    config_.num_heads, config_.head_dim))
+    return Status::unsupported(std::string("bf16 attention weights (precision ") + precision_name(precision_) +
+                               (precision_default_attn_weights_bf16(precision_) ? "'s default" : " with --attn-weights bf16") +
+                               ") are not implemented on the " + backend.name() + " backend for " +
+                               std::to_string(config_.num_heads) + " heads of " + std::to_string(config_.head_dim) +
+                               " (the cpu and cuda backends: any); --attn-weights fp32 keeps the weights exact");
   // --index-keys needs only CompressorParams::key_precision, which every backend implements.
   return Status::ok();
 }

@@ -58,16 +58,26 @@ Precision default_precision(std::string_view backend);
 // The indexer key precision a profile uses when `--index-keys` is not given: bf16 under fast (the
 // FP8 KV record's neighbour in the production cache), fp32 (as computed) otherwise.
 KeyPrecision precision_default_index_keys(Precision p);
+// Whether a profile rounds the attention's softmax weights to bf16 where they weight the keys
+// (AttentionParams::weights_bf16) when `--attn-weights` is not given. Every profile keeps them exact
+// for now (kProfilesRoundAttentionWeights): fast and deepseek-ref take bf16 weights, as DeepSeek's
+// own sparse attention kernel does (docs/accuracy.md), once the CUDA backend's rounding off the
+// tensor cores has passed its GPU parity run; fp32 stays exact.
+inline constexpr bool kProfilesRoundAttentionWeights = false;
+bool precision_default_attn_weights_bf16(Precision p);
+// `--attn-weights`'s values: "auto" (unset: the profile's), "fp32" (false), "bf16" (true); any other
+// name is an invalid argument that names it.
+Expected<std::optional<bool>> attn_weights_from_name(std::string_view name);
 
 struct ModelOverrides {
   std::optional<int64_t> index_topk;
   // Precision the indexer keys are stored in; unset: the profile's (precision_default_index_keys).
   std::optional<KeyPrecision> index_keys = std::nullopt;
   Precision precision = Precision::kFp32;
-  // `--attn-weights bf16`: the attention's softmax weights rounded to bf16 before they weight the
-  // keys (AttentionParams::weights_bf16), an accuracy experiment on top of any profile; backends
-  // without it are refused (check_backend).
-  bool attn_weights_bf16 = false;
+  // `--attn-weights`: the attention's softmax weights rounded to bf16 before they weight the keys
+  // (AttentionParams::weights_bf16, true) or exact (false); unset: the profile's
+  // (precision_default_attn_weights_bf16). Backends without the rounding are refused (check_backend).
+  std::optional<bool> attn_weights_bf16 = std::nullopt;
 };
 
 // Called while Model::load checks the weight table: (layers checked, layers in total).
@@ -85,7 +95,7 @@ class Model {
   KeyPrecision index_keys() const { return index_keys_; }
   bool attn_weights_bf16() const { return attn_weights_bf16_; }
   // The model can run on `backend` with its precision profile (deepseek-ref and fast need
-  // quant_sim and the rounding flags: supports_reference_numerics()) and its experiments
+  // quant_sim and the rounding flags: supports_reference_numerics()) and its attention weights
   // (attn_weights_bf16: supports_attention_weights_bf16(bf16 operands, H, Dh)).
   Status check_backend(const Backend& backend) const;
   const ModelWeights& weights() const { return weights_; }

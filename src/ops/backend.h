@@ -301,11 +301,13 @@ struct AttentionParams {
   // the same bits). q may be overwritten.
   const RopeTable* q_rope = nullptr;
   double q_norm_eps = 0.0;
-  // An accuracy experiment (`--attn-weights bf16`, not a profile's numerics): the softmax weights
-  // rounded to bf16 before they weight the keys, as flash-attention kernels with bf16 P do: the
-  // candidates in chunks of 32 in order, each chunk's weights exp(logit - running max) rounded, the
-  // denominator summing them unrounded, the accumulators rescaled as the max grows, the sink joining
-  // at the end. Only where supports_attention_weights_bf16(bf16_operands, H, Dh).
+  // The softmax weights rounded to bf16 before they weight the keys, as DeepSeek's sparse attention
+  // kernel and flash-attention kernels with bf16 P do (`--attn-weights bf16`; the profiles' default
+  // is precision_default_attn_weights_bf16): the candidates in chunks of 32 in order, each chunk's weights
+  // exp(logit - running max) rounded, the denominator summing them unrounded, the accumulators
+  // rescaled as the max grows, the sink joining at the end. A backend that splits a token's
+  // candidates may start each split's running max afresh (docs/accuracy.md). Only where
+  // supports_attention_weights_bf16(bf16_operands, H, Dh).
   bool weights_bf16 = false;
 };
 
@@ -409,8 +411,7 @@ class Backend {
   // CompressorParams::key_precision is not covered by this: every backend implements it.
   virtual bool supports_reference_numerics() const { return false; }
   // Whether attention() implements AttentionParams::weights_bf16 on calls with these bf16_operands,
-  // heads and head_dim (the CPU on any; the CUDA backend on its tensor-core kernel: bf16 operands
-  // and the heads it takes).
+  // heads and head_dim (the CPU and CUDA backends: on any).
   virtual bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t head_dim) const {
     (void)bf16_operands, (void)heads, (void)head_dim;
     return false;

@@ -279,6 +279,9 @@ Expected<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   }
   if (options.index_topk < 0) return Status::invalid_argument("index_topk must be >= 0 (0: config.json's)");
   if (options.index_topk > 0) overrides.index_topk = options.index_topk;
+  auto weights = attn_weights_from_name(options.attn_weights);
+  if (!weights.is_ok()) return weights.status().with_context("attn_weights");
+  overrides.attn_weights_bf16 = *weights;
   SPARROW_ASSIGN_OR_RETURN(impl->model, Model::load(options.model_dir, overrides));
   SPARROW_RETURN_IF_ERROR(impl->model->check_backend(*impl->backend));
   Impl* raw = impl.get();

@@ -403,6 +403,52 @@ TEST_F(CpuOps, AttentionWithBf16WeightsStaysWithinTheirRounding) {
   for (int64_t i = 0; i < T * H * Dh; ++i) EXPECT_NEAR(flat_rounded[i], flat[i], 1e-6) << "value " << i;
 }
 
+// With bf16 weights a CSA selection's masked slots (-1) keep their places in the chunks of 32, as in
+// DeepSeek's kernel and the CUDA ones: 16 masked slots ahead of 40 entries move the chunk edges, so
+// the weights are rounded under other running maxima (the logits grow along the entries) and some
+// output differs from the unmasked selection's; a whole chunk of masked slots between two chunks
+// changes nothing (the same bits). Exact weights give the unmasked bits either way. One token (its
+// window is itself), one head of 8 dims.
+TEST_F(CpuOps, AttentionWithBf16WeightsKeepsMaskedSlotsInTheirChunks) {
+  const int64_t Dh = 8, n = 40;
+  ModelConfig c = one_layer_config(AttentionKind::kCsa, 4, Dh);
+  c.sliding_window = 1;
+  auto state = be->create_sequence_state(c);
+  auto& main = static_cast<cpu::CpuSequenceState*>(state.get())->layer(0).main;
+  main.entries.resize(n * Dh);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < Dh; ++d)
+      main.entries[i * Dh + d] = d == 0 ? 0.11f * static_cast<float>(i) : std::sin(0.7f * static_cast<float>(i * Dh + d));
+  main.count = n;
+  const std::vector<int32_t> ids = {0};
+  BatchInfo b = batch_build({{state.get(), ids}});
+  std::vector<float> q(Dh, 0.0f), kv(Dh, 0.25f);
+  q[0] = 1.0f;
+  const std::vector<float> sink = {-1.0f};
+  const auto run = [&](const std::vector<int32_t>& sel, bool bf16) {
+    Tensor out = be->alloc(ElemType::kF32, {1, 1, Dh});
+    be->attention({.out = out, .q = be->upload_f32(q, {1, 1, Dh}), .kv = be->upload_f32(kv, {1, Dh}),
+                   .selected = be->upload_i32(sel, {1, static_cast<int64_t>(sel.size())}), .sinks = view(sink, {1}),
+                   .batch = &b, .layer = 0, .kind = AttentionKind::kCsa, .ratio = 4, .window = 1, .scale = 1.0,
+                   .weights_bf16 = bf16});
+    return be->download_f32(out);
+  };
+  std::vector<int32_t> plain(n), ahead(16, -1), between;
+  for (int64_t i = 0; i < n; ++i) plain[i] = static_cast<int32_t>(i);
+  ahead.insert(ahead.end(), plain.begin(), plain.end());
+  // (Chunk 0: the window's token and entries 0-30; then 32 masked slots; then entries 31-39.)
+  between.assign(plain.begin(), plain.begin() + 31);
+  between.insert(between.end(), 32, -1);
+  between.insert(between.end(), plain.begin() + 31, plain.end());
+  const std::vector<float> want = run(plain, true);
+  EXPECT_NE(run(ahead, true), want) << "masked slots dropped from the chunks";
+  EXPECT_EQ(run(between, true), want) << "a chunk of masked slots changed the result";
+  const std::vector<float> exact = run(plain, false);
+  EXPECT_EQ(run(ahead, false), exact);
+  EXPECT_EQ(run(between, false), exact);
+  EXPECT_NE(want, exact) << "the weights were not rounded";
+}
+
 // The greedy rule (core/argmax.h) on rows written by hand, through the host helper and the op.
 TEST_F(CpuOps, ArgmaxRowsTakesTheFirstMaxAndTheFirstNan) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();

@@ -130,9 +130,9 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
   auto keys = Model::load(kFixtures / "csa", {.index_topk = {}, .index_keys = KeyPrecision::kFp8}).value();
   EXPECT_TRUE(keys->check_backend(plain).is_ok());
   EXPECT_TRUE(Session(*keys, plain).logits(ids, 0).is_ok());
-  // --attn-weights bf16 (an experiment of the CPU backend): refused elsewhere, naming the flag and the
-  // backend, before any op runs; on the CPU it changes the logits (and not by much: the
-  // CpuOps.AttentionWithBf16Weights* bound).
+  // bf16 attention weights (`--attn-weights bf16`):
+  // refused on a backend without them, naming the choice and the backend, before any op runs; on
+  // the CPU they change the logits (and not by much: the CpuOps.AttentionWithBf16Weights* bound).
   {
     ModelOverrides ov;
     ov.attn_weights_bf16 = true;
@@ -141,7 +141,9 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
     const auto r = Session(*model, plain).logits(ids, 0);
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-    EXPECT_NE(r.status().message().find("--attn-weights bf16"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("bf16 attention weights (precision fp32 with --attn-weights bf16)"),
+              std::string::npos)
+        << r.status().message();
     EXPECT_NE(r.status().message().find("no-ref backend"), std::string::npos) << r.status().message();
     auto rounded = Session(*model, *cpu).logits(ids, 0);
     auto plain_logits = Session(*fp32, *cpu).logits(ids, 0);
@@ -149,8 +151,10 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
     ASSERT_EQ(rounded->size(), plain_logits->size());
     EXPECT_NE(*rounded, *plain_logits) << "--attn-weights bf16 left the logits unchanged";
   }
-  // A backend whose attention rounds the weights only on bf16 operands (CUDA's tensor-core kernel):
-  // fp32 refused naming the precision, fast (bf16 operands) accepted.
+  // A backend whose attention rounds the weights only on bf16 operands and some heads: fp32 with
+  // bf16 weights refused naming the precision; fast (bf16 operands) accepted; heads it does not take
+  // (the fixture's 4 against a multiple of 8) refused, naming them and the way out, and accepted with
+  // exact weights.
   {
     NoReferenceNumerics kernel(true);
     ModelOverrides ov;
@@ -161,14 +165,14 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
     EXPECT_NE(on_fp32.message().find("bf16-weights-kernel backend"), std::string::npos) << on_fp32.message();
     ov.precision = Precision::kFast;
     EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(kernel).is_ok());
-    // Heads it does not take (the fixture's 4 against a multiple of 8): refused, naming them.
     NoReferenceNumerics eights(true, 8);
     const Status heads = Model::load(kFixtures / "csa", ov).value()->check_backend(eights);
     EXPECT_EQ(heads.code(), StatusCode::kUnsupported);
+    EXPECT_NE(heads.message().find("precision fast with --attn-weights bf16"), std::string::npos) << heads.message();
     EXPECT_NE(heads.message().find("4 heads of 32"), std::string::npos) << heads.message();
+    EXPECT_NE(heads.message().find("--attn-weights fp32"), std::string::npos) << heads.message();
     ov.attn_weights_bf16 = false;
-    ov.precision = Precision::kFp32;
-    EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(kernel).is_ok());
+    EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(eights).is_ok());
   }
   EXPECT_EQ(precision_from_name("deepseek-ref"), Precision::kDeepseekRef);
   EXPECT_EQ(precision_from_name("fast"), Precision::kFast);
@@ -203,6 +207,42 @@ TEST(FastNumerics, IndexKeysDefaultToBf16AndStayOverridable) {
   EXPECT_EQ(Model::load(kFixtures / "csa", {.index_topk = {}, .index_keys = {}, .precision = Precision::kDeepseekRef})
                 .value()->index_keys(),
             KeyPrecision::kF32);
+}
+
+// The attention's softmax weights: by default the profile's (precision_default_attn_weights_bf16:
+// exact under fp32 always, and under fast and deepseek-ref until they adopt DeepSeek's kernel's bf16
+// rounding), either way by `--attn-weights`. The default's logits are the named choice's bits, and
+// differ from the other choice's.
+TEST(FastNumerics, AttentionWeightsFollowTheProfileAndStayOverridable) {
+  const auto load = [](Precision p, std::optional<bool> bf16) {
+    ModelOverrides ov;
+    ov.precision = p;
+    ov.attn_weights_bf16 = bf16;
+    return Model::load(kFixtures / "csa", ov).value();
+  };
+  const bool profiles = kProfilesRoundAttentionWeights;
+  EXPECT_EQ(precision_default_attn_weights_bf16(Precision::kFast), profiles);
+  EXPECT_EQ(precision_default_attn_weights_bf16(Precision::kDeepseekRef), profiles);
+  EXPECT_FALSE(precision_default_attn_weights_bf16(Precision::kFp32));
+  EXPECT_EQ(load(Precision::kFast, std::nullopt)->attn_weights_bf16(), profiles);
+  EXPECT_EQ(load(Precision::kDeepseekRef, std::nullopt)->attn_weights_bf16(), profiles);
+  EXPECT_FALSE(load(Precision::kFp32, std::nullopt)->attn_weights_bf16());
+  EXPECT_FALSE(load(Precision::kFast, false)->attn_weights_bf16());
+  EXPECT_TRUE(load(Precision::kFp32, true)->attn_weights_bf16());
+  auto backend = make_cpu_backend();
+  const auto ids = fixture_ids("csa");
+  const auto by_default = Session(*load(Precision::kFast, std::nullopt), *backend).logits(ids, 0).value();
+  const auto rounded = Session(*load(Precision::kFast, true), *backend).logits(ids, 0).value();
+  const auto exact = Session(*load(Precision::kFast, false), *backend).logits(ids, 0).value();
+  EXPECT_EQ(by_default, profiles ? rounded : exact);
+  EXPECT_NE(rounded, exact);
+  EXPECT_EQ(attn_weights_from_name("auto").value(), std::nullopt);
+  EXPECT_EQ(attn_weights_from_name("fp32").value(), std::optional<bool>(false));
+  EXPECT_EQ(attn_weights_from_name("bf16").value(), std::optional<bool>(true));
+  const auto bad = attn_weights_from_name("fp16");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'fp16' is not auto, fp32 or bf16"), std::string::npos) << bad.status().message();
 }
 
 TEST(FastNumerics, DiffersFromBothFp32AndDeepseekRef) {

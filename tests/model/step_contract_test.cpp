@@ -78,6 +78,9 @@ class StepRecorder final : public Backend {
   }
   void quant_sim(const QuantSimParams& p) override { op(), inner_.quant_sim(p); }
   bool supports_reference_numerics() const override { return inner_.supports_reference_numerics(); }
+  bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t head_dim) const override {
+    return inner_.supports_attention_weights_bf16(bf16_operands, heads, head_dim);
+  }
 
   void begin_step(int64_t tokens, bool capturable) override {
     log.push_back("begin " + std::to_string(tokens) + (capturable ? " capturable" : " eager"));

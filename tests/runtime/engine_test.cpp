@@ -70,6 +70,12 @@ TEST(Engine, PrecisionAutoIsTheBackendsDefault) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("is not auto, fp32, deepseek-ref or fast"), std::string::npos)
       << bad.status().message();
+  // attn_weights: a bad name is refused naming the option and the accepted names.
+  auto bad_weights = Engine::create({.model_dir = kModel, .attn_weights = "fp16"});
+  ASSERT_FALSE(bad_weights.is_ok());
+  EXPECT_EQ(bad_weights.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_weights.status().message().find("attn_weights: 'fp16' is not auto, fp32 or bf16"), std::string::npos)
+      << bad_weights.status().message();
 }
 
 TEST(Engine, SeededSamplingIsReproducible) {

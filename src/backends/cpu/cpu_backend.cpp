@@ -453,9 +453,14 @@ class CpuBackend final : public Backend {
           for (int64_t w = 0; w < visible; ++w) keys.push_back(state.main.entries.data() + w * Dh);
         } else if (p.kind == AttentionKind::kCsa) {
           const int64_t k = p.selected.dim(1);
+          // (A masked slot, -1, attends to nothing, but with bf16 weights it keeps its place in the
+          // chunks, as in DeepSeek's kernel and the CUDA ones: a null key.)
           for (int64_t i = 0; i < k; ++i) {
             const int32_t w = p.selected.i32()[t * k + i];
-            if (w < 0) continue;
+            if (w < 0) {
+              if (p.weights_bf16) keys.push_back(nullptr);
+              continue;
+            }
             SPARROW_CHECK_LT(w, state.main.count);
             keys.push_back(state.main.entries.data() + static_cast<int64_t>(w) * Dh);
           }
@@ -491,7 +496,7 @@ class CpuBackend final : public Backend {
   }
 
   // AttentionParams::weights_bf16 for one head: flash-attention's order with bf16 weights. Chunks of
-  // kChunk candidates in order; per chunk the running max m (the logits in fp32, as the GPU kernels
+  // kChunk candidates in order (a null key, a masked CSA slot, keeps its place with weight 0); per chunk the running max m (the logits in fp32, as the GPU kernels
   // keep them), the accumulators and the denominator rescaled by exp(m_old - m), each weight
   // p = exp(logit - m) rounded to bf16 where it weights its key and unrounded in the denominator;
   // then the sink: M = max(sink, m), out = exp(m - M) acc / (exp(sink - M) + exp(m - M) l).
@@ -506,7 +511,7 @@ class CpuBackend final : public Backend {
       const size_t n = std::min(kChunk, keys.size() - c0);
       double mx = m;
       for (size_t j = 0; j < n; ++j) {
-        s[j] = static_cast<float>(dot(q, keys[c0 + j], Dh) * scale);
+        s[j] = keys[c0 + j] ? static_cast<float>(dot(q, keys[c0 + j], Dh) * scale) : -std::numeric_limits<float>::infinity();
         mx = std::max(mx, static_cast<double>(s[j]));
       }
       const double alpha = m == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(m - mx);
@@ -514,6 +519,7 @@ class CpuBackend final : public Backend {
       l *= alpha;
       m = mx;
       for (size_t j = 0; j < n; ++j) {
+        if (keys[c0 + j] == nullptr) continue;  // (a masked slot: weight 0)
         const float e = static_cast<float>(std::exp(static_cast<double>(s[j]) - m));
         l += e;
         const double w = bf16_round(e);

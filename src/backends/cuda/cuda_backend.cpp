@@ -818,12 +818,10 @@ class CudaBackend final : public Backend {
 
   // Every flag of the fast and deepseek-ref profiles is simulated on the device (docs/cuda.md).
   bool supports_reference_numerics() const override { return true; }
-  // The tensor-core attention's one-term weights (AttentionArgs::weights_bf16): where every call of
-  // the model can take that kernel (attention() refuses a call that cannot, naming why: more than
-  // 8192 splits).
-  bool supports_attention_weights_bf16(bool bf16_operands, int64_t heads, int64_t head_dim) const override {
-    return bf16_operands && attention_tensor_cores_take(heads, head_dim);
-  }
+  // AttentionArgs::weights_bf16: the tensor-core attention's one-term weights, or attention_kernel's
+  // rounding where a call cannot take the tensor cores (fp32 operands, heads or Dh they do not take,
+  // attn_mma or attn_split off).
+  bool supports_attention_weights_bf16(bool, int64_t, int64_t) const override { return true; }
 
   // On the device: the default goes through the host, which a captured step cannot.
   Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows) override {
@@ -1143,13 +1141,6 @@ class CudaBackend final : public Backend {
     // The tensor-core splits (fast profiles: q and keys bf16 values), whatever the batch.
     const bool mma = p.bf16_operands && attention_tensor_cores_take(H, Dh) && attention_splits(max_candidates, true) <= 8192;
     last_attention_mma_ = mma;
-    if (p.weights_bf16 && !mma)
-      throw std::runtime_error(
-          "attention: layer " + std::to_string(p.layer) +
-          ": --attn-weights bf16 (AttentionParams::weights_bf16) runs on the tensor-core attention only, which this "
-          "call cannot use (it needs bf16 operands: --precision fast or deepseek-ref; H a multiple of 32 and Dh 128, "
-          "256 or 512, here H " + std::to_string(H) + " Dh " + std::to_string(Dh) +
-          "; the features attn_mma and attn_split on; at most 8192 splits)");
     // q's norm and rotation (AttentionParams::q_rope) folded into the tensor-core kernel's staging of
     // q (AttentionArgs::q_prep; `attn_q_fold` off: the rms_norm and rope kernels first, the same bits).
     static const bool q_fold_on = cuda_feature_on("attn_q_fold");
@@ -1187,7 +1178,8 @@ class CudaBackend final : public Backend {
             static_cast<const uint16_t*>(kv_bf16.get()) + batch.seq_begin[batch.seq_of_token[t]] * Dh;
     }
     const DeviceBuffer d_tokens = upload_vector(tokens);
-    const bool split = split_on && attention_splits(max_candidates, mma) <= 8192;
+    // (Off the tensor cores, bf16 weights take attention_kernel: one running max a token, as the CPU's.)
+    const bool split = split_on && attention_splits(max_candidates, mma) <= 8192 && (mma || !p.weights_bf16);
     // With one split a token the tensor-core kernel finishes every token itself: no scratch, one pass.
     const bool one_split = mma && attention_splits(max_candidates, true) == 1;
     const int64_t split_floats = H * attention_splits(max_candidates, mma) * (Dh + 2);  // per token
@@ -1207,7 +1199,7 @@ class CudaBackend final : public Backend {
                       .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
                       .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
                       .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
-                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16});
+                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
     launch_check("attention");
   }
 

@@ -824,10 +824,14 @@ struct AttentionArgs {
   bool q_prep = false;
   float q_eps = 0.0f;
   RopeTableArg q_rope{};
-  // With mma (AttentionParams::weights_bf16): each softmax weight rounded to bf16 where it weights
-  // its key (one bf16 term in the weighted sum's mma instead of three); 32-head blocks whatever
-  // block_heads asks.
+  // AttentionParams::weights_bf16: each softmax weight rounded to bf16 where it weights its key. With
+  // mma one bf16 term in the weighted sum's mma instead of three (every block shape); without, the
+  // one-block-a-(token, head) attention_kernel (REQUIRES split_scratch null), whose running max
+  // over chunks of 32 is the CPU's, and whose logits (fp64 sums, times scale_f64, to fp32) and
+  // weights (fp64 exp, to fp32, then bf16) are made as the CPU makes them, so that a weight rounds
+  // as the CPU's does (not only to within a few ulps of it, which would flip a few near bf16 ties).
   bool weights_bf16 = false;
+  double scale_f64 = 0.0;  // AttentionParams::scale, for attention_kernel under weights_bf16
 };
 void launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.

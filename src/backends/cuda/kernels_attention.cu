@@ -1158,6 +1158,8 @@ __device__ inline const float* candidate(const AttentionArgs& a, const AttnToken
 // The logits of candidates j_begin .. j_begin + count - 1 into e[0 .. count): a warp per candidate,
 // lanes over Dh with coalesced key reads, q in shared memory; -inf for a masked candidate. Returns
 // the running max of the logits this thread wrote (lane 0s; -inf for the other lanes).
+// kF64 (attention_kernel under weights_bf16): the CPU's logit, fp64 sums times scale_f64, to fp32.
+template <bool kF64 = false>
 __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, int64_t t, int64_t j_begin, int64_t count,
                              const float* q_smem, float* e) {
   const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -1166,9 +1168,16 @@ __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, in
     const float* key = candidate(a, tk, t, j_begin + j);
     float logit = -INFINITY;
     if (key) {
-      float d = 0.0f;
-      for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
-      logit = warp_sum(d) * a.scale;
+      if constexpr (kF64) {
+        double d = 0.0;
+        for (int64_t i = lane; i < a.Dh; i += 32) d += static_cast<double>(q_smem[i]) * key[i];
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        logit = static_cast<float>(d * a.scale_f64);
+      } else {
+        float d = 0.0f;
+        for (int64_t i = lane; i < a.Dh; i += 32) d += q_smem[i] * key[i];
+        logit = warp_sum(d) * a.scale;
+      }
     }
     if (lane == 0) {
       e[j] = logit;
@@ -1179,7 +1188,8 @@ __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, in
 }
 
 // grid (T * H): softmax with the sink over the token's candidates, K = V. The sink joins the max
-// and the denominator but carries no value (spec §3.3). kWarpDots (the default; off with
+// and the denominator but carries no value (spec §3.3). The calls with AttentionArgs::weights_bf16
+// off the tensor cores come here whatever attn_split says (a split would start its own running max). kWarpDots (the default; off with
 // SPARROW_CUDA_DISABLE=attn_warp): a warp per candidate's logit, lanes over Dh with coalesced key
 // reads, the query in shared memory; otherwise a thread per candidate, Dh in sequence. Either way a
 // (token, head)'s arithmetic does not depend on the other tokens of the batch.
@@ -1197,12 +1207,16 @@ __global__ void attention_kernel(AttentionArgs a) {
   if constexpr (kWarpDots) {
     for (int64_t i = threadIdx.x; i < a.Dh; i += blockDim.x) q_smem[i] = q[i];
     __syncthreads();
-    mx = warp_logits(a, tk, t, 0, n, q_smem, e);
+    mx = a.weights_bf16 ? warp_logits<true>(a, tk, t, 0, n, q_smem, e) : warp_logits(a, tk, t, 0, n, q_smem, e);
   } else {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float* key = candidate(a, tk, t, j);
       float logit = -INFINITY;
-      if (key) {
+      if (key && a.weights_bf16) {  // (the CPU's logit: fp64 sums)
+        double d = 0.0;
+        for (int64_t i = 0; i < a.Dh; ++i) d += static_cast<double>(q[i]) * key[i];
+        logit = static_cast<float>(d * a.scale_f64);
+      } else if (key) {
         float d = 0.0f;
         for (int64_t i = 0; i < a.Dh; ++i) d += q[i] * key[i];
         logit = d * a.scale;
@@ -1211,12 +1225,35 @@ __global__ void attention_kernel(AttentionArgs a) {
       mx = fmaxf(mx, logit);
     }
   }
-  mx = fmaxf(block_max(mx), sink);
+  mx = fmaxf(block_max(mx), sink);  // (its barrier publishes e[])
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
-    e[j] = v;
-    sum += v;
+  if (a.weights_bf16) {
+    // AttentionArgs::weights_bf16: warp 0 takes the candidates in chunks of 32 in order, from the
+    // first (a masked one keeps its place, as in the tensor-core kernel and the CPU), with their running max mc,
+    // as the CPU does: each weight exp(logit - mc) rounded to bf16, then brought to the block's max
+    // (the CPU's rescale of its accumulators as the max grows), and the unrounded exp(logit - mx)
+    // summed into the denominator.
+    if (threadIdx.x < 32) {
+      float mc = -INFINITY;
+      for (int64_t c0 = 0; c0 < n; c0 += 32) {
+        const int64_t j = c0 + threadIdx.x;
+        const float logit = j < n ? e[j] : -INFINITY;
+        mc = fmaxf(mc, warp_max(logit));
+        if (j < n) {
+          const bool masked = logit == -INFINITY;
+          sum += masked ? 0.0f : expf(logit - mx);
+          // (The CPU's weight: exp in fp64 of the fp32 logit's distance to the running max, to fp32.)
+          const float w = masked ? 0.0f : static_cast<float>(exp(static_cast<double>(logit) - static_cast<double>(mc)));
+          e[j] = masked ? 0.0f : dev_bf16_round(w) * expf(mc - mx);
+        }
+      }
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float v = e[j] == -INFINITY ? 0.0f : expf(e[j] - mx);
+      e[j] = v;
+      sum += v;
+    }
   }
   const float denom = block_sum(sum) + expf(sink - mx);  // block_sum's barrier publishes e[]
   for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) {
@@ -1428,14 +1465,14 @@ __global__ void attention_combine_kernel(AttentionArgs a, int64_t t_base, int64_
 // weighted sum; the same operations a head, candidate and dim, so the same bits. The 16-head blocks
 // of a call that leaves SMs idle come 2 or 4 to a (token, heads, split) (attention_dim_slices): grid z the
 // slice, each block with the whole logits and softmax and the weighted sum of its slice of Dh.
-// kTerms = 1 (AttentionArgs::weights_bf16, the `--attn-weights bf16` experiment; every block shape,
+// kTerms = 1 (AttentionArgs::weights_bf16, `--attn-weights bf16`; every block shape,
 // 16 or 32 heads, the halves side by side or not, any dim slices: the same bits across them as
 // with three terms): each weight as one bf16 term, hi, the exp-sum of the unrounded weights as
-// before, a third of the weighted sum's mma. The CPU's experiment rounds the same weights, exp(logit - running max)
-// over chunks of 32 from the first candidate; here a token's later splits (past a.mma_split
-// candidates) start their own running max, and a CSA selection's masked slots (-1) keep their
-// places in the chunks where the CPU drops them, so the chunks' running maxima, and with them a
-// weight's rounding, may differ from the CPU's there.
+// before, a third of the weighted sum's mma. The CPU rounds the same weights, exp(logit - running max)
+// over chunks of 32 from the first candidate (a CSA selection's masked slots, -1, keeping their
+// places, as here); here a token's later splits (past a.mma_split candidates) start their own
+// running max, so the chunks' running maxima, and with them a weight's rounding, may differ from
+// the CPU's there.
 constexpr int kAmThreads = 256, kAmHeads = 32, kAmChunk = 32;
 constexpr int kAmPRow = 2 * kAmChunk + 16;  // bytes of a staged row of weights
 static_assert(kAmChunk == 32, "the softmax step is a lane per candidate");
@@ -2038,7 +2075,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
 // zero) added and scaled; the softmax in chunks of 32 candidates (a chunk's max; the weights
 // exp(logit - running max); their sum as each half's (candidates 0..15, 16..31) in a butterfly's
 // order, the halves then added; the running sum l alpha + sum); the weights as three bf16 terms (or
-// one: kTerms, the bf16-weights experiment);
+// one: kTerms, one under bf16 weights);
 // the weighted sum rescaled by alpha, then per k16 step of the chunk the terms small to large.
 //
 // grid (tokens of the pass * H / 64, splits), 2 warpgroups: 64 heads of one token over one split
@@ -2801,6 +2838,7 @@ void launch_attention(const AttentionArgs& args) {
     return;
   }
   if (a.split_scratch) {
+    SPARROW_CHECK(!a.weights_bf16);  // (attention_kernel's: one running max over all of a token's candidates)
     const int64_t max_splits = attention_splits(a.max_candidates);
     // Eight heads a block where they divide H and fit in shared memory (48 KB), else one. (16 heads
     // a block measured slower on the H200: 0.09 -> 0.17 ms at batch 1, fewer blocks.)
