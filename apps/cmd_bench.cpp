@@ -34,7 +34,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--attn-weights", opts->attn_weights,
                   "Attention softmax weights of the timed model: fp32 (exact: three bf16 terms a weight on the "
-                  "tensor cores), bf16 (one term), or auto: the profile's (fp32 on every profile for now)")
+                  "tensor cores), bf16 (one term), or auto: the profile's (bf16 under fast and deepseek-ref, fp32 under fp32)")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--index-keys", opts->index_keys, "Indexer key format the floor assumes: fp8 (132 B), fp4 (68 B), bf16")

@@ -86,7 +86,7 @@ void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string&
   cmd->add_option("--attn-weights" + suffix, o->attn_weights,
                   "Attention softmax weights" + side +
                       ": fp32 (exact) or bf16 (each rounded where it weights its key, as DeepSeek's sparse attention "
-                      "kernel does); auto: the profile's (fp32 on every profile for now)")
+                      "kernel does); auto: the profile's (bf16 under fast and deepseek-ref, fp32 under fp32)")
       ->capture_default_str();
 }
 

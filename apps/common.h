@@ -31,8 +31,8 @@ struct ModelRunOptions {
   std::string precision = "auto", index_keys = "auto";
   int64_t index_topk = 0;
   // --attn-weights: fp32 (exact), bf16 (each rounded where it weights its key), or auto: the
-  // profile's (precision_default_attn_weights_bf16: exact on every profile for now;
-  // ModelOverrides::attn_weights_bf16).
+  // profile's (precision_default_attn_weights_bf16: bf16 under fast and deepseek-ref, exact under
+  // fp32; ModelOverrides::attn_weights_bf16).
   std::string attn_weights = "auto";
 };
 void add_model_run_options(CLI::App* cmd, ModelRunOptions* o, const std::string& suffix = "");

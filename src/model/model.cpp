@@ -75,6 +75,7 @@ Expected<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir, c
   model->precision_ = overrides.precision;
   model->index_keys_ = overrides.index_keys.value_or(precision_default_index_keys(overrides.precision));
   model->attn_weights_bf16_ = overrides.attn_weights_bf16.value_or(precision_default_attn_weights_bf16(overrides.precision));
+  model->attn_weights_named_ = overrides.attn_weights_bf16.has_value();
   SPARROW_ASSIGN_OR_RETURN(model->checkpoint_, SafetensorsCheckpoint::open(dir));
   auto weights = model_weights_load(*model->checkpoint_, model->config_, progress);
   if (!weights.is_ok()) return weights.status().with_context(dir.string());
@@ -113,7 +114,7 @@ KeyPrecision precision_default_index_keys(Precision p) {
   return KeyPrecision::kF32;
 }
 
-bool precision_default_attn_weights_bf16(Precision p) { return kProfilesRoundAttentionWeights && p != Precision::kFp32; }
+bool precision_default_attn_weights_bf16(Precision p) { return p != Precision::kFp32; }
 
 Expected<std::optional<bool>> attn_weights_from_name(std::string_view name) {
   if (name == "auto") return std::optional<bool>();
@@ -138,7 +139,7 @@ Status Model::check_backend(const Backend& backend) const {
   if (attn_weights_bf16_ && !backend.supports_attention_weights_bf16(attention_bf16_operands(numerics_of(precision_)),
                                                                     config_.num_heads, config_.head_dim))
     return Status::unsupported(std::string("bf16 attention weights (precision ") + precision_name(precision_) +
-                               (precision_default_attn_weights_bf16(precision_) ? "'s default" : " with --attn-weights bf16") +
+                               (attn_weights_named_ ? " with --attn-weights bf16" : "'s default") +
                                ") are not implemented on the " + backend.name() + " backend for " +
                                std::to_string(config_.num_heads) + " heads of " + std::to_string(config_.head_dim) +
                                " (the cpu and cuda backends: any); --attn-weights fp32 keeps the weights exact");

@@ -59,11 +59,9 @@ Precision default_precision(std::string_view backend);
 // FP8 KV record's neighbour in the production cache), fp32 (as computed) otherwise.
 KeyPrecision precision_default_index_keys(Precision p);
 // Whether a profile rounds the attention's softmax weights to bf16 where they weight the keys
-// (AttentionParams::weights_bf16) when `--attn-weights` is not given. Every profile keeps them exact
-// for now (kProfilesRoundAttentionWeights): fast and deepseek-ref take bf16 weights, as DeepSeek's
-// own sparse attention kernel does (docs/accuracy.md), once the CUDA backend's rounding off the
-// tensor cores has passed its GPU parity run; fp32 stays exact.
-inline constexpr bool kProfilesRoundAttentionWeights = false;
+// (AttentionParams::weights_bf16) when `--attn-weights` is not given: fast and deepseek-ref do, as
+// DeepSeek's own sparse attention kernel does (docs/accuracy.md, "bf16 attention weights"); fp32
+// keeps them exact.
 bool precision_default_attn_weights_bf16(Precision p);
 // `--attn-weights`'s values: "auto" (unset: the profile's), "fp32" (false), "bf16" (true); any other
 // name is an invalid argument that names it.
@@ -128,6 +126,7 @@ class Model {
   KeyPrecision index_keys_ = KeyPrecision::kF32;
   Precision precision_ = Precision::kFp32;
   bool attn_weights_bf16_ = false;
+  bool attn_weights_named_ = false;  // (attn_weights_bf16_ came from --attn-weights, not the profile)
   ModelWeights weights_;
   RopeTable rope_main_, rope_compress_;
 };

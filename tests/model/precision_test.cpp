@@ -153,8 +153,8 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
   }
   // A backend whose attention rounds the weights only on bf16 operands and some heads: fp32 with
   // bf16 weights refused naming the precision; fast (bf16 operands) accepted; heads it does not take
-  // (the fixture's 4 against a multiple of 8) refused, naming them and the way out, and accepted with
-  // exact weights.
+  // (the fixture's 4 against a multiple of 8) refused, naming them, where the choice came from (the
+  // flag or fast's default) and the way out, and accepted with exact weights.
   {
     NoReferenceNumerics kernel(true);
     ModelOverrides ov;
@@ -171,6 +171,10 @@ TEST(RefNumerics, BackendsWithoutThemAreRefusedClearly) {
     EXPECT_NE(heads.message().find("precision fast with --attn-weights bf16"), std::string::npos) << heads.message();
     EXPECT_NE(heads.message().find("4 heads of 32"), std::string::npos) << heads.message();
     EXPECT_NE(heads.message().find("--attn-weights fp32"), std::string::npos) << heads.message();
+    ov.attn_weights_bf16 = std::nullopt;  // (fast's default: bf16)
+    const Status by_default = Model::load(kFixtures / "csa", ov).value()->check_backend(eights);
+    EXPECT_EQ(by_default.code(), StatusCode::kUnsupported);
+    EXPECT_NE(by_default.message().find("precision fast's default"), std::string::npos) << by_default.message();
     ov.attn_weights_bf16 = false;
     EXPECT_TRUE(Model::load(kFixtures / "csa", ov).value()->check_backend(eights).is_ok());
   }
@@ -210,9 +214,9 @@ TEST(FastNumerics, IndexKeysDefaultToBf16AndStayOverridable) {
 }
 
 // The attention's softmax weights: by default the profile's (precision_default_attn_weights_bf16:
-// exact under fp32 always, and under fast and deepseek-ref until they adopt DeepSeek's kernel's bf16
-// rounding), either way by `--attn-weights`. The default's logits are the named choice's bits, and
-// differ from the other choice's.
+// exact under fp32, rounded to bf16 under fast and deepseek-ref, as DeepSeek's kernel does), either
+// way by `--attn-weights`. The default's logits are the named choice's bits, and differ from the
+// other choice's.
 TEST(FastNumerics, AttentionWeightsFollowTheProfileAndStayOverridable) {
   const auto load = [](Precision p, std::optional<bool> bf16) {
     ModelOverrides ov;
@@ -220,12 +224,11 @@ TEST(FastNumerics, AttentionWeightsFollowTheProfileAndStayOverridable) {
     ov.attn_weights_bf16 = bf16;
     return Model::load(kFixtures / "csa", ov).value();
   };
-  const bool profiles = kProfilesRoundAttentionWeights;
-  EXPECT_EQ(precision_default_attn_weights_bf16(Precision::kFast), profiles);
-  EXPECT_EQ(precision_default_attn_weights_bf16(Precision::kDeepseekRef), profiles);
+  EXPECT_TRUE(precision_default_attn_weights_bf16(Precision::kFast));
+  EXPECT_TRUE(precision_default_attn_weights_bf16(Precision::kDeepseekRef));
   EXPECT_FALSE(precision_default_attn_weights_bf16(Precision::kFp32));
-  EXPECT_EQ(load(Precision::kFast, std::nullopt)->attn_weights_bf16(), profiles);
-  EXPECT_EQ(load(Precision::kDeepseekRef, std::nullopt)->attn_weights_bf16(), profiles);
+  EXPECT_TRUE(load(Precision::kFast, std::nullopt)->attn_weights_bf16());
+  EXPECT_TRUE(load(Precision::kDeepseekRef, std::nullopt)->attn_weights_bf16());
   EXPECT_FALSE(load(Precision::kFp32, std::nullopt)->attn_weights_bf16());
   EXPECT_FALSE(load(Precision::kFast, false)->attn_weights_bf16());
   EXPECT_TRUE(load(Precision::kFp32, true)->attn_weights_bf16());
@@ -234,7 +237,7 @@ TEST(FastNumerics, AttentionWeightsFollowTheProfileAndStayOverridable) {
   const auto by_default = Session(*load(Precision::kFast, std::nullopt), *backend).logits(ids, 0).value();
   const auto rounded = Session(*load(Precision::kFast, true), *backend).logits(ids, 0).value();
   const auto exact = Session(*load(Precision::kFast, false), *backend).logits(ids, 0).value();
-  EXPECT_EQ(by_default, profiles ? rounded : exact);
+  EXPECT_EQ(by_default, rounded);
   EXPECT_NE(rounded, exact);
   EXPECT_EQ(attn_weights_from_name("auto").value(), std::nullopt);
   EXPECT_EQ(attn_weights_from_name("fp32").value(), std::optional<bool>(false));
