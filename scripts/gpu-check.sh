@@ -110,6 +110,10 @@ for off in moe_device_plan moe_device_plan,grouped_moe argmax,w4a8_pair,pdl,scra
   gtest_row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" "$logs/gtest-fallback-$(log_name "$off").log" \
     env SPARROW_CUDA_DISABLE="$off" "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*'
 done
+# The model-level tests with the grouped MoE alone off (`grouped_moe`: one expert at a time; the device plan
+# and graphs stay on, so steps are captured only where the MoE plans on the device: begin_step).
+gtest_row "parity tests with SPARROW_CUDA_DISABLE=grouped_moe" "$logs/gtest-parity-without-grouped_moe.log" \
+  env SPARROW_CUDA_DISABLE=grouped_moe "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='*Parity*'
 # When tests failed: run them again with each of the switchable fast paths off
 # (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)

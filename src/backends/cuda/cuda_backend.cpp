@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -72,6 +73,13 @@ std::vector<std::string> env_names(const char* var) {
     }
   }
   return out;
+}
+
+// set_attention_scratch_cap's bytes; 0: the default, 256 MB.
+std::atomic<int64_t> g_attention_scratch_cap{0};
+int64_t attention_scratch_cap_bytes() {
+  const int64_t v = g_attention_scratch_cap.load();
+  return v > 0 ? v : int64_t{256} << 20;
 }
 
 }  // namespace
@@ -853,15 +861,16 @@ class CudaBackend final : public Backend {
 
   // A step is captured into a CUDA graph (step_graph.h) when graphs are on (SPARROW_CUDA_DISABLE=graphs
   // or set_step_graphs turn them off), the caller reads nothing back within it, no per-op profiling
-  // or SPARROW_CUDA_SYNC asks for ops one at a time, the MoE plans on the device (its host plan
-  // downloads), allocations and uploads are stream-ordered (`pool`, `async_upload`), it has at most
+  // or SPARROW_CUDA_SYNC asks for ops one at a time, the MoE plans on the device and groups its
+  // experts (a host plan downloads the choices: SPARROW_CUDA_DISABLE=moe_device_plan or
+  // grouped_moe, whose one-expert-at-a-time path plans on the host), allocations and uploads are stream-ordered (`pool`, `async_upload`), it has at most
   // kMaxGraphTokens tokens, and a step of that many tokens has run op by op before (so the weights
   // and the kept scratch are on the device already).
   void begin_step(int64_t tokens, bool capturable) override {
     if (step_depth_++ > 0) return;
     ++step_serial_;
     batch_.in_step = false;
-    static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("pool") &&
+    static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") && cuda_feature_on("pool") &&
                                cuda_feature_on("async_upload") && !sync_every_launch();
     // A token count seen before: its weights and kept scratch are on the device (only counts that
     // can be captured are remembered).
@@ -1183,20 +1192,26 @@ class CudaBackend final : public Backend {
     // With one split a token the tensor-core kernel finishes every token itself: no scratch, one pass.
     const bool one_split = mma && attention_splits(max_candidates, true) == 1;
     const int64_t split_floats = H * attention_splits(max_candidates, mma) * (Dh + 2);  // per token
-    constexpr int64_t kSplitScratchBytes = int64_t{256} << 20;
+    // Either scratch (the splits' parts, or attention_kernel's logits and weights: H max_candidates
+    // floats a token, 1.3 GB for an 8K V4 CSA prefill in one) stays within this, the tokens in passes.
+    const int64_t scratch_cap = attention_scratch_cap_bytes();
+    // (The tensor-core kernels write split parts whatever attn_split says: before 2026-12-05 they
+    // got no scratch and no passes with it off, where a token had two splits.)
+    const bool parts = mma || split;
+    const int64_t token_floats = parts ? split_floats : H * max_candidates;
     const int64_t per_pass =
-        one_split ? T : split ? std::clamp<int64_t>(kSplitScratchBytes / (split_floats * int64_t{sizeof(float)}), 1, T) : 0;
+        one_split ? T : std::clamp<int64_t>(scratch_cap / std::max<int64_t>(token_floats * int64_t{sizeof(float)}, 1), 1, T);
+    last_attention_passes_ = one_split ? 1 : (T + per_pass - 1) / per_pass;
     // (Unfilled: a split's kernel writes its part before the combine reads it, and the combine reads
     // only the splits a token has; attention_kernel writes a candidate's logit before it reads it.)
-    DeviceBuffer scratch = DeviceBuffer::scratch(one_split ? 0
-                                                 : split   ? static_cast<size_t>(per_pass * split_floats) * sizeof(float)
-                                                           : static_cast<size_t>(T * H * max_candidates) * sizeof(float));
-    launch_attention({.out = p.out.f32(), .scratch = split ? nullptr : scratch.f32(), .q = p.q.f32(),
+    DeviceBuffer scratch =
+        DeviceBuffer::scratch(one_split ? 0 : static_cast<size_t>(per_pass * token_floats) * sizeof(float));
+    launch_attention({.out = p.out.f32(), .scratch = parts ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
-                      .scale = static_cast<float>(p.scale), .split_scratch = split ? scratch.f32() : nullptr,
-                      .split_tokens_per_pass = per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
+                      .scale = static_cast<float>(p.scale), .split_scratch = parts && !one_split ? scratch.f32() : nullptr,
+                      .split_tokens_per_pass = per_pass, .kernel_tokens_per_pass = parts ? 0 : per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
                       .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
                       .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
                       .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
@@ -1636,6 +1651,8 @@ class CudaBackend final : public Backend {
 
   // On the host, from the downloaded expert choices (the same grouping and order).
   HostMoePlan plan_on_host(const Tensor& experts_t, int64_t T, int64_t K, int64_t E) {
+    SPARROW_CHECK(capturing_step() == nullptr &&
+                  "a host MoE plan downloads the expert choices, which a captured step cannot (begin_step)");
     const std::vector<int32_t> experts = download_i32(experts_t);
     HostMoePlan hp;
     hp.offsets.assign(E + 1, 0);
@@ -1986,6 +2003,7 @@ class CudaBackend final : public Backend {
   int w4a8_small_tiles_ = 0;
   bool last_indexer_mma_ = false;  // test support
   bool last_attention_mma_ = false;  // test support
+  int64_t last_attention_passes_ = 0;  // test support
   bool last_attention_q_fold_ = false;  // test support
   bool last_attention_bf16_kv_ = false;  // test support
   bool last_attention_records_ = false;  // test support
@@ -2011,6 +2029,7 @@ class CudaBackend final : public Backend {
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   bool last_indexer_mma() const { return last_indexer_mma_; }
   bool last_attention_mma() const { return last_attention_mma_; }
+  int64_t last_attention_passes() const { return last_attention_passes_; }
   bool last_attention_q_fold() const { return last_attention_q_fold_; }
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
@@ -2183,6 +2202,11 @@ bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool r
 }
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
+int64_t last_attention_passes(Backend& backend) { return cuda_backend(backend).last_attention_passes(); }
+void set_attention_scratch_cap(int64_t bytes) {
+  SPARROW_CHECK(bytes >= 0);
+  g_attention_scratch_cap.store(bytes);
+}
 bool last_attention_q_fold(Backend& backend) { return cuda_backend(backend).last_attention_q_fold(); }
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }

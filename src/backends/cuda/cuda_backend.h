@@ -257,6 +257,12 @@ bool last_indexer_tensor_cores(Backend& backend);
 // Whether the last attention ran on the tensor cores (AttentionParams::bf16_operands, 32 heads a
 // block, Dh 128, 256 or 512; SPARROW_CUDA_DISABLE=attn_mma switches it off).
 bool last_attention_tensor_cores(Backend& backend);
+// The launches (passes of tokens) the last attention took: its scratch (the split parts, or
+// attention_kernel's logits and weights) stays within a cap, 256 MB by default;
+// set_attention_scratch_cap(bytes) sets another (0: the default), for the tests. Process-wide. The
+// same bits for every cap: a token's arithmetic does not depend on the others'.
+int64_t last_attention_passes(Backend& backend);
+void set_attention_scratch_cap(int64_t bytes);
 // Whether it folded q's norm and rotation (AttentionParams::q_rope) into the tensor-core kernel.
 bool last_attention_q_fold(Backend& backend);
 // Whether that attention read the bf16 copies of the KV state (the ring's copy, kept since the

@@ -783,7 +783,7 @@ struct AttnTokenArgs {
 constexpr int64_t kAttnMmaSplitDefault = 640;  // attn_mma_split_candidates() without the variable
 struct AttentionArgs {
   float* out;                    // [T, H, Dh]
-  float* scratch;                // [T * H, max_candidates]
+  float* scratch;                // [kernel_tokens_per_pass * H, max_candidates] (attention_kernel)
   const float* q;                // [T, H, Dh]
   const AttnTokenArgs* tokens;   // [T]
   const int32_t* selected;       // [T, k] (CSA) or null
@@ -797,6 +797,9 @@ struct AttentionArgs {
   // The split depends only on the token's own candidate count: batch invariant. `scratch` is unused.
   float* split_scratch = nullptr;  // [split_tokens_per_pass, H, max_splits, Dh + 2]
   int64_t split_tokens_per_pass = 0;
+  // attention_kernel (no split, no tensor cores): the tokens in launches of this many, each reusing
+  // `scratch` (its logits and weights; bounded as the split scratch is); 0: all in one.
+  int64_t kernel_tokens_per_pass = 0;
   // The splits on the bf16 tensor cores (attention_mma_kernel), each of attn_mma_split_candidates()
   // candidates (launch_attention sets mma_split to it); split_scratch may be null when no token has
   // more than one split. REQUIRES q and the keys bf16 values (AttentionParams::bf16_operands), attention_mma_fits(H, Dh), 16-byte

@@ -1187,17 +1187,18 @@ __device__ float warp_logits(const AttentionArgs& a, const AttnTokenArgs& tk, in
   return mx;
 }
 
-// grid (T * H): softmax with the sink over the token's candidates, K = V. The sink joins the max
+// grid (tokens of the pass from t_base * H; AttentionArgs::kernel_tokens_per_pass): softmax with the
+// sink over the token's candidates, K = V; a block's logits and weights in its row of the scratch. The sink joins the max
 // and the denominator but carries no value (spec §3.3). The calls with AttentionArgs::weights_bf16
 // off the tensor cores come here whatever attn_split says (a split would start its own running max). kWarpDots (the default; off with
 // SPARROW_CUDA_DISABLE=attn_warp): a warp per candidate's logit, lanes over Dh with coalesced key
 // reads, the query in shared memory; otherwise a thread per candidate, Dh in sequence. Either way a
 // (token, head)'s arithmetic does not depend on the other tokens of the batch.
 template <bool kWarpDots>
-__global__ void attention_kernel(AttentionArgs a) {
+__global__ void attention_kernel(AttentionArgs a, int64_t t_base) {
   wait_previous_grid();
   extern __shared__ float q_smem[];  // [Dh] when kWarpDots
-  const int64_t t = blockIdx.x / a.H, h = blockIdx.x % a.H;
+  const int64_t t = t_base + blockIdx.x / a.H, h = blockIdx.x % a.H;
   const AttnTokenArgs tk = a.tokens[t];
   const int64_t n = tk.n_window + tk.n_compressed;
   const float* q = a.q + (t * a.H + h) * a.Dh;
@@ -2857,10 +2858,12 @@ void launch_attention(const AttentionArgs& args) {
   }
   const size_t q_bytes = static_cast<size_t>(a.Dh) * sizeof(float);
   static const bool warp_dots = cuda_feature_on("attn_warp");
-  if (warp_dots && q_bytes <= 16 * 1024)
-    launch(attention_kernel<true>, static_cast<unsigned>(a.T * a.H), kAttnThreads, q_bytes, a);
-  else
-    launch(attention_kernel<false>, static_cast<unsigned>(a.T * a.H), kAttnThreads, 0, a);
+  const int64_t per_pass = a.kernel_tokens_per_pass > 0 ? a.kernel_tokens_per_pass : a.T;
+  for (int64_t t_base = 0; t_base < a.T; t_base += per_pass) {
+    const unsigned blocks = static_cast<unsigned>((a.T - t_base < per_pass ? a.T - t_base : per_pass) * a.H);
+    if (warp_dots && q_bytes <= 16 * 1024) launch(attention_kernel<true>, blocks, kAttnThreads, q_bytes, a, t_base);
+    else launch(attention_kernel<false>, blocks, kAttnThreads, 0, a, t_base);
+  }
 }
 
 // This translation unit's trace region (kernels.h set_kernel_trace).

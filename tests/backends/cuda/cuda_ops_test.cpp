@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <stdexcept>
 #include <string>
 #include <limits>
@@ -1659,6 +1660,60 @@ TEST_F(CudaOps, AttentionWithBf16WeightsSumsTheUnroundedWeights) {
       ASSERT_NEAR(got[i], expected, bar) << "gpu, token " << t << " head " << h << " (a " << a << ", d " << d << ")";
       ASSERT_NEAR(got_fp32[i], expected, bar)
           << "gpu, fp32 operands, token " << t << " head " << h << " (a " << a << ", d " << d << ")";
+    }
+  }
+}
+
+// The attention's scratch stays within a cap by running the tokens in passes
+// (cuda::set_attention_scratch_cap): attention_kernel's logits and weights (fp32 operands with bf16
+// weights; H x candidates floats a token), and the tensor cores' split parts (700 candidates: two
+// splits a token), whatever attn_split says (with it off the tensor cores had no scratch and no
+// passes before 2026-12-05). Any cap gives the one pass's bits.
+TEST_F(CudaOps, AttentionInPassesGivesTheOnePassBits) {
+  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "passes are the CUDA backend's";
+  const int64_t H = 32, Dh = 128, T = 700;
+  Rng rng(4242);
+  ModelConfig cfg = attn_config(AttentionKind::kSliding, T);
+  cfg.head_dim = Dh;
+  Stored sinks = stored_floats(DType::kF32, {H}, rng.normal(H, 1.0));
+  TwoSequences seqs(*cpu, *gpu, cfg);
+  seqs.ids.assign(T, 0);
+  auto [bc, bg] = seqs.batches(T, 0);
+  std::vector<float> q = rng.normal(T * H * Dh, 0.3), kv = rng.normal(T * Dh);
+  for (float& x : q) x = bf16_round(x);
+  for (float& x : kv) x = bf16_round(x);
+  auto [qc, qg] = both_f32(q, {T, H, Dh});
+  auto [vc, vg] = both_f32(kv, {T, Dh});
+  const auto run = [&](bool bf16_operands, bool weights_bf16, int64_t cap) {
+    cuda::set_attention_scratch_cap(cap);
+    AttentionParams p{.out = gpu->alloc(ElemType::kF32, {T, H, Dh}), .q = qg, .kv = vg, .sinks = sinks.view, .batch = &bg,
+                      .layer = 0, .kind = AttentionKind::kSliding, .window = T, .scale = 1.0 / std::sqrt(double(Dh)),
+                      .bf16_operands = bf16_operands, .weights_bf16 = weights_bf16};
+    gpu->attention(p);
+    cuda::set_attention_scratch_cap(0);
+    return std::tuple{gpu->download_f32(p.out), cuda::last_attention_passes(*gpu), cuda::last_attention_tensor_cores(*gpu)};
+  };
+  for (const bool bf16_operands : {false, true}) {
+    for (const bool weights_bf16 : {false, true}) {
+      const std::string what = std::string(bf16_operands ? "bf16" : "fp32") + " operands, " +
+                               (weights_bf16 ? "bf16" : "exact") + " weights";
+      const auto [one, one_passes, mma] = run(bf16_operands, weights_bf16, 0);
+      EXPECT_EQ(mma, bf16_operands) << what;
+      EXPECT_EQ(one_passes, 1) << what;
+      // Three tokens' scratch: attention_kernel's H x T floats a token, or the tensor cores' two
+      // splits' parts. (fp32 operands with exact weights take the split kernel, whose 64-candidate
+      // splits need more: one token a pass; or attention_kernel under attn_split off.)
+      const bool exact_count = bf16_operands || weights_bf16;
+      const int64_t token_bytes = (bf16_operands ? H * 2 * (Dh + 2) : H * T) * int64_t{sizeof(float)};
+      const auto [many, passes, mma_too] = run(bf16_operands, weights_bf16, 3 * token_bytes);
+      std::printf("[attention passes] %s: %lld passes\n", what.c_str(), static_cast<long long>(passes));
+      if (exact_count) {
+        EXPECT_EQ(passes, (T + 2) / 3) << what;
+      }
+      EXPECT_GT(passes, 1) << what;
+      EXPECT_EQ(mma_too, bf16_operands) << what;
+      ASSERT_EQ(many.size(), one.size());
+      EXPECT_EQ(0, std::memcmp(many.data(), one.data(), one.size() * sizeof(float))) << what << ": passes changed bits";
     }
   }
 }
