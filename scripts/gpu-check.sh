@@ -78,7 +78,13 @@ else
 fi
 # The distinct failed tests of a gtest log, named (gtest prints each twice: at its end and in the summary).
 failed_names() { grep -E '^\[  FAILED  \] [A-Za-z]' "$1" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd' ' -; }
-failed_detail() { local n; n=$(failed_names "$1"); echo "$(echo "$n" | wc -w) failed: $n"; }
+# The failed tests a log names; a run that ended without naming one (it crashed or was killed) is
+# said so, with its exit status (the second argument) and the log's last line.
+failed_detail() {
+  local n; n=$(failed_names "$1")
+  if [ -n "$n" ]; then echo "$(echo "$n" | wc -w) failed: $n"; return; fi
+  echo "exit status ${2:-?} without a failed test's name (crashed or killed?): $(tail -1 "$1" | tr -d '|' | cut -c1-160)"
+}
 # One more sparrow_cuda_tests run (the command after the name and log) as a row: a pass needs exit
 # status 0 and at least one test run (on a machine without a usable GPU the GPU tests skip, and a
 # filter of GPU tests then runs none); skipped tests are counted in the detail.
@@ -90,7 +96,7 @@ gtest_row() {
   passed=$(grep -E '^\[  PASSED  \]' "$log" | grep -oE '[0-9]+' | head -1)
   skipped=$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -1)
   if [ "$rc" -ne 0 ]; then
-    row "$name" FAIL "$(failed_detail "$log")"
+    row "$name" FAIL "$(failed_detail "$log" "$rc")"
   elif [ "${passed:-0}" -eq 0 ]; then
     row "$name" FAIL "no test ran (skipped ${skipped:-0})"
   else
@@ -119,11 +125,13 @@ gtest_row "parity tests with SPARROW_CUDA_DISABLE=grouped_moe" "$logs/gtest-pari
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
 if [ -n "$failed_tests" ]; then
   for off in moe_device_plan $(echo "$all_off" | tr ',' ' ') "$all_off"; do
-    if SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
-        >"$logs/gtest-without-$(log_name "$off").log" 2>&1; then
+    rc=0
+    SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
+        >"$logs/gtest-without-$(log_name "$off").log" 2>&1 || rc=$?
+    if [ "$rc" -eq 0 ]; then
       row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
     else
-      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "still $(failed_detail "$logs/gtest-without-$(log_name "$off").log")"
+      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "still $(failed_detail "$logs/gtest-without-$(log_name "$off").log" "$rc")"
     fi
   done
 fi
