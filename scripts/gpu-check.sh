@@ -10,11 +10,14 @@
 # run cut short by a time limit still shows what it checked); a run of GPU tests that runs none
 # (every one skipped: no usable GPU) is a failure, not a pass.
 #
-#   scripts/gpu-check.sh [--bin DIR] [--no-gtest] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
+#   scripts/gpu-check.sh [--bin DIR] [--no-gtest] [--all-reruns] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
 #     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
 #                 CUDA runtime linked statically); default: configure and build build-gpu/ here
 #     --no-gtest  skip section 1, the sparrow_cuda_tests rows (for a build whose GPU tests passed in an
 #                 earlier call: the CLI, diff, synthetic and needle rows then fit beside a benchmark)
+#     --all-reruns  when tests failed, rerun them under each switch even where they fail with every
+#                 switch off too (by default such a failure skips the ~50 single-switch reruns: it
+#                 is not in a switchable path alone, and the reruns cost about 100 s of device time)
 #     --synth     also write a synthetic V4-Flash with `sparrow synth` (real dimensions, released
 #                 formats, 8 experts a layer, mHC scales spread around 1 by --hc-scale-std 0.1;
 #                 2 layers are about 2.6 GB, in $TMPDIR or /tmp) and
@@ -25,16 +28,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bin="" gtest=1 synth=0 synth_layers=2 synth_tokens=40 logs="${OUT:-/tmp/sparrow-gpu-check}"
+bin="" gtest=1 all_reruns=0 synth=0 synth_layers=2 synth_tokens=40 logs="${OUT:-/tmp/sparrow-gpu-check}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin="$2"; shift 2 ;;
     --no-gtest) gtest=0; shift ;;
+    --all-reruns) all_reruns=1; shift ;;
     --synth) synth=1; shift ;;
     --synth-layers) synth_layers="$2"; shift 2 ;;
     --synth-tokens) synth_tokens="$2"; shift 2 ;;
     --logs) logs="$2"; shift 2 ;;
-    *) echo "usage: $0 [--bin DIR] [--no-gtest] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--bin DIR] [--no-gtest] [--all-reruns] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$logs"
@@ -120,11 +124,17 @@ done
 # and graphs stay on, so steps are captured only where the MoE plans on the device: begin_step).
 gtest_row "parity tests with SPARROW_CUDA_DISABLE=grouped_moe" "$logs/gtest-parity-without-grouped_moe.log" \
   env SPARROW_CUDA_DISABLE=grouped_moe "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='*Parity*'
-# When tests failed: run them again with each of the switchable fast paths off
-# (SPARROW_CUDA_DISABLE, docs/cuda.md), one at a time and all together, to name the culprit.
+# When tests failed: run them again with the switchable fast paths off (SPARROW_CUDA_DISABLE,
+# docs/cuda.md), all together first, then one at a time to name the culprit; where they fail with
+# every one off as well, the single-switch reruns are skipped unless --all-reruns asks for them.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
 if [ -n "$failed_tests" ]; then
-  for off in moe_device_plan $(echo "$all_off" | tr ',' ' ') "$all_off"; do
+  all_off_rc=0
+  for off in "$all_off" moe_device_plan $(echo "$all_off" | tr ',' ' '); do
+    if [ "$off" = moe_device_plan ] && [ "$all_reruns" -eq 0 ] && [ "$all_off_rc" -ne 0 ]; then
+      row "failed tests with each switch off alone" FAIL "not rerun: they fail with every switch off too (--all-reruns reruns them)"
+      break
+    fi
     rc=0
     SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
         >"$logs/gtest-without-$(log_name "$off").log" 2>&1 || rc=$?
@@ -133,6 +143,7 @@ if [ -n "$failed_tests" ]; then
     else
       row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "still $(failed_detail "$logs/gtest-without-$(log_name "$off").log" "$rc")"
     fi
+    [ "$off" = "$all_off" ] && all_off_rc=$rc
   done
 fi
 # The paths made the defaults since 2026-12-01 (flash-decoding attention, W4A8 experts and their tiled
