@@ -17,7 +17,8 @@
 #                 earlier call: the CLI, diff, synthetic and needle rows then fit beside a benchmark)
 #     --all-reruns  when tests failed, rerun them under each switch even where they fail with every
 #                 switch off too (by default such a failure skips the ~50 single-switch reruns: it
-#                 is not in a switchable path alone, and the reruns cost about 100 s of device time)
+#                 is not in a switchable path alone, and the reruns cost device time: an estimated
+#                 100 s, the 2026-12-05 runs with failures taking 413-446 s against ~350 without)
 #     --synth     also write a synthetic V4-Flash with `sparrow synth` (real dimensions, released
 #                 formats, 8 experts a layer, mHC scales spread around 1 by --hc-scale-std 0.1;
 #                 2 layers are about 2.6 GB, in $TMPDIR or /tmp) and
@@ -124,27 +125,31 @@ done
 # and graphs stay on, so steps are captured only where the MoE plans on the device: begin_step).
 gtest_row "parity tests with SPARROW_CUDA_DISABLE=grouped_moe" "$logs/gtest-parity-without-grouped_moe.log" \
   env SPARROW_CUDA_DISABLE=grouped_moe "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='*Parity*'
+# The attention tests with the flash-decoding split alone off (`attn_split`; the tensor cores stay on
+# and still split a token past 640 candidates: its scratch and passes, AttentionInPasses*).
+gtest_row "attention tests with SPARROW_CUDA_DISABLE=attn_split" "$logs/gtest-attention-without-attn_split.log" \
+  env SPARROW_CUDA_DISABLE=attn_split "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*'
 # When tests failed: run them again with the switchable fast paths off (SPARROW_CUDA_DISABLE,
 # docs/cuda.md), all together first, then one at a time to name the culprit; where they fail with
 # every one off as well, the single-switch reruns are skipped unless --all-reruns asks for them.
 failed_tests=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/gtest.log" | sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | paste -sd: -)
+# The failed tests again with the switches $1 off, as a row; returns their exit status.
+rerun_without() {
+  local off=$1 rc=0 log="$logs/gtest-without-$(log_name "$1").log"
+  SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" >"$log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
+  else
+    row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "still $(failed_detail "$log" "$rc")"
+  fi
+  return "$rc"
+}
 if [ -n "$failed_tests" ]; then
-  all_off_rc=0
-  for off in "$all_off" moe_device_plan $(echo "$all_off" | tr ',' ' '); do
-    if [ "$off" = moe_device_plan ] && [ "$all_reruns" -eq 0 ] && [ "$all_off_rc" -ne 0 ]; then
-      row "failed tests with each switch off alone" FAIL "not rerun: they fail with every switch off too (--all-reruns reruns them)"
-      break
-    fi
-    rc=0
-    SPARROW_CUDA_DISABLE=$off "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter="$failed_tests" \
-        >"$logs/gtest-without-$(log_name "$off").log" 2>&1 || rc=$?
-    if [ "$rc" -eq 0 ]; then
-      row "failed tests with SPARROW_CUDA_DISABLE=$off" PASS "all pass: the failure is in what $off switches off"
-    else
-      row "failed tests with SPARROW_CUDA_DISABLE=$off" FAIL "still $(failed_detail "$logs/gtest-without-$(log_name "$off").log" "$rc")"
-    fi
-    [ "$off" = "$all_off" ] && all_off_rc=$rc
-  done
+  if rerun_without "$all_off" || [ "$all_reruns" -eq 1 ]; then
+    for off in moe_device_plan $(echo "$all_off" | tr ',' ' '); do rerun_without "$off"; done
+  else
+    row "failed tests with each switch off alone" FAIL "not rerun: they fail with every switch off too (--all-reruns reruns them)"
+  fi
 fi
 # The paths made the defaults since 2026-12-01 (flash-decoding attention, W4A8 experts and their tiled
 # kernel, cuBLASLt FP8 linears, the bf16 GEMMs, the tiled indexer scorer, the parallel compressor,

@@ -863,15 +863,15 @@ class CudaBackend final : public Backend {
   // or set_step_graphs turn them off), the caller reads nothing back within it, no per-op profiling
   // or SPARROW_CUDA_SYNC asks for ops one at a time, the MoE plans on the device and groups its
   // experts (a host plan downloads the choices: SPARROW_CUDA_DISABLE=moe_device_plan or
-  // grouped_moe, whose one-expert-at-a-time path plans on the host), allocations and uploads are stream-ordered (`pool`, `async_upload`), it has at most
-  // kMaxGraphTokens tokens, and a step of that many tokens has run op by op before (so the weights
+  // grouped_moe, whose one-expert-at-a-time path plans on the host), allocations and uploads are
+  // stream-ordered (`pool`, `async_upload`), it has at most kMaxGraphTokens tokens, and a step of that many tokens has run op by op before (so the weights
   // and the kept scratch are on the device already).
   void begin_step(int64_t tokens, bool capturable) override {
     if (step_depth_++ > 0) return;
     ++step_serial_;
     batch_.in_step = false;
-    static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") && cuda_feature_on("pool") &&
-                               cuda_feature_on("async_upload") && !sync_every_launch();
+    static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") &&
+                               cuda_feature_on("pool") && cuda_feature_on("async_upload") && !sync_every_launch();
     // A token count seen before: its weights and kept scratch are on the device (only counts that
     // can be captured are remembered).
     bool warm = false;
@@ -1200,7 +1200,7 @@ class CudaBackend final : public Backend {
     const bool parts = mma || split;
     const int64_t token_floats = parts ? split_floats : H * max_candidates;
     const int64_t per_pass =
-        one_split ? T : std::clamp<int64_t>(scratch_cap / std::max<int64_t>(token_floats * int64_t{sizeof(float)}, 1), 1, T);
+        one_split ? T : std::clamp<int64_t>(scratch_cap / (token_floats * int64_t{sizeof(float)}), 1, T);
     last_attention_passes_ = one_split ? 1 : (T + per_pass - 1) / per_pass;
     // (Unfilled: a split's kernel writes its part before the combine reads it, and the combine reads
     // only the splits a token has; attention_kernel writes a candidate's logit before it reads it.)

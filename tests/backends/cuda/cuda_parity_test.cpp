@@ -290,8 +290,8 @@ constexpr Tolerance kFastLogitTol{.atol = 1e30, .max_cosine_distance = 1e-4, .ma
 // p within its fp32 discrepancy of a bf16 tie rounds the other way, and moves its key's share of
 // the output by 2^-9 p. The logits feeding p carry the absolute error of a sum |q||k| large, so such
 // flips come hundreds of times as often as the output roundings' (the fp32 profile: CUDA vs CPU
-// logits 3e-7 of the largest with exact weights, up to 1.5e-4 with bf16 ones, H100 2026-12-05), and under fast
-// each moves e4m3 codes downstream. The op itself matches the CPU's rounding to 0.000 of its move
+// logits under 1e-6 of the largest with exact weights, up to 1.5e-4 with bf16 ones, H100
+// 2026-12-05), and under fast each moves e4m3 codes downstream. The op itself matches the CPU's rounding to 0.000 of its move
 // on identical inputs (CudaOps.AttentionMma*, attention_kernel and the tensor cores). Here the bar is
 // relative to what the rounding does on the CPU, so that a GPU which skipped it, or rounded
 // elsewhere (about 1 of the move), fails: the logits' cosine distance to the CPU's at most a share of
