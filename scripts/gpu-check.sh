@@ -125,8 +125,9 @@ done
 # and graphs stay on, so steps are captured only where the MoE plans on the device: begin_step).
 gtest_row "parity tests with SPARROW_CUDA_DISABLE=grouped_moe" "$logs/gtest-parity-without-grouped_moe.log" \
   env SPARROW_CUDA_DISABLE=grouped_moe "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='*Parity*'
-# The attention tests with the flash-decoding split alone off (`attn_split`; the tensor cores stay on
-# and still split a token past 640 candidates: its scratch and passes, AttentionInPasses*).
+# The attention tests with the flash-decoding split alone off (`attn_split`; the tensor cores, which
+# compute in its splits, go off with it): attention_kernel takes every call, exact weights too, in
+# passes (AttentionInPasses*).
 gtest_row "attention tests with SPARROW_CUDA_DISABLE=attn_split" "$logs/gtest-attention-without-attn_split.log" \
   env SPARROW_CUDA_DISABLE=attn_split "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.Attention*'
 # When tests failed: run them again with the switchable fast paths off (SPARROW_CUDA_DISABLE,

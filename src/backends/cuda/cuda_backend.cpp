@@ -870,8 +870,7 @@ class CudaBackend final : public Backend {
     if (step_depth_++ > 0) return;
     ++step_serial_;
     batch_.in_step = false;
-    static const bool env_ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") &&
-                               cuda_feature_on("pool") && cuda_feature_on("async_upload") && !sync_every_launch();
+    static const bool env_ok = step_capture_allowed();
     // A token count seen before: its weights and kept scratch are on the device (only counts that
     // can be captured are remembered).
     bool warm = false;
@@ -1195,8 +1194,7 @@ class CudaBackend final : public Backend {
     // Either scratch (the splits' parts, or attention_kernel's logits and weights: H max_candidates
     // floats a token, 1.3 GB for an 8K V4 CSA prefill in one) stays within this, the tokens in passes.
     const int64_t scratch_cap = attention_scratch_cap_bytes();
-    // (The tensor-core kernels write split parts whatever attn_split says: before 2026-12-05 they
-    // got no scratch and no passes with it off, where a token had two splits.)
+    // (mma implies split: the tensor cores need `attn_split` on, attention_tensor_cores_take.)
     const bool parts = mma || split;
     const int64_t token_floats = parts ? split_floats : H * max_candidates;
     const int64_t per_pass =
@@ -2203,6 +2201,11 @@ bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool r
 bool last_indexer_tensor_cores(Backend& backend) { return cuda_backend(backend).last_indexer_mma(); }
 bool last_attention_tensor_cores(Backend& backend) { return cuda_backend(backend).last_attention_mma(); }
 int64_t last_attention_passes(Backend& backend) { return cuda_backend(backend).last_attention_passes(); }
+bool step_capture_allowed() {
+  static const bool ok = cuda_feature_on("moe_device_plan") && cuda_feature_on("grouped_moe") && cuda_feature_on("pool") &&
+                         cuda_feature_on("async_upload") && !sync_every_launch();
+  return ok;
+}
 void set_attention_scratch_cap(int64_t bytes) {
   SPARROW_CHECK(bytes >= 0);
   g_attention_scratch_cap.store(bytes);

@@ -105,6 +105,10 @@ struct StepGraphStats {
 };
 void set_step_graphs(Backend& backend, bool on);
 StepGraphStats step_graph_stats(Backend& backend);
+// Whether this process's switches let steps be captured at all: the MoE planning on the device and
+// grouping its experts (`moe_device_plan`, `grouped_moe`), stream-ordered allocations and uploads
+// (`pool`, `async_upload`), no SPARROW_CUDA_SYNC. Where not, every step runs op by op.
+bool step_capture_allowed();
 // Each graph-run segment's GPU time, for diagnostics (`sparrow bench --model-step-segments`): while on, every
 // segment's graph launch is bracketed by two events; step_segment_times waits for them, returns the
 // segments launched since the last call in order, and forgets them. `driver_kernels` counts the
@@ -257,6 +261,9 @@ bool last_indexer_tensor_cores(Backend& backend);
 // Whether the last attention ran on the tensor cores (AttentionParams::bf16_operands, 32 heads a
 // block, Dh 128, 256 or 512; SPARROW_CUDA_DISABLE=attn_mma switches it off).
 bool last_attention_tensor_cores(Backend& backend);
+// Whether the tensor-core attention can take calls of H heads of Dh at all: its switches on
+// (`attn_mma`, and `attn_split`, whose splits it computes in) and a form for the shape.
+bool attention_tensor_cores_take(int64_t H, int64_t Dh);
 // The launches (passes of tokens) the last attention took: its scratch (the split parts, or
 // attention_kernel's logits and weights) stays within a cap, 256 MB by default;
 // set_attention_scratch_cap(bytes) sets another (0: the default), for the tests. Process-wide. The

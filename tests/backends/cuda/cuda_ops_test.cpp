@@ -1665,10 +1665,10 @@ TEST_F(CudaOps, AttentionWithBf16WeightsSumsTheUnroundedWeights) {
 }
 
 // The attention's scratch stays within a cap by running the tokens in passes
-// (cuda::set_attention_scratch_cap): attention_kernel's logits and weights (fp32 operands with bf16
-// weights; H x candidates floats a token), and the tensor cores' split parts (700 candidates: two
-// splits a token), whatever attn_split says (with it off the tensor cores had no scratch and no
-// passes before 2026-12-05). Any cap gives the one pass's bits.
+// (cuda::set_attention_scratch_cap), whichever kernel the switches give a call: attention_kernel's
+// logits and weights (bf16 weights off the tensor cores, or every call with attn_split off; H x
+// candidates floats a token), the split kernel's and the tensor cores' split parts (700
+// candidates: two tensor-core splits a token by default). Any cap gives the one pass's bits.
 TEST_F(CudaOps, AttentionInPassesGivesTheOnePassBits) {
   if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "passes are the CUDA backend's";
   const int64_t H = 32, Dh = 128, T = 700;
@@ -1693,25 +1693,31 @@ TEST_F(CudaOps, AttentionInPassesGivesTheOnePassBits) {
     cuda::set_attention_scratch_cap(0);
     return std::tuple{gpu->download_f32(p.out), cuda::last_attention_passes(*gpu), cuda::last_attention_tensor_cores(*gpu)};
   };
+  // Which kernel takes each call, from the switches (attn_mma and attn_split on: the tensor cores for
+  // bf16 operands; attn_split on: the split kernel for exact weights; else attention_kernel), and
+  // its scratch a token: the splits' parts H x splits x (Dh + 2) floats (640 candidates a
+  // tensor-core split by default, SPARROW_CUDA_ATTN_MMA_SPLIT; 64 a split-kernel split), or
+  // attention_kernel's H x T logits and weights.
+  const bool split_on = cuda::cuda_feature_on("attn_split");
   for (const bool bf16_operands : {false, true}) {
     for (const bool weights_bf16 : {false, true}) {
       const std::string what = std::string(bf16_operands ? "bf16" : "fp32") + " operands, " +
                                (weights_bf16 ? "bf16" : "exact") + " weights";
+      const bool tc = bf16_operands && cuda::attention_tensor_cores_take(H, Dh);
+      const bool kernel = !tc && (weights_bf16 || !split_on);
+      const int64_t splits = cuda::attention_splits(T, tc);
+      const int64_t token_bytes = (kernel ? H * T : H * splits * (Dh + 2)) * int64_t{sizeof(float)};
+      // (One split a token: the tensor-core kernel finishes each token itself, without scratch.)
+      const int64_t want_passes = tc && splits == 1 ? 1 : (T + 2) / 3;
       const auto [one, one_passes, mma] = run(bf16_operands, weights_bf16, 0);
-      EXPECT_EQ(mma, bf16_operands) << what;
+      EXPECT_EQ(mma, tc) << what;
       EXPECT_EQ(one_passes, 1) << what;
-      // Three tokens' scratch: attention_kernel's H x T floats a token, or the tensor cores' two
-      // splits' parts. (fp32 operands with exact weights take the split kernel, whose 64-candidate
-      // splits need more: one token a pass; or attention_kernel under attn_split off.)
-      const bool exact_count = bf16_operands || weights_bf16;
-      const int64_t token_bytes = (bf16_operands ? H * 2 * (Dh + 2) : H * T) * int64_t{sizeof(float)};
+      // Three tokens' scratch a pass.
       const auto [many, passes, mma_too] = run(bf16_operands, weights_bf16, 3 * token_bytes);
-      std::printf("[attention passes] %s: %lld passes\n", what.c_str(), static_cast<long long>(passes));
-      if (exact_count) {
-        EXPECT_EQ(passes, (T + 2) / 3) << what;
-      }
-      EXPECT_GT(passes, 1) << what;
-      EXPECT_EQ(mma_too, bf16_operands) << what;
+      std::printf("[attention passes] %s: %s, %lld passes\n", what.c_str(),
+                  tc ? "tensor cores" : kernel ? "attention_kernel" : "split kernel", static_cast<long long>(passes));
+      EXPECT_EQ(passes, want_passes) << what;
+      EXPECT_EQ(mma_too, tc) << what;
       ASSERT_EQ(many.size(), one.size());
       EXPECT_EQ(0, std::memcmp(many.data(), one.data(), one.size() * sizeof(float))) << what << ": passes changed bits";
     }

@@ -452,6 +452,11 @@ TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
 
 // ---- CUDA graphs for steps (docs/cuda.md, "CUDA graphs") ----------------------------------------
 
+// The tests of captured steps skip in a process whose switches allow no capture.
+constexpr const char* kNoCapture =
+    "steps are never captured under these switches (moe_device_plan, grouped_moe, pool, async_upload or "
+    "SPARROW_CUDA_SYNC: cuda::step_capture_allowed)";
+
 // Token-by-token decode and chunks of 3 give the same bits with step graphs on as with them off,
 // under fp32 and fast, on the model with every layer kind (130 tokens: the window wraps, the CSA
 // layers emit every few steps and hold more entries than top-k), and the steps did run as graphs,
@@ -459,6 +464,7 @@ TEST(CudaOpProfile, ReportsTheOpsOfAForwardAndChangesNothing) {
 TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_CUDA(gpu);
+  if (!cuda::step_capture_allowed()) GTEST_SKIP() << kNoCapture;
   for (Precision precision : {Precision::kFp32, Precision::kFast}) {
     auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = precision});
     ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -510,6 +516,7 @@ TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
 TEST_F(CudaModelParity, CapturedStepsHaveNoFillOrUploadNodes) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_CUDA(gpu);
+  if (!cuda::step_capture_allowed()) GTEST_SKIP() << kNoCapture;
   auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Model& model = **loaded;
@@ -555,6 +562,7 @@ TEST_F(CudaModelParity, KernelTraceRecordsEveryKernelInChainOrder) {
     }
     return;
   }
+  if (!cuda::step_capture_allowed()) GTEST_SKIP() << kNoCapture;
   auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Model& model = **loaded;
