@@ -1686,7 +1686,10 @@ TEST_F(CudaOps, AttentionInPassesGivesTheOnePassBits) {
   auto [vc, vg] = both_f32(kv, {T, Dh});
   const auto run = [&](bool bf16_operands, bool weights_bf16, int64_t cap) {
     cuda::set_attention_scratch_cap(cap);
-    AttentionParams p{.out = gpu->alloc(ElemType::kF32, {T, H, Dh}), .q = qg, .kv = vg, .sinks = sinks.view, .batch = &bg,
+    // (The output starts as NaN: a token no pass writes cannot keep the one-pass run's values, which
+    // a pooled allocation could hand back.)
+    const std::vector<float> unwritten(T * H * Dh, std::numeric_limits<float>::quiet_NaN());
+    AttentionParams p{.out = gpu->upload_f32(unwritten, {T, H, Dh}), .q = qg, .kv = vg, .sinks = sinks.view, .batch = &bg,
                       .layer = 0, .kind = AttentionKind::kSliding, .window = T, .scale = 1.0 / std::sqrt(double(Dh)),
                       .bf16_operands = bf16_operands, .weights_bf16 = weights_bf16};
     gpu->attention(p);
@@ -1712,6 +1715,7 @@ TEST_F(CudaOps, AttentionInPassesGivesTheOnePassBits) {
       const auto [one, one_passes, mma] = run(bf16_operands, weights_bf16, 0);
       EXPECT_EQ(mma, tc) << what;
       EXPECT_EQ(one_passes, 1) << what;
+      EXPECT_EQ(std::count_if(one.begin(), one.end(), [](float x) { return std::isnan(x); }), 0) << what << ": outputs unwritten";
       // Three tokens' scratch a pass.
       const auto [many, passes, mma_too] = run(bf16_operands, weights_bf16, 3 * token_bytes);
       std::printf("[attention passes] %s: %s, %lld passes\n", what.c_str(),
