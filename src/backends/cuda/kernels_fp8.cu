@@ -31,28 +31,22 @@ __device__ inline int64_t act_quant_code_at(const ActQuantFp8Args& a, int64_t b,
                       : b * kFp8ActBlock + lane * kValuesPerLane;
 }
 
-// The (row m, block b) pair's codes and scale from lane's inputs v (columns k0 .. k0 + 3 of the block,
-// 0 past K), all 32 lanes of the warp calling it.
-__device__ inline void act_quant_pair(const ActQuantFp8Args& a, int64_t m, int64_t b, int lane,
-                                      const float (&v)[kValuesPerLane]) {
-  uint8_t* dst = a.codes + m * a.k_pad + act_quant_code_at(a, b, lane);
-  // The reference's floor: an all-zero block still gets a finite scale. fmaxf skips NaN exactly as
-  // the host's std::max(amax, |x|) with amax first does; columns past K hold 0 and change nothing.
-  float amax = 1e-4f;
-#pragma unroll
-  for (int i = 0; i < kValuesPerLane; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  amax = warp_max(amax);
-  // s = 2^k as the e8m0 byte k + 127 decodes it; amax >= 1e-4 keeps k >= -22 (a normal float), so
-  // 1 / s = 2^-k is exact (byte 127 - k; 2^-127 is the subnormal byte 0) and x * (1 / s) is the
-  // correctly rounded x / s, the division's bits.
+// The block's scale s = 2^k and its exact inverse from the block's amax (at least the 1e-4 floor).
+// amax >= 1e-4 keeps k >= -22 (a normal float), so 1 / s = 2^-k is exact (byte 127 - k; 2^-127 is
+// the subnormal byte 0) and x * (1 / s) is the correctly rounded x / s, the division's bits.
+__device__ inline void act_quant_scale(float amax, float& s, float& inv) {
   const int k = dev_pow2_scale_exponent(amax, 448.0f);
-  const float s = dev_e8m0(static_cast<uint8_t>(k + 127));
-  const float inv = dev_e8m0(static_cast<uint8_t>(127 - k));
-  // The codes by the hardware's conversion (round to nearest even, e4m3 subnormals; the clamp
-  // keeps it off saturation), dev_f32_to_e4m3's bits for every value but NaN, whose code is then
-  // the encoder's (sign kept; the conversion's NaN output is not relied on). Inputs past K are 0 (the
-  // callers' contract), so their codes are 0. (With the integer encoder an 8192 x 4096 input took
-  // 101 us, with the conversion about 80: H200, 2026-12-04.)
+  s = dev_e8m0(static_cast<uint8_t>(k + 127));
+  inv = dev_e8m0(static_cast<uint8_t>(127 - k));
+}
+
+// Four values' e4m3 codes under the scale's inverse, packed (value i in byte i). The codes by the
+// hardware's conversion (round to nearest even, e4m3 subnormals; the clamp keeps it off
+// saturation), dev_f32_to_e4m3's bits for every value but NaN, whose code is then the encoder's
+// (sign kept; the conversion's NaN output is not relied on). Inputs past K are 0 (the callers'
+// contract), so their codes are 0. (With the integer encoder an 8192 x 4096 input took 101 us, with
+// the conversion about 80: H200, 2026-12-04.)
+__device__ inline uint32_t act_quant_codes4(const float* v, float inv) {
   float q[kValuesPerLane];
 #pragma unroll
   for (int i = 0; i < kValuesPerLane; ++i) {
@@ -66,7 +60,23 @@ __device__ inline void act_quant_pair(const ActQuantFp8Args& a, int64_t m, int64
 #pragma unroll
   for (int i = 0; i < kValuesPerLane; ++i)
     if (isnan(q[i])) packed = (packed & ~(0xFFu << (8 * i))) | (static_cast<uint32_t>(dev_f32_to_e4m3(q[i])) << (8 * i));
-  *reinterpret_cast<uint32_t*>(dst) = packed;
+  return packed;
+}
+
+// The (row m, block b) pair's codes and scale from lane's inputs v (columns k0 .. k0 + 3 of the block,
+// 0 past K), all 32 lanes of the warp calling it.
+__device__ inline void act_quant_pair(const ActQuantFp8Args& a, int64_t m, int64_t b, int lane,
+                                      const float (&v)[kValuesPerLane]) {
+  uint8_t* dst = a.codes + m * a.k_pad + act_quant_code_at(a, b, lane);
+  // The reference's floor: an all-zero block still gets a finite scale. fmaxf skips NaN exactly as
+  // the host's std::max(amax, |x|) with amax first does; columns past K hold 0 and change nothing.
+  float amax = 1e-4f;
+#pragma unroll
+  for (int i = 0; i < kValuesPerLane; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = warp_max(amax);
+  float s, inv;
+  act_quant_scale(amax, s, inv);
+  *reinterpret_cast<uint32_t*>(dst) = act_quant_codes4(v, inv);
   if (lane == 0) a.scales[b * a.rows_pad + m] = s;
 }
 
@@ -467,6 +477,79 @@ void launch_swiglu_sim_fp8(const SwigluSimArgs& a) {
 
 namespace {
 // The (row, block) pairs of act_quant_warp_pair, which counts them in 32 bits.
+// The many-pair form (`act_quant_half`; off: act_quant_fp8_kernel<4>): a half-warp a pair, 8
+// values a lane (lane l of half h: inputs 8 (l % 16) .. + 7 of its block, the one-pair kernel's
+// lanes 2 (l % 16) and 2 (l % 16) + 1), two pairs at once and kPer such steps a warp, every step's
+// loads issued before the first one's arithmetic. The max over 16 lanes, the scale, each value's
+// code and where it goes are the one-pair kernel's, so the same codes and scales; a warp's fixed
+// work (its pair's place, the max's shuffles, the scale) serves 8 values a lane instead of 4. (At
+// 8192 x 4096 the four-pair form issues about 230 instructions a warp per pair and is bound by
+// them: 72 us, 2.25 TB/s, on an H100, 2026-12-05.)
+constexpr int kHalfValues = 2 * kValuesPerLane;  // 8
+template <int kPer>
+__global__ void act_quant_fp8_half_kernel(ActQuantFp8Args a) {
+  wait_previous_grid();
+  const int lane = threadIdx.x % 32, hl = lane % 16;
+  // (32-bit pair numbers and divisions: the launch checks that the pairs fit.)
+  const uint32_t nblocks = static_cast<uint32_t>(a.k_pad / kFp8ActBlock);
+  const uint32_t total = static_cast<uint32_t>(a.rows_pad * nblocks);
+  const uint32_t first = ((blockIdx.x * kQuantWarps + threadIdx.x / 32) * kPer) * 2 + lane / 16;
+  const bool vec = a.in_dtype == DType::kF32 && a.in_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.in) % 16 == 0;
+  int64_t m[kPer], b[kPer];
+  bool ok[kPer];
+  float v[kPer][kHalfValues];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const uint32_t pair = first + 2 * u;
+    ok[u] = false;
+    m[u] = 0, b[u] = 0;
+#pragma unroll
+    for (int i = 0; i < kHalfValues; ++i) v[u][i] = 0.0f;
+    if (pair >= total) continue;
+    const uint32_t mm = pair / nblocks;
+    m[u] = mm, b[u] = pair - mm * nblocks;
+    uint8_t* dst = a.codes + m[u] * a.k_pad;
+    if (m[u] >= a.rows) {  // a padding row: zero codes, scale 1
+      *reinterpret_cast<uint32_t*>(dst + act_quant_code_at(a, b[u], 2 * hl)) = 0u;
+      *reinterpret_cast<uint32_t*>(dst + act_quant_code_at(a, b[u], 2 * hl + 1)) = 0u;
+      if (hl == 0) a.scales[b[u] * a.rows_pad + m[u]] = 1.0f;
+      continue;
+    }
+    ok[u] = true;
+    const int64_t k0 = b[u] * kFp8ActBlock + hl * kHalfValues, at = m[u] * a.in_stride + k0;
+    if (vec && k0 + kHalfValues <= a.K) {
+      const float4 q0 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.in) + at);
+      const float4 q1 = *reinterpret_cast<const float4*>(static_cast<const float*>(a.in) + at + 4);
+      v[u][0] = q0.x, v[u][1] = q0.y, v[u][2] = q0.z, v[u][3] = q0.w;
+      v[u][4] = q1.x, v[u][5] = q1.y, v[u][6] = q1.z, v[u][7] = q1.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kHalfValues; ++i) v[u][i] = k0 + i < a.K ? load_input(a, at + i) : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    // Every lane takes part in the shuffles (a half without a pair brings the floor, unused).
+    float amax = 1e-4f;
+#pragma unroll
+    for (int i = 0; i < kHalfValues; ++i) amax = fmaxf(amax, fabsf(v[u][i]));
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (!ok[u]) continue;
+    float s, inv;
+    act_quant_scale(amax, s, inv);
+    const uint32_t c0 = act_quant_codes4(v[u], inv), c1 = act_quant_codes4(v[u] + kValuesPerLane, inv);
+    uint8_t* row = a.codes + m[u] * a.k_pad;
+    if (a.w4a8_order) {
+      *reinterpret_cast<uint32_t*>(row + act_quant_code_at(a, b[u], 2 * hl)) = c0;
+      *reinterpret_cast<uint32_t*>(row + act_quant_code_at(a, b[u], 2 * hl + 1)) = c1;
+    } else {  // (8 contiguous bytes: k_pad and the block's offset are multiples of 128)
+      *reinterpret_cast<uint2*>(row + b[u] * kFp8ActBlock + hl * kHalfValues) = make_uint2(c0, c1);
+    }
+    if (hl == 0) a.scales[b[u] * a.rows_pad + m[u]] = s;
+  }
+}
+
 int64_t quant_pairs(const ActQuantFp8Args& a) {
   const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);
   SPARROW_CHECK(pairs < (int64_t{1} << 31) && "act_quant's (row, block) pairs are counted in 32 bits");
@@ -478,9 +561,12 @@ int64_t quant_pairs(const ActQuantFp8Args& a) {
 // same codes and scales (its input is never its output): add_parts' probe of a launch's cost.
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {
   static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_ACT_QUANT");
+  static const bool half_on = cuda_feature_on("act_quant_half");
   const int64_t pairs = quant_pairs(a);
   for (int r = 0; r <= repeat; ++r) {
-    if (pairs >= kQuantManyPairs) launch(act_quant_fp8_kernel<4>, blocks_for(pairs, kQuantWarps * 4), 32 * kQuantWarps, 0, a);
+    if (pairs >= kQuantManyPairs && half_on)
+      launch(act_quant_fp8_half_kernel<2>, blocks_for(pairs, kQuantWarps * 2 * 2), 32 * kQuantWarps, 0, a);
+    else if (pairs >= kQuantManyPairs) launch(act_quant_fp8_kernel<4>, blocks_for(pairs, kQuantWarps * 4), 32 * kQuantWarps, 0, a);
     else if (pairs > 0) launch(act_quant_fp8_kernel<1>, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
   }
 }

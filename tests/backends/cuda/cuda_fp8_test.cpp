@@ -183,8 +183,9 @@ void check_act_quant(Backend& gpu, const std::vector<float>& values, DType dtype
 TEST_F(CudaFp8Linear, ActQuantIsTheCpuOneBitForBit) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   Rng rng(601);
-  // (The last two have more than 2^17 (row, block) pairs with their padding rows: the kernel's form
-  // that takes four pairs a warp; K % 4 != 0 in the second, element by element.)
+  // (The last two have more than 2^17 (row, block) pairs with their padding rows: the many-pair form,
+  // a half-warp a pair (`act_quant_half`; off: four pairs a warp); K % 8 != 0 in both, a row's
+  // last lane element by element.)
   for (auto [rows, K] : {std::pair<int64_t, int64_t>{1, 128}, {3, 200}, {37, 45}, {9, 1152}, {19, 300}, {2, 1},
                          {18, 257}, {300, 131}, {1030, 16300}, {1100, 15999}}) {
     const std::vector<float> v = edge_rows(rng, rows, K);
@@ -201,7 +202,9 @@ TEST_F(CudaFp8Linear, ActQuantIsTheCpuOneBitForBit) {
 TEST_F(CudaFp8Linear, ActQuantW4A8OrderPermutesEachBlock) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   Rng rng(602);
-  for (auto [rows, K] : {std::pair<int64_t, int64_t>{3, 256}, {5, 200}, {1, 128}}) {
+  // (The last two have more than 2^17 (row, block) pairs: the many-pair forms, act_quant_half's and
+  // the four-pair kernel's.)
+  for (auto [rows, K] : {std::pair<int64_t, int64_t>{3, 256}, {5, 200}, {1, 128}, {1030, 16300}, {1100, 15999}}) {
     const std::vector<float> v = edge_rows(rng, rows, K);
     const int64_t rows_pad = rows + 3;
     const cuda::ActQuantFp8Rows plain = cuda::act_quant_fp8_rows(v.data(), DType::kF32, rows, K, rows_pad);
