@@ -151,8 +151,8 @@ struct DevView {
 // the same bits), "attn_wgmma" (the tensor-core attention's calls that do not go to 16-head
 // blocks, from the bf16 copies where H is a multiple of 64, on attention_wg_kernel: 64 heads of a
 // token a block on wgmma; off: 32-head blocks, the same bits), "act_quant_half" (act_quant's calls
-// of 2^17 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp,
-// the same codes and scales) and "alloc_nofill" (tensors left
+// of 2^15 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp
+// from 2^17, the same codes and scales) and "alloc_nofill" (tensors left
 // unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under

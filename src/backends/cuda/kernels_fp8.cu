@@ -118,6 +118,11 @@ __device__ inline bool act_quant_warp_pair(const ActQuantFp8Args& a, QuantPair& 
 // 2026-12-04), 1 for small ones (a decode step's, where a warp's four pairs in a row would lengthen
 // the kernel). Each pair's operations are the one-pair kernel's, so the same bits either way.
 constexpr int64_t kQuantManyPairs = 1 << 17;  // pairs from which a warp takes 4
+// Pairs from which act_quant_fp8_half_kernel takes a call (below: one pair a warp). On an H100
+// (2026-12-05, `ncu`, every act_quant of layer 0's bench cells) against one pair a warp: 65,536
+// pairs (8192 x 1024) 22.3 -> 17.5 us, 32,768 12.4 -> 11.3; but 16,384 7.9 -> 8.4, 8,192 5.3 ->
+// 6.1 and a decode step's few pairs 3.4-3.9 -> 4.3-5.2.
+constexpr int64_t kQuantHalfPairs = 1 << 15;
 template <int kPer>
 __global__ void act_quant_fp8_kernel(ActQuantFp8Args a) {
   wait_previous_grid();
@@ -477,7 +482,8 @@ void launch_swiglu_sim_fp8(const SwigluSimArgs& a) {
 
 namespace {
 // The (row, block) pairs of act_quant_warp_pair, which counts them in 32 bits.
-// The many-pair form (`act_quant_half`; off: act_quant_fp8_kernel<4>): a half-warp a pair, 8
+// The many-pair form (calls of kQuantHalfPairs or more; `act_quant_half` off: act_quant_fp8_kernel<4>
+// from kQuantManyPairs, one pair a warp below): a half-warp a pair, 8
 // values a lane (lane l of half h: inputs 8 (l % 16) .. + 7 of its block, the one-pair kernel's
 // lanes 2 (l % 16) and 2 (l % 16) + 1), two pairs at once and kPer such steps a warp, every step's
 // loads issued before the first one's arithmetic. The max over 16 lanes, the scale, each value's
@@ -562,9 +568,13 @@ int64_t quant_pairs(const ActQuantFp8Args& a) {
 void launch_act_quant_fp8(const ActQuantFp8Args& a) {
   static const int repeat = cuda_probe_repeats("SPARROW_CUDA_REPEAT_ACT_QUANT");
   static const bool half_on = cuda_feature_on("act_quant_half");
+  // The pairs from which the half-warp form takes a call (tuning: SPARROW_CUDA_ACT_QUANT_HALF_FROM).
+  static const int64_t half_from =
+      cuda_env_int("SPARROW_CUDA_ACT_QUANT_HALF_FROM", kQuantHalfPairs, [](int64_t n) { return n >= 1; },
+                   "act_quant's half-warp form needs a positive count of (row, block) pairs to start from");
   const int64_t pairs = quant_pairs(a);
   for (int r = 0; r <= repeat; ++r) {
-    if (pairs >= kQuantManyPairs && half_on)
+    if (pairs >= half_from && half_on)
       launch(act_quant_fp8_half_kernel<2>, blocks_for(pairs, kQuantWarps * 2 * 2), 32 * kQuantWarps, 0, a);
     else if (pairs >= kQuantManyPairs) launch(act_quant_fp8_kernel<4>, blocks_for(pairs, kQuantWarps * 4), 32 * kQuantWarps, 0, a);
     else if (pairs > 0) launch(act_quant_fp8_kernel<1>, blocks_for(pairs, kQuantWarps), 32 * kQuantWarps, 0, a);
