@@ -125,7 +125,9 @@ def whole_model(d):
         step = V4_FLASH_LAYERS * m
         line = f"- decode {b} × {ctx(n)}: {m:.2f} ms a layer, {step:.1f} ms a step, {b / step * 1e3:.0f} tok/s"
         if b == 256:
-            line += f" ({b / step * 1e3 / SGLANG_TOKS_PER_GPU:.2f}× SGLang's {SGLANG_TOKS_PER_GPU:,} tok/s/GPU)"
+            # (SGLang's figure is from H200s: on another card the ratio is not like for like.)
+            other = "" if "H200" in d["card"] else f", measured on H200s, not on an {d['card']}"
+            line += f" ({b / step * 1e3 / SGLANG_TOKS_PER_GPU:.2f}× SGLang's {SGLANG_TOKS_PER_GPU:,} tok/s/GPU{other})"
         ok = [c for c in row if c.get("status") == "ok"]
         timed = all(c.get("queued_ms", -1) >= 0 and c.get("host_ms", -1) >= 0 for c in ok)
         queued, host = csa_hca_mean(row, "queued_ms"), csa_hca_mean(row, "host_ms")
