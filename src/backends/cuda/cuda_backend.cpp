@@ -870,7 +870,6 @@ class CudaBackend final : public Backend {
     if (step_depth_++ > 0) return;
     ++step_serial_;
     batch_.in_step = false;
-    static const bool env_ok = step_capture_allowed();
     // A token count seen before: its weights and kept scratch are on the device (only counts that
     // can be captured are remembered).
     bool warm = false;
@@ -878,7 +877,7 @@ class CudaBackend final : public Backend {
       warm = warm_steps_[tokens];
       warm_steps_[tokens] = true;
     }
-    if (step_graphs_on_ && capturable && env_ok && warm && !profiler_.enabled() && step_graphs_.begin()) return;
+    if (step_graphs_on_ && capturable && step_capture_allowed() && warm && !profiler_.enabled() && step_graphs_.begin()) return;
     if (!step_graphs_.capturing()) step_graphs_.count_eager();
   }
   void step_segment() override {

@@ -481,10 +481,8 @@ void launch_swiglu_sim_fp8(const SwigluSimArgs& a) {
 }
 
 namespace {
-// The (row, block) pairs of act_quant_warp_pair, which counts them in 32 bits.
 // The many-pair form (calls of kQuantHalfPairs or more; `act_quant_half` off: act_quant_fp8_kernel<4>
-// from kQuantManyPairs, one pair a warp below): a half-warp a pair, 8
-// values a lane (lane l of half h: inputs 8 (l % 16) .. + 7 of its block, the one-pair kernel's
+// from kQuantManyPairs, one pair a warp below): a half-warp a pair, 8 values a lane (lane l of half h: inputs 8 (l % 16) .. + 7 of its block, the one-pair kernel's
 // lanes 2 (l % 16) and 2 (l % 16) + 1), two pairs at once and kPer such steps a warp, every step's
 // loads issued before the first one's arithmetic. The max over 16 lanes, the scale, each value's
 // code and where it goes are the one-pair kernel's, so the same codes and scales; a warp's fixed
@@ -514,11 +512,9 @@ __global__ void act_quant_fp8_half_kernel(ActQuantFp8Args a) {
     if (pair >= total) continue;
     const uint32_t mm = pair / nblocks;
     m[u] = mm, b[u] = pair - mm * nblocks;
-    uint8_t* dst = a.codes + m[u] * a.k_pad;
-    if (m[u] >= a.rows) {  // a padding row: zero codes, scale 1
-      *reinterpret_cast<uint32_t*>(dst + act_quant_code_at(a, b[u], 2 * hl)) = 0u;
-      *reinterpret_cast<uint32_t*>(dst + act_quant_code_at(a, b[u], 2 * hl + 1)) = 0u;
-      if (hl == 0) a.scales[b[u] * a.rows_pad + m[u]] = 1.0f;
+    if (m[u] >= a.rows) {  // a padding row: the one-pair kernel's lanes 2 hl and 2 hl + 1 (scale 1 by hl 0)
+      act_quant_pad(a, m[u], b[u], 2 * hl);
+      act_quant_pad(a, m[u], b[u], 2 * hl + 1);
       continue;
     }
     ok[u] = true;
@@ -556,6 +552,7 @@ __global__ void act_quant_fp8_half_kernel(ActQuantFp8Args a) {
   }
 }
 
+// The (row, block) pairs of a call, which the kernels count in 32 bits.
 int64_t quant_pairs(const ActQuantFp8Args& a) {
   const int64_t pairs = a.rows_pad * (a.k_pad / kFp8ActBlock);
   SPARROW_CHECK(pairs < (int64_t{1} << 31) && "act_quant's (row, block) pairs are counted in 32 bits");
