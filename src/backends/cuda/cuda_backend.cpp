@@ -1731,7 +1731,11 @@ class CudaBackend final : public Backend {
     // (Every row of every expert with rows is written by the projections; the quarters' slices of
     // `partial` likewise, an empty quarter as zeros.)
     DeviceBuffer h13 = DeviceBuffer::scratch(2 * total * F * sizeof(float));
-    DeviceBuffer y = DeviceBuffer::scratch(total * D * sizeof(float));
+    // The wgmma kernels write w2's rows straight into their slots of contrib (GroupedW4A8Args::
+    // scatter_slots; `moe_scatter_store` off: into y, then expert_scatter_kernel; the same values:
+    // the W4A8 path runs under ref_numerics only, where the scatter applies no routing weight).
+    static const bool scatter_store_on = cuda_feature_on("moe_scatter_store");
+    DeviceBuffer y;  // (below, once the split is known)
     float* const h1 = h13.f32();
     float* const h3 = h1 + total * F;
     static const bool pair_on = cuda_feature_on("w4a8_pair");
@@ -1741,6 +1745,10 @@ class CudaBackend final : public Backend {
     const bool split = wgmma && !tiled &&
                        (w4a8_wgmma_split_ == 2 || (w4a8_wgmma_split_ == 0 && total <= kSplitRows));
     DeviceBuffer partial = DeviceBuffer::scratch(split ? 4 * total * std::max(D, 2 * F) * sizeof(float) : 0);
+    // Where a block sums all of w2's K (the tiled kernel, or the decode kernel unsplit), its stores
+    // scatter the rows themselves.
+    const bool scatter_store = scatter_store_on && wgmma && !split;
+    y = DeviceBuffer::scratch(scatter_store ? 0 : total * D * sizeof(float));
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned16(h1);
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());
@@ -1778,8 +1786,10 @@ class CudaBackend final : public Backend {
     // w_b (w4a8 decode wgmma only): a second projection of the same shape into out + total * N.
     // Returns out's view: where `leave` and the decode kernel split K's quarters over blocks, the
     // quarters in `partial`, for the next kernel to add (parts_in_readers; out not written).
+    // scatter (w2 under scatter_store): out is contrib, row r's outputs going to its slot.
     auto project = [&](const DeviceBuffer& w, const WeightMatrix& shape, float* out, const float* in, const Codes& codes,
-                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr, bool leave = false) -> PartsView {
+                       const int32_t* in_rows, const DeviceBuffer* w_b = nullptr, bool leave = false,
+                       bool scatter = false) -> PartsView {
       const auto* dw = static_cast<const DevWeight*>(w.get());
       const auto* offsets = static_cast<const int64_t*>(plan.offsets.get());
       const auto* items = static_cast<const int32_t*>(plan.items.get());
@@ -1793,8 +1803,10 @@ class CudaBackend final : public Backend {
                              .wgmma = wgmma, .wgmma_warpgroups = w4a8_wgmma_warpgroups_,
                              .partial = split ? partial.f32() : nullptr, .rows_total = total,
                              .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr,
-                             .plan_early = plan_early, .leave_parts = leave});
+                             .plan_early = plan_early, .leave_parts = leave,
+                             .scatter_slots = scatter ? slots : nullptr});
       }
+      SPARROW_CHECK(!scatter && "scattered stores: the W4A8 tiled wgmma kernel only");
       launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                     .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
                                     .in_stride = shape.in, .format = shape.format, .vectorized = vec});
@@ -1847,6 +1859,11 @@ class CudaBackend final : public Backend {
       }
     }
     part.emplace(profiler_, kW2[path]);
+    if (scatter_store) {
+      project(tab.w2, f.w2, contrib, h1, hc, nullptr, nullptr, false, true);
+      launch_check("experts ffn, scattered");
+      return;
+    }
     const PartsView y_view = project(tab.w2, f.w2, y.f32(), h1, hc, nullptr, nullptr, parts_in_readers_);
     launch_check("experts ffn");
     count_left(y_view);

@@ -152,7 +152,9 @@ struct DevView {
 // blocks, from the bf16 copies where H is a multiple of 64, on attention_wg_kernel: 64 heads of a
 // token a block on wgmma; off: 32-head blocks, the same bits), "act_quant_half" (act_quant's calls
 // of 2^15 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp
-// from 2^17, the same codes and scales) and "alloc_nofill" (tensors left
+// from 2^17, the same codes and scales), "moe_scatter_store" (the MoE's w2 on the wgmma W4A8 kernels,
+// where a block sums all of K, writes each row's outputs straight into the combine's slots; off: into rows of their own, then
+// expert_scatter_kernel copies them there; the same bits) and "alloc_nofill" (tensors left
 // unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
@@ -447,6 +449,11 @@ struct GroupedW4A8Args {
   // with the rounding), instead of adding them in a launch of their own: the caller's promise that
   // only that view is read, before the next launch that writes `partial`. `out` is then not written.
   bool leave_parts = false;
+  // (wgmma kernels, the MoE's w2) grouped row r's outputs go to out row scatter_slots[r]: the rows
+  // expert_scatter_kernel would copy them to (the routing weight was applied before w2 on this path),
+  // written by the GEMM's own stores (`moe_scatter_store`); out is then [slots, N]. REQUIRES wgmma,
+  // no w_b, and tiled or no partial (every output stored once, by the block that sums its quarters).
+  const int32_t* scatter_slots = nullptr;
 };
 // Returns the view of the output: `out` itself, or the quarters left (leave_parts).
 PartsView launch_grouped_w4a8(const GroupedW4A8Args& g);

@@ -921,6 +921,22 @@ struct W4A8BlockOut {
         if (tr < R && col < N) dst[(r0 + tr) * ld + col] = v[(4 * j + c) * v_stride];
       }
   }
+  // store()'s values to rows slots[r] instead of r (r the grouped row r0 + tr).
+  __device__ void store_scattered(float* dst, const float* v, int v_stride, const int32_t* slots) const {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t tr = t0 + 8 * j + 2 * tig + h;
+        if (tr >= R) continue;
+        const int64_t slot = slots[r0 + tr];
+#pragma unroll
+        for (int c = h; c < 4; c += 2) {
+          const int col = n + (c < 2 ? 0 : 8);
+          if (col < N) dst[slot * ld + col] = v[(4 * j + c) * v_stride];
+        }
+      }
+  }
   __device__ void finish_quarter(bool split, float* slice, float* total, int stride, int quarter, float (&acc)[kN / 2]) const {
     if (split) {
       store(slice, acc, 1);
@@ -1323,6 +1339,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   }
   cp_async_wait<0>();
   while (quarter < q_first + q_count) finish_quarter();
+  if constexpr (!kFp8W) {
+    if (g.scatter_slots != nullptr) {  // (unsplit, one projection: launch_grouped_w4a8's check)
+      out.store_scattered(g.out, total + tid, kThreads, g.scatter_slots);
+      return;
+    }
+  }
   if (!split) out.store(g.out + second_offset, total + tid, kThreads);
 }
 
@@ -1923,7 +1945,10 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
   }
   for (; quarter < q_first + q_count; ++quarter)
     out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kWgThreads, quarter, acc);
-  if (!split) out.store(g.out + second_offset, total + tid, kWgThreads);  // (each thread reads what it wrote)
+  if (g.scatter_slots != nullptr)  // (unsplit, one projection: launch_grouped_w4a8's check)
+    out.store_scattered(g.out, total + tid, kWgThreads, g.scatter_slots);
+  else if (!split)
+    out.store(g.out + second_offset, total + tid, kWgThreads);  // (each thread reads what it wrote)
 }
 
 // ---- The bf16 linears on wgmma: a decode form and a TMA form with one arithmetic --------------------
@@ -2479,6 +2504,9 @@ void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
 
 PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
+  SPARROW_CHECK((g.scatter_slots == nullptr ||
+                 (g.wgmma && g.w_b == nullptr && (g.tiled || g.partial == nullptr))) &&
+                "scattered stores: the wgmma kernels, one projection, K's quarters in one block");
   if (g.max_items == 0 || g.N == 0 || (g.tiled && g.max_tiles == 0)) return g.out;
   if (g.wgmma) {
     if (!g.tiled) {
