@@ -1806,7 +1806,7 @@ class CudaBackend final : public Backend {
                              .plan_early = plan_early, .leave_parts = leave,
                              .scatter_slots = scatter ? slots : nullptr});
       }
-      SPARROW_CHECK(!scatter && "scattered stores: the W4A8 tiled wgmma kernel only");
+      SPARROW_CHECK(!scatter && "scattered stores: the W4A8 wgmma kernels only");
       launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
                                     .items = items, .n_items = n_items, .max_items = plan.max_items, .N = shape.out,
                                     .in_stride = shape.in, .format = shape.format, .vectorized = vec});

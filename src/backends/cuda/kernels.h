@@ -152,10 +152,10 @@ struct DevView {
 // blocks, from the bf16 copies where H is a multiple of 64, on attention_wg_kernel: 64 heads of a
 // token a block on wgmma; off: 32-head blocks, the same bits), "act_quant_half" (act_quant's calls
 // of 2^15 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp
-// from 2^17, the same codes and scales), "moe_scatter_store" (the MoE's w2 on the wgmma W4A8 kernels,
-// where a block sums all of K, writes each row's outputs straight into the combine's slots; off: into rows of their own, then
-// expert_scatter_kernel copies them there; the same bits) and "alloc_nofill" (tensors left
-// unfilled at allocation; off: zero-filled). Read once per process.
+// from 2^17, the same codes and scales), "moe_scatter_store" (the MoE's w2 on the wgmma W4A8
+// kernels, where a block sums all of K, writes each row's outputs straight into the combine's
+// slots; off: into rows of their own, then expert_scatter_kernel copies them there; the same bits)
+// and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
