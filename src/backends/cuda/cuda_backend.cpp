@@ -1302,6 +1302,7 @@ class CudaBackend final : public Backend {
   // gathered rows of the tokens that picked it), then the shared expert, then the combine.
   void moe(const MoeParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "moe");
+    last_moe_scatter_store_ = false;
     const int64_t T = p.x.dim(0), D = p.x.dim(1), K = p.experts.dim(1);
     const auto& routed = *p.routed;
     const int64_t E = static_cast<int64_t>(routed.size());
@@ -1862,6 +1863,7 @@ class CudaBackend final : public Backend {
     if (scatter_store) {
       project(tab.w2, f.w2, contrib, h1, hc, nullptr, nullptr, false, true);
       launch_check("experts ffn, scattered");
+      last_moe_scatter_store_ = true;
       return;
     }
     const PartsView y_view = project(tab.w2, f.w2, y.f32(), h1, hc, nullptr, nullptr, parts_in_readers_);
@@ -2025,6 +2027,7 @@ class CudaBackend final : public Backend {
   int attention_block_heads_ = 0;        // test support (set_attention_block_heads)
   bool hc_fused_ = cuda_feature_on("hc_fused");  // set_hc_fused; SPARROW_CUDA_DISABLE=hc_fused
   bool last_hc_boundary_fused_ = false;
+  bool last_moe_scatter_store_ = false;  // the last moe call's w2 stored its rows in their slots
   // set_parts_in_readers; SPARROW_CUDA_DISABLE=parts_in_readers
   bool parts_in_readers_ = cuda_feature_on("parts_in_readers");
   int64_t parts_left_ = 0;  // GEMM outputs whose parts a reader added (test support)
@@ -2054,6 +2057,7 @@ class CudaBackend final : public Backend {
   int64_t parts_left_for_readers() const { return parts_left_; }
   int64_t fp8_linear_quantisations() const { return fp8_.quantisations(); }
   bool last_hc_boundary_fused() const { return last_hc_boundary_fused_; }
+  bool last_moe_scatter_store() const { return last_moe_scatter_store_; }
   bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
@@ -2236,6 +2240,7 @@ int64_t parts_left_for_readers(Backend& backend) { return cuda_backend(backend).
 int64_t fp8_linear_quantisations(Backend& backend) { return cuda_backend(backend).fp8_linear_quantisations(); }
 bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
+bool last_moe_scatter_store(Backend& backend) { return cuda_backend(backend).last_moe_scatter_store(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }
 void set_attention_block_heads(Backend& backend, int heads) {
   SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32 || heads == 64);

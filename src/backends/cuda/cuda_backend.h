@@ -301,6 +301,9 @@ int64_t parts_left_for_readers(Backend& backend);
 // one input quantises it once, `act_quant_shared`).
 int64_t fp8_linear_quantisations(Backend& backend);
 bool last_hc_boundary_fused(Backend& backend);
+// Test support: whether the last moe call's w2 stored its rows straight into their slots
+// (GroupedW4A8Args::scatter_slots, `moe_scatter_store`) instead of leaving them to the scatter kernel.
+bool last_moe_scatter_store(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, 64
 // (the wgmma form, from the bf16 copies where H takes it), or 0 (the default: by the call's size).
 void set_attention_block_heads(Backend& backend, int heads);

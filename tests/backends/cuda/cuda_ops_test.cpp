@@ -3078,6 +3078,9 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   cuda::set_w4a8_tiled(*gpu, true);
   const bool ran = moe_ran(*gpu, in.gpu_params(og), "moe/experts w1, w3 (w4a8 wgmma tiled)");
   EXPECT_EQ(ran, cuda::cuda_feature_on("grouped_moe")) << "the tiled wgmma kernel ran: " << ran;
+  // The tiled kernel stores w2's rows in their slots itself (`moe_scatter_store`; the decode forms'
+  // runs below check the split ones leave them to the scatter kernel).
+  EXPECT_EQ(cuda::last_moe_scatter_store(*gpu), ran && cuda::cuda_feature_on("moe_scatter_store"));
   const std::vector<float> g = gpu->download_f32(og);
   expect_same_bits(g, gpu->download_f32(small), "moe w4a8 wgmma tiled vs decode kernel");
   expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 wgmma tiled vs cpu");
@@ -3116,6 +3119,11 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
     cuda::set_decode_quarter_blocks(qb);
     const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
     gpu->moe(inputs.gpu_params(o));
+    // Unsplit (split 1), a block sums all of K and stores w2's rows in their slots itself; split,
+    // the scatter kernel adds the quarters (where the grouped MoE runs at all).
+    EXPECT_EQ(cuda::last_moe_scatter_store(*gpu),
+              split == 1 && cuda::cuda_feature_on("moe_scatter_store") && cuda::cuda_feature_on("grouped_moe"))
+        << what << "split " << split;
     expect_same_bits(gpu->download_f32(o), want,
                      what + (producer > 0 ? "producer warp, " : "") + std::to_string(rows) + " rows, span " +
                          std::to_string(span) + ", split " + std::to_string(split) + ", quarter blocks " + std::to_string(qb));
