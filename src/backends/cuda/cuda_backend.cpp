@@ -864,8 +864,9 @@ class CudaBackend final : public Backend {
   // or SPARROW_CUDA_SYNC asks for ops one at a time, the MoE plans on the device and groups its
   // experts (a host plan downloads the choices: SPARROW_CUDA_DISABLE=moe_device_plan or
   // grouped_moe, whose one-expert-at-a-time path plans on the host), allocations and uploads are
-  // stream-ordered (`pool`, `async_upload`), it has at most kMaxGraphTokens tokens, and a step of that many tokens has run op by op before (so the weights
-  // and the kept scratch are on the device already).
+  // stream-ordered (`pool`, `async_upload`; step_capture_allowed), it has at most kMaxGraphTokens
+  // tokens, and a step of that many tokens has run op by op before (so the weights and the kept
+  // scratch are on the device already).
   void begin_step(int64_t tokens, bool capturable) override {
     if (step_depth_++ > 0) return;
     ++step_serial_;
@@ -1732,11 +1733,6 @@ class CudaBackend final : public Backend {
     // (Every row of every expert with rows is written by the projections; the quarters' slices of
     // `partial` likewise, an empty quarter as zeros.)
     DeviceBuffer h13 = DeviceBuffer::scratch(2 * total * F * sizeof(float));
-    // The wgmma kernels write w2's rows straight into their slots of contrib (GroupedW4A8Args::
-    // scatter_slots; `moe_scatter_store` off: into y, then expert_scatter_kernel; the same values:
-    // the W4A8 path runs under ref_numerics only, where the scatter applies no routing weight).
-    static const bool scatter_store_on = cuda_feature_on("moe_scatter_store");
-    DeviceBuffer y;  // (below, once the split is known)
     float* const h1 = h13.f32();
     float* const h3 = h1 + total * F;
     static const bool pair_on = cuda_feature_on("w4a8_pair");
@@ -1746,10 +1742,13 @@ class CudaBackend final : public Backend {
     const bool split = wgmma && !tiled &&
                        (w4a8_wgmma_split_ == 2 || (w4a8_wgmma_split_ == 0 && total <= kSplitRows));
     DeviceBuffer partial = DeviceBuffer::scratch(split ? 4 * total * std::max(D, 2 * F) * sizeof(float) : 0);
-    // Where a block sums all of w2's K (the tiled kernel, or the decode kernel unsplit), its stores
-    // scatter the rows themselves.
+    // Where a block sums all of w2's K (the tiled kernel, or the decode kernel unsplit), the wgmma
+    // kernels store w2's rows straight into their slots of contrib (GroupedW4A8Args::scatter_slots;
+    // `moe_scatter_store` off: into y, then expert_scatter_kernel; the same values: the W4A8 path
+    // runs under ref_numerics only, where the scatter applies no routing weight).
+    static const bool scatter_store_on = cuda_feature_on("moe_scatter_store");
     const bool scatter_store = scatter_store_on && wgmma && !split;
-    y = DeviceBuffer::scratch(scatter_store ? 0 : total * D * sizeof(float));
+    DeviceBuffer y = DeviceBuffer::scratch(scatter_store ? 0 : total * D * sizeof(float));
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned16(h1);
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());

@@ -482,8 +482,9 @@ void launch_swiglu_sim_fp8(const SwigluSimArgs& a) {
 
 namespace {
 // The many-pair form (calls of kQuantHalfPairs or more; `act_quant_half` off: act_quant_fp8_kernel<4>
-// from kQuantManyPairs, one pair a warp below): a half-warp a pair, 8 values a lane (lane l of half h: inputs 8 (l % 16) .. + 7 of its block, the one-pair kernel's
-// lanes 2 (l % 16) and 2 (l % 16) + 1), two pairs at once and kPer such steps a warp, every step's
+// from kQuantManyPairs, one pair a warp below): a half-warp a pair, 8 values a lane (lane l of half
+// h: inputs 8 (l % 16) .. + 7 of its block, the one-pair kernel's lanes 2 (l % 16) and
+// 2 (l % 16) + 1), two pairs at once and kPer such steps a warp, every step's
 // loads issued before the first one's arithmetic. The max over 16 lanes, the scale, each value's
 // code and where it goes are the one-pair kernel's, so the same codes and scales; a warp's fixed
 // work (its pair's place, the max's shuffles, the scale) serves 8 values a lane instead of 4. (At

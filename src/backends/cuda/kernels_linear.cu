@@ -911,30 +911,17 @@ template <int kN>
 struct W4A8BlockOut {
   int64_t t0, R, r0, ld;
   int n, N, tig;
-  __device__ void store(float* dst, const float* v, int v_stride) const {
+  // Grouped row r's values (r = r0 + tr) to dst row r, or to row slots[r] where slots is given
+  // (GroupedW4A8Args::scatter_slots).
+  __device__ void store(float* dst, const float* v, int v_stride, const int32_t* slots = nullptr) const {
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
         const int col = n + (c < 2 ? 0 : 8);
-        if (tr < R && col < N) dst[(r0 + tr) * ld + col] = v[(4 * j + c) * v_stride];
-      }
-  }
-  // store()'s values to rows slots[r] instead of r (r the grouped row r0 + tr).
-  __device__ void store_scattered(float* dst, const float* v, int v_stride, const int32_t* slots) const {
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t tr = t0 + 8 * j + 2 * tig + h;
-        if (tr >= R) continue;
-        const int64_t slot = slots[r0 + tr];
-#pragma unroll
-        for (int c = h; c < 4; c += 2) {
-          const int col = n + (c < 2 ? 0 : 8);
-          if (col < N) dst[slot * ld + col] = v[(4 * j + c) * v_stride];
-        }
+        if (tr < R && col < N)
+          dst[(slots != nullptr ? slots[r0 + tr] : r0 + tr) * ld + col] = v[(4 * j + c) * v_stride];
       }
   }
   __device__ void finish_quarter(bool split, float* slice, float* total, int stride, int quarter, float (&acc)[kN / 2]) const {
@@ -1339,13 +1326,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   }
   cp_async_wait<0>();
   while (quarter < q_first + q_count) finish_quarter();
-  if constexpr (!kFp8W) {
-    if (g.scatter_slots != nullptr) {  // (unsplit, one projection: launch_grouped_w4a8's check)
-      out.store_scattered(g.out, total + tid, kThreads, g.scatter_slots);
-      return;
-    }
-  }
-  if (!split) out.store(g.out + second_offset, total + tid, kThreads);
+  // (scatter_slots only where unsplit with one projection: launch_grouped_w4a8's check; never for
+  // the dense FP8 linears)
+  if (!split) out.store(g.out + second_offset, total + tid, kThreads, kFp8W ? nullptr : g.scatter_slots);
 }
 
 // The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
@@ -1945,10 +1928,8 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
   }
   for (; quarter < q_first + q_count; ++quarter)
     out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kWgThreads, quarter, acc);
-  if (g.scatter_slots != nullptr)  // (unsplit, one projection: launch_grouped_w4a8's check)
-    out.store_scattered(g.out, total + tid, kWgThreads, g.scatter_slots);
-  else if (!split)
-    out.store(g.out + second_offset, total + tid, kWgThreads);  // (each thread reads what it wrote)
+  // (each thread reads what it wrote; scatter_slots only where unsplit with one projection)
+  if (!split) out.store(g.out + second_offset, total + tid, kWgThreads, g.scatter_slots);
 }
 
 // ---- The bf16 linears on wgmma: a decode form and a TMA form with one arithmetic --------------------

@@ -183,9 +183,9 @@ void check_act_quant(Backend& gpu, const std::vector<float>& values, DType dtype
 TEST_F(CudaFp8Linear, ActQuantIsTheCpuOneBitForBit) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   Rng rng(601);
-  // (The last two have more than 2^17 (row, block) pairs with their padding rows: the many-pair forms,
-  // a half-warp a pair from 2^15 (`act_quant_half`; off: four pairs a warp from 2^17); K % 8 != 0 in both, a row's
-  // last lane element by element.)
+  // (The last two have more than 2^17 (row, block) pairs with their padding rows: the many-pair
+  // forms, a half-warp a pair from 2^15 (`act_quant_half`; off: four pairs a warp from 2^17); K % 8
+  // != 0 in both, a row's last lane element by element.)
   for (auto [rows, K] : {std::pair<int64_t, int64_t>{1, 128}, {3, 200}, {37, 45}, {9, 1152}, {19, 300}, {2, 1},
                          {18, 257}, {300, 131}, {1030, 16300}, {1100, 15999}}) {
     const std::vector<float> v = edge_rows(rng, rows, K);

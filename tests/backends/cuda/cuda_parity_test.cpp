@@ -291,12 +291,13 @@ constexpr Tolerance kFastLogitTol{.atol = 1e30, .max_cosine_distance = 1e-4, .ma
 // the output by 2^-9 p. The logits feeding p carry the absolute error of a sum |q||k| large, so such
 // flips come hundreds of times as often as the output roundings' (the fp32 profile: CUDA vs CPU
 // logits under 1e-6 of the largest with exact weights, up to 1.5e-4 with bf16 ones, H100
-// 2026-12-05), and under fast each moves e4m3 codes downstream. The op itself matches the CPU's rounding to 0.000 of its move
-// on identical inputs (CudaOps.AttentionMma*, attention_kernel and the tensor cores). Here the bar is
-// relative to what the rounding does on the CPU, so that a GPU which skipped it, or rounded
-// elsewhere (about 1 of the move), fails: the logits' cosine distance to the CPU's at most a share of
-// the distance between the CPU's bf16-weight and exact-weight logits (0.05 under fp32, 0.5 under
-// fast, whose e4m3 codes amplify each flip), greedy top-1 identical on >= 95% of positions,
+// 2026-12-05), and under fast each moves e4m3 codes downstream. The op itself matches the CPU's
+// rounding to 0.000 of its move on identical inputs (CudaOps.AttentionMma*, attention_kernel and
+// the tensor cores). Here the bar is relative to what the rounding does on the CPU, so that a GPU
+// which skipped it, or rounded elsewhere (about 1 of the move), fails: the logits' cosine distance
+// to the CPU's at most a share of the distance between the CPU's bf16-weight and exact-weight
+// logits (0.05 under fp32, 0.5 under fast, whose e4m3 codes amplify each flip), greedy top-1
+// identical on >= 95% of positions,
 // decisions as above. Measured (H100, 2026-12-05), share of the move: fp32 profile 4e-8 to 2.9e-3
 // (csa the largest); fast 2.5e-12 to 0.10 on the fixtures (swa_hash), 0.375 on needle-tiny.
 double weights_bf16_cosine_share(Precision p) { return p == Precision::kFp32 ? 0.05 : 0.5; }
