@@ -4,8 +4,9 @@
 # alternated ROUNDS times in one call (the lent machines differ more between calls than most
 # changes), then `bench/report.py --compare` of each off record against the on record of its round.
 #
-#   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but SWITCH:)
+#   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but SWITCH or ENABLE:)
 #     SWITCH=name          the SPARROW_CUDA_DISABLE name compared (docs/cuda.md lists them)
+#     ENABLE=name          instead, an opt-in path: "on" runs with SPARROW_CUDA_ENABLE=name, "off" without
 #     BIN=.gpu-carry       folder holding sparrow built on the CPU machine (+ lib/)
 #     MODEL=/tmp/sparrow-v4f1   where the synthetic model goes; written when missing
 #     LAYERS=1             its layers (1: layer 0, SWA; 4: SWA, SWA, CSA, HCA)
@@ -15,7 +16,11 @@
 #     OUT=/tmp/ab          where the records and compare tables go
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${SWITCH:?SWITCH=<name> (a SPARROW_CUDA_DISABLE name) is required}"
+enable=${ENABLE:-}
+[ -n "${SWITCH:-}" ] || [ -n "$enable" ] ||
+  { echo "ab_device: SWITCH=<name> (a SPARROW_CUDA_DISABLE name) or ENABLE=<name> (a SPARROW_CUDA_ENABLE one) is required" >&2; exit 2; }
+[ -z "${SWITCH:-}" ] || [ -z "$enable" ] || { echo "ab_device: SWITCH and ENABLE: one of them" >&2; exit 2; }
+label=${SWITCH:-$enable}
 bin=${BIN:-.gpu-carry}
 layers=${LAYERS:-1}
 model=${MODEL:-/tmp/sparrow-v4f$layers}
@@ -33,15 +38,16 @@ fi
 status=0
 for r in $(seq 1 "$rounds"); do
   for side in off on; do
-    disable=""
-    [ "$side" = off ] && disable=$SWITCH
+    disable="" enabled=""
+    [ "$side" = off ] && [ -z "$enable" ] && disable=$SWITCH
+    [ "$side" = on ] && enabled=$enable
     # shellcheck disable=SC2086
-    SPARROW_CUDA_DISABLE=$disable "$bin/sparrow" bench --model "$model" --precision fast --peak-reps 3 \
+    SPARROW_CUDA_DISABLE=$disable SPARROW_CUDA_ENABLE=$enabled "$bin/sparrow" bench --model "$model" --precision fast --peak-reps 3 \
       --copy-gib 0.5 --out "$out/ab-$side-$r.json" $args >"$out/ab-$side-$r.txt" 2>&1 ||
       { echo "ab_device: round $r $side failed ($out/ab-$side-$r.txt)" >&2; status=1; }
   done
   if [ -f "$out/ab-off-$r.json" ] && [ -f "$out/ab-on-$r.json" ]; then
-    echo "== round $r: $SWITCH off -> on"
+    echo "== round $r: $label off -> on"
     python3 bench/report.py --compare "$out/ab-off-$r.json" "$out/ab-on-$r.json" | tee "$out/ab-compare-$r.md"
   fi
 done

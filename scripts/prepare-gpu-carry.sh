@@ -13,6 +13,9 @@ cmake --build build --target sparrow sparrow_cuda_tests sparrow_npy_compare spar
 rm -rf .gpu-carry
 mkdir -p .gpu-carry/lib
 cp build/bin/sparrow build/bin/sparrow_cuda_tests build/bin/sparrow_npy_compare build/bin/sparrow_host_overhead .gpu-carry/
+# Symbols stripped from the copies (build/ keeps them): the carry, with the tracked files, must stay
+# within the device tool's 64 MiB.
+strip .gpu-carry/sparrow .gpu-carry/sparrow_cuda_tests .gpu-carry/sparrow_npy_compare .gpu-carry/sparrow_host_overhead
 for b in .gpu-carry/sparrow .gpu-carry/sparrow_cuda_tests; do
   ldd "$b" | awk '/=> \// {print $3}' | grep -E 'httplib|brotli|pcre2' || true
 done | sort -u | while read -r lib; do cp -L "$lib" .gpu-carry/lib/; done
