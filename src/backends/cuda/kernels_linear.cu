@@ -2414,6 +2414,13 @@ __global__ void f32_to_bf16_kernel(const float* in, uint16_t* out, int64_t n) {
   }
 }
 
+// The values of bf16 bits (a bf16 tensor fed to a path that reads fp32).
+__global__ void bf16_to_f32_kernel(const uint16_t* in, float* out, int64_t n) {
+  wait_previous_grid();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
+}
+
 }  // namespace
 
 bool linear_vectorizable(const LinearArgs& a) {
@@ -2461,6 +2468,10 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
     launch(f32_to_bf16_kernel<true>, blocks_for(n / 4, 256), 256, 0, in, out, n);
   else
     launch(f32_to_bf16_kernel<false>, blocks_for(n, 256), 256, 0, in, out, n);
+}
+
+void launch_bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
+  if (n > 0) launch(bf16_to_f32_kernel, blocks_for(n, 256), 256, 0, in, out, n);
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }
