@@ -1250,15 +1250,16 @@ class CudaBackend final : public Backend {
                       .out_rope = out_fold && p.out_rope != nullptr ? rope_arg(*p.out_rope) : RopeTableArg{}});
     launch_check("attention");
     if (out_fold) return;
+    // (A bf16 output: the rotation and the conversion in one pass, the same bits as the two.)
     if (p.out_rope != nullptr) {
-      launch_rope({.x = out, .positions = device_batch(batch).positions, .T = T, .n = H, .width = Dh,
-                   .table = rope_arg(*p.out_rope), .inverse = true, .round_bf16 = p.round_bf16});
-      launch_check("attention out rope");
-    }
-    if (out_bf16) {
+      const RopeArgs ra{.x = out, .positions = device_batch(batch).positions, .T = T, .n = H, .width = Dh,
+                        .table = rope_arg(*p.out_rope), .inverse = true, .round_bf16 = p.round_bf16};
+      if (out_bf16) launch_rope_to_bf16(ra, p.out.bf16());
+      else launch_rope(ra);
+    } else if (out_bf16) {
       launch_f32_to_bf16(out, p.out.bf16(), T * H * Dh);
-      launch_check("attention out bf16");
     }
+    launch_check("attention output");
   }
 
   // Whether the model may hand attention a bf16 output and grouped_linear a bf16 input (opt-in,

@@ -295,6 +295,9 @@ struct RopeArgs {
   bool round_bf16 = false;  // the rotated dims stored rounded to bf16 (RopeParams::round_bf16)
 };
 void launch_rope(const RopeArgs& a);
+// out [T, n, width] = the bf16 bits of x rotated as launch_rope would rotate it (x not written):
+// rope_kernel, then f32_to_bf16, in one pass. REQUIRES width even.
+void launch_rope_to_bf16(const RopeArgs& a, uint16_t* out);
 
 struct WindowAppendArgs {
   float* const* dst;      // [T] ring slot of each token, null: skip (overwritten later in the batch)

@@ -846,6 +846,35 @@ __global__ void rope_kernel(RopeArgs a, int64_t heads_per) {
   }
 }
 
+// rope_kernel's rotation and f32_to_bf16_kernel's conversion in one pass, x left as it is: out
+// [T, n, width] holds every value's bf16 bits (bf16_bits), the last 2 table.pairs dims of each row
+// first rotated (and rounded under round_bf16) as rope_kernel rotates them. The attention's bf16
+// output where its kernel does not finish it (CudaBackend::attention). Grid as rope_kernel's; width
+// even.
+__global__ void rope_to_bf16_kernel(RopeArgs a, uint16_t* out, int64_t heads_per) {
+  __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
+  const int64_t t = blockIdx.x;
+  const int pairs = a.table.pairs;
+  const double pos = static_cast<double>(a.positions[t]);
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+  wait_previous_grid();
+  __syncthreads();
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per, half = a.width / 2, rope0 = half - pairs;
+  const int64_t total = (a.n - h0 < heads_per ? a.n - h0 : heads_per) * half;  // pairs of values
+  const float2* src = reinterpret_cast<const float2*>(a.x + (t * a.n + h0) * a.width);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out + (t * a.n + h0) * a.width);
+  for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
+    float2 v = src[j];
+    const int64_t p = j % half;
+    if (p >= rope0) {
+      const int i = static_cast<int>(p - rope0);
+      const float2 r = rope_rotated(v.x, v.y, cs[i], sn[i]);
+      v = a.round_bf16 ? make_float2(dev_bf16_round(r.x), dev_bf16_round(r.y)) : r;
+    }
+    dst[j] = bf16_bits(v.x) | static_cast<uint32_t>(bf16_bits(v.y)) << 16;
+  }
+}
+
 __global__ void window_append_kernel(WindowAppendArgs a) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1099,6 +1128,15 @@ void launch_rope(const RopeArgs& a) {
   static const bool spread_on = cuda_feature_on("rope_spread");
   const int64_t per = spread_on && a.T < kRopeSpreadTokens ? kRopeSpreadHeads : a.n;
   launch(rope_kernel, dim3(static_cast<unsigned>(a.T), static_cast<unsigned>((a.n + per - 1) / per)), kThreads, 0, a, per);
+}
+
+void launch_rope_to_bf16(const RopeArgs& a, uint16_t* out) {
+  if (a.T <= 0 || a.n * a.width <= 0) return;
+  SPARROW_CHECK(a.width % 2 == 0 && 2 * a.table.pairs <= a.width);
+  static const bool spread_on = cuda_feature_on("rope_spread");
+  const int64_t per = spread_on && a.T < kRopeSpreadTokens ? kRopeSpreadHeads : a.n;
+  launch(rope_to_bf16_kernel, dim3(static_cast<unsigned>(a.T), static_cast<unsigned>((a.n + per - 1) / per)), kThreads, 0,
+         a, out, per);
 }
 
 void launch_window_append(const WindowAppendArgs& a) {

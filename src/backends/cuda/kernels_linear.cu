@@ -1951,7 +1951,6 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
 // form needs the blocks (with 4, the gate's 256 rows made 16 blocks on 132 SMs: 7.7 us for 2 MB
 // in ncu on 2026-12-02), 4 from 8192 (the head's 129,280 rows in 16 parts made 32,320 blocks of 4
 // steps: its step segment 0.316 -> 0.404 ms).
-__device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 constexpr int kBf16Step = 64;                   // inputs a step: one 128-byte row of bf16
 constexpr int kBf16MaxParts = 16;
 __host__ __device__ inline int bf16_parts(int64_t N) { return N >= 8192 ? 4 : kBf16MaxParts; }
