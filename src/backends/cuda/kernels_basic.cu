@@ -816,14 +816,18 @@ __global__ void __launch_bounds__(kThreads, 2) rms_norm_warp_kernel(RmsNormArgs 
 // grid (T, head blocks): block y rotates heads [y * heads_per, (y + 1) * heads_per) of its token
 // (launch_rope: one block a token for large T; at a decode batch's few tokens the heads spread over
 // blocks of 8, each computing the token's angles itself: the same values).
+// The angles of a rope block's token (blockIdx.x) into cs and sn (rope_angle; a thread a pair).
+__device__ inline void rope_token_angles(const RopeArgs& a, double* cs, double* sn) {
+  const double pos = static_cast<double>(a.positions[blockIdx.x]);
+  for (int i = threadIdx.x; i < a.table.pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+}
 __global__ void rope_kernel(RopeArgs a, int64_t heads_per) {
   __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
-  const int64_t t = blockIdx.x;
-  const int pairs = a.table.pairs;
-  const double pos = static_cast<double>(a.positions[t]);
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+  rope_token_angles(a, cs, sn);
   wait_previous_grid();
   __syncthreads();
+  const int64_t t = blockIdx.x;
+  const int pairs = a.table.pairs;
   // kRowUnroll pairs a thread read before any is written (each write held back the next reads).
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per;
   const int64_t total = (a.n - h0 < heads_per ? a.n - h0 : heads_per) * pairs;
@@ -853,16 +857,14 @@ __global__ void rope_kernel(RopeArgs a, int64_t heads_per) {
 // even.
 __global__ void rope_to_bf16_kernel(RopeArgs a, uint16_t* out, int64_t heads_per) {
   __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
-  const int64_t t = blockIdx.x;
-  const int pairs = a.table.pairs;
-  const double pos = static_cast<double>(a.positions[t]);
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+  rope_token_angles(a, cs, sn);
   wait_previous_grid();
   __syncthreads();
-  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per, half = a.width / 2, rope0 = half - pairs;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per, half = a.width / 2, rope0 = half - a.table.pairs;
   const int64_t total = (a.n - h0 < heads_per ? a.n - h0 : heads_per) * half;  // pairs of values
-  const float2* src = reinterpret_cast<const float2*>(a.x + (t * a.n + h0) * a.width);
-  uint32_t* dst = reinterpret_cast<uint32_t*>(out + (t * a.n + h0) * a.width);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * a.n + h0) * a.width;  // (token blockIdx.x)
+  const float2* src = reinterpret_cast<const float2*>(a.x + row0);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out + row0);
   for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
     float2 v = src[j];
     const int64_t p = j % half;
