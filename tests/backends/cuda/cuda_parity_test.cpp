@@ -522,6 +522,7 @@ TEST_F(CudaModelParity, AttentionOutputAsBf16GivesTheSameBits) {
   cfg.num_heads = 64;
   cfg.head_dim = 128;
   cfg.rope_dim = 16;
+  cfg.index_head_dim = 16;  // (at least rope_dim: the indexer ropes its last rope_dim dims)
   const std::filesystem::path dir = testing::make_temp_dir("cuda_out_bf16");
   testing::write_test_model(dir, cfg, 4323);
   auto loaded = Model::load(dir, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
