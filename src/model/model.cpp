@@ -357,15 +357,15 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
     }
   }
 
-  // The output bf16 where the values are (round_bf16) and the backend takes it: wo_a reads it so.
-  Tensor o = be.alloc(ref && be.attention_out_bf16() ? ElemType::kBF16 : ElemType::kF32, {T, H, Dh});
+  Tensor o = be.alloc(ElemType::kF32, {T, H, Dh});
   be.attention({.out = o, .q = q, .kv = kv, .selected = selected, .sinks = L.attn_sink, .batch = &batch, .layer = l,
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
                  .bf16_operands = attention_bf16_operands(nx), .kv_record = attention_bf16_operands(nx),
-                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps, .weights_bf16 = attn_weights_bf16_,
-                 .out_rope = &rope});  // V carried rotated dims: undone at the query position (spec §3.3)
+                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps, .weights_bf16 = attn_weights_bf16_});
   be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = attention_bf16_operands(nx)});
+  // V carried rotated dims: undo the rotation at the query position (spec §3.3).
+  be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.core", o);
 
   // wo_a is a bf16 GEMM in the reference (dequantised at conversion), wo_b an FP8 one.

@@ -179,8 +179,7 @@ struct LinearFp8BlockParams {
 // wo_a: groups of G heads' outputs, each projected by its own [R, Kg] block of rows.
 struct GroupedLinearParams {
   Tensor out;                  // [T, G*R]
-  Tensor in;                   // [T, G*Kg]; bf16 (ElemType::kBF16) only with round_bf16, where
-                               // Backend::attention_out_bf16()
+  Tensor in;                   // [T, G*Kg]
   const WeightMatrix* weight;  // [G*R, Kg] group-major rows
   int64_t groups;
   bool round_bf16 = false;
@@ -310,11 +309,6 @@ struct AttentionParams {
   // candidates may start each split's running max afresh (docs/accuracy.md). Only where
   // supports_attention_weights_bf16(bf16_operands, H, Dh).
   bool weights_bf16 = false;
-  // Where set, the output is then rotated back (V carried rotated dims, spec §3.3): inverse RoPE at
-  // each token's position over its last out_rope->rope_dim() dims, each rounded to bf16 under
-  // round_bf16, the values the rope op gives (Backend::attention_out_rope runs that op after; a
-  // backend may fold it into its kernel instead, the same bits).
-  const RopeTable* out_rope = nullptr;
 };
 
 // Where routed_scaling_factor is applied. Exactly one placement multiplies it, never both.
@@ -422,10 +416,6 @@ class Backend {
     (void)bf16_operands, (void)heads, (void)head_dim;
     return false;
   }
-  // Whether attention() may be handed a bf16 `out` (ElemType::kBF16) on calls with round_bf16, and
-  // grouped_linear() a bf16 `in` with round_bf16: the values are bf16 there, so the same bits in half
-  // the bytes (the CUDA backend, docs/cuda.md; the CPU: never).
-  virtual bool attention_out_bf16() const { return false; }
 
   // The ops called between begin_step and end_step are one step of the model over `tokens` tokens.
   // A backend may record them and run them as one unit at end_step (the CUDA backend's graphs,
@@ -441,8 +431,6 @@ class Backend {
  protected:
   // AttentionParams::q_rope's norm and rotation of q, in place, by this backend's rms_norm and rope.
   void attention_q_prep(const AttentionParams& p);
-  // AttentionParams::out_rope's inverse rotation of the output, in place, by this backend's rope.
-  void attention_out_rope(const AttentionParams& p);
 };
 
 // begin_step on construction, end_step on destruction.
@@ -470,11 +458,6 @@ inline void Backend::attention_q_prep(const AttentionParams& p) {
   if (p.q_rope == nullptr) return;
   rms_norm({.out = p.q, .in = p.q, .weight = {}, .group = p.q.dim(2), .eps = p.q_norm_eps, .round_bf16 = p.round_bf16});
   rope({.x = p.q, .table = p.q_rope, .direction = RopeDirection::kForward, .round_bf16 = p.round_bf16}, *p.batch);
-}
-
-inline void Backend::attention_out_rope(const AttentionParams& p) {
-  if (p.out_rope == nullptr) return;
-  rope({.x = p.out, .table = p.out_rope, .direction = RopeDirection::kInverse, .round_bf16 = p.round_bf16}, *p.batch);
 }
 
 inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>& rows) {

@@ -1,8 +1,6 @@
 // Tensor: an activation buffer owned by a backend (host memory for the CPU backend).
 //
-// Activations are fp32 (or int32 for index tensors such as top-k selections). A backend that says
-// so (Backend::attention_out_bf16) may be handed a bf16 tensor (raw bf16 bits, 2 bytes an element)
-// where the values are bf16 already: the attention's output under the reduced-precision profiles.
+// Activations are fp32 (or int32 for index tensors such as top-k selections) in this profile.
 // The model never reads or writes a Tensor's elements itself; only ops do.
 #pragma once
 
@@ -12,10 +10,7 @@
 
 namespace sparrow {
 
-enum class ElemType : uint8_t { kF32, kI32, kBF16 };
-
-// Bytes an element of `type` takes.
-constexpr int64_t elem_bytes(ElemType type) { return type == ElemType::kBF16 ? 2 : 4; }
+enum class ElemType : uint8_t { kF32, kI32 };
 
 class Tensor {
  public:
@@ -36,7 +31,6 @@ class Tensor {
   // Typed access, for backends only.
   float* f32() const { return static_cast<float*>(data_); }
   int32_t* i32() const { return static_cast<int32_t*>(data_); }
-  uint16_t* bf16() const { return static_cast<uint16_t*>(data_); }
   // Same storage, another shape with the same element count (a view).
   Tensor reshaped(std::vector<int64_t> shape) const { return Tensor(storage_, data_, type_, std::move(shape)); }
 

@@ -38,9 +38,8 @@ void TapRecorder::record(const std::string& name, const Tensor& t) {
   TapRecord r;
   r.name = name;
   r.shape = t.shape();
-  // (A bf16 tensor, Backend::attention_out_bf16, is recorded as the fp32 values it holds.)
-  r.type = t.type() == ElemType::kI32 ? ElemType::kI32 : ElemType::kF32;
-  if (r.type == ElemType::kF32) {
+  r.type = t.type();
+  if (t.type() == ElemType::kF32) {
     r.f32 = backend_.download_f32(t);
   } else {
     r.i32 = backend_.download_i32(t);

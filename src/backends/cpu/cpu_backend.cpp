@@ -121,8 +121,6 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
 
   Tensor alloc(ElemType type, std::vector<int64_t> shape) override {
-    // (attention_out_bf16() is false: the model never asks this backend for bf16 tensors.)
-    SPARROW_CHECK(type != ElemType::kBF16 && "the CPU backend keeps no bf16 tensors");
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
@@ -495,7 +493,6 @@ class CpuBackend final : public Backend {
         }
       }
     });
-    attention_out_rope(p);
   }
 
   // AttentionParams::weights_bf16 for one head: flash-attention's order with bf16 weights. Chunks of

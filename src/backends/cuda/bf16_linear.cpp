@@ -127,8 +127,7 @@ bool Bf16GroupedLinear::run_stacked(float* out, const float* in, int64_t T, std:
 }
 
 bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
-                            const std::function<DevWeight()>& device_weight, bool round_bf16, PartsView* parts,
-                            const uint16_t* in_bf16) {
+                            const std::function<DevWeight()>& device_weight, bool round_bf16, PartsView* parts) {
   SPARROW_CHECK(G > 0 && w.out % G == 0);
   const int64_t N = w.out, K = w.in, R = N / G;
   // 16-byte aligned leading dimensions and batch strides for every operand.
@@ -142,7 +141,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
       w.block_out % 64 == 0 && w.block_in % 64 == 0) {
     const DevWeight dw = device_weight();
     if (reinterpret_cast<uintptr_t>(dw.data) % 16 == 0) {
-      gemm(out, in, T, G, R, K, nullptr, round_bf16, false, &dw, parts, in_bf16);
+      gemm(out, in, T, G, R, K, nullptr, round_bf16, false, &dw, parts);
       return true;
     }
   }
@@ -164,7 +163,7 @@ bool Bf16GroupedLinear::run(float* out, const float* in, int64_t T, int64_t G, c
     }
     a_bf16 = wb->get();
   }
-  gemm(out, in, T, G, R, K, a_bf16, round_bf16, fresh, nullptr, parts, in_bf16);
+  gemm(out, in, T, G, R, K, a_bf16, round_bf16, fresh, nullptr, parts);
   return true;
 }
 
@@ -173,8 +172,7 @@ bool Bf16GroupedLinear::own_kernels(int64_t N, int64_t K, int64_t R) const {
 }
 
 void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
-                             bool round_bf16, bool fresh_weight, const DevWeight* w8, PartsView* parts,
-                             const uint16_t* in_bf16) {
+                             bool round_bf16, bool fresh_weight, const DevWeight* w8, PartsView* parts) {
   if (parts) *parts = PartsView(out);  // (unless the parts are left below)
   static const bool f32_in = cuda_feature_on("bf16_f32_in");
   const bool own = own_kernels(G * R, K, R), decode_form = own && bf16_wgmma_reads_f32(T);
@@ -182,23 +180,11 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
   // The decode form reads the fp32 inputs itself, unless the weight's bf16 copy was written just now
   // (by the launch right before: the kernel reads its first weight steps before its wait, which
   // sees only what launches two back or earlier wrote).
-  // A bf16 input (in_bf16) is read as it is, by either form.
-  const bool reads_f32 =
-      in_bf16 == nullptr && decode_form && f32_in && !fresh_weight && reinterpret_cast<uintptr_t>(in) % 16 == 0;
-  const uint16_t* x = in_bf16;
-  if (x == nullptr && !reads_f32) {
+  const bool reads_f32 = decode_form && f32_in && !fresh_weight && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  if (!reads_f32) {
     xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
     launch_f32_to_bf16(in, static_cast<uint16_t*>(xb_.get()), T * G * K);
     SPARROW_CUDA_CHECK(cudaGetLastError());
-    x = static_cast<const uint16_t*>(xb_.get());
-  } else if (x != nullptr && decode_form && fresh_weight) {
-    // (The decode form's first weight steps are read before its wait: a weight copy written by the
-    // launch just before would not be seen. The input is copied in between instead, as the
-    // conversion pass would be; a weight's first use only.)
-    xb_.ensure(static_cast<size_t>(T * G * K) * sizeof(uint16_t));
-    SPARROW_CUDA_CHECK(cudaMemcpyAsync(xb_.get(), x, static_cast<size_t>(T * G * K) * sizeof(uint16_t),
-                                       cudaMemcpyDeviceToDevice, cudaStreamPerThread));
-    x = static_cast<const uint16_t*>(xb_.get());
   }
   last_f32_in_ = reads_f32;
   last_fp8_weights_ = w8 != nullptr;
@@ -206,7 +192,7 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
     const int64_t N = G * R;
     partial_.ensure(static_cast<size_t>(bf16_wgmma_partial_floats(T, N)) * sizeof(float));
     const PartsView view = launch_bf16_wgmma_linear({.out = out, .partial = partial_.f32(),
-                              .x = reads_f32 ? nullptr : x,
+                              .x = reads_f32 ? nullptr : static_cast<const uint16_t*>(xb_.get()),
                               .x_f32 = reads_f32 ? in : nullptr,
                               .w = static_cast<const uint16_t*>(a_bf16), .w8 = w8 != nullptr ? *w8 : DevWeight{},
                               .rows = T, .x_ld = G * K,
@@ -231,7 +217,7 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
   const CublasLtApi& lt = cublaslt_api();
   const float alpha = 1.0f, beta = 0.0f;
   if (o)
-    s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o->desc, &alpha, a_bf16, o->a, x, o->b, &beta, out,
+    s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o->desc, &alpha, a_bf16, o->a, xb_.get(), o->b, &beta, out,
                   o->d, out, o->d, &pl.algo, nullptr, 0, cudaStreamPerThread);
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");

@@ -53,11 +53,9 @@ class Bf16GroupedLinear {
   // `round_bf16`: the outputs rounded to bf16 (in the parts' sum where one runs, else a pass after).
   // With `parts`, the wgmma decode form's parts may be left for the caller's reader (kernels.h
   // PartsView): *parts says where the output is (out itself, or the parts in kept scratch, valid
-  // until the next call; out then not written). `in_bf16`: the input as bf16 bits instead of `in`
-  // (which is then not read; rows G*K apart, 16-byte aligned): no conversion.
+  // until the next call; out then not written).
   bool run(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w,
-           const std::function<DevWeight()>& device_weight, bool round_bf16 = false, PartsView* parts = nullptr,
-           const uint16_t* in_bf16 = nullptr);
+           const std::function<DevWeight()>& device_weight, bool round_bf16 = false, PartsView* parts = nullptr);
   static constexpr int64_t kInvariantM = 4096;
   // The project's wgmma kernels instead of cuBLASLt where the shapes suit them (test support; on
   // unless SPARROW_CUDA_DISABLE=bf16_wgmma), and whether the last GEMM ran on them.
@@ -81,10 +79,10 @@ class Bf16GroupedLinear {
   bool own_kernels(int64_t N, int64_t K, int64_t R) const;
   // The grouped GEMM of a bf16 weight already on the device (the plan of (R, K, G) must be ok).
   // `fresh_weight`: a_bf16 was written by the launch just before (its first use). `w8`: instead of
-  // a_bf16, the FP8 weight as stored (the wgmma decode form only). `in_bf16`: as run()'s.
+  // a_bf16, the FP8 weight as stored (the wgmma decode form only).
   void gemm(float* out, const float* in, int64_t T, int64_t G, int64_t R, int64_t K, const void* a_bf16,
             bool round_bf16 = false, bool fresh_weight = false, const DevWeight* w8 = nullptr,
-            PartsView* parts = nullptr, const uint16_t* in_bf16 = nullptr);
+            PartsView* parts = nullptr);
   struct Plan;  // a cached cuBLASLt algorithm for one (R, K, G), or none
   const Plan& plan(int64_t R, int64_t K, int64_t G);
 

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -517,7 +516,7 @@ class CudaBackend final : public Backend {
     const bool poison = poison_alloc();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1) * elem_bytes(type));
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
     void* p = device_alloc(bytes, !nofill && !poison);
     if (poison) fill_device(p, 0xff, bytes);
     std::shared_ptr<void> storage(p, [](void* q) { device_free(q); });
@@ -542,14 +541,6 @@ class CudaBackend final : public Backend {
 
   std::vector<float> download_f32(const Tensor& t) override {
     OpProfiler::Scope op_scope(profiler_, "download");
-    if (t.type() == ElemType::kBF16) {  // (attention_out_bf16: the values it holds)
-      std::vector<uint16_t> bits(t.numel());
-      if (!bits.empty())
-        SPARROW_CUDA_CHECK(cudaMemcpy(bits.data(), t.bf16(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-      std::vector<float> v(bits.size());
-      for (size_t i = 0; i < bits.size(); ++i) v[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
-      return v;
-    }
     SPARROW_CHECK(t.type() == ElemType::kF32);
     std::vector<float> v(t.numel());
     if (!v.empty()) SPARROW_CUDA_CHECK(cudaMemcpy(v.data(), t.f32(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -806,22 +797,11 @@ class CudaBackend final : public Backend {
     // does, a bf16 GEMM with fp32 sums, on the tensor cores (bf16_linear.h; SPARROW_CUDA_DISABLE=bf16_gemm
     // or a weight it cannot take: the vectorized kernel where the weight allows it, as `linear` does
     // under act_quant_fp8); fp32 keeps the element-wise one.
-    // A bf16 input (attention_out_bf16) is read as it is by the bf16 GEMM, else converted to fp32 first.
-    const bool in_bf16 = p.in.type() == ElemType::kBF16;
-    SPARROW_CHECK((p.in.type() == ElemType::kF32 || (in_bf16 && p.round_bf16)) &&
-                  "grouped_linear: a bf16 input holds rounded values only (round_bf16)");
-    if (p.round_bf16 && bf16_gemm(p.out.f32(), in_bf16 ? nullptr : p.in.f32(), T, G, w, true, nullptr,
-                                  in_bf16 ? p.in.bf16() : nullptr)) {
+    if (p.round_bf16 && bf16_gemm(p.out.f32(), p.in.f32(), T, G, w, true)) {
       last_linear_ = LinearPath::kTensorCores;
       return;
     }
-    Tensor in = p.in;
-    if (in_bf16) {
-      in = alloc(ElemType::kF32, p.in.shape());
-      launch_bf16_to_f32(p.in.bf16(), in.f32(), in.numel());
-      launch_check("grouped_linear bf16 input");
-    }
-    last_linear_ = launch_linear({.out = p.out.f32(), .in = in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
+    last_linear_ = launch_linear({.out = p.out.f32(), .in = p.in.f32(), .in_rows = nullptr, .w = dev_weight(w), .T = T,
                                   .in_stride = G * w.in, .rows_per_group = w.out / G, .vectorized = p.round_bf16})
                        ? LinearPath::kVectorized
                        : LinearPath::kElementWise;
@@ -1120,10 +1100,6 @@ class CudaBackend final : public Backend {
     SPARROW_CHECK_EQ(p.kv.numel(), T * Dh);
     SPARROW_CHECK_EQ(p.out.numel(), T * H * Dh);
     SPARROW_CHECK_EQ(p.sinks.numel(), H);
-    const bool out_bf16 = p.out.type() == ElemType::kBF16;
-    SPARROW_CHECK((p.out.type() == ElemType::kF32 || (out_bf16 && p.round_bf16)) &&
-                  "attention: a bf16 output holds rounded values only (round_bf16)");
-    if (p.out_rope != nullptr) SPARROW_CHECK_LE(p.out_rope->rope_dim(), Dh);
     std::vector<AttnTokenArgs> tokens(T);
     int64_t max_candidates = 1;
     // The bf16 copies of the KV state (the ring's, written with it; the entries', complete from the
@@ -1228,16 +1204,7 @@ class CudaBackend final : public Backend {
     // only the splits a token has; attention_kernel writes a candidate's logit before it reads it.)
     DeviceBuffer scratch =
         DeviceBuffer::scratch(one_split ? 0 : static_cast<size_t>(per_pass * token_floats) * sizeof(float));
-    // The output's rotation back (AttentionParams::out_rope) and its bf16 store folded into the
-    // tensor-core kernels' ending where every token has one split (AttentionArgs::out_bf16; opt-in,
-    // SPARROW_CUDA_ENABLE=attn_out_fold, until it has run on a GPU. Else the values in fp32, then the
-    // rope kernel and the conversion: the same bits).
-    const bool out_fold = one_split && attention_out_fold_ && (p.out_rope != nullptr || out_bf16);
-    last_attention_out_fold_ = out_fold;
-    DeviceBuffer out_f32;  // (a bf16 output not folded: the fp32 values first)
-    if (out_bf16 && !out_fold) out_f32 = DeviceBuffer::scratch(static_cast<size_t>(T * H * Dh) * sizeof(float));
-    float* const out = out_bf16 ? (out_fold ? nullptr : out_f32.f32()) : p.out.f32();
-    launch_attention({.out = out, .scratch = parts ? nullptr : scratch.f32(), .q = p.q.f32(),
+    launch_attention({.out = p.out.f32(), .scratch = parts ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
@@ -1245,26 +1212,9 @@ class CudaBackend final : public Backend {
                       .split_tokens_per_pass = per_pass, .kernel_tokens_per_pass = parts ? 0 : per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
                       .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
                       .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
-                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale,
-                      .out_bf16 = out_fold && out_bf16 ? p.out.bf16() : nullptr,
-                      .out_rope = out_fold && p.out_rope != nullptr ? rope_arg(*p.out_rope) : RopeTableArg{}});
+                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
     launch_check("attention");
-    if (out_fold) return;
-    // (A bf16 output: the rotation and the conversion in one pass, the same bits as the two.)
-    if (p.out_rope != nullptr) {
-      const RopeArgs ra{.x = out, .positions = device_batch(batch).positions, .T = T, .n = H, .width = Dh,
-                        .table = rope_arg(*p.out_rope), .inverse = true, .round_bf16 = p.round_bf16};
-      if (out_bf16) launch_rope_to_bf16(ra, p.out.bf16());
-      else launch_rope(ra);
-    } else if (out_bf16) {
-      launch_f32_to_bf16(out, p.out.bf16(), T * H * Dh);
-    }
-    launch_check("attention output");
   }
-
-  // Whether the model may hand attention a bf16 output and grouped_linear a bf16 input (opt-in,
-  // SPARROW_CUDA_ENABLE=attn_out_bf16, until it has run on a GPU; off: fp32 both, the same bits).
-  bool attention_out_bf16() const override { return attention_out_bf16_; }
 
   // A token whose ring slot a later token of the same sequence in this batch overwrites is
   // skipped, so the result is that of the CPU's in-order writes without a race.
@@ -2009,11 +1959,10 @@ class CudaBackend final : public Backend {
   // multiples of 8); false (nothing run) otherwise. Whether it runs depends on the shapes, never on T.
   // `round_bf16`: the outputs rounded to bf16 too (in the GEMM's sum of parts where it has one).
   // `parts`: as Bf16GroupedLinear::run's (set only when it returns true).
-  // `in_bf16`: the input as bf16 bits instead (Bf16GroupedLinear::run's).
   bool bf16_gemm(float* out, const float* in, int64_t T, int64_t G, const WeightMatrix& w, bool round_bf16 = false,
-                 PartsView* parts = nullptr, const uint16_t* in_bf16 = nullptr) {
+                 PartsView* parts = nullptr) {
     static const bool on = cuda_feature_on("bf16_gemm");
-    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16, parts, in_bf16)) return false;
+    if (!on || !bf16_.run(out, in, T, G, w, [&] { return dev_weight(w); }, round_bf16, parts)) return false;
     launch_check("bf16 GEMM");
     return true;
   }
@@ -2071,9 +2020,6 @@ class CudaBackend final : public Backend {
   bool last_attention_mma_ = false;  // test support
   int64_t last_attention_passes_ = 0;  // test support
   bool last_attention_q_fold_ = false;  // test support
-  bool last_attention_out_fold_ = false;  // test support
-  bool attention_out_bf16_ = cuda_feature_enabled("attn_out_bf16");
-  bool attention_out_fold_ = cuda_feature_enabled("attn_out_fold");
   bool last_attention_bf16_kv_ = false;  // test support
   bool last_attention_records_ = false;  // test support
   bool kv_records_ = cuda_feature_enabled("kv_record");  // set_kv_records; SPARROW_CUDA_ENABLE=kv_record
@@ -2101,9 +2047,6 @@ class CudaBackend final : public Backend {
   bool last_attention_mma() const { return last_attention_mma_; }
   int64_t last_attention_passes() const { return last_attention_passes_; }
   bool last_attention_q_fold() const { return last_attention_q_fold_; }
-  bool last_attention_out_fold() const { return last_attention_out_fold_; }
-  void set_attention_out_bf16(bool on) { attention_out_bf16_ = on; }
-  void set_attention_out_fold(bool on) { attention_out_fold_ = on; }
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
   void set_kv_records(bool on) { kv_records_ = on; }
@@ -2287,9 +2230,6 @@ void set_attention_scratch_cap(int64_t bytes) {
   g_attention_scratch_cap.store(bytes);
 }
 bool last_attention_q_fold(Backend& backend) { return cuda_backend(backend).last_attention_q_fold(); }
-bool last_attention_out_fold(Backend& backend) { return cuda_backend(backend).last_attention_out_fold(); }
-void set_attention_out_bf16(Backend& backend, bool on) { cuda_backend(backend).set_attention_out_bf16(on); }
-void set_attention_out_fold(Backend& backend, bool on) { cuda_backend(backend).set_attention_out_fold(on); }
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }

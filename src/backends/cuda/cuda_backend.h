@@ -272,13 +272,6 @@ int64_t last_attention_passes(Backend& backend);
 void set_attention_scratch_cap(int64_t bytes);
 // Whether it folded q's norm and rotation (AttentionParams::q_rope) into the tensor-core kernel.
 bool last_attention_q_fold(Backend& backend);
-// Whether the last attention call folded its output's ending (AttentionParams::out_rope, a bf16 out)
-// into the tensor-core kernel; and switches for it and for Backend::attention_out_bf16 (both off by
-// default until they have run on a GPU: on with SPARROW_CUDA_ENABLE=attn_out_fold / attn_out_bf16 or
-// here). The same bits either way.
-bool last_attention_out_fold(Backend& backend);
-void set_attention_out_bf16(Backend& backend, bool on);
-void set_attention_out_fold(Backend& backend, bool on);
 // Whether that attention read the bf16 copies of the KV state (the ring's copy, kept since the
 // state was made; the entries', complete from the first; SPARROW_CUDA_DISABLE=attn_bf16_kv stops
 // keeping them), and a switch for tests: off, the kernel converts the fp32 state (the same bits).

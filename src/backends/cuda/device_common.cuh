@@ -3,7 +3,6 @@
 // deterministic block reductions (fixed order, so a result never depends on timing).
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -164,9 +163,6 @@ __device__ inline uint16_t dev_f32_to_bf16(float f) {
 }
 // bf16 round to nearest even, as an f32.
 __device__ inline float dev_bf16_round(float f) { return dev_bf16(dev_f32_to_bf16(f)); }
-// f32 -> bf16 bits by the CUDA intrinsic (round to nearest even): the conversion passes' and the
-// bf16 GEMMs' staging of fp32 inputs (f32_to_bf16_kernel, rope_to_bf16_kernel).
-__device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 // Value i of a GEMM's output through its PartsView (kernels.h): the slices added in order and
 // rounded (parts_sum_kernel's arithmetic, which it calls too), or the summed value itself.

@@ -162,12 +162,7 @@ bool cuda_feature_on(const char* name);
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
 // H200, 2026-12-03) and "attn_wg_ahead" (attention_wg_kernel issues a chunk's logits before the
-// chunk before's softmax: the same bits, slower on the H200, 2026-12-05), "attn_out_bf16" (the
-// attention's output under round_bf16 a bf16 tensor, which wo_a's bf16 GEMM reads as it is;
-// without: fp32, converted for the GEMM) and "attn_out_fold" (the output's rotation back,
-// AttentionParams::out_rope, and its bf16 store in the tensor-core kernels' ending where every token
-// has one split; without: the rope kernel and a conversion after): the same bits, written 2026-12-05
-// and not yet run on a GPU. Read once per process.
+// chunk before's softmax: the same bits, slower on the H200, 2026-12-05). Read once per process.
 bool cuda_feature_enabled(const char* name);
 // The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):
 // `fallback` when unset or empty; a value that is not a whole decimal integer, or that `ok`
@@ -295,9 +290,6 @@ struct RopeArgs {
   bool round_bf16 = false;  // the rotated dims stored rounded to bf16 (RopeParams::round_bf16)
 };
 void launch_rope(const RopeArgs& a);
-// out [T, n, width] = the bf16 bits of x rotated as launch_rope would rotate it (x not written):
-// rope_kernel, then f32_to_bf16, in one pass. REQUIRES width even.
-void launch_rope_to_bf16(const RopeArgs& a, uint16_t* out);
 
 struct WindowAppendArgs {
   float* const* dst;      // [T] ring slot of each token, null: skip (overwritten later in the batch)
@@ -534,8 +526,6 @@ void launch_fp4_to_device_layout(uint32_t* words, int64_t n);
 // order (fp4_layout.h; fp4_tiles(rows, row_bytes)).
 void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows, int64_t row_bytes);
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
-// out[i] = the value of the bf16 bits in[i], for i < n.
-void launch_bf16_to_f32(const uint16_t* in, float* out, int64_t n);
 // Test hook: the W4A8 decode wgmma kernel's e5m2 tables of each packed e8m0 word, through the group prep
 // and through the per-block table alone (out: 26 words a word; kernels_linear.cu says which).
 void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out);
@@ -854,14 +844,6 @@ struct AttentionArgs {
   // as the CPU's does (not only to within a few ulps of it, which would flip a few near bf16 ties).
   bool weights_bf16 = false;
   double scale_f64 = 0.0;  // AttentionParams::scale, for attention_kernel under weights_bf16
-  // With mma and every token in one split (attention_splits(max_candidates, true) == 1), the
-  // output's ending folded into the kernel (AttentionParams::out_rope and a bf16 out): each pair of
-  // dims in out_rope's last 2 pairs rotated back at the token's position, rope_kernel's values
-  // (pairs 0: none); and, where out_bf16 is set (REQUIRES round_bf16), the output stored there as bf16
-  // bits instead of into `out` (which may then be null). The same bits as rope_kernel after, and
-  // f32_to_bf16's conversion of the values, which are bf16 already.
-  uint16_t* out_bf16 = nullptr;  // [T, H, Dh]
-  RopeTableArg out_rope{};
 };
 void launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.

@@ -1273,42 +1273,6 @@ struct SplitBlock {
   int64_t t, h0, s, n;
   AttnTokenArgs tk;
 };
-
-// AttentionArgs::out_rope's angles for a token at `pos`, as rope_kernel makes them (rope_angle,
-// inverse): cosines in ang[0, pairs), sines in ang[pairs, 2 pairs). Threads first, first + step, ...
-__device__ inline void attn_out_angles(const AttentionArgs& a, double pos, double* ang, int first, int step) {
-  for (int i = first; i < a.out_rope.pairs; i += step) rope_angle(pos, a.out_rope, i, true, ang[i], ang[a.out_rope.pairs + i]);
-}
-// A finished pair of output dims (d, d + 1; d even) of (token t, head h), each rounded as round_bf16
-// says: rotated back where AttentionArgs::out_rope covers them (rope_kernel's rotation of the
-// rounded pair by the token's angles `ang`, attn_out_angles; each rounded again under round_bf16:
-// its values), then stored as bf16 bits into out_bf16 where set (REQUIRES round_bf16: the bits are
-// the value's), else as floats into out. The tensor-core kernels' endings for a token's only split.
-__device__ inline void attn_store_pair(const AttentionArgs& a, int64_t t, int64_t h, int64_t d, const double* ang, float v0,
-                                       float v1) {
-  const int pairs = a.out_rope.pairs;
-  const int64_t rope0 = a.Dh - 2 * pairs;
-  if (pairs > 0 && d >= rope0) {
-    const int i = static_cast<int>((d - rope0) / 2);
-    const float2 r = rope_rotated(v0, v1, ang[i], ang[pairs + i]);
-    v0 = a.round_bf16 ? dev_bf16_round(r.x) : r.x;
-    v1 = a.round_bf16 ? dev_bf16_round(r.y) : r.y;
-  }
-  const int64_t at = (t * a.H + h) * a.Dh + d;
-  if (a.out_bf16 != nullptr)
-    *reinterpret_cast<uint32_t*>(a.out_bf16 + at) = (__float_as_uint(v0) >> 16) | (__float_as_uint(v1) & 0xffff0000u);
-  else
-    *reinterpret_cast<float2*>(a.out + at) = make_float2(v0, v1);
-}
-// `count` zeros from (token t, head h0)'s first dim on, where the output goes (a token without
-// candidates: its rotation is 0 too).
-__device__ inline void attn_store_zeros(const AttentionArgs& a, int64_t t, int64_t h0, int64_t count, int first, int step) {
-  const int64_t at = (t * a.H + h0) * a.Dh;
-  for (int64_t i = first; i < count; i += step) {
-    if (a.out_bf16 != nullptr) a.out_bf16[at + i] = 0;
-    else a.out[at + i] = 0.0f;
-  }
-}
 __device__ inline SplitBlock split_block(const AttentionArgs& a, int64_t t_base, int64_t heads) {
   const int64_t groups = a.H / heads;
   SplitBlock b;
@@ -1640,7 +1604,8 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * a.mma_split;
   if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
-    if (n == 0 && s == 0 && blockIdx.z == 0) attn_store_zeros(a, t, h0, kH * kDh, threadIdx.x, kT);
+    if (n == 0 && s == 0 && blockIdx.z == 0)
+      for (int i = threadIdx.x; i < kH * kDh; i += kT) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
     return;
   }
   const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
@@ -2061,11 +2026,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
       st_alpha[tid] = ws;
       logits[tid] = attn_combine_denom(expf(sink - M), ws, st_l[tid]);
     }
-    // The output's angles (out_rope) after the denominators in the logits' space.
-    static_assert(sizeof(float) * kH * (kAmChunk + 1) >= sizeof(float) * 2 * kH + 2 * sizeof(double) * kMaxRopePairs,
-                  "the output's angles fit");
-    double* const out_ang = reinterpret_cast<double*>(logits + 2 * kH);
-    attn_out_angles(a, static_cast<double>(tk.pos), out_ang, tid, kT);
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
@@ -2082,7 +2042,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
             v[c] = attn_combine_term(0.0f, ws, acc[mt][nt][2 * h + c]) / denom;
             if (a.round_bf16) v[c] = dev_bf16_round(v[c]);
           }
-          attn_store_pair(a, t, h0 + head, d0 + 8 * nt + 2 * tig, out_ang, v[0], v[1]);
+          *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + head) * a.Dh + d0 + 8 * nt + 2 * tig) = make_float2(v[0], v[1]);
         }
     return;
   }
@@ -2199,7 +2159,8 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   const AttnTokenArgs& tk = blk.tk;
   const int64_t j_begin = s * a.mma_split;
   if (j_begin >= n) {  // as attention_mma_kernel
-    if (n == 0 && s == 0) attn_store_zeros(a, t, h0, kAwHeads * kDh, threadIdx.x, kAwThreads);
+    if (n == 0 && s == 0)
+      for (int i = threadIdx.x; i < kAwHeads * kDh; i += kAwThreads) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
     return;
   }
   const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
@@ -2524,10 +2485,6 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   }
   // acc[ni][4 j + 2 h + e]: head row0 + 8 h, dim wg kWgDims + ni kN + 8 j + 2 tig + e.
   if (n <= a.mma_split) {  // the token's only split: attention_mma_kernel's ending
-    if (a.out_rope.pairs > 0) {  // the output's angles, in q_prep's space (its readers long done)
-      attn_out_angles(a, static_cast<double>(tk.pos), ang, tid, kAwThreads);
-      __syncthreads();
-    }
     float ws[2], denom[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -2548,7 +2505,8 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
             o[e] = attn_combine_term(0.0f, ws[h], acc[ni][4 * j + 2 * h + e]) / denom[h];
             if (a.round_bf16) o[e] = dev_bf16_round(o[e]);
           }
-          attn_store_pair(a, t, h0 + row0 + 8 * h, wg * kWgDims + ni * kN + 8 * j + 2 * tig, ang, o[0], o[1]);
+          *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + row0 + 8 * h) * a.Dh + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
+              make_float2(o[0], o[1]);
         }
     return;
   }
@@ -2735,9 +2693,6 @@ void launch_attention(const AttentionArgs& args) {
   if (args.T * args.H == 0) return;
   AttentionArgs a = args;
   a.mma_split = attn_mma_split_candidates();
-  if (a.out_bf16 != nullptr || a.out_rope.pairs > 0)  // (the tensor-core kernels' one-split endings only)
-    SPARROW_CHECK(a.mma && attention_splits(a.max_candidates, true) == 1 && (a.out_bf16 == nullptr || a.round_bf16) &&
-                  2 * a.out_rope.pairs <= a.Dh);
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
     const int keys = a.records ? kAmKeysRecord : a.bf16_keys ? kAmKeysBf16 : kAmKeysF32;

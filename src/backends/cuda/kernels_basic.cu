@@ -816,18 +816,14 @@ __global__ void __launch_bounds__(kThreads, 2) rms_norm_warp_kernel(RmsNormArgs 
 // grid (T, head blocks): block y rotates heads [y * heads_per, (y + 1) * heads_per) of its token
 // (launch_rope: one block a token for large T; at a decode batch's few tokens the heads spread over
 // blocks of 8, each computing the token's angles itself: the same values).
-// The angles of a rope block's token (blockIdx.x) into cs and sn (rope_angle; a thread a pair).
-__device__ inline void rope_token_angles(const RopeArgs& a, double* cs, double* sn) {
-  const double pos = static_cast<double>(a.positions[blockIdx.x]);
-  for (int i = threadIdx.x; i < a.table.pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
-}
 __global__ void rope_kernel(RopeArgs a, int64_t heads_per) {
   __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
-  rope_token_angles(a, cs, sn);
-  wait_previous_grid();
-  __syncthreads();
   const int64_t t = blockIdx.x;
   const int pairs = a.table.pairs;
+  const double pos = static_cast<double>(a.positions[t]);
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_angle(pos, a.table, i, a.inverse, cs[i], sn[i]);
+  wait_previous_grid();
+  __syncthreads();
   // kRowUnroll pairs a thread read before any is written (each write held back the next reads).
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per;
   const int64_t total = (a.n - h0 < heads_per ? a.n - h0 : heads_per) * pairs;
@@ -847,33 +843,6 @@ __global__ void rope_kernel(RopeArgs a, int64_t heads_per) {
       const float2 r = rope_rotated(v[u].x, v[u].y, cs[i], sn[i]);
       at[u][0] = a.round_bf16 ? dev_bf16_round(r.x) : r.x, at[u][1] = a.round_bf16 ? dev_bf16_round(r.y) : r.y;
     }
-  }
-}
-
-// rope_kernel's rotation and f32_to_bf16_kernel's conversion in one pass, x left as it is: out
-// [T, n, width] holds every value's bf16 bits (bf16_bits), the last 2 table.pairs dims of each row
-// first rotated (and rounded under round_bf16) as rope_kernel rotates them. The attention's bf16
-// output where its kernel does not finish it (CudaBackend::attention). Grid as rope_kernel's; width
-// even.
-__global__ void rope_to_bf16_kernel(RopeArgs a, uint16_t* out, int64_t heads_per) {
-  __shared__ double cs[kMaxRopePairs], sn[kMaxRopePairs];
-  rope_token_angles(a, cs, sn);
-  wait_previous_grid();
-  __syncthreads();
-  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * heads_per, half = a.width / 2, rope0 = half - a.table.pairs;
-  const int64_t total = (a.n - h0 < heads_per ? a.n - h0 : heads_per) * half;  // pairs of values
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * a.n + h0) * a.width;  // (token blockIdx.x)
-  const float2* src = reinterpret_cast<const float2*>(a.x + row0);
-  uint32_t* dst = reinterpret_cast<uint32_t*>(out + row0);
-  for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
-    float2 v = src[j];
-    const int64_t p = j % half;
-    if (p >= rope0) {
-      const int i = static_cast<int>(p - rope0);
-      const float2 r = rope_rotated(v.x, v.y, cs[i], sn[i]);
-      v = a.round_bf16 ? make_float2(dev_bf16_round(r.x), dev_bf16_round(r.y)) : r;
-    }
-    dst[j] = bf16_bits(v.x) | static_cast<uint32_t>(bf16_bits(v.y)) << 16;
   }
 }
 
@@ -1130,15 +1099,6 @@ void launch_rope(const RopeArgs& a) {
   static const bool spread_on = cuda_feature_on("rope_spread");
   const int64_t per = spread_on && a.T < kRopeSpreadTokens ? kRopeSpreadHeads : a.n;
   launch(rope_kernel, dim3(static_cast<unsigned>(a.T), static_cast<unsigned>((a.n + per - 1) / per)), kThreads, 0, a, per);
-}
-
-void launch_rope_to_bf16(const RopeArgs& a, uint16_t* out) {
-  if (a.T <= 0 || a.n * a.width <= 0) return;
-  SPARROW_CHECK(a.width % 2 == 0 && 2 * a.table.pairs <= a.width);
-  static const bool spread_on = cuda_feature_on("rope_spread");
-  const int64_t per = spread_on && a.T < kRopeSpreadTokens ? kRopeSpreadHeads : a.n;
-  launch(rope_to_bf16_kernel, dim3(static_cast<unsigned>(a.T), static_cast<unsigned>((a.n + per - 1) / per)), kThreads, 0,
-         a, out, per);
 }
 
 void launch_window_append(const WindowAppendArgs& a) {

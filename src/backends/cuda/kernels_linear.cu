@@ -1951,6 +1951,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
 // form needs the blocks (with 4, the gate's 256 rows made 16 blocks on 132 SMs: 7.7 us for 2 MB
 // in ncu on 2026-12-02), 4 from 8192 (the head's 129,280 rows in 16 parts made 32,320 blocks of 4
 // steps: its step segment 0.316 -> 0.404 ms).
+__device__ inline uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 constexpr int kBf16Step = 64;                   // inputs a step: one 128-byte row of bf16
 constexpr int kBf16MaxParts = 16;
 __host__ __device__ inline int bf16_parts(int64_t N) { return N >= 8192 ? 4 : kBf16MaxParts; }
@@ -2413,13 +2414,6 @@ __global__ void f32_to_bf16_kernel(const float* in, uint16_t* out, int64_t n) {
   }
 }
 
-// The values of bf16 bits (a bf16 tensor fed to a path that reads fp32).
-__global__ void bf16_to_f32_kernel(const uint16_t* in, float* out, int64_t n) {
-  wait_previous_grid();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
-}
-
 }  // namespace
 
 bool linear_vectorizable(const LinearArgs& a) {
@@ -2467,10 +2461,6 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
     launch(f32_to_bf16_kernel<true>, blocks_for(n / 4, 256), 256, 0, in, out, n);
   else
     launch(f32_to_bf16_kernel<false>, blocks_for(n, 256), 256, 0, in, out, n);
-}
-
-void launch_bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
-  if (n > 0) launch(bf16_to_f32_kernel, blocks_for(n, 256), 256, 0, in, out, n);
 }
 
 void set_decode_quarter_blocks(int n) { g_decode_quarter_blocks.store(n); }

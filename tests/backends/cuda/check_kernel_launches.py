@@ -24,8 +24,6 @@ LATE_WAITERS = {
     "bf16_linear_decode_kernel",
     # Computes the angles from the batch's uploaded positions and its table argument first.
     "rope_kernel",
-    # The same (rope_kernel's angles, then the wait; it reads the attention's output after it).
-    "rope_to_bf16_kernel",
     # Reads its pinned host source (a captured step's staging, which no kernel writes) first.
     "upload_pinned_kernel",
     # Loads its mix and norm weights (model weights, never written by a kernel) into registers first.

@@ -557,37 +557,6 @@ TEST_F(CudaOps, GroupedLinearUnderBf16Profiles) {
   }
 }
 
-// A bf16 input (ElemType::kBF16: the attention's output where Backend::attention_out_bf16) gives
-// the bits of the fp32 input of the same values: read as it is by both wgmma forms (decode at 1
-// and 37 rows, TMA at 300) and cuBLASLt, converted to fp32 for the vectorized kernel (R = 132).
-// Each weight's first call takes the bf16 input (its bf16 copy written by the launch just before).
-TEST_F(CudaOps, GroupedLinearReadsABf16Input) {
-  if (std::string(gpu->name()) != "cuda") GTEST_SKIP() << "a CUDA backend's bf16 tensors";
-  ASSERT_EQ(gpu->attention_out_bf16(), cuda::cuda_feature_enabled("attn_out_bf16"));
-  Rng rng(45);
-  for (const int64_t T : {int64_t{1}, int64_t{37}, int64_t{300}}) {
-    for (const auto& [G, R, Kg] : {std::tuple<int64_t, int64_t, int64_t>{2, 136, 256}, std::tuple<int64_t, int64_t, int64_t>{8, 128, 512},
-                                  std::tuple<int64_t, int64_t, int64_t>{2, 132, 256}}) {
-      const std::string tag = "T=" + std::to_string(T) + " G=" + std::to_string(G) + " R=" + std::to_string(R) +
-                              " K=" + std::to_string(Kg);
-      const StoredMatrix m = fp8_matrix(rng, G * R, Kg, 128, 128, DType::kF8E8M0);
-      const std::vector<float> x = host_bf16(rng.normal(T * G * Kg));
-      std::vector<uint16_t> bits(x.size());
-      for (size_t i = 0; i < x.size(); ++i) bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(x[i]) >> 16);
-      const Tensor xb = gpu->alloc(ElemType::kBF16, {T, G * Kg});
-      ASSERT_EQ(cudaMemcpy(xb.bf16(), bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice), cudaSuccess);
-      expect_same_bits(gpu->download_f32(xb), x, tag + ": the bf16 tensor's values");
-      const Tensor ob = gpu->alloc(ElemType::kF32, {T, G * R}), of = gpu->alloc(ElemType::kF32, {T, G * R});
-      gpu->grouped_linear({.out = ob, .in = xb, .weight = &m.w, .groups = G, .round_bf16 = true});
-      const bool tc = cuda::last_linear_tensor_cores(*gpu);
-      EXPECT_EQ(tc, R % 8 == 0 && cuda::cuda_feature_on("bf16_gemm")) << tag;
-      gpu->grouped_linear({.out = of, .in = gpu->upload_f32(x, {T, G * Kg}), .weight = &m.w, .groups = G, .round_bf16 = true});
-      EXPECT_EQ(cuda::last_linear_tensor_cores(*gpu), tc) << tag;
-      expect_same_bits(gpu->download_f32(ob), gpu->download_f32(of), tag + ": bf16 input vs fp32");
-    }
-  }
-}
-
 // The bf16 GEMMs (bf16_gemm) on the project's wgmma kernels (bf16_wgmma) and on cuBLASLt: every
 // row the same bits alone and in batches of 37 (the wgmma decode form: 8-row items, K's 16 parts in
 // separate blocks), 300 and 4100 (the TMA form's 128 x 128 tiles, its parts split where the tiles
@@ -1880,40 +1849,6 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
                     << tag;
                 expect_same_bits(gpu->download_f32(o_fold), gpu->download_f32(o_ops), tag);
               }
-            // The output's rotation back (AttentionParams::out_rope) and, under bf16 roundings, its
-            // store as a bf16 tensor, inside the attention against the rope op after it and the fp32
-            // values: the same bits, at every block shape, with the fold on and off
-            // (cuda::set_attention_out_fold). On, it runs in the tensor-core kernel's ending where
-            // every token has one split (SWA here: 70 candidates); elsewhere (CSA: 670, HCA: 660,
-            // two splits), and off, the rope kernel and the conversion after it do.
-            const bool tensor_cores = cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split");
-            const bool one_split = kind == AttentionKind::kSliding;
-            for (bool round : {true, false})
-              for (bool bf16_out : {false, true})
-                for (bool fold : {false, true}) {
-                  if (bf16_out && !round) continue;  // (a bf16 output holds rounded values only)
-                  cuda::set_attention_out_fold(*gpu, fold);
-                  for (int heads : {0, 16, 32, 64}) {
-                    const std::string tag = what + (round ? ", rounded" : ", fp32") + (bf16_out ? ", bf16 out" : "") +
-                                            (fold ? ", fold" : ", no fold") + ", out rotated back, heads " +
-                                            std::to_string(heads);
-                    cuda::set_attention_block_heads(*gpu, heads);
-                    const Tensor o_ops = gpu->alloc(ElemType::kF32, {T, H, Dh});
-                    AttentionParams pa = params(o_ops, qg, vg, sel_g, bg);
-                    pa.round_bf16 = round;
-                    gpu->attention(pa);
-                    gpu->rope({.x = o_ops, .table = &qrope, .direction = RopeDirection::kInverse, .round_bf16 = round}, bg);
-                    const Tensor o_fold = gpu->alloc(bf16_out ? ElemType::kBF16 : ElemType::kF32, {T, H, Dh});
-                    AttentionParams pf = params(o_fold, qg, vg, sel_g, bg);
-                    pf.round_bf16 = round;
-                    pf.out_rope = &qrope;
-                    gpu->attention(pf);
-                    cuda::set_attention_block_heads(*gpu, 0);
-                    EXPECT_EQ(cuda::last_attention_out_fold(*gpu), fold && tensor_cores && one_split) << tag;
-                    expect_same_bits(gpu->download_f32(o_fold), gpu->download_f32(o_ops), tag);
-                  }
-                  cuda::set_attention_out_fold(*gpu, cuda::cuda_feature_enabled("attn_out_fold"));
-                }
           }
           // Sequence 1's tokens alone.
           auto [b1c, b1g] = seqs.batches(0, n1);

@@ -509,63 +509,6 @@ TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
   }
 }
 
-// The attention's output as a bf16 tensor, rotated back in the tensor-core kernel's ending
-// (cuda::set_attention_out_bf16 / set_attention_out_fold, opt-in): the fast profile's logits one-shot,
-// in chunks of 3 and token by token (captured steps), and the attn.core taps, bit for bit those with
-// both off (the rope kernel after an fp32 output, converted for wo_a). The suite's model with 64
-// heads of 128 dims (the tensor-core attention takes them; 16 rotated dims).
-TEST_F(CudaModelParity, AttentionOutputAsBf16GivesTheSameBits) {
-  std::unique_ptr<Backend> gpu;
-  SPARROW_REQUIRE_CUDA(gpu);
-  ModelConfig cfg =
-      testing::tiny_config({AttentionKind::kCsa, AttentionKind::kHca, AttentionKind::kSliding, AttentionKind::kCsa}, 1);
-  cfg.num_heads = 64;
-  cfg.head_dim = 128;
-  cfg.rope_dim = 16;
-  cfg.index_head_dim = 16;  // (at least rope_dim: the indexer ropes its last rope_dim dims)
-  const std::filesystem::path dir = testing::make_temp_dir("cuda_out_bf16");
-  testing::write_test_model(dir, cfg, 4323);
-  auto loaded = Model::load(dir, {.index_topk = {}, .index_keys = {}, .precision = Precision::kFast});
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  const Model& model = **loaded;
-  const std::vector<int32_t> ids = random_ids(130, model.config().vocab_size, 93);
-  struct Run {
-    std::vector<float> one, three, each;
-    std::vector<TapRecord> taps;
-  };
-  auto run = [&](bool on) {
-    cuda::set_attention_out_bf16(*gpu, on);
-    cuda::set_attention_out_fold(*gpu, on);
-    Run r;
-    auto one = Session(model, *gpu).logits(ids, 0);
-    auto three = Session(model, *gpu).logits(ids, 3);
-    auto each = Session(model, *gpu).logits(ids, 1);
-    auto taps = taps_run(model, *gpu, ids, "*.attn.core");
-    EXPECT_TRUE(one.is_ok() && three.is_ok() && each.is_ok() && taps.is_ok());
-    if (one.is_ok()) r.one = *one;
-    if (three.is_ok()) r.three = *three;
-    if (each.is_ok()) r.each = *each;
-    if (taps.is_ok()) r.taps = *taps;
-    return r;
-  };
-  const Run off = run(false), on = run(true);
-  cuda::set_attention_out_bf16(*gpu, cuda::cuda_feature_enabled("attn_out_bf16"));
-  cuda::set_attention_out_fold(*gpu, cuda::cuda_feature_enabled("attn_out_fold"));
-  EXPECT_TRUE(gpu->attention_out_bf16() == cuda::cuda_feature_enabled("attn_out_bf16"));
-  ASSERT_FALSE(off.one.empty());
-  EXPECT_EQ(on.one, off.one) << "one-shot";
-  EXPECT_EQ(on.three, off.three) << "chunks of 3";
-  EXPECT_EQ(on.each, off.each) << "token by token";
-  ASSERT_EQ(on.taps.size(), off.taps.size());
-  EXPECT_EQ(on.taps.size(), static_cast<size_t>(model.config().num_layers));
-  for (size_t i = 0; i < on.taps.size(); ++i) {
-    EXPECT_EQ(on.taps[i].name, off.taps[i].name);
-    EXPECT_EQ(on.taps[i].type, ElemType::kF32) << on.taps[i].name << ": a bf16 tensor is recorded as its fp32 values";
-    EXPECT_EQ(on.taps[i].f32, off.taps[i].f32) << on.taps[i].name;
-  }
-}
-
 // A captured decode step has no fill or upload nodes (copy_kernels: the step's fills and uploads
 // are kernels, so that every kernel keeps its programmatic edge to the one before), but in segments
 // run once while memory grows (long-lived fills and copies stay nodes). With
