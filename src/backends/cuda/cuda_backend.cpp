@@ -1557,6 +1557,7 @@ class CudaBackend final : public Backend {
     int64_t E = 0;
     DevWeight first1{};
     DeviceBuffer w1, w3, w2;
+    DeviceBuffer row_emax;  // every MXFP4 weight's DevWeight::row_emax, expert by expert (w1, w3, w2)
     bool weights_vectorizable = false;  // every expert's weights pass linear_vectorizable's weight checks
     bool wgmma_ok = false;  // every expert's weights fit the W4A8 wgmma kernels (GroupedW4A8Args::wgmma)
   };
@@ -1593,6 +1594,26 @@ class CudaBackend final : public Backend {
     }
     ExpertTables& t = expert_tables_[routed.data()];
     const LongLived tables;
+    // The W4A8 wgmma kernels' row_emax, from the host's scale bytes (those just uploaded): each
+    // row's largest over its in / 32 blocks.
+    if (wg) {
+      std::vector<uint8_t> emax;
+      std::vector<size_t> at;
+      for (int64_t e = 0; e < E; ++e)
+        for (const WeightMatrix* m : {&routed[e].w1, &routed[e].w3, &routed[e].w2}) {
+          at.push_back(emax.size());
+          const auto* sc = static_cast<const uint8_t*>(m->scale.data);
+          const int64_t cols = m->scale.dim(1), blocks = m->in / 32;
+          for (int64_t r = 0; r < m->out; ++r) emax.push_back(*std::max_element(sc + r * cols, sc + r * cols + blocks));
+        }
+      t.row_emax = upload_vector(emax);
+      const auto* base = static_cast<const uint8_t*>(t.row_emax.get());
+      for (int64_t e = 0; e < E; ++e) {
+        w1s[e].row_emax = base + at[3 * e];
+        w3s[e].row_emax = base + at[3 * e + 1];
+        w2s[e].row_emax = base + at[3 * e + 2];
+      }
+    }
     t.E = E;
     t.first1 = w1s[0];
     t.w1 = upload_vector(w1s);

@@ -184,6 +184,9 @@ struct DevWeight {
   int64_t scale_cols = 0;
   int64_t block_out = 1, block_in = 1;
   bool fp4_tiled = false;  // (MXFP4) the rows in fp4_layout.h's tiled order (fp4_tiles)
+  // (MXFP4, the W4A8 wgmma kernels) each row's largest e8m0 scale byte over its K / 32 blocks, [out]:
+  // the exponent the kernels' e5m2 tables are relative to (kernels_linear.cu w4a8_e5m2_table).
+  const uint8_t* row_emax = nullptr;
 };
 
 struct RopeTableArg {
@@ -410,10 +413,11 @@ struct GroupedW4A8Args {
   int small_tiles = 0;
   // The wgmma kernels (kernels_linear.cu): 64 columns x 8 rows (decode items) or x 64 rows (tiled)
   // a block on the FP8 tensor cores, each output's arithmetic the same in both: per group of 128
-  // inputs one wgmma sum (block scales folded into the weights), acc = fma(d, cs * sa, acc) group by
-  // group within each quarter of the groups (w4a8_quarter), the quarters added in order. REQUIRES K % 128 == 0,
-  // every expert's scales packed e8m0 (scale_cols % 4 == 0) and 4-byte aligned, the codes in
-  // ActQuantFp8Args::w4a8_order.
+  // inputs one wgmma sum (the block scales folded into the weights relative to the weight row's
+  // largest, DevWeight::row_emax), acc = fma(d, sa, acc) group by group within each quarter of the
+  // groups (w4a8_quarter), the quarters added in order, and the sum times 2^(row_emax - 140) where it
+  // is stored. REQUIRES K % 128 == 0, every expert's scales packed e8m0 (scale_cols % 4 == 0) and
+  // 4-byte aligned, its row_emax, the codes in ActQuantFp8Args::w4a8_order.
   bool wgmma = false;
   // (tiled wgmma kernel; set by its launch) grid x the column blocks and y the tiles, not the other
   // way round (kernels_linear.cu w4a8_cols_fast). The same bits either way.
@@ -526,9 +530,10 @@ void launch_fp4_to_device_layout(uint32_t* words, int64_t n);
 // order (fp4_layout.h; fp4_tiles(rows, row_bytes)).
 void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows, int64_t row_bytes);
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
-// Test hook: the W4A8 decode wgmma kernel's e5m2 tables of each packed e8m0 word, through the group prep
-// and through the per-block table alone (out: 26 words a word; kernels_linear.cu says which).
-void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out);
+// Test hook: the W4A8 wgmma kernels' e5m2 tables of each packed e8m0 word words[i] relative to the
+// row's largest scale byte e_ref[i] (>= each of the word's bytes), through the decode kernel's group
+// prep and through the per-block table alone (out: 18 words an entry; kernels_linear.cu says which).
+void launch_w4a8_table_pair(const uint32_t* words, const uint32_t* e_ref, int64_t n, uint32_t* out);
 
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.

@@ -731,16 +731,19 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
 //
 //   per group g: d = the group's 128 products summed by four wgmma.m64nNk32 (the first with
 //   scale-d = 0, so each group starts from zero; the tensor core's own sum order and rounding),
-//   then acc = fma(d, cs * sa, acc) (cs: the column's scale for the group, sa: the row's
-//   activation scale); acc starts at 0 and the groups go in order.
+//   then acc = fma(d, sa, acc) (sa: the row's activation scale); acc starts at 0 and the groups go
+//   in order; the sum times cs = 2^(e_row - 140) where it is stored.
 //
 // The weights (wgmma's A, from registers): the e2m1 codes of block j of a group (the MXFP4 scale
-// 2^(e_j - 127)) become e5m2 bytes holding e2m1 x 2^(13 + e_j - e_max), e_max the largest of the
-// group's four scale bytes, through an 8-byte table per (column, block) and a byte permute; the
-// products are exact (e5m2 x e4m3 has 7 significant bits), and cs = 2^(e_max - 140) takes the
-// common factor back. For e_j within 26 of e_max the table's values are exact e5m2 normals; farther
-// down (blocks at most 2^-26 of the group's largest scale) they are rounded to e5m2 (0 below
-// 2^-17 of it). A scale byte 255 (NaN) makes cs NaN.
+// 2^(e_j - 127)) become e5m2 bytes holding e2m1 x 2^(13 + e_j - e_row), e_row the largest scale
+// byte of the weight row over all of K (DevWeight::row_emax), through an 8-byte table per (column,
+// block) and a byte permute; the products are exact (e5m2 x e4m3 has 7 significant bits), and cs
+// takes the common factor back once, at the store. For e_j within 26 of e_row the table's values are
+// exact e5m2 normals; farther down (blocks at most 2^-26 of the row's largest scale) they are
+// rounded to e5m2 (0 below 2^-17 of it). A scale byte 255 (NaN) makes the row's cs NaN.
+// (Tables relative to each group's largest byte e_g, with cs_g = 2^(e_g - 140) in every group's
+// fold, give the same bits while no value is subnormal and no block is more than 26 below e_row:
+// the two differ by exact powers of two. The row's reference takes the fold's scale product out.)
 //
 // Operand order: thread (warp w, gid, tig) holds for its columns 16 w + gid and 16 w + gid + 8 the 16
 // bytes of block tig of the group, and for instruction i word i of them: k-slots 4 tig .. 4 tig + 3
@@ -815,22 +818,37 @@ __device__ inline void w4a8_table_of_b1(uint32_t b1, uint32_t& lo, uint32_t& hi)
   hi = b1 * 0x01010101u + 0x0e0c0a08u;
 }
 
-// The table of block `blk` of a column's group (its packed e8m0 word): bytes 0..7 the e5m2 of the e2m1
-// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^(13 + e_blk - e_max); and cs = 2^(e_max - 140).
-// blk_sel = 0x4440 + blk: the byte permute selecting byte blk of the word, zero-extended.
-// kWarpVote (the prefill kernel, every lane calling together): the far blocks' path (at most 2^-26
-// of the group's largest scale, seldom seen) runs under a warp vote, so the common path has no
-// divergent branch (ncu, H200 2026-12-03: the branches, with their compares and predicated moves,
-// were about 26 of the decode kernel's 261 instructions a warp and group). The decode kernel takes
-// the common case from w4a8_group_prep and comes here, without the vote, only for the groups it
-// marks: a block 2^-26 or further below the group's largest scale, or a largest byte 0 or 255.
-template <bool kWarpVote>
-__device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t& lo, uint32_t& hi, float& cs) {
-  const int e_max = static_cast<int>(
-      max(__vimax3_u32(word & 0xffu, __byte_perm(word, 0u, 0x4441), __byte_perm(word, 0u, 0x4442)), word >> 24));
-  const int s = static_cast<int>(__byte_perm(word, 0u, blk_sel)) - e_max;  // <= 0
-  w4a8_table_of_b1(static_cast<uint32_t>(27 + s) << 2, lo, hi);  // (s >= -26; else replaced below)
-  if ((!kWarpVote || __any_sync(0xffffffffu, s < -26)) && s < -26) {  // rounded to e5m2 (0 below 2^-17 of the largest)
+// The tables are relative to the weight row's largest scale byte over all of K, e_ref
+// (DevWeight::row_emax), not to each group's: a group's wgmma sum d is then 2^(e_ref - e_group) times
+// what tables relative to the group's largest would give (exactly: every input scaled by one power
+// of two, all of them e5m2 normals while e_ref - e_blk <= 26), so the fold needs no per-group
+// weight scale, acc = fma(d, sa, acc), and the row's outputs are multiplied by cs = 2^(e_ref - 140)
+// once, where they are stored (W4A8BlockOut). The same bits as tables per group with
+// acc = fma(d, 2^(e_group - 140) sa, acc), while no value is subnormal and no block lies more than
+// 2^26 below its row's largest scale. b1_ref = 4 (27 - e_ref) (w4a8_b1_ref); the row's cs from
+// w4a8_row_scale.
+__device__ inline int w4a8_b1_ref(uint32_t e_ref) { return 108 - 4 * static_cast<int>(e_ref); }
+// 2^(e_ref - 140): a normal float from e_ref 14 up, a subnormal below; e_ref 255 (some block's scale
+// a NaN) makes it NaN.
+__device__ inline float w4a8_row_scale(uint32_t e_ref) {
+  const uint32_t normal = (e_ref - 13u) << 23, subnormal = 1u << ((e_ref + 9u) & 31u);
+  const uint32_t bits = e_ref >= 14u ? normal : subnormal;
+  return __uint_as_float(e_ref == 255u ? 0x7fc00000u : bits);
+}
+
+// The table of block `blk` of a row's group (its packed e8m0 word; blk_sel = 0x4440 + blk, the byte
+// permute selecting byte blk zero-extended): bytes 0..7 the e5m2 of the e2m1 magnitudes 0, 0.5, 1,
+// 1.5, 2, 3, 4, 6 times 2^(13 + e_blk - e_ref). A block more than 26 below e_ref (seldom seen) takes
+// the rounded path (0 below 2^-17 of the row's largest). The kernels take the common case from
+// w4a8_table_of_b1 directly (w4a8_prefill_tables, w4a8_group_prep) and come here under a warp vote
+// only where some lane's block is that far down, so the common path has no divergent branch (ncu,
+// H200 2026-12-03: the branches, with their compares and predicated moves, were about 26 of the
+// decode kernel's 261 instructions a warp and group).
+__device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, int b1_ref, uint32_t& lo, uint32_t& hi) {
+  const int b1 = b1_ref + 4 * static_cast<int>(__byte_perm(word, 0u, blk_sel));  // 4 (27 + e_blk - e_ref)
+  w4a8_table_of_b1(static_cast<uint32_t>(b1), lo, hi);  // (b1 >= 4; else replaced below)
+  if (b1 < 4) {  // rounded to e5m2
+    const int s = b1 / 4 - 27;  // e_blk - e_ref (b1 a multiple of 4)
     constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     uint32_t bytes[2] = {0u, 0u};
 #pragma unroll
@@ -840,50 +858,37 @@ __device__ inline void w4a8_e5m2_table(uint32_t word, uint32_t blk_sel, uint32_t
     }
     lo = bytes[0], hi = bytes[1];
   }
-  // 2^(e_max - 140): a normal float from e_max 14 up, a subnormal below; any byte 255, a NaN scale, is
-  // the largest and makes cs NaN.
-  const uint32_t normal = static_cast<uint32_t>(e_max - 13) << 23, subnormal = 1u << ((e_max + 9) & 31);
-  const uint32_t bits = e_max >= 14 ? normal : subnormal;
-  cs = __uint_as_float(e_max == 255 ? 0x7fc00000u : bits);
 }
 
-// A column's group prepared once for the four threads that convert its blocks (w4a8_e5m2_table is
-// the same per thread, its e_max four times over): b1w byte blk = (27 + e_blk - e_max) << 2 (the
-// table's b1, for w4a8_table_of_b1), cs = 2^(e_max - 140); b1w = 0 marks the groups that table's
-// uncommon paths cover (e_max - e_min > 26, e_max 0 or 255), which then go through it. Mostly
-// multiply-adds: the decode kernel is bound by the integer ALU pipe (ncu, H200 2026-12-03: 305 M of
-// its 594 M instructions, the pipe 70 % busy, the FMA pipe 15 %). With d_blk = e_max - e_blk in
-// 0..26, the packed bytes 108 - 4 d_blk lie in 4..108, so one 32-bit sum 0x6c6c6c6c + 4 (word - e_max
-// 0x01010101) holds them exactly; 2^(e_max - 127) 2^-13 is exact as a float product (no flush to
-// zero in this build).
-__device__ inline void w4a8_group_prep(uint32_t word, uint32_t& b1w, float& cs) {
-  const uint32_t e0 = word & 0xffu, e1 = __byte_perm(word, 0u, 0x4441), e2 = __byte_perm(word, 0u, 0x4442), e3 = word >> 24;
-  const uint32_t e_max = max(__vimax3_u32(e0, e1, e2), e3), e_min = min(__vimin3_u32(e0, e1, e2), e3);
-  const bool rare = e_max - e_min > 26u || e_max - 1u > 253u;
-  b1w = rare ? 0u : 0x6c6c6c6cu + 4u * word - e_max * 0x04040404u;
-  cs = __uint_as_float(e_max << 23) * 0x1p-13f;
+// A row's group prepared once for the four threads that convert its blocks: b1w byte blk = 4 (27 +
+// e_blk - e_ref), the table's b1 (w4a8_table_of_b1); b1w = 0 marks the groups with a block more than
+// 26 below e_ref, which then go through w4a8_e5m2_table. Multiply-adds: the decode kernel is bound
+// by the integer ALU pipe (ncu, H200 2026-12-03: 305 M of its 594 M instructions, the pipe 70 % busy,
+// the FMA pipe 15 %). With d_blk = e_ref - e_blk in 0..26 the packed bytes 108 - 4 d_blk lie in
+// 4..108, so the 32-bit sum 0x6c6c6c6c + 4 word - 4 e_ref 0x01010101 (mod 2^32) is exactly them.
+__device__ inline uint32_t w4a8_group_prep(uint32_t word, uint32_t e_ref) {
+  const uint32_t e_min = min(__vimin3_u32(word & 0xffu, __byte_perm(word, 0u, 0x4441), __byte_perm(word, 0u, 0x4442)), word >> 24);
+  return e_ref - e_min > 26u ? 0u : 0x6c6c6c6cu + 4u * word - e_ref * 0x04040404u;
 }
 
-// Test hook (CudaW4A8Tables): for each word, the prep's b1w and cs bits, then per block the kernels'
-// (lo, hi, cs bits) through the prep and through w4a8_e5m2_table alone: 2 + 4 x 6 words.
-__global__ void w4a8_table_pair_kernel(const uint32_t* words, int64_t n, uint32_t* out) {
+// Test hook (CudaW4A8Tables): for each (word, e_ref) the prep's b1w and the row's cs bits, then per
+// block the tables (lo, hi) through the prep (with the per-block table where it marks the group) and
+// through w4a8_e5m2_table alone: 2 + 4 x 4 words.
+__global__ void w4a8_table_pair_kernel(const uint32_t* words, const uint32_t* e_refs, int64_t n, uint32_t* out) {
   wait_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint32_t word = words[i];
-  uint32_t b1w;
-  float cs;
-  w4a8_group_prep(word, b1w, cs);
-  uint32_t* o = out + 26 * i;
-  o[0] = b1w, o[1] = __float_as_uint(cs);
+  const uint32_t word = words[i], e_ref = e_refs[i];
+  const uint32_t b1w = w4a8_group_prep(word, e_ref);
+  uint32_t* o = out + 18 * i;
+  o[0] = b1w, o[1] = __float_as_uint(w4a8_row_scale(e_ref));
   for (int blk = 0; blk < 4; ++blk) {
     uint32_t lo, hi, lo2, hi2;
-    float cs_blk = cs, cs2;
     w4a8_table_of_b1(__byte_perm(b1w, 0u, 0x4440u + blk), lo, hi);
-    if (b1w == 0u) w4a8_e5m2_table<false>(word, 0x4440u + blk, lo, hi, cs_blk);
-    w4a8_e5m2_table<false>(word, 0x4440u + blk, lo2, hi2, cs2);
-    uint32_t* ob = o + 2 + 6 * blk;
-    ob[0] = lo, ob[1] = hi, ob[2] = __float_as_uint(cs_blk), ob[3] = lo2, ob[4] = hi2, ob[5] = __float_as_uint(cs2);
+    if (b1w == 0u) w4a8_e5m2_table(word, 0x4440u + blk, w4a8_b1_ref(e_ref), lo, hi);
+    w4a8_e5m2_table(word, 0x4440u + blk, w4a8_b1_ref(e_ref), lo2, hi2);
+    uint32_t* ob = o + 2 + 4 * blk;
+    ob[0] = lo, ob[1] = hi, ob[2] = lo2, ob[3] = hi2;
   }
 }
 
@@ -904,13 +909,17 @@ __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, ui
 
 // A wgmma block's outputs (the W4A8 and FP8 wgmma kernels): rows t0 .. of an expert whose R rows start at
 // r0, this thread's columns n and n + 8 of N, rows ld apart. store(): slot 4 j + c of v (v_stride
-// apart) to row t0 + 8 j + 2 tig + (c & 1), column n (+ 8 for c >= 2), past the ends left out.
-// finish_quarter(): a quarter of the groups done: split, its sum acc to the quarter's slice; else
-// added to the finished quarters' sum (total, this thread's slots `stride` apart) in order; acc zeroed.
+// apart), times its W4A8 weight row's w4a8_row_scale where scaled (from b1_ref[c / 2], the row's
+// w4a8_b1_ref: made at the store, not held), to row t0 + 8 j + 2 tig + (c & 1), column n (+ 8 for
+// c >= 2), past the ends left out. finish_quarter(): a quarter of the
+// groups done: split, its sum acc to the quarter's slice; else added to the finished quarters' sum
+// (total, this thread's slots `stride` apart) in order; acc zeroed.
 template <int kN>
 struct W4A8BlockOut {
   int64_t t0, R, r0, ld;
   int n, N, tig;
+  int b1_ref[2];
+  bool scaled;
   // Grouped row r's values (r = r0 + tr) to dst row r, or to row slots[r] where slots is given
   // (GroupedW4A8Args::scatter_slots).
   __device__ void store(float* dst, const float* v, int v_stride, const int32_t* slots = nullptr) const {
@@ -921,7 +930,9 @@ struct W4A8BlockOut {
         const int64_t tr = t0 + 8 * j + 2 * tig + (c & 1);
         const int col = n + (c < 2 ? 0 : 8);
         if (tr < R && col < N)
-          dst[(slots != nullptr ? slots[r0 + tr] : r0 + tr) * ld + col] = v[(4 * j + c) * v_stride];
+          dst[(slots != nullptr ? slots[r0 + tr] : r0 + tr) * ld + col] =
+              scaled ? v[(4 * j + c) * v_stride] * w4a8_row_scale(static_cast<uint32_t>(108 - b1_ref[c / 2]) / 4u)
+                     : v[(4 * j + c) * v_stride];
       }
   }
   __device__ void finish_quarter(bool split, float* slice, float* total, int stride, int quarter, float (&acc)[kN / 2]) const {
@@ -961,27 +972,43 @@ __device__ inline void w4a8_convert(const uint8_t* w, int c0, int tig, const uin
   }
 }
 
+// The prefill kernel's tables of a group: block tig's of columns c0 and c0 + 8 from their scale words
+// (ws: the group's) and b1_ref (the columns' w4a8_b1_ref), one warp vote for the rare path.
+__device__ inline void w4a8_prefill_tables(const uint32_t* ws, const int (&b1_ref)[2], int c0, int tig, uint32_t (&tab)[2][2]) {
+  const uint32_t words[2] = {ws[c0], ws[c0 + 8]};
+  int b1[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    b1[h] = b1_ref[h] + 4 * static_cast<int>(__byte_perm(words[h], 0u, 0x4440u + tig));  // 4 (27 + e_blk - e_ref)
+    w4a8_table_of_b1(static_cast<uint32_t>(b1[h]), tab[h][0], tab[h][1]);
+  }
+  if (__any_sync(0xffffffffu, b1[0] < 4 || b1[1] < 4)) {  // a block far below its row's largest scale
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (b1[h] < 4) w4a8_e5m2_table(words[h], 0x4440u + tig, b1_ref[h], tab[h][0], tab[h][1]);
+  }
+}
+
 // The decode kernels' tables of a group: block tig's of columns c0 and c0 + 8 from the warp's group
-// prep (prep_b1, prep_cs: the group's 16 entries, column 16 warp + j at j), or from the per-block
-// table (ws: the group's scale words) for the groups the prep marks; and the columns' cs.
-__device__ inline void w4a8_decode_tables(const uint32_t* ws, const uint32_t* prep_b1, const float* prep_cs, int c0, int gid, int tig,
-                                          uint32_t (&tab)[2][2], float (&cs)[2]) {
+// prep (prep_b1: the group's 16 entries, column 16 warp + j at j), or from the per-block table (ws:
+// the group's scale words; b1_ref: the columns' w4a8_b1_ref) for the groups the prep marks.
+__device__ inline void w4a8_decode_tables(const uint32_t* ws, const uint32_t* prep_b1, const int (&b1_ref)[2], int c0, int gid, int tig,
+                                          uint32_t (&tab)[2][2]) {
   // Block tig's b1 of columns c0 and c0 + 8 (entries 8 apart: 32 bytes).
   const uint8_t* b1p = reinterpret_cast<const uint8_t*>(prep_b1 + gid) + tig;
   const uint32_t b1[2] = {b1p[0], b1p[32]};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
-    cs[h] = prep_cs[gid + 8 * h];
-  }
-  if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a far block or an extreme scale
-    if (b1[0] == 0u) w4a8_e5m2_table<false>(ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-    if (b1[1] == 0u) w4a8_e5m2_table<false>(ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+  for (int h = 0; h < 2; ++h) w4a8_table_of_b1(b1[h], tab[h][0], tab[h][1]);
+  if (__any_sync(0xffffffffu, b1[0] == 0u || b1[1] == 0u)) {  // a block far below its row's largest scale
+    if (b1[0] == 0u) w4a8_e5m2_table(ws[c0], 0x4440u + tig, b1_ref[0], tab[0][0], tab[0][1]);
+    if (b1[1] == 0u) w4a8_e5m2_table(ws[c0 + 8], 0x4440u + tig, b1_ref[1], tab[1][0], tab[1][1]);
   }
 }
 
 // A group's four wgmma over its rows' codes x (WgStage::x's layout) with A from a, then
-// acc = fma(d, cs * sa, acc), sa the rows' activation scales of the group.
+// acc = fma(d, sa, acc) (W4A8: the weight rows' scales come at the store) or, for FP8,
+// acc = fma(d, cs * sa, acc); sa the rows' activation scales of the group, cs the weight's block
+// scale of the group (both entries the same).
 template <int kN, bool kFp8W>
 __device__ inline void w4a8_group_mma_fold(const uint8_t* x, const uint32_t (&a)[4][4], const float (&cs)[2], const float* sa, int tig,
                                            float (&d)[kN / 2], float (&acc)[kN / 2]) {
@@ -998,7 +1025,10 @@ __device__ inline void w4a8_group_mma_fold(const uint8_t* x, const uint32_t (&a)
   for (int j = 0; j < kN / 8; ++j) {
     const float2 sv = *reinterpret_cast<const float2*>(&sa[8 * j + 2 * tig]);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[4 * j + c] = __fmaf_rn(d[4 * j + c], cs[c / 2] * ((c & 1) ? sv.y : sv.x), acc[4 * j + c]);
+    for (int c = 0; c < 4; ++c) {
+      const float s = (c & 1) ? sv.y : sv.x;
+      acc[4 * j + c] = __fmaf_rn(d[4 * j + c], kFp8W ? cs[c / 2] * s : s, acc[4 * j + c]);
+    }
   }
 }
 
@@ -1039,7 +1069,7 @@ __host__ __device__ constexpr int wg_stages() { return kFp8W && kN > 8 ? 3 : kSp
 template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
 __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finished quarters' sums, the groups' prep
   return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG +
-         (kFp8W || !wg_decode(kN) ? 0 : sizeof(uint32_t) * 2 * 16 * kSpan * 4 * kWG);
+         (kFp8W || !wg_decode(kN) ? 0 : sizeof(uint32_t) * 16 * kSpan * 4 * kWG);
 }
 // The blocks an SM whose `bytes` of dynamic shared memory fit (227 KB an SM, 1 KB of it reserved a
 // block).
@@ -1258,15 +1288,25 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   float* total = reinterpret_cast<float*>(ring + kStages * kSpan);
   const int c0 = 16 * warp + gid;
+  // (W4A8) The largest scale byte of weight rows c0 and c0 + 8 (columns of the output) and of row
+  // 16 warp + lane % 16 (the lane's group prep entries in the decode form): what the tables are
+  // relative to, and the rows' scales at the store. Rows past N take 0 (their outputs are not stored).
+  uint32_t e_ref[2] = {0u, 0u}, prep_e_ref = 0u;
+  if constexpr (!kFp8W) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (n0 + c0 + 8 * h < N) e_ref[h] = W.row_emax[n0 + c0 + 8 * h];
+    if (kDecode && n0 + 16 * warp + lane % 16 < N) prep_e_ref = W.row_emax[n0 + 16 * warp + lane % 16];
+  }
+  const int b1_ref[2] = {w4a8_b1_ref(e_ref[0]), w4a8_b1_ref(e_ref[1])};
   // This warp's w4a8_group_prep of the slot's groups for its 16 columns: entry 16 sub + j (column
-  // 16 warp + j, the slot's group sub), b1w words then cs.
-  uint32_t* const prep_b1 = reinterpret_cast<uint32_t*>(total + (kN / 2) * kThreads) + warp * 2 * 16 * kSpan;
-  float* const prep_cs = reinterpret_cast<float*>(prep_b1 + 16 * kSpan);
+  // 16 warp + j, the slot's group sub).
+  uint32_t* const prep_b1 = reinterpret_cast<uint32_t*>(total + (kN / 2) * kThreads) + warp * 16 * kSpan;
   // Where this block's outputs go: out [rows_total, N] (the pair's second projection rows_total x N
   // further on), or quarter q's slice of partial [4, pair x rows_total, N].
   const int64_t outputs = (!kFp8W && g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
   const int64_t second_offset = second ? g.rows_total * g.N : 0;
-  const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig};
+  const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig, {b1_ref[0], b1_ref[1]}, !kFp8W};
   int quarter = q_first;
   // Split: the quarter's sum to its slice; unsplit: added to the finished quarters' sum in order.
   const auto finish_quarter = [&] {
@@ -1286,7 +1326,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       // Lane j < 16 kSpan prepares entry j. (Rewritten only after the next barrier, when every lane
       // of the warp has read this slot's.)
 #pragma unroll
-      for (int j = lane; j < 16 * kSpan; j += 32) w4a8_group_prep(slot[j / 16].ws[16 * warp + j % 16], prep_b1[j], prep_cs[j]);
+      for (int j = lane; j < 16 * kSpan; j += 32) prep_b1[j] = w4a8_group_prep(slot[j / 16].ws[16 * warp + j % 16], prep_e_ref);
       __syncwarp();
     }
 #pragma unroll
@@ -1299,7 +1339,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       }
       const Stage& st = slot[sub];
       uint32_t a[4][4];
-      float cs[2];
+      float cs[2] = {1.0f, 1.0f};  // (FP8: the block's scale; W4A8 folds none, w4a8_group_mma_fold)
       if constexpr (kFp8W) {
         // The inputs in their natural order (the codes are not in w4a8_order here, so that the TMA
         // kernel's shared-memory A holds the same bytes in the same k-slots): instruction i's
@@ -1314,10 +1354,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       } else {
         uint32_t tab[2][2];
         if constexpr (!kDecode) {
-          w4a8_e5m2_table<true>(st.ws[c0], 0x4440u + tig, tab[0][0], tab[0][1], cs[0]);
-          w4a8_e5m2_table<true>(st.ws[c0 + 8], 0x4440u + tig, tab[1][0], tab[1][1], cs[1]);
+          w4a8_prefill_tables(st.ws, b1_ref, c0, tig, tab);
         } else {
-          w4a8_decode_tables(st.ws, prep_b1 + 16 * sub, prep_cs + 16 * sub, c0, gid, tig, tab, cs);
+          w4a8_decode_tables(st.ws, prep_b1 + 16 * sub, b1_ref, c0, gid, tig, tab);
         }
         w4a8_convert(st.w, c0, tig, tab, a);
       }
@@ -1732,7 +1771,7 @@ __host__ __device__ constexpr int ws_stages() { return kSpan == 1 ? 4 : 3; }
 template <int kN, int kSpan>
 __host__ __device__ constexpr size_t ws_smem_bytes() {  // the ring, the finished quarters' sums, the groups' prep, the barriers
   return sizeof(WsSlot<kN, kSpan>) * ws_stages<kSpan>() + sizeof(float) * (kN / 2) * kWgThreads +
-         sizeof(uint32_t) * 2 * 16 * kSpan * 4 + 2 * sizeof(uint64_t) * ws_stages<kSpan>();
+         sizeof(uint32_t) * 16 * kSpan * 4 + 2 * sizeof(uint64_t) * ws_stages<kSpan>();
 }
 // As many blocks an SM as the shared memory holds, but no more than leave the consumers the registers
 // they need unspilled (ws_regs: at eight blocks, 48 registers a thread, the 8-row span-1 kernel
@@ -1775,7 +1814,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
   Slot* ring = reinterpret_cast<Slot*>(ws_smem);
   float* total = reinterpret_cast<float*>(ring + kStages);
   uint32_t* prep = reinterpret_cast<uint32_t*>(total + (kN / 2) * kWgThreads);
-  uint64_t* full = reinterpret_cast<uint64_t*>(prep + 2 * 16 * kSpan * 4);
+  uint64_t* full = reinterpret_cast<uint64_t*>(prep + 16 * kSpan * 4);
   uint64_t* empty = full + kStages;
   __shared__ int64_t s_src[kN];
   __shared__ int s_e;
@@ -1895,11 +1934,20 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   const int c0 = 16 * warp + gid;
-  uint32_t* const prep_b1 = prep + warp * 2 * 16 * kSpan;
-  float* const prep_cs = reinterpret_cast<float*>(prep_b1 + 16 * kSpan);
+  uint32_t* const prep_b1 = prep + warp * 16 * kSpan;
+  // As grouped_w4a8_wgmma_kernel's: weight rows c0 and c0 + 8's largest scale bytes, and the prep
+  // entries' row's.
+  const DevWeight W = second ? g.w_b[e] : g.w[e];
+  uint32_t e_ref[2] = {0u, 0u}, prep_e_ref = 0u;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (n0 + c0 + 8 * h < N) e_ref[h] = W.row_emax[n0 + c0 + 8 * h];
+  if (n0 + 16 * warp + lane % 16 < N) prep_e_ref = W.row_emax[n0 + 16 * warp + lane % 16];
+  const int b1_ref[2] = {w4a8_b1_ref(e_ref[0]), w4a8_b1_ref(e_ref[1])};
+  const float unit[2] = {1.0f, 1.0f};  // (w4a8_group_mma_fold's cs, unused for W4A8)
   const int64_t outputs = (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
   const int64_t second_offset = second ? g.rows_total * g.N : 0;
-  const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig};
+  const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig, {b1_ref[0], b1_ref[1]}, true};
   int quarter = q_first, quarter_end = w4a8_quarter(q_first + 1, groups);
   for (int it = 0; it < slots; ++it) {
     const int s = it % kStages;
@@ -1907,7 +1955,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
     fence_proxy_async_smem();  // the codes (cp.async, the generic proxy) visible to wgmma's reads
     const Slot& slot = ring[s];
 #pragma unroll
-    for (int j = lane; j < 16 * kSpan; j += 32) w4a8_group_prep(slot.ws[j / 16][16 * warp + j % 16], prep_b1[j], prep_cs[j]);
+    for (int j = lane; j < 16 * kSpan; j += 32) prep_b1[j] = w4a8_group_prep(slot.ws[j / 16][16 * warp + j % 16], prep_e_ref);
     __syncwarp();
 #pragma unroll
     for (int sub = 0; sub < kSpan; ++sub) {
@@ -1918,10 +1966,9 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
         quarter_end = w4a8_quarter(++quarter + 1, groups);
       }
       uint32_t a[4][4], tab[2][2];
-      float cs[2];
-      w4a8_decode_tables(slot.ws[sub], prep_b1 + 16 * sub, prep_cs + 16 * sub, c0, gid, tig, tab, cs);
+      w4a8_decode_tables(slot.ws[sub], prep_b1 + 16 * sub, b1_ref, c0, gid, tig, tab);
       w4a8_convert(slot.w[sub], c0, tig, tab, a);
-      w4a8_group_mma_fold<kN, false>(slot.x[sub], a, cs, slot.sa[sub], tig, d, acc);
+      w4a8_group_mma_fold<kN, false>(slot.x[sub], a, unit, slot.sa[sub], tig, d, acc);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the slot
@@ -2450,9 +2497,9 @@ void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows,
   if (words > 0) launch(fp4_to_device_tiled_kernel, blocks_for(words, 256), 256, 0, in, out, rows, row_bytes);
 }
 
-void launch_w4a8_table_pair(const uint32_t* words, int64_t n, uint32_t* out) {
+void launch_w4a8_table_pair(const uint32_t* words, const uint32_t* e_ref, int64_t n, uint32_t* out) {
   if (n <= 0) return;
-  launch(w4a8_table_pair_kernel, blocks_for(n, 256), 256, 0, words, n, out);
+  launch(w4a8_table_pair_kernel, blocks_for(n, 256), 256, 0, words, e_ref, n, out);
 }
 
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {

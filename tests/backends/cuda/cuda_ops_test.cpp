@@ -3345,17 +3345,19 @@ TEST(CudaElementwise, Bf16PassesRoundEveryValueAtAnyLengthAndAlignment) {
   cudaFree(d_out);
 }
 
-// The W4A8 decode wgmma kernel takes a group's e5m2 tables and cs from w4a8_group_prep (once a
-// column's group, by multiply-adds), falling back to the per-block table where the prep marks the
-// group. The two must give every block the same table bytes and cs bits: over every largest scale byte 0..255
-// with the other blocks 0..31 below it (the boundary of the prep's direct path is 26), and random
-// words. The marking must be exactly the documented one (a spread over 26, a largest byte 0 or 255),
-// so that the common path is the prep's.
+// The W4A8 wgmma kernels' e5m2 tables are relative to the weight row's largest scale byte e_ref
+// (DevWeight::row_emax). The decode kernels take a group's from w4a8_group_prep (once a row's group,
+// by multiply-adds), falling back to the per-block table where the prep marks the group. Over every
+// e_ref 0..255 with blocks 0..31 below it (the boundary of the prep's direct path is 26), e_ref
+// equal to the word's largest byte or above it, and random words: both give every block the same
+// table bytes; the direct path's bytes are the e5m2 of the e2m1 magnitudes 0.5 .. 6 times 2^(13 +
+// e_blk - e_ref); the marking is exactly a block more than 26 below e_ref (so the common path is
+// the prep's); the row's scale is 2^(e_ref - 140), NaN at 255.
 TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
   std::unique_ptr<Backend> gpu;
   SPARROW_REQUIRE_CUDA(gpu);
   std::mt19937 rng(31);
-  std::vector<uint32_t> words;
+  std::vector<uint32_t> words, e_refs;
   for (uint32_t e_max = 0; e_max < 256; ++e_max)
     for (int k = 0; k < 256; ++k) {
       uint32_t w = 0;
@@ -3365,41 +3367,73 @@ TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
         w |= (e_max >= d ? e_max - d : 0u) << (8 * b);
       }
       words.push_back(w);
+      // Half the entries with the row's largest byte in another group, up to 8 above this one's.
+      const uint32_t up = k % 2 == 0 ? 0u : static_cast<uint32_t>(rng() % 9);
+      e_refs.push_back(std::min(255u, e_max + up));
     }
-  for (int k = 0; k < 65536; ++k) words.push_back(static_cast<uint32_t>(rng()));
+  for (int k = 0; k < 65536; ++k) {
+    const uint32_t w = static_cast<uint32_t>(rng());
+    uint32_t hi = 0;
+    for (int b = 0; b < 4; ++b) hi = std::max(hi, (w >> (8 * b)) & 0xffu);
+    words.push_back(w);
+    e_refs.push_back(std::min(255u, hi + static_cast<uint32_t>(rng() % 4)));
+  }
   const int64_t n = static_cast<int64_t>(words.size());
   uint32_t* d_words = nullptr;
+  uint32_t* d_refs = nullptr;
   uint32_t* d_out = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_words), n * sizeof(uint32_t)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), 26 * n * sizeof(uint32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_refs), n * sizeof(uint32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), 18 * n * sizeof(uint32_t)), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_words, words.data(), n * sizeof(uint32_t), cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::launch_w4a8_table_pair(d_words, n, d_out);
+  ASSERT_EQ(cudaMemcpy(d_refs, e_refs.data(), n * sizeof(uint32_t), cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::launch_w4a8_table_pair(d_words, d_refs, n, d_out);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint32_t> out(26 * n);
+  std::vector<uint32_t> out(18 * n);
   ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
   cudaFree(d_words);
+  cudaFree(d_refs);
   cudaFree(d_out);
-  int64_t wrong = 0, marked = 0;
+  // The e5m2 byte of magnitude v (1..7: 0.5, 1, 1.5, 2, 3, 4, 6) times 2^q, a normal: (1 + f) 2^k.
+  const auto e5m2_of = [](int v, int q) {
+    const int k[8] = {0, -1, 0, 0, 1, 1, 2, 2};
+    const bool half[8] = {false, false, false, true, false, true, false, true};
+    return static_cast<uint32_t>(((k[v] + q + 15) << 2) | (half[v] ? 2 : 0));
+  };
+  int64_t wrong = 0, marked = 0, direct_checked = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t w = words[i];
-    const uint32_t* o = out.data() + 26 * i;
-    uint32_t lo = 255, hi = 0;
-    for (int b = 0; b < 4; ++b) lo = std::min(lo, (w >> (8 * b)) & 0xffu), hi = std::max(hi, (w >> (8 * b)) & 0xffu);
-    const bool want_marked = hi - lo > 26 || hi == 0 || hi == 255;
+    const uint32_t w = words[i], e_ref = e_refs[i];
+    const uint32_t* o = out.data() + 18 * i;
+    uint32_t lo = 255;
+    for (int b = 0; b < 4; ++b) lo = std::min(lo, (w >> (8 * b)) & 0xffu);
+    const bool want_marked = e_ref - lo > 26;
     marked += o[0] == 0;
     if ((o[0] == 0) != want_marked && wrong++ < 3)
-      ADD_FAILURE() << std::hex << "word 0x" << w << ": marked " << (o[0] == 0) << ", want " << want_marked;
+      ADD_FAILURE() << std::hex << "word 0x" << w << " e_ref " << std::dec << e_ref << ": marked " << (o[0] == 0) << ", want "
+                    << want_marked;
+    const float cs = std::bit_cast<float>(o[1]), want_cs = std::ldexp(1.0f, static_cast<int>(e_ref) - 140);
+    if ((e_ref == 255 ? !std::isnan(cs) : cs != want_cs) && wrong++ < 3)
+      ADD_FAILURE() << "e_ref " << e_ref << ": row scale " << cs << ", want " << want_cs;
     for (int b = 0; b < 4; ++b) {
-      const uint32_t* ob = o + 2 + 6 * b;
-      if ((ob[0] != ob[3] || ob[1] != ob[4] || ob[2] != ob[5]) && wrong++ < 3)
-        ADD_FAILURE() << std::hex << "word 0x" << w << " block " << b << ": prep " << ob[0] << " " << ob[1] << " cs "
-                      << ob[2] << ", table " << ob[3] << " " << ob[4] << " cs " << ob[5];
+      const uint32_t* ob = o + 2 + 4 * b;
+      if ((ob[0] != ob[2] || ob[1] != ob[3]) && wrong++ < 3)
+        ADD_FAILURE() << std::hex << "word 0x" << w << " block " << b << ": prep " << ob[0] << " " << ob[1] << ", table " << ob[2]
+                      << " " << ob[3];
+      const int s = static_cast<int>((w >> (8 * b)) & 0xffu) - static_cast<int>(e_ref);
+      if (s < -26) continue;
+      ++direct_checked;
+      uint32_t want[2] = {0u, 0u};
+      for (int v = 1; v < 8; ++v) want[v / 4] |= e5m2_of(v, 13 + s) << (8 * (v % 4));
+      if ((ob[2] != want[0] || ob[3] != want[1]) && wrong++ < 3)
+        ADD_FAILURE() << std::hex << "word 0x" << w << " block " << b << ": table " << ob[2] << " " << ob[3] << ", want " << want[0]
+                      << " " << want[1];
     }
   }
   EXPECT_EQ(wrong, 0);
   // Both paths were exercised: most structured words through the prep, the random ones marked.
   EXPECT_GT(marked, 65536 / 2);
   EXPECT_LT(marked, n - 65536 / 4);
+  EXPECT_GT(direct_checked, n);
 }
 
 // The MXFP4 device layout (fp4_layout.h), on the host (no GPU needed): each input's magnitude bits
