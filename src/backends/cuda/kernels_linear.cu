@@ -741,9 +741,8 @@ __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(Gr
 // takes the common factor back once, at the store. For e_j within 26 of e_row the table's values are
 // exact e5m2 normals; farther down (blocks at most 2^-26 of the row's largest scale) they are
 // rounded to e5m2 (0 below 2^-17 of it). A scale byte 255 (NaN) makes the row's cs NaN.
-// (Tables relative to each group's largest byte e_g, with cs_g = 2^(e_g - 140) in every group's
-// fold, give the same bits while no value is subnormal and no block is more than 26 below e_row:
-// the two differ by exact powers of two. The row's reference takes the fold's scale product out.)
+// (Until 2026-12-06 the tables were relative to each group's largest byte, with that group's
+// 2^(e_g - 140) in its fold: w4a8_b1_ref says why the bits are the same.)
 //
 // Operand order: thread (warp w, gid, tig) holds for its columns 16 w + gid and 16 w + gid + 8 the 16
 // bytes of block tig of the group, and for instruction i word i of them: k-slots 4 tig .. 4 tig + 3
@@ -819,14 +818,14 @@ __device__ inline void w4a8_table_of_b1(uint32_t b1, uint32_t& lo, uint32_t& hi)
 }
 
 // The tables are relative to the weight row's largest scale byte over all of K, e_ref
-// (DevWeight::row_emax), not to each group's: a group's wgmma sum d is then 2^(e_ref - e_group) times
+// (DevWeight::row_emax), not to each group's: a group's wgmma sum d is then 2^(e_group - e_ref) times
 // what tables relative to the group's largest would give (exactly: every input scaled by one power
 // of two, all of them e5m2 normals while e_ref - e_blk <= 26), so the fold needs no per-group
 // weight scale, acc = fma(d, sa, acc), and the row's outputs are multiplied by cs = 2^(e_ref - 140)
-// once, where they are stored (W4A8BlockOut). The same bits as tables per group with
-// acc = fma(d, 2^(e_group - 140) sa, acc), while no value is subnormal and no block lies more than
-// 2^26 below its row's largest scale. b1_ref = 4 (27 - e_ref) (w4a8_b1_ref); the row's cs from
-// w4a8_row_scale.
+// once, where they are stored (W4A8BlockOut). Each fma's exact result is then the per-group form's
+// (acc = fma(d, 2^(e_group - 140) sa, acc)) over cs, so its rounding is too, and so the bits, while
+// no value is subnormal and no block lies more than 2^26 below its row's largest scale.
+// b1_ref = 4 (27 - e_ref) (w4a8_b1_ref); the row's cs from w4a8_row_scale.
 __device__ inline int w4a8_b1_ref(uint32_t e_ref) { return 108 - 4 * static_cast<int>(e_ref); }
 // 2^(e_ref - 140): a normal float from e_ref 14 up, a subnormal below; e_ref 255 (some block's scale
 // a NaN) makes it NaN.
