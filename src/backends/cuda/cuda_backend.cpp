@@ -1598,21 +1598,16 @@ class CudaBackend final : public Backend {
     // row's largest over its in / 32 blocks.
     if (wg) {
       std::vector<uint8_t> emax;
-      std::vector<size_t> at;
       for (int64_t e = 0; e < E; ++e)
         for (const WeightMatrix* m : {&routed[e].w1, &routed[e].w3, &routed[e].w2}) {
-          at.push_back(emax.size());
           const auto* sc = static_cast<const uint8_t*>(m->scale.data);
           const int64_t cols = m->scale.dim(1), blocks = m->in / 32;
           for (int64_t r = 0; r < m->out; ++r) emax.push_back(*std::max_element(sc + r * cols, sc + r * cols + blocks));
         }
       t.row_emax = upload_vector(emax);
-      const auto* base = static_cast<const uint8_t*>(t.row_emax.get());
-      for (int64_t e = 0; e < E; ++e) {
-        w1s[e].row_emax = base + at[3 * e];
-        w3s[e].row_emax = base + at[3 * e + 1];
-        w2s[e].row_emax = base + at[3 * e + 2];
-      }
+      const auto* next = static_cast<const uint8_t*>(t.row_emax.get());  // (the rows in the order filled)
+      for (int64_t e = 0; e < E; ++e)
+        for (DevWeight* d : {&w1s[e], &w3s[e], &w2s[e]}) d->row_emax = next, next += d->out;
     }
     t.E = E;
     t.first1 = w1s[0];

@@ -827,6 +827,9 @@ __device__ inline void w4a8_table_of_b1(uint32_t b1, uint32_t& lo, uint32_t& hi)
 // no value is subnormal and no block lies more than 2^26 below its row's largest scale.
 // b1_ref = 4 (27 - e_ref) (w4a8_b1_ref); the row's cs from w4a8_row_scale.
 __device__ inline int w4a8_b1_ref(uint32_t e_ref) { return 108 - 4 * static_cast<int>(e_ref); }
+// Weight row n's largest scale byte (DevWeight::row_emax); 0 for rows past N (padding columns of a
+// block, whose outputs are not stored).
+__device__ inline uint32_t w4a8_row_emax(const DevWeight& W, int n, int N) { return n < N ? W.row_emax[n] : 0u; }
 // 2^(e_ref - 140): a normal float from e_ref 14 up, a subnormal below; e_ref 255 (some block's scale
 // a NaN) makes it NaN.
 __device__ inline float w4a8_row_scale(uint32_t e_ref) {
@@ -1006,10 +1009,10 @@ __device__ inline void w4a8_decode_tables(const uint32_t* ws, const uint32_t* pr
 
 // A group's four wgmma over its rows' codes x (WgStage::x's layout) with A from a, then
 // acc = fma(d, sa, acc) (W4A8: the weight rows' scales come at the store) or, for FP8,
-// acc = fma(d, cs * sa, acc); sa the rows' activation scales of the group, cs the weight's block
-// scale of the group (both entries the same).
+// acc = fma(d, sw * sa, acc); sa the rows' activation scales of the group, sw the weight's block
+// scale of the group (FP8 only).
 template <int kN, bool kFp8W>
-__device__ inline void w4a8_group_mma_fold(const uint8_t* x, const uint32_t (&a)[4][4], const float (&cs)[2], const float* sa, int tig,
+__device__ inline void w4a8_group_mma_fold(const uint8_t* x, const uint32_t (&a)[4][4], float sw, const float* sa, int tig,
                                            float (&d)[kN / 2], float (&acc)[kN / 2]) {
 #pragma unroll
   for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(d[r]);
@@ -1026,7 +1029,7 @@ __device__ inline void w4a8_group_mma_fold(const uint8_t* x, const uint32_t (&a)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const float s = (c & 1) ? sv.y : sv.x;
-      acc[4 * j + c] = __fmaf_rn(d[4 * j + c], kFp8W ? cs[c / 2] * s : s, acc[4 * j + c]);
+      acc[4 * j + c] = __fmaf_rn(d[4 * j + c], kFp8W ? sw * s : s, acc[4 * j + c]);
     }
   }
 }
@@ -1287,17 +1290,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   float* total = reinterpret_cast<float*>(ring + kStages * kSpan);
   const int c0 = 16 * warp + gid;
-  // (W4A8) The largest scale byte of weight rows c0 and c0 + 8 (columns of the output) and of row
-  // 16 warp + lane % 16 (the lane's group prep entries in the decode form): what the tables are
-  // relative to, and the rows' scales at the store. Rows past N take 0 (their outputs are not stored).
-  uint32_t e_ref[2] = {0u, 0u}, prep_e_ref = 0u;
-  if constexpr (!kFp8W) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (n0 + c0 + 8 * h < N) e_ref[h] = W.row_emax[n0 + c0 + 8 * h];
-    if (kDecode && n0 + 16 * warp + lane % 16 < N) prep_e_ref = W.row_emax[n0 + 16 * warp + lane % 16];
-  }
-  const int b1_ref[2] = {w4a8_b1_ref(e_ref[0]), w4a8_b1_ref(e_ref[1])};
+  // (W4A8) The tables' reference of weight rows c0 and c0 + 8 (columns of the output), which also
+  // gives the rows' scales at the store, and the largest scale byte of row 16 warp + lane % 16 (the
+  // lane's group prep entries in the decode form).
+  const int b1_ref[2] = {w4a8_b1_ref(kFp8W ? 0u : w4a8_row_emax(W, n0 + c0, N)),
+                         w4a8_b1_ref(kFp8W ? 0u : w4a8_row_emax(W, n0 + c0 + 8, N))};
+  const uint32_t prep_e_ref = kFp8W || !kDecode ? 0u : w4a8_row_emax(W, n0 + 16 * warp + lane % 16, N);
   // This warp's w4a8_group_prep of the slot's groups for its 16 columns: entry 16 sub + j (column
   // 16 warp + j, the slot's group sub).
   uint32_t* const prep_b1 = reinterpret_cast<uint32_t*>(total + (kN / 2) * kThreads) + warp * 16 * kSpan;
@@ -1338,7 +1336,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       }
       const Stage& st = slot[sub];
       uint32_t a[4][4];
-      float cs[2] = {1.0f, 1.0f};  // (FP8: the block's scale; W4A8 folds none, w4a8_group_mma_fold)
+      float sw = 1.0f;  // (FP8: the block's scale; W4A8 folds none, w4a8_group_mma_fold)
       if constexpr (kFp8W) {
         // The inputs in their natural order (the codes are not in w4a8_order here, so that the TMA
         // kernel's shared-memory A holds the same bytes in the same k-slots): instruction i's
@@ -1349,7 +1347,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         const uint32_t* rb = reinterpret_cast<const uint32_t*>(st.w + fp8_wrow<kN>() * (c0 + 8)) + tig;
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[i][0] = ra[8 * i], a[i][2] = ra[8 * i + 4], a[i][1] = rb[8 * i], a[i][3] = rb[8 * i + 4];
-        cs[0] = cs[1] = __uint_as_float(st.ws[0]);
+        sw = __uint_as_float(st.ws[0]);
       } else {
         uint32_t tab[2][2];
         if constexpr (!kDecode) {
@@ -1359,7 +1357,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         }
         w4a8_convert(st.w, c0, tig, tab, a);
       }
-      w4a8_group_mma_fold<kN, kFp8W>(st.x, a, cs, st.sa, tig, d, acc);
+      w4a8_group_mma_fold<kN, kFp8W>(st.x, a, sw, st.sa, tig, d, acc);
     }
   }
   cp_async_wait<0>();
@@ -1934,16 +1932,11 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   const int c0 = 16 * warp + gid;
   uint32_t* const prep_b1 = prep + warp * 16 * kSpan;
-  // As grouped_w4a8_wgmma_kernel's: weight rows c0 and c0 + 8's largest scale bytes, and the prep
-  // entries' row's.
+  // As grouped_w4a8_wgmma_kernel's: weight rows c0 and c0 + 8's table references, and the prep
+  // entries' row's largest scale byte.
   const DevWeight W = second ? g.w_b[e] : g.w[e];
-  uint32_t e_ref[2] = {0u, 0u}, prep_e_ref = 0u;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    if (n0 + c0 + 8 * h < N) e_ref[h] = W.row_emax[n0 + c0 + 8 * h];
-  if (n0 + 16 * warp + lane % 16 < N) prep_e_ref = W.row_emax[n0 + 16 * warp + lane % 16];
-  const int b1_ref[2] = {w4a8_b1_ref(e_ref[0]), w4a8_b1_ref(e_ref[1])};
-  const float unit[2] = {1.0f, 1.0f};  // (w4a8_group_mma_fold's cs, unused for W4A8)
+  const int b1_ref[2] = {w4a8_b1_ref(w4a8_row_emax(W, n0 + c0, N)), w4a8_b1_ref(w4a8_row_emax(W, n0 + c0 + 8, N))};
+  const uint32_t prep_e_ref = w4a8_row_emax(W, n0 + 16 * warp + lane % 16, N);
   const int64_t outputs = (g.w_b != nullptr ? 2 : 1) * g.rows_total * g.N;
   const int64_t second_offset = second ? g.rows_total * g.N : 0;
   const W4A8BlockOut<kN> out{t0, R, r0, g.N, n0 + c0, N, tig, {b1_ref[0], b1_ref[1]}, true};
@@ -1967,7 +1960,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
       uint32_t a[4][4], tab[2][2];
       w4a8_decode_tables(slot.ws[sub], prep_b1 + 16 * sub, b1_ref, c0, gid, tig, tab);
       w4a8_convert(slot.w[sub], c0, tig, tab, a);
-      w4a8_group_mma_fold<kN, false>(slot.x[sub], a, unit, slot.sa[sub], tig, d, acc);
+      w4a8_group_mma_fold<kN, false>(slot.x[sub], a, 1.0f, slot.sa[sub], tig, d, acc);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the slot
