@@ -961,12 +961,21 @@ struct W4A8BlockOut {
   }
 };
 
-// A group's weights as wgmma's A operand: block tig's 16 bytes of columns c0 and c0 + 8 (w: the
-// group's 64 bytes a column) as e5m2 through the two columns' tables.
-__device__ inline void w4a8_convert(const uint8_t* w, int c0, int tig, const uint32_t (&tab)[2][2], uint32_t (&a)[4][4]) {
-  const uint4 wa = *reinterpret_cast<const uint4*>(w + 64 * c0 + 16 * tig);
-  const uint4 wb = *reinterpret_cast<const uint4*>(w + 64 * (c0 + 8) + 16 * tig);
-  const uint32_t wav[4] = {wa.x, wa.y, wa.z, wa.w}, wbv[4] = {wb.x, wb.y, wb.z, wb.w};
+// A thread's share of a group's weights in shared memory (w: the group's 64 bytes a column): block
+// tig's 16 bytes of columns c0 and c0 + 8, and the two columns' scale words (ws: the group's).
+struct W4A8GroupWords {
+  uint4 w[2];
+  uint32_t s[2];
+};
+__device__ inline W4A8GroupWords w4a8_group_words(const uint8_t* w, const uint32_t* ws, int c0, int tig) {
+  return {{*reinterpret_cast<const uint4*>(w + 64 * c0 + 16 * tig), *reinterpret_cast<const uint4*>(w + 64 * (c0 + 8) + 16 * tig)},
+          {ws[c0], ws[c0 + 8]}};
+}
+
+// A group's weights as wgmma's A operand: the thread's words (w4a8_group_words' w) as e5m2 through
+// the two columns' tables.
+__device__ inline void w4a8_convert(const uint4 (&w)[2], const uint32_t (&tab)[2][2], uint32_t (&a)[4][4]) {
+  const uint32_t wav[4] = {w[0].x, w[0].y, w[0].z, w[0].w}, wbv[4] = {w[1].x, w[1].y, w[1].z, w[1].w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     e2m1x8_to_e5m2(wav[i], tab[0][0], tab[0][1], a[i][0], a[i][2]);
@@ -975,9 +984,8 @@ __device__ inline void w4a8_convert(const uint8_t* w, int c0, int tig, const uin
 }
 
 // The prefill kernel's tables of a group: block tig's of columns c0 and c0 + 8 from their scale words
-// (ws: the group's) and b1_ref (the columns' w4a8_b1_ref), one warp vote for the rare path.
-__device__ inline void w4a8_prefill_tables(const uint32_t* ws, const int (&b1_ref)[2], int c0, int tig, uint32_t (&tab)[2][2]) {
-  const uint32_t words[2] = {ws[c0], ws[c0 + 8]};
+// (w4a8_group_words' s) and b1_ref (the columns' w4a8_b1_ref), one warp vote for the rare path.
+__device__ inline void w4a8_prefill_tables(const uint32_t (&words)[2], const int (&b1_ref)[2], int tig, uint32_t (&tab)[2][2]) {
   int b1[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -1316,9 +1324,13 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
     cp_async_wait<kStages - 2>();  // this thread's copies of the slot of group kg0 have landed
     fence_proxy_async_smem();      // and are visible to wgmma's reads
     __syncthreads();               // everyone's; and everyone is done with the slot refilled next
-    issue();                       // the slot kStages - 1 ahead
     const Stage* slot = ring + kSpan * (kAdvance ? stage_index : ((kg0 - g_lo) / kSpan) % kStages);
     if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+    // (W4A8 prefill) The thread's weight and scale words of the group, read before the copies are
+    // issued so that the loads' latency passes under them (the tables use the scale words first).
+    W4A8GroupWords words{};
+    if constexpr (!kFp8W && !kDecode) words = w4a8_group_words(slot[0].w, slot[0].ws, c0, tig);
+    issue();  // the slot kStages - 1 ahead
     if constexpr (!kFp8W && kDecode) {
       // Lane j < 16 kSpan prepares entry j. (Rewritten only after the next barrier, when every lane
       // of the warp has read this slot's.)
@@ -1351,11 +1363,13 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       } else {
         uint32_t tab[2][2];
         if constexpr (!kDecode) {
-          w4a8_prefill_tables(st.ws, b1_ref, c0, tig, tab);
+          static_assert(kDecode || kSpan == 1, "the prefill form's slot is one group");
+          w4a8_prefill_tables(words.s, b1_ref, tig, tab);
         } else {
+          words = w4a8_group_words(st.w, st.ws, c0, tig);  // (s unused: the prep gives the tables)
           w4a8_decode_tables(st.ws, prep_b1 + 16 * sub, b1_ref, c0, gid, tig, tab);
         }
-        w4a8_convert(st.w, c0, tig, tab, a);
+        w4a8_convert(words.w, tab, a);
       }
       w4a8_group_mma_fold<kN, kFp8W>(st.x, a, sw, st.sa, tig, d, acc);
     }
@@ -1959,7 +1973,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
       }
       uint32_t a[4][4], tab[2][2];
       w4a8_decode_tables(slot.ws[sub], prep_b1 + 16 * sub, b1_ref, c0, gid, tig, tab);
-      w4a8_convert(slot.w[sub], c0, tig, tab, a);
+      w4a8_convert(w4a8_group_words(slot.w[sub], slot.ws[sub], c0, tig).w, tab, a);
       w4a8_group_mma_fold<kN, false>(slot.x[sub], a, 1.0f, slot.sa[sub], tig, d, acc);
     }
     __syncwarp();
