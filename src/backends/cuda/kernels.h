@@ -534,6 +534,10 @@ void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
 // row's largest scale byte e_ref[i] (>= each of the word's bytes), through the decode kernel's group
 // prep and through the per-block table alone (out: 18 words an entry; kernels_linear.cu says which).
 void launch_w4a8_table_pair(const uint32_t* words, const uint32_t* e_ref, int64_t n, uint32_t* out);
+// Test hook: the W4A8 prefill kernels' tile search (w4a8_find_tile) of blocks 0 .. blocks - 1 over
+// experts whose rows are offsets[0 .. experts] (device): out[2 b] its expert (-1 past the last
+// tile), out[2 b + 1] its first row within the expert.
+void launch_w4a8_find_tiles(const int64_t* offsets, int64_t experts, int64_t blocks, int64_t* out);
 
 // Whether the vectorized kernel can take a: FP8 block (block_in a multiple of 16, K of 16) or
 // packed FP4 (block_in and K multiples of 32) weights, 16-byte aligned weight and input rows.

@@ -526,41 +526,61 @@ static_assert(sizeof(TiledStage) % 16 == 0, "stages stay 16-byte aligned");
 constexpr size_t kTiledSmemBytes = sizeof(TiledSmem);
 
 // Block b's 64-row tile: expert e with c(e) <= b < c(e + 1), c(e) = sum over f < e of
-// ceil(R_f / 64), and its first row 64 (b - c(e)); e = -1 past the last tile. Warp 0 finds it: each
-// lane counts the tiles of E / 32 consecutive experts, a scan over the lanes, the lane whose range
-// holds b walks its experts. (A grid over the plan's 8-row items had 7 of every 8 blocks leave at
-// once: 180,000 empty blocks a projection in an 8K prefill.)
+// ceil(R_f / 64), and its first row 64 (b - c(e)); e = -1 past the last tile. Warp 0 finds it, 256
+// experts a pass: each lane loads the row offsets of 8 consecutive experts at once (independent
+// loads, in flight together: the loop over E / 32 experts it replaced waited for each load in turn,
+// and its blocks' other warps waited at the barrier after it), counts their tiles, a scan over the
+// lanes, and the lane whose range holds b walks its 8. (A grid over the plan's 8-row items had 7 of
+// every 8 blocks leave at once: 180,000 empty blocks a projection in an 8K prefill.)
 __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& e_out, int64_t& t0_out) {
-  const int lane = threadIdx.x % 32, per = static_cast<int>((g.experts + 31) / 32);
-  const auto tiles = [&](int64_t e) { return (g.offsets[e + 1] - g.offsets[e] + kTiledRows - 1) / kTiledRows; };
-  int64_t count = 0;
-  for (int i = 0; i < per; ++i) {
-    const int64_t e = static_cast<int64_t>(lane) * per + i;
-    if (e < g.experts) count += tiles(e);
-  }
-  int64_t inclusive = count;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
-    if (lane >= o) inclusive += v;
-  }
+  constexpr int kPer = 8;  // a lane's experts a pass
+  const int lane = threadIdx.x % 32;
   int found_e = -1;
-  int64_t found_t0 = 0;
-  if (b >= inclusive - count && b < inclusive) {
-    int64_t c = inclusive - count;
-    for (int i = 0; i < per; ++i) {
-      const int64_t e = static_cast<int64_t>(lane) * per + i, n = tiles(e);
-      if (b < c + n) {
-        found_e = static_cast<int>(e), found_t0 = (b - c) * kTiledRows;
-        break;
-      }
-      c += n;
+  int64_t found_t0 = 0, before = 0;  // before: the tiles of the earlier passes' experts
+  for (int64_t e0 = 0; e0 < g.experts; e0 += 32 * kPer) {
+    const int64_t first = e0 + static_cast<int64_t>(lane) * kPer;
+    int64_t off[kPer + 1];
+#pragma unroll
+    for (int i = 0; i <= kPer; ++i) off[i] = first + i <= g.experts ? g.offsets[first + i] : 0;
+    int64_t n[kPer], count = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      n[i] = first + i < g.experts ? (off[i + 1] - off[i] + kTiledRows - 1) / kTiledRows : 0;
+      count += n[i];
     }
+    int64_t inclusive = count;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += v;
+    }
+    int64_t c = before + inclusive - count;
+    if (b >= c && b < before + inclusive) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (found_e < 0 && b < c + n[i]) found_e = static_cast<int>(first + i), found_t0 = (b - c) * kTiledRows;
+        c += n[i];
+      }
+    }
+    if (__any_sync(0xffffffffu, found_e >= 0)) break;
+    before += __shfl_sync(0xffffffffu, inclusive, 31);
   }
   const unsigned who = __ballot_sync(0xffffffffu, found_e >= 0);
   const int src = who ? __ffs(static_cast<int>(who)) - 1 : 0;
   e_out = who ? __shfl_sync(0xffffffffu, found_e, src) : -1;
   t0_out = __shfl_sync(0xffffffffu, found_t0, src);
+}
+
+// Test hook (CudaW4A8Tiles): block b's w4a8_find_tile, one warp a block.
+__global__ void w4a8_find_tiles_kernel(const int64_t* offsets, int64_t experts, int64_t* out) {
+  wait_previous_grid();
+  GroupedW4A8Args g{};
+  g.offsets = offsets;
+  g.experts = experts;
+  int e;
+  int64_t t0;
+  w4a8_find_tile(g, blockIdx.x, e, t0);
+  if (threadIdx.x == 0) out[2 * blockIdx.x] = e, out[2 * blockIdx.x + 1] = t0;
 }
 
 __global__ void __launch_bounds__(kTiledThreads, 2) grouped_w4a8_tiled_kernel(GroupedW4A8Args g) {
@@ -2506,6 +2526,11 @@ void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows,
 void launch_w4a8_table_pair(const uint32_t* words, const uint32_t* e_ref, int64_t n, uint32_t* out) {
   if (n <= 0) return;
   launch(w4a8_table_pair_kernel, blocks_for(n, 256), 256, 0, words, e_ref, n, out);
+}
+
+void launch_w4a8_find_tiles(const int64_t* offsets, int64_t experts, int64_t blocks, int64_t* out) {
+  if (blocks <= 0) return;
+  launch(w4a8_find_tiles_kernel, static_cast<unsigned>(blocks), 32, 0, offsets, experts, out);
 }
 
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n) {

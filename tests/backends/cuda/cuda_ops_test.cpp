@@ -3441,6 +3441,48 @@ TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
 // for inputs j < 4, of w << 4 for 4 + j), nothing else set; and the readers' inverse gives back
 // every released word. The kernels' use of it is checked against the CPU by the MXFP4 linear and
 // MoE tests.
+// The W4A8 prefill kernels' tile search: block b's expert and first row for expert counts of one to
+// three of its 256-expert passes (a pass's last lane part full: 257, 300, 700), random row counts
+// with empty experts among them (a third), a large expert of many tiles, and blocks past the last
+// tile (expert -1); against the tiles counted on the host.
+TEST(CudaW4A8Tiles, TileSearchFindsEachBlocksExpertAndRow) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_CUDA(gpu);
+  std::mt19937 rng(57);
+  for (const int64_t E : {1, 5, 31, 256, 257, 300, 512, 700}) {
+    std::vector<int64_t> offsets{0};
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t rows = e == E / 2 ? 1000 : (rng() % 3 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 200));
+      offsets.push_back(offsets.back() + rows);
+    }
+    std::vector<int64_t> want;  // (expert, first row) a block
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t t0 = 0; t0 < offsets[e + 1] - offsets[e]; t0 += 64) want.insert(want.end(), {e, t0});
+    for (int k = 0; k < 3; ++k) want.insert(want.end(), {-1, 0});
+    const int64_t blocks = static_cast<int64_t>(want.size()) / 2;
+    int64_t* d_off = nullptr;
+    int64_t* d_out = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_off), offsets.size() * sizeof(int64_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), want.size() * sizeof(int64_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_off, offsets.data(), offsets.size() * sizeof(int64_t), cudaMemcpyHostToDevice), cudaSuccess);
+    cuda::launch_w4a8_find_tiles(d_off, E, blocks, d_out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int64_t> got(want.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), d_out, got.size() * sizeof(int64_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(d_off);
+    cudaFree(d_out);
+    int64_t wrong = 0, first = -1;
+    for (int64_t b = 0; b < blocks; ++b)
+      if (got[2 * b] != want[2 * b] || (want[2 * b] >= 0 && got[2 * b + 1] != want[2 * b + 1])) {
+        if (first < 0) first = b;
+        ++wrong;
+      }
+    EXPECT_EQ(wrong, 0) << E << " experts, " << blocks << " blocks; first wrong block " << first << ": expert "
+                        << (first >= 0 ? got[2 * first] : 0) << " row " << (first >= 0 ? got[2 * first + 1] : 0) << ", want "
+                        << (first >= 0 ? want[2 * first] : 0) << " row " << (first >= 0 ? want[2 * first + 1] : 0);
+  }
+}
+
 TEST(CudaFp4Layout, SignsWhereTheE5m2BytesTakeThemAndBackAgain) {
   for (int j = 0; j < 8; ++j)
     for (uint32_t code = 0; code < 16; ++code) {
