@@ -847,6 +847,8 @@ __device__ inline void w4a8_table_of_b1(uint32_t b1, uint32_t& lo, uint32_t& hi)
 // no value is subnormal and no block lies more than 2^26 below its row's largest scale.
 // b1_ref = 4 (27 - e_ref) (w4a8_b1_ref); the row's cs from w4a8_row_scale.
 __device__ inline int w4a8_b1_ref(uint32_t e_ref) { return 108 - 4 * static_cast<int>(e_ref); }
+// Its inverse: e_ref from b1_ref.
+__device__ inline uint32_t w4a8_e_ref_of_b1(int b1_ref) { return static_cast<uint32_t>(108 - b1_ref) / 4u; }
 // Weight row n's largest scale byte (DevWeight::row_emax); 0 for rows past N (padding columns of a
 // block, whose outputs are not stored).
 __device__ inline uint32_t w4a8_row_emax(const DevWeight& W, int n, int N) { return n < N ? W.row_emax[n] : 0u; }
@@ -953,7 +955,7 @@ struct W4A8BlockOut {
         const int col = n + (c < 2 ? 0 : 8);
         if (tr < R && col < N)
           dst[(slots != nullptr ? slots[r0 + tr] : r0 + tr) * ld + col] =
-              scaled ? v[(4 * j + c) * v_stride] * w4a8_row_scale(static_cast<uint32_t>(108 - b1_ref[c / 2]) / 4u)
+              scaled ? v[(4 * j + c) * v_stride] * w4a8_row_scale(w4a8_e_ref_of_b1(b1_ref[c / 2]))
                      : v[(4 * j + c) * v_stride];
       }
   }

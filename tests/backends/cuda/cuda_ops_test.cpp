@@ -3436,11 +3436,6 @@ TEST(CudaW4A8Tables, GroupPrepGivesThePerBlockTables) {
   EXPECT_GT(direct_checked, n);
 }
 
-// The MXFP4 device layout (fp4_layout.h), on the host (no GPU needed): each input's magnitude bits
-// stay in its nibble and its sign lands on the bit the W4A8 conversion reads (bit 7 of byte j of w
-// for inputs j < 4, of w << 4 for 4 + j), nothing else set; and the readers' inverse gives back
-// every released word. The kernels' use of it is checked against the CPU by the MXFP4 linear and
-// MoE tests.
 // The W4A8 prefill kernels' tile search: block b's expert and first row for expert counts of one to
 // three of its 256-expert passes (a pass's last lane part full: 257, 300, 700), random row counts
 // with empty experts among them (a third), a large expert of many tiles, and blocks past the last
@@ -3483,6 +3478,11 @@ TEST(CudaW4A8Tiles, TileSearchFindsEachBlocksExpertAndRow) {
   }
 }
 
+// The MXFP4 device layout (fp4_layout.h), on the host (no GPU needed): each input's magnitude bits
+// stay in its nibble and its sign lands on the bit the W4A8 conversion reads (bit 7 of byte j of w
+// for inputs j < 4, of w << 4 for 4 + j), nothing else set; and the readers' inverse gives back
+// every released word. The kernels' use of it is checked against the CPU by the MXFP4 linear and
+// MoE tests.
 TEST(CudaFp4Layout, SignsWhereTheE5m2BytesTakeThemAndBackAgain) {
   for (int j = 0; j < 8; ++j)
     for (uint32_t code = 0; code < 16; ++code) {
