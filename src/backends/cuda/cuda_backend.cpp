@@ -1304,6 +1304,7 @@ class CudaBackend final : public Backend {
   void moe(const MoeParams& p) override {
     OpProfiler::Scope op_scope(profiler_, "moe");
     last_moe_scatter_store_ = false;
+    last_w4a8_expanded_ = false;
     const int64_t T = p.x.dim(0), D = p.x.dim(1), K = p.experts.dim(1);
     const auto& routed = *p.routed;
     const int64_t E = static_cast<int64_t>(routed.size());
@@ -1765,6 +1766,22 @@ class CudaBackend final : public Backend {
     static const bool scatter_store_on = cuda_feature_on("moe_scatter_store");
     const bool scatter_store = scatter_store_on && wgmma && !split;
     DeviceBuffer y = DeviceBuffer::scratch(scatter_store ? 0 : total * D * sizeof(float));
+    // The expanded form of the tiled wgmma projections (GroupedW4A8Args::expanded): one scratch for
+    // the weights' e5m2 bytes of one projection at a time (stream order: each projection's GEMM has
+    // read it before the next one's expansion writes it), and one for w1 / w3's input rows in grouped
+    // order (gathered once, for both; w2's rows are in that order already).
+    static const bool expand_on = cuda_feature_enabled("w4a8_expand");  // (opt-in: slower on an H100)
+    const bool expand = wgmma && tiled &&
+                        (w4a8_expand_ == 2 || (w4a8_expand_ == 0 && expand_on && total >= kW4A8ExpandRows * E));
+    last_w4a8_expanded_ = expand;
+    DeviceBuffer expanded = DeviceBuffer::scratch(
+        expand ? static_cast<size_t>(std::max(w4a8_expanded_bytes(E, F, D), w4a8_expanded_bytes(E, D, F))) : 0);
+    const int64_t d_pad = (D + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock;
+    DeviceBuffer sorted_codes = DeviceBuffer::scratch(expand ? static_cast<size_t>(total * d_pad) : 0);
+    bool rows_sorted = false;  // sorted_codes holds w1 / w3's rows
+    DeviceBuffer tile_list = DeviceBuffer::scratch(expand ? static_cast<size_t>(2 * w4a8_tma_tile_bound(total, E)) * sizeof(int64_t) : 0);
+    DeviceBuffer tile_scales = DeviceBuffer::scratch(
+        expand ? static_cast<size_t>(w4a8_tma_tile_bound(total, E) * (std::max(D, F) / kFp8ActBlock) * 128) * sizeof(float) : 0);
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned16(h1);
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());
@@ -1820,7 +1837,11 @@ class CudaBackend final : public Backend {
                              .partial = split ? partial.f32() : nullptr, .rows_total = total,
                              .w_b = w_b ? static_cast<const DevWeight*>(w_b->get()) : nullptr,
                              .plan_early = plan_early, .leave_parts = leave,
-                             .scatter_slots = scatter ? slots : nullptr});
+                             .scatter_slots = scatter ? slots : nullptr,
+                             .expanded = expand ? static_cast<uint8_t*>(expanded.get()) : nullptr,
+                             .sorted_codes = static_cast<uint8_t*>(sorted_codes.get()),
+                             .sorted_ready = in_rows != nullptr && std::exchange(rows_sorted, expand),
+                             .tile_list = static_cast<int64_t*>(tile_list.get()), .tile_scales = tile_scales.f32()});
       }
       SPARROW_CHECK(!scatter && "scattered stores: the W4A8 wgmma kernels only");
       launch_grouped_expert_linear({.out = out, .in = in, .in_rows = in_rows, .w = dw, .offsets = offsets,
@@ -2030,6 +2051,8 @@ class CudaBackend final : public Backend {
   bool w4a8_wgmma_ = cuda_feature_on("w4a8_wgmma");
   int w4a8_wgmma_warpgroups_ = 0;
   int w4a8_wgmma_split_ = 0;           // 0: by the rows (kSplitRows), 1: never, 2: always
+  int w4a8_expand_ = 0;                // 0: by the rows (kW4A8ExpandRows, `w4a8_expand`), 1: never, 2: always
+  bool last_w4a8_expanded_ = false;    // test support
   static constexpr int64_t kSplitRows = 64;
   int w4a8_small_tiles_ = 0;
   bool last_indexer_mma_ = false;  // test support
@@ -2058,6 +2081,8 @@ class CudaBackend final : public Backend {
   void set_w4a8_wgmma(bool on) { w4a8_wgmma_ = on; }
   void set_w4a8_wgmma_warpgroups(int n) { w4a8_wgmma_warpgroups_ = n; }
   void set_w4a8_wgmma_split(int mode) { w4a8_wgmma_split_ = mode; }
+  void set_w4a8_expand(int mode) { w4a8_expand_ = mode; }
+  bool last_w4a8_expanded() const { return last_w4a8_expanded_; }
   void set_w4a8_small_tiles(int tiles) { w4a8_small_tiles_ = tiles; }
   bool last_indexer_mma() const { return last_indexer_mma_; }
   bool last_attention_mma() const { return last_attention_mma_; }
@@ -2223,6 +2248,11 @@ void set_w4a8_wgmma_split(Backend& backend, int mode) {
   SPARROW_CHECK(mode >= 0 && mode <= 2);
   cuda_backend(backend).set_w4a8_wgmma_split(mode);
 }
+void set_w4a8_expand(Backend& backend, int mode) {
+  SPARROW_CHECK(mode >= 0 && mode <= 2);
+  cuda_backend(backend).set_w4a8_expand(mode);
+}
+bool last_w4a8_expanded(Backend& backend) { return cuda_backend(backend).last_w4a8_expanded(); }
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n) {
   SPARROW_CHECK(n >= 0 && n <= 2);
   cuda_backend(backend).set_w4a8_wgmma_warpgroups(n);

@@ -191,6 +191,12 @@ bool last_moe_x_rounded(Backend& backend);
 // K is a multiple of 128 and the scales are packed e8m0 (on unless SPARROW_CUDA_DISABLE=w4a8_wgmma).
 // Its decode and tiled kernels give the same bits as each other, not the mma.sync kernels' bits.
 void set_w4a8_wgmma(Backend& backend, bool on);
+// The expanded W4A8 form (kernels.h GroupedW4A8Args::expanded) for the tiled wgmma projections: 0
+// (the default) where SPARROW_CUDA_ENABLE=w4a8_expand is set and the experts average kW4A8ExpandRows
+// rows or more, 1 never, 2 always. The same bits any way. last_w4a8_expanded: whether the last moe
+// call took it (test support).
+void set_w4a8_expand(Backend& backend, int mode);
+bool last_w4a8_expanded(Backend& backend);
 // The tiled wgmma kernel's warpgroups a block (64 columns each): 1 or 2; 0 (the default) chooses.
 // The same bits either way.
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n);

@@ -161,8 +161,12 @@ bool cuda_feature_on(const char* name);
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
-// H200, 2026-12-03) and "attn_wg_ahead" (attention_wg_kernel issues a chunk's logits before the
-// chunk before's softmax: the same bits, slower on the H200, 2026-12-05). Read once per process.
+// H200, 2026-12-03), "attn_wg_ahead" (attention_wg_kernel issues a chunk's logits before the
+// chunk before's softmax: the same bits, slower on the H200, 2026-12-05) and "w4a8_expand" (the
+// routed experts' tiled projections, where the experts average kW4A8ExpandRows rows or more, on the
+// expanded form: each expert's MXFP4 weights written once as e5m2 bytes, then the FP8 TMA kernel's
+// tiles, GroupedW4A8Args::expanded; the same bits, an SWA layer's 8K prefill 4.5-5 % slower on an
+// H100, 2026-12-06: docs/perf.md, fiftieth session). Read once per process.
 bool cuda_feature_enabled(const char* name);
 // The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):
 // `fallback` when unset or empty; a value that is not a whole decimal integer, or that `ok`
@@ -458,9 +462,35 @@ struct GroupedW4A8Args {
   // written by the GEMM's own stores (`moe_scatter_store`); out is then [slots, N]. REQUIRES wgmma,
   // no w_b, and tiled or no partial (every output stored once, by the block that sums its quarters).
   const int32_t* scatter_slots = nullptr;
+  // (tiled wgmma, one projection, unsplit) The expanded form (launch_w4a8_expanded, the MoE's prefill
+  // where the experts average many rows): every expert with rows has its MXFP4 weights written once
+  // as the e5m2 bytes the tiled kernel's tables give, in the codes' w4a8_order, into `expanded`
+  // ([E, N, K] bytes); then the FP8 TMA kernel's 128 x 128 tiles (tokens as wgmma's M, both operands
+  // from shared memory) over each expert's rows, each output's arithmetic the tiled kernel's (the same
+  // products in the same k-slots of each group's four wgmma, acc = fma(d, sa, acc), the quarters
+  // added in order, the row's 2^(e_ref - 140) at the store): the same bits. Where in_rows is given,
+  // the rows' codes are first copied into their grouped order, `sorted_codes` [rows_total, k_pad]
+  // (the tensor copies read rows of one matrix); the scales are read where they are.
+  uint8_t* expanded = nullptr;
+  uint8_t* sorted_codes = nullptr;
+  bool sorted_ready = false;  // sorted_codes already holds these rows (w3 after w1)
+  int64_t* tile_list = nullptr;  // [w4a8_tma_tile_bound(rows_total, E)][2]: the 128-row tiles' list
+  float* tile_scales = nullptr;  // [w4a8_tma_tile_bound(rows_total, E) K / 128][128]: their rows' scales
 };
 // Returns the view of the output: `out` itself, or the quarters left (leave_parts).
 PartsView launch_grouped_w4a8(const GroupedW4A8Args& g);
+// The expanded form's scratch: the weights' bytes, and the bound on its 128-row tiles.
+inline int64_t w4a8_expanded_bytes(int64_t experts, int64_t N, int64_t K) { return experts * N * K; }
+// With SPARROW_CUDA_ENABLE=w4a8_expand, the MoE takes the expanded form where its experts average this
+// many rows or more (an 8K prefill of V4-Flash: 8192 x 6 / 256 = 192): the expansion's bytes (read
+// the MXFP4, write the e5m2) are the same at any rows, the tiled kernel's conversions grow with them.
+inline constexpr int64_t kW4A8ExpandRows = 160;
+inline int64_t w4a8_tma_tile_bound(int64_t rows, int64_t experts) { return rows / 128 + std::min(experts, rows) + 1; }
+// Whether launch_grouped_w4a8 can take the expanded form for g (GroupedW4A8Args::expanded): wgmma
+// and tiled, one projection, no split, K a multiple of 128, the driver's tensor-map entry point.
+bool w4a8_expanded_takes(const GroupedW4A8Args& g);
+// The expanded form's launches since the process started (test support).
+int64_t w4a8_expanded_launches();
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block

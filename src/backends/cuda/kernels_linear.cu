@@ -532,20 +532,22 @@ constexpr size_t kTiledSmemBytes = sizeof(TiledSmem);
 // and its blocks' other warps waited at the barrier after it), counts their tiles, a scan over the
 // lanes, and the lane whose range holds b walks its 8. (A grid over the plan's 8-row items had 7 of
 // every 8 blocks leave at once: 180,000 empty blocks a projection in an 8K prefill.)
-__device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& e_out, int64_t& t0_out) {
+// (kRows: the tile's rows; 128 for the expanded form's TMA tiles, launch_w4a8_expanded.)
+template <int kRows = kTiledRows>
+__device__ inline void w4a8_find_tile(const int64_t* offsets, int64_t experts, int64_t b, int& e_out, int64_t& t0_out) {
   constexpr int kPer = 8;  // a lane's experts a pass
   const int lane = threadIdx.x % 32;
   int found_e = -1;
   int64_t found_t0 = 0, before = 0;  // before: the tiles of the earlier passes' experts
-  for (int64_t e0 = 0; e0 < g.experts; e0 += 32 * kPer) {
+  for (int64_t e0 = 0; e0 < experts; e0 += 32 * kPer) {
     const int64_t first = e0 + static_cast<int64_t>(lane) * kPer;
     int64_t off[kPer + 1];
 #pragma unroll
-    for (int i = 0; i <= kPer; ++i) off[i] = first + i <= g.experts ? g.offsets[first + i] : 0;
+    for (int i = 0; i <= kPer; ++i) off[i] = first + i <= experts ? offsets[first + i] : 0;
     int64_t n[kPer], count = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      n[i] = first + i < g.experts ? (off[i + 1] - off[i] + kTiledRows - 1) / kTiledRows : 0;
+      n[i] = first + i < experts ? (off[i + 1] - off[i] + kRows - 1) / kRows : 0;
       count += n[i];
     }
     int64_t inclusive = count;
@@ -558,7 +560,7 @@ __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& 
     if (b >= c && b < before + inclusive) {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        if (found_e < 0 && b < c + n[i]) found_e = static_cast<int>(first + i), found_t0 = (b - c) * kTiledRows;
+        if (found_e < 0 && b < c + n[i]) found_e = static_cast<int>(first + i), found_t0 = (b - c) * kRows;
         c += n[i];
       }
     }
@@ -569,6 +571,9 @@ __device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& 
   const int src = who ? __ffs(static_cast<int>(who)) - 1 : 0;
   e_out = who ? __shfl_sync(0xffffffffu, found_e, src) : -1;
   t0_out = __shfl_sync(0xffffffffu, found_t0, src);
+}
+__device__ inline void w4a8_find_tile(const GroupedW4A8Args& g, int64_t b, int& e_out, int64_t& t0_out) {
+  w4a8_find_tile<kTiledRows>(g.offsets, g.experts, b, e_out, t0_out);
 }
 
 // Test hook (CudaW4A8Tiles): block b's w4a8_find_tile, one warp a block.
@@ -1469,8 +1474,9 @@ constexpr int kTmaThreads = 3 * kWgThreads;  // two consumer warpgroups, then th
 // 128 weight rows of fp32 as four boxes of 32 columns (128 bytes a token, 128-byte swizzled).
 constexpr int kTmaOutBox = 64 * 32 * static_cast<int>(sizeof(float));
 constexpr size_t kTmaOutBytes = 2 * 4 * kTmaOutBox;
+// Then the ring's barriers, and (the expanded W4A8 form) the block's count of tiles.
 constexpr size_t kTmaSmemBytes = 1024 /* alignment slack */ + kTmaStages * (2 * kTmaBox + kTmaRows * sizeof(float)) +
-                                 kTmaOutBytes + 2 * kTmaStages * sizeof(uint64_t);
+                                 kTmaOutBytes + 2 * kTmaStages * sizeof(uint64_t) + sizeof(int64_t);
 
 struct Fp8TmaArgs {
   CUtensorMap w_map;  // the weights' e4m3 codes [N][K]: boxes of 128 rows x 128 bytes, 128-byte swizzle
@@ -1485,6 +1491,17 @@ struct Fp8TmaArgs {
   int N, groups;
   int split;  // 1, or 4: a work item is one quarter of a tile's groups (few tiles: more blocks)
   int raster_group;  // tma_tile_at's group of weight tiles (1: a weight tile's token tiles in a row)
+  // The expanded W4A8 form (kW4A8: launch_w4a8_expanded): w_map the experts' e5m2 bytes [E N][K],
+  // x_map the grouped rows' codes; s_map their scales as w4a8_tma_tiles_kernel lays them out, a
+  // tile's 128 rows a group in a row of their own [tiles groups][128] (in place a box of a tile's
+  // scales would start at its expert's first row, and a tensor copy's box must start on 16 bytes:
+  // "illegal instruction" where it did not, H100 2026-12-06). offsets [E + 1] the experts' rows, w
+  // their weights (row_emax: the rows' scales at the store), slots (or null) where row r's outputs go.
+  const int64_t* offsets;
+  const DevWeight* w;
+  const int32_t* slots;
+  int64_t experts;
+  const int64_t* tiles;  // [tiles][2]: each 128-row tile's {expert, first row} (w4a8_tma_tiles_kernel)
 };
 
 __device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
@@ -1551,6 +1568,15 @@ __device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc,
       : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
+// The expanded W4A8 form's: A the rows' e4m3 codes, B the weights' e5m2 bytes.
+__device__ inline void wgmma_m64n128k32_e4m3_e5m2_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2 " SPARROW_WGMMA_P64 ", %64, %65, p, 1, 1;\n}\n"
+      : SPARROW_WGMMA_D64
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
 // A consumer thread's 64 slots of a TMA kernel's 128 x 128 tile into dst [rows][N]: slot 4 j + c
 // (value(slot)) is token t0 + 8 j + 2 tig + (c & 1) of weight row row0 + 8 (c / 2). A whole tile
 // goes without bounds checks, one address a pair of tokens (each store checked and addressed alone,
@@ -1607,10 +1633,42 @@ __device__ inline void store_tma_tile_tokens(float* dst, int64_t rows, int N, in
     }
 }
 
+// The expanded W4A8 form's store (fp8_linear_tma_kernel<false, true>): a consumer thread's 64 sums,
+// slot 4 j + c grouped row t0 + tok (+ 8 for c >= 2) of expert e and output column (weight row)
+// n0 + 8 j + 2 tig + (c & 1), each times its weight row's scale as W4A8BlockOut::store makes it, to
+// row r (or slots[r]) of out [., N]; rows past the expert's and columns past N left out.
+__device__ inline void store_w4a8_expanded(const Fp8TmaArgs& a, int e, int64_t t0, int tok, int n0, int tig,
+                                           const float (&total)[64]) {
+  const int64_t r0 = a.offsets[e], R = a.offsets[e + 1] - r0;
+  const DevWeight& W = a.w[e];
+  int64_t dst[2];
+#pragma unroll
+  for (int v = 0; v < 2; ++v) {
+    const int64_t tr = t0 + tok + 8 * v;
+    dst[v] = tr >= R ? -1 : (a.slots != nullptr ? a.slots[r0 + tr] : r0 + tr) * a.N;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = n0 + 8 * j + 2 * tig + h;
+      if (col >= a.N) continue;
+      const float cs = w4a8_row_scale(w4a8_e_ref_of_b1(w4a8_b1_ref(w4a8_row_emax(W, col, a.N))));
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+        if (dst[v] >= 0) a.out[dst[v] + col] = total[4 * j + 2 * v + h] * cs;
+    }
+}
+
 // kRound (unsplit only): the outputs rounded to bf16 in the store, launch_bf16_round's values. A
 // template argument, not a flag: with a run-time flag the unrounded kernel's wq_b (K = 1024, 8192
 // rows) took 1.25-1.27 ms against 1.13 (H200, 2026-12-03).
-template <bool kRound>
+// kW4A8: the expanded W4A8 form (launch_w4a8_expanded; unsplit, unrounded, no TMA stores): work item
+// i is weight tile i % W of the experts' 128-row tile i / W (W the weight tiles; the tiles counted
+// here as w4a8_find_tile counts them, and listed by w4a8_tma_tiles_kernel: the producer's 40
+// registers cannot hold the search); B the expert's e5m2 weight rows, no weight scale (sw = 1: the
+// fold's factor is sa itself), each output times its row's scale where it is stored.
+template <bool kRound, bool kW4A8 = false>
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
   wait_previous_grid();
   extern __shared__ uint8_t tma_smem_raw[];
@@ -1621,14 +1679,27 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   float* sa = reinterpret_cast<float*>(o_stage + kTmaOutBytes);  // [stage][128 tokens]
   uint64_t* full = reinterpret_cast<uint64_t*>(sa + kTmaStages * kTmaRows);
   uint64_t* empty = full + kTmaStages;
+  int64_t* tile_count = reinterpret_cast<int64_t*>(empty + kTmaStages);  // (kW4A8)
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);
-  const int items = token_tiles * ((a.N + kTmaCols - 1) / kTmaCols) * a.split;
+  const int weight_tiles = (a.N + kTmaCols - 1) / kTmaCols;
+  int items = token_tiles * weight_tiles * a.split;
+  if constexpr (kW4A8) {
+    // The experts' 128-row tiles (as w4a8_find_tile counts them), by warp 0 before the ring's barrier.
+    if (tid < 32) {
+      int64_t count = 0;
+      for (int64_t e = tid; e < a.experts; e += 32) count += (a.offsets[e + 1] - a.offsets[e] + kTmaRows - 1) / kTmaRows;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffffu, count, o);
+      if (tid == 0) *tile_count = count;
+    }
+    __syncwarp();  // (warp 0 converged again before the aligned instructions below)
+  }
   tma_ring_init(full, empty, kTmaStages);
+  if constexpr (kW4A8) items = static_cast<int>(*tile_count) * weight_tiles;
   // Persistent: the block's work items are blockIdx.x, + gridDim.x, ...; item i is quarter i % split
   // (its groups [g_lo, g_hi); all of them unsplit) of tile t = i / split (tma_tile_at). The ring's
   // position runs on across items.
-  const int weight_tiles = (a.N + kTmaCols - 1) / kTmaCols;
   const auto item_at = [&](int item, int& t0, int& n0, int& q, int& g_lo, int& g_hi) {
     const int tile = item / a.split;
     q = item % a.split;
@@ -1640,7 +1711,24 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   };
   if (wg == 2) {  // the producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (tid == 2 * kWgThreads) {
+    if constexpr (kW4A8) {
+      if (tid == 2 * kWgThreads) {
+        int it = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+          const int64_t* tile = a.tiles + 2 * (item / weight_tiles);
+          const int e = static_cast<int>(tile[0]), n0 = (item % weight_tiles) * kTmaCols;
+          const int r = static_cast<int>(a.offsets[e] + tile[1]);
+          for (int kg = 0; kg < groups; ++kg, ++it) {
+            const int s = it % kTmaStages, round = it / kTmaStages;
+            if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+            mbar_arrive_expect_tx(&full[s], 2 * kTmaBox + kTmaRows * sizeof(float));
+            tma_load_2d(w_box + s * kTmaBox, &a.w_map, kg * kW4A8GroupK, e * a.N + n0, &full[s]);
+            tma_load_2d(x_box + s * kTmaBox, &a.x_map, kg * kW4A8GroupK, r, &full[s]);
+            tma_load_2d(sa + s * kTmaRows, &a.s_map, 0, (item / weight_tiles) * groups + kg, &full[s]);
+          }
+        }
+      }
+    } else if (tid == 2 * kWgThreads) {
       int it = 0;
       for (int item = blockIdx.x; item < items; item += gridDim.x) {
         int t0, n0, q, g_lo, g_hi;
@@ -1674,9 +1762,18 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   int s = 0;
   uint32_t phase = 0;  // the ring's stage and its round's parity
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    int t0, n0, q, g_lo, g_hi;
-    item_at(item, t0, n0, q, g_lo, g_hi);
-    const float* ws = a.w_scales + static_cast<int64_t>(n0 / 128) * a.w_scale_ld;
+    int t0 = 0, n0, q = 0, g_lo = 0, g_hi = groups;
+    int e_item = 0;  // (kW4A8) the item's expert and first row (read now, used at the store)
+    int64_t t0_item = 0;
+    if constexpr (kW4A8) {
+      __syncwarp();  // (converged after the last item's store, before the aligned wgmma)
+      n0 = (item % weight_tiles) * kTmaCols;
+      e_item = static_cast<int>(a.tiles[2 * (item / weight_tiles)]);
+      t0_item = a.tiles[2 * (item / weight_tiles) + 1];
+    } else {
+      item_at(item, t0, n0, q, g_lo, g_hi);
+    }
+    const float* ws = kW4A8 ? nullptr : a.w_scales + static_cast<int64_t>(n0 / 128) * a.w_scale_ld;
     // Split: one quarter, its sum written as it is (acc); else the quarters as the kernels above.
     int quarter = 0, quarter_end = a.split > 1 ? g_hi : w4a8_quarter(1, groups);
     bool fresh = true;  // acc holds no group of this quarter yet (it is zero)
@@ -1694,14 +1791,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
       ++quarter;
     };
     // The weight scale a group ahead (its load's latency showed at the product: ncu, 2026-12-04).
-    float sw_next = g_lo < g_hi ? __ldg(ws + g_lo) : 0.0f;
+    // (kW4A8: no weight scale; 1 * sa is sa, the W4A8 kernels' factor.)
+    float sw_next = kW4A8 ? 1.0f : g_lo < g_hi ? __ldg(ws + g_lo) : 0.0f;
     for (int kg = g_lo; kg < g_hi; ++kg) {
       while (kg >= quarter_end) {
         finish_quarter();
         quarter_end = w4a8_quarter(quarter + 1, groups);
       }
       const float sw = sw_next;
-      if (kg + 1 < g_hi) sw_next = __ldg(ws + kg + 1);
+      if (!kW4A8 && kg + 1 < g_hi) sw_next = __ldg(ws + kg + 1);
       mbar_wait(&full[s], phase);
 #pragma unroll
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
@@ -1709,8 +1807,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
       const uint8_t* xa = x_box + s * kTmaBox + cw * 64 * kW4A8GroupK;
       const uint8_t* wb = w_box + s * kTmaBox;
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kW4A8)
+          wgmma_m64n128k32_e4m3_e5m2_ss(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
+        else
+          wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
+      }
       wgmma_commit();
       // Under the multiply: the fold's factors sw * sa of the thread's two tokens (the same fp32
       // products as every form's).
@@ -1740,7 +1842,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
     } else {
       while (quarter < kW4A8Warps) finish_quarter();
       const auto value = [&](int r) { return kRound ? dev_bf16_round(total[r]) : total[r]; };
-      if (a.o_tma) {
+      if constexpr (kW4A8) {
+        store_w4a8_expanded(a, e_item, t0_item, tok, n0, tig, total);
+      } else if (a.o_tma) {
         // Into the warpgroup's staging boxes (its last tile's stores done reading them), then out by
         // its first thread's TMA stores, which run on under the next tile's groups. Token row
         // 16 warp + gid (+ 8) of the box, columns 8 (j % 4) + 2 tig: 16-byte chunk 2 (j % 4) +
@@ -1769,6 +1873,77 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
     }
   }
   if (a.o_tma && tid % kWgThreads == 0) bulk_wait_all<false>();  // (the outputs written before the grid ends)
+}
+
+// ---- The expanded W4A8 form's passes (launch_w4a8_expanded) ----------------------------------------
+//
+// grid (ceil(N groups 4 / 256), E), 256 threads: thread (row n, group kg, step i) of expert e (i the
+// fastest: four threads write a group's 128 bytes, a warp 1 KB of a row, in 16-byte stores) writes
+// the e5m2 bytes of wgmma instruction i's 32 k-slots of the row's group as the tiled kernel's four
+// threads tig = 0..3 hold them in their A fragments: block t's word i, inputs 0..3 (that thread's
+// a[i][0]) at bytes 32 i + 4 t .. 32 i + 4 t + 3 of the group and inputs 4..7 (a[i][2]) at 32 i + 16
+// + 4 t .., the k-slots where the codes (w4a8_order) hold the same inputs. Each block's table is
+// w4a8_prefill_tables' (w4a8_e5m2_table where the block lies more than 26 below the row's largest
+// scale). Experts without rows are left out. (With a thread a block and 4-byte stores, V4-Flash's
+// w1 took 1.83 ms on an H100, 2026-12-06.)
+__global__ void w4a8_expand_kernel(const DevWeight* w, const int64_t* offsets, int64_t N, int64_t K, uint8_t* out) {
+  wait_previous_grid();
+  const int e = static_cast<int>(blockIdx.y);
+  const int64_t groups = K / kW4A8GroupK, idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * groups * 4 || offsets[e + 1] == offsets[e]) return;
+  const int i = static_cast<int>(idx % 4);
+  const int64_t kg = (idx / 4) % groups, n = idx / (4 * groups);
+  const DevWeight& W = w[e];
+  const uint8_t* codes = static_cast<const uint8_t*>(W.data) + fp4_offset(true, K / 2, n, 64 * kg);
+  const uint32_t sword = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(W.scale) + n * W.scale_cols + 4 * kg);
+  const int b1_ref = w4a8_b1_ref(w4a8_row_emax(W, static_cast<int>(n), static_cast<int>(N)));
+  uint32_t lo[4], hi[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + 16 * t + 4 * i);  // (a group's 64 bytes are contiguous)
+    const int b1 = b1_ref + 4 * static_cast<int>(__byte_perm(sword, 0u, 0x4440u + t));
+    uint32_t tlo, thi;
+    w4a8_table_of_b1(static_cast<uint32_t>(b1), tlo, thi);
+    if (b1 < 4) w4a8_e5m2_table(sword, 0x4440u + t, b1_ref, tlo, thi);
+    e2m1x8_to_e5m2(word, tlo, thi, lo[t], hi[t]);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + (static_cast<int64_t>(e) * N + n) * K + kg * kW4A8GroupK + 32 * i);
+  dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
+// grid (tiles), 128 threads: tile b's {expert, first row} of the experts' 128-row tiles
+// (w4a8_find_tile<128>), {-1, 0} past the last, into tiles [b][2]; and its rows' activation scales
+// (grouped row r's at scales [kg][in_rows[r] or r]), group by group, into tile_scales
+// [b groups + kg][128] (0 past the expert's rows).
+__global__ void w4a8_tma_tiles_kernel(const int64_t* offsets, int64_t experts, const float* scales, int64_t rows_pad,
+                                      const int32_t* in_rows, int groups, int64_t* tiles, float* tile_scales) {
+  wait_previous_grid();
+  __shared__ int s_e;
+  __shared__ int64_t s_t0;
+  if (threadIdx.x < 32) {
+    int e;
+    int64_t t0;
+    w4a8_find_tile<kTmaRows>(offsets, experts, blockIdx.x, e, t0);
+    if (threadIdx.x == 0) s_e = e, s_t0 = t0, tiles[2 * blockIdx.x] = e, tiles[2 * blockIdx.x + 1] = t0;
+  }
+  __syncthreads();
+  const int e = s_e;
+  if (e < 0) return;
+  const int64_t r0 = offsets[e], row = s_t0 + threadIdx.x, src = row < offsets[e + 1] - r0 ? r0 + row : -1;
+  const int64_t from = src < 0 ? -1 : in_rows != nullptr ? in_rows[src] : src;
+  float* dst = tile_scales + static_cast<int64_t>(blockIdx.x) * groups * kTmaRows + threadIdx.x;
+  for (int kg = 0; kg < groups; ++kg) dst[kg * kTmaRows] = from < 0 ? 0.0f : scales[kg * rows_pad + from];
+}
+
+// grid (rows), 128 threads: grouped row r's codes (row in_rows[r] of codes [., k_pad]) into row r
+// of out_codes [rows, k_pad].
+__global__ void w4a8_gather_rows_kernel(const uint8_t* codes, int64_t k_pad, const int32_t* in_rows, uint8_t* out_codes) {
+  wait_previous_grid();
+  const int64_t r = blockIdx.x;
+  const uint4* from = reinterpret_cast<const uint4*>(codes + static_cast<int64_t>(in_rows[r]) * k_pad);
+  uint4* to = reinterpret_cast<uint4*>(out_codes + r * k_pad);
+  for (int64_t c = threadIdx.x; c < k_pad / 16; c += blockDim.x) to[c] = from[c];
 }
 
 // ---- The W4A8 decode kernel with a producer warp ----------------------------------------------------
@@ -2564,6 +2739,10 @@ void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
 
+namespace {
+const char* launch_w4a8_expanded(const GroupedW4A8Args& g);  // (below, with the TMA maps)
+}  // namespace
+
 PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
   SPARROW_CHECK((g.scatter_slots == nullptr ||
                  (g.wgmma && g.w_b == nullptr && (g.tiled || g.partial == nullptr))) &&
@@ -2583,6 +2762,9 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
     // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
     // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
     // all its columns).
+    // The expanded form where the caller gave it scratch (the MoE's prefill, many rows an expert):
+    // the same bits; the tiled kernel where a map is refused.
+    if (g.expanded != nullptr && w4a8_expanded_takes(g) && launch_w4a8_expanded(g) == nullptr) return g.out;
     GroupedW4A8Args a = g;
     a.cols_fast = w4a8_cols_fast(g.max_tiles);
     if (g.wgmma_warpgroups == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
@@ -2733,7 +2915,66 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g, PartsView* left = nullptr) 
   return nullptr;
 }
 
+// The expanded W4A8 form (GroupedW4A8Args::expanded): the experts' weights as e5m2 bytes, the rows
+// in grouped order where they are not, then fp8_linear_tma_kernel<false, true>; nullptr when
+// launched, else why not (nothing launched).
+std::atomic<int64_t> g_w4a8_expanded_launches{0};
+const char* launch_w4a8_expanded(const GroupedW4A8Args& g) {
+  Fp8TmaArgs a{};
+  const int64_t groups = g.K / kW4A8GroupK, E = g.experts;
+  const bool gather = g.in_rows != nullptr;
+  if (gather && g.sorted_codes == nullptr) return "no scratch for the grouped rows";
+  if (g.tile_list == nullptr || g.tile_scales == nullptr) return "no scratch for the tile list";
+  const uint8_t* codes = gather ? g.sorted_codes : g.codes;
+  if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
+  const int64_t tiles = w4a8_tma_tile_bound(g.rows_total, E);
+  if (!encode_2d(&a.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.expanded, g.K, E * g.N, g.K, kW4A8GroupK, kTmaCols,
+                 CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_2d(&a.x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, codes, g.k_pad, g.rows_total, g.k_pad, kW4A8GroupK, kTmaRows,
+                 CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_2d(&a.s_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.tile_scales, kTmaRows, tiles * groups,
+                 kTmaRows * sizeof(float), kTmaRows, 1, CU_TENSOR_MAP_SWIZZLE_NONE))
+    return "cuTensorMapEncodeTiled refused a map";
+  launch(w4a8_expand_kernel, dim3(blocks_for(g.N * groups * 4, 256), static_cast<unsigned>(E)), 256, 0, g.w, g.offsets,
+         g.N, g.K, g.expanded);
+  // The items: at most (rows / 128 + min(E, rows) + 1) tiles times the weight tiles.
+  launch(w4a8_tma_tiles_kernel, static_cast<unsigned>(tiles), kTmaRows, 0, g.offsets, E, g.scales, g.rows_pad,
+         g.in_rows, static_cast<int>(groups), g.tile_list, g.tile_scales);
+  if (gather && !g.sorted_ready)
+    launch(w4a8_gather_rows_kernel, static_cast<unsigned>(g.rows_total), 128, 0, g.codes, g.k_pad, g.in_rows,
+           g.sorted_codes);
+  a.out = g.out;
+  a.rows_total = g.rows_total;
+  a.N = static_cast<int>(g.N);
+  a.groups = static_cast<int>(groups);
+  a.split = 1;
+  a.raster_group = 1;
+  a.o_tma = 0;
+  a.offsets = g.offsets;
+  a.w = g.w;
+  a.slots = g.scatter_slots;
+  a.experts = E;
+  a.tiles = g.tile_list;
+  static const bool smem_set = cudaFuncSetAttribute(fp8_linear_tma_kernel<false, true>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kTmaSmemBytes)) == cudaSuccess;
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  const int64_t items = tiles * ((g.N + kTmaCols - 1) / kTmaCols);
+  launch(fp8_linear_tma_kernel<false, true>, static_cast<unsigned>(std::min<int64_t>(items, sm_count())), kTmaThreads,
+         kTmaSmemBytes, a);
+  g_w4a8_expanded_launches.fetch_add(1);
+  return nullptr;
+}
+
 }  // namespace
+
+int64_t w4a8_expanded_launches() { return g_w4a8_expanded_launches.load(); }
+
+bool w4a8_expanded_takes(const GroupedW4A8Args& g) {
+  return g.wgmma && g.tiled && g.w_b == nullptr && g.partial == nullptr && g.K % kW4A8GroupK == 0 &&
+         g.K >= kW4A8GroupK && g.k_pad % kW4A8GroupK == 0 && g.experts > 0 && g.experts <= 65535 &&
+         g.experts * g.N < (int64_t{1} << 31) && g.rows_total < (int64_t{1} << 31) && encode_tiled() != nullptr;
+}
 
 void set_tma_raster_group(int n) { g_tma_raster_group.store(n); }
 

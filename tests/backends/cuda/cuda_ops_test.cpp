@@ -3165,6 +3165,71 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   tiled_forms(in2, T2, want2, "moe w4a8 wgmma tiled, 9 groups, ");
 }
 
+// The expanded form (kernels.h GroupedW4A8Args::expanded: the experts' weights written once as
+// e5m2 bytes, then the FP8 TMA kernel's 128 x 128 tiles) gives every output the tiled kernel's
+// arithmetic: the MoE's output is the same bits with it forced on and off. Three projections a call
+// (w1 and w3 on rows gathered into grouped order, w2 on the swiglu's rows, stored into their
+// slots); experts with 0, about 50 and 100 rows (a partial 128-row tile) at F = 384 (w2's K 3
+// groups: quarters of no group), then 300 rows (two whole tiles and a partial one) at F = 1152 (9
+// groups: the ring wraps, an item's first group in every stage); 151 tokens make 302 rows, and
+// experts start at rows that are not multiples of 4 (the scales are read at any row: a tensor
+// copy's box could not start there). Then the far and NaN scales of
+// MoeW4A8WgmmaFarAndNanScales (below) on the same shapes: the expansion's rounded tables and a NaN
+// row scale. By default (and, with SPARROW_CUDA_ENABLE=w4a8_expand, below kW4A8ExpandRows rows an
+// expert, as here) the tiled kernel runs.
+TEST_F(CudaOps, MoeW4A8ExpandedFormGivesTheTiledKernelsBits) {
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
+  Rng rng(214);
+  cuda::set_w4a8_experts(*gpu, true);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  cuda::set_w4a8_tiled(*gpu, true);
+  const int64_t K = 2;
+  const auto check = [&](const W4A8Inputs& in, int64_t T, const std::string& what) {
+    const Tensor tiled = gpu->alloc(ElemType::kF32, {T, in.D}), expanded = gpu->alloc(ElemType::kF32, {T, in.D});
+    cuda::set_w4a8_expand(*gpu, 0);
+    gpu->moe(in.gpu_params(tiled));
+    EXPECT_FALSE(cuda::last_w4a8_expanded(*gpu)) << what << ": the default took the expanded form below its rows";
+    const int64_t before = cuda::w4a8_expanded_launches();
+    cuda::set_w4a8_expand(*gpu, 2);
+    gpu->moe(in.gpu_params(expanded));
+    const bool grouped = cuda::cuda_feature_on("grouped_moe");
+    EXPECT_EQ(cuda::last_w4a8_expanded(*gpu), grouped) << what;
+    EXPECT_EQ(cuda::w4a8_expanded_launches() - before, grouped ? 3 : 0) << what << ": w1, w3 and w2 expanded";
+    EXPECT_EQ(cuda::last_moe_scatter_store(*gpu), grouped && cuda::cuda_feature_on("moe_scatter_store")) << what;
+    cuda::set_w4a8_expand(*gpu, 0);
+    expect_same_bits(gpu->download_f32(expanded), gpu->download_f32(tiled), what);
+    return gpu->download_f32(expanded);
+  };
+  const int64_t T = 151;
+  const W4A8Inputs in = w4a8_inputs(rng, expert0_heavy_choices(T, 100), T, K, 384);
+  {
+    auto [oc, og] = both_alloc(ElemType::kF32, {T, in.D});
+    cpu->moe(in.cpu_params(oc));
+    const std::vector<float> g = check(in, T, "moe w4a8 expanded, F 384");
+    expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 expanded vs cpu");
+  }
+  const int64_t T2 = 400;
+  check(w4a8_inputs(rng, expert0_heavy_choices(T2, 300), T2, K, 1152), T2, "moe w4a8 expanded, F 1152, 300 rows");
+  // Expert 0's w1: block 0 of every group zero codes at scale byte 145, blocks 1..3 at 118, 117 and
+  // 119 (2^-27, 2^-28 and 2^-26 below the group's largest); expert 1's w2: column 3's block 2 NaN.
+  // (New weights, changed before the GPU first sees them.)
+  W4A8Inputs far = w4a8_inputs(rng, expert0_heavy_choices(T, 100), T, K, 384);
+  const int64_t D = far.D, F = far.mc.F;
+  auto& codes = *far.mc.store[0].data.bytes;
+  auto& scales = *far.mc.store[0].scale.bytes;
+  for (int64_t n = 0; n < F; ++n)
+    for (int64_t grp = 0; grp < D / 128; ++grp) {
+      std::fill_n(codes.begin() + n * (D / 2) + 64 * grp, 16, uint8_t{0});
+      const uint8_t sb[4] = {145, 118, 117, 119};
+      std::copy_n(sb, 4, scales.begin() + n * (D / 32) + 4 * grp);
+    }
+  (*far.mc.store[4].scale.bytes)[3 * (F / 32) + 2] = 255;
+  const std::vector<float> g = check(far, T, "moe w4a8 expanded, far and NaN scales");
+  int64_t nans = 0;
+  for (float v : g) nans += std::isnan(v);
+  EXPECT_GT(nans, 0) << "expert 1's NaN column reached the output";
+}
+
 // Scales the wgmma kernels' e5m2 tables treat apart. Expert 0's w1: block 0 of every group all
 // zero codes at scale byte 145, blocks 1..3 at 118, 117 and 119 (the other weights' range), so its
 // outputs come only from blocks 2^-27 and 2^-28 below the group's largest scale (the table's
