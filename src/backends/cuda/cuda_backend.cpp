@@ -2254,7 +2254,7 @@ void set_w4a8_expand(Backend& backend, int mode) {
 }
 bool last_w4a8_expanded(Backend& backend) { return cuda_backend(backend).last_w4a8_expanded(); }
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n) {
-  SPARROW_CHECK(n >= 0 && n <= 2);
+  SPARROW_CHECK(n == 0 || n == 1 || n == 2 || n == 4);
   cuda_backend(backend).set_w4a8_wgmma_warpgroups(n);
 }
 bool compressor_keeps_bf16_copies(CompressorSlot slot, KeyPrecision keys, bool round_bf16) {

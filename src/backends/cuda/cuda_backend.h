@@ -197,8 +197,8 @@ void set_w4a8_wgmma(Backend& backend, bool on);
 // call took it (test support).
 void set_w4a8_expand(Backend& backend, int mode);
 bool last_w4a8_expanded(Backend& backend);
-// The tiled wgmma kernel's warpgroups a block (64 columns each): 1 or 2; 0 (the default) chooses.
-// The same bits either way.
+// The tiled wgmma kernel's warpgroups a block (64 columns each): 1, 2 or 4; 0 (the default) takes
+// SPARROW_CUDA_W4A8_WARPGROUPS's (1, 2 or 4; 4 when unset). The same bits any way.
 void set_w4a8_wgmma_warpgroups(Backend& backend, int n);
 // Whether the decode wgmma kernel splits K's quarters over blocks: 0 (the default) for 64 rows or
 // fewer, 1 never, 2 always (over set_decode_quarter_blocks' blocks). The same bits either way.

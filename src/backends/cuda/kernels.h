@@ -426,8 +426,8 @@ struct GroupedW4A8Args {
   // (tiled wgmma kernel; set by its launch) grid x the column blocks and y the tiles, not the other
   // way round (kernels_linear.cu w4a8_cols_fast). The same bits either way.
   bool cols_fast = false;
-  // (tiled wgmma kernel) warpgroups a block, 1 or 2 (64 columns each); 0 chooses. The outputs are
-  // the same bits either way (test support).
+  // (tiled wgmma kernel) warpgroups a block, 1, 2 or 4 (64 columns each); 0 chooses. The outputs are
+  // the same bits any way (test support).
   int wgmma_warpgroups = 0;
   // (decode wgmma kernel) scratch [4, rows_total, N] fp32, or null: when given, K's four quarters
   // may run in 2 or 4 blocks (decode_quarter_blocks: more blocks for small batches), each into its

@@ -1665,8 +1665,8 @@ __device__ inline void store_w4a8_expanded(const Fp8TmaArgs& a, int e, int64_t t
 // rows) took 1.25-1.27 ms against 1.13 (H200, 2026-12-03).
 // kW4A8: the expanded W4A8 form (launch_w4a8_expanded; unsplit, unrounded, no TMA stores): work item
 // i is weight tile i % W of the experts' 128-row tile i / W (W the weight tiles; the tiles counted
-// here as w4a8_find_tile counts them, and listed by w4a8_tma_tiles_kernel: the producer's 40
-// registers cannot hold the search); B the expert's e5m2 weight rows, no weight scale (sw = 1: the
+// here as w4a8_find_tile counts them, and listed by w4a8_tma_tiles_kernel: the producer, at 40
+// registers after setmaxnreg, only reads the list); B the expert's e5m2 weight rows, no weight scale (sw = 1: the
 // fold's factor is sa itself), each output times its row's scale where it is stored.
 template <bool kRound, bool kW4A8 = false>
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
@@ -2759,15 +2759,23 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
       add_quarters(g.out, g.partial, count);
       return g.out;
     }
-    // Two warpgroups (128 columns) a block by default: in an 8K prefill on the H200 w1 and w3 took
-    // 6.64 ms with two, 8.81 with one, in one device call (a block reads its tile's codes once for
-    // all its columns).
     // The expanded form where the caller gave it scratch (the MoE's prefill, many rows an expert):
     // the same bits; the tiled kernel where a map is refused.
     if (g.expanded != nullptr && w4a8_expanded_takes(g) && launch_w4a8_expanded(g) == nullptr) return g.out;
+    // Four warpgroups (256 columns, one block an SM) a block by default: a block reads its tile's
+    // codes once for all its columns, and a product's bytes from L2 are a third fewer than at two
+    // warpgroups (two blocks an SM), where the kernel's L2 throughput stood at 87 % of its peak. On
+    // an H100 (2026-12-06, layer 0's 8K prefill, ncu at the card's clocks): w1 and w3 2.66 -> 2.20-2.22
+    // ms, w2 2.74 -> 2.64, L2 sectors 426 M -> 287 M; the layer's 8K prefill 17.83-17.85 -> 16.87-16.88
+    // ms. (At two against one on the H200, 2026-12-01: w1 and w3 6.64 against 8.81 ms.)
     GroupedW4A8Args a = g;
     a.cols_fast = w4a8_cols_fast(g.max_tiles);
-    if (g.wgmma_warpgroups == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
+    static const int env_wg = static_cast<int>(cuda_env_int(
+        "SPARROW_CUDA_W4A8_WARPGROUPS", 4, [](int64_t n) { return n == 1 || n == 2 || n == 4; },
+        "the W4A8 prefill kernel's warpgroups a block must be 1, 2 or 4"));
+    const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
+    if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
+    else if (wg == 4) launch_w4a8_wgmma<64, 4>(a, g.max_tiles);
     else launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
     return g.out;
   }

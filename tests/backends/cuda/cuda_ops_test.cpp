@@ -3084,12 +3084,12 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   const std::vector<float> g = gpu->download_f32(og);
   expect_same_bits(g, gpu->download_f32(small), "moe w4a8 wgmma tiled vs decode kernel");
   expect_mostly_identical(g, cpu->download_f32(oc), 0.6, 1e-4, "moe w4a8 wgmma tiled vs cpu");
-  // The tiled kernel's width (1 or 2 warpgroups of 64 columns a block) and its raster (a tile's
+  // The tiled kernel's width (1, 2 or 4 warpgroups of 64 columns a block) and its raster (a tile's
   // column blocks in a row or a column block's tiles) are not part of the arithmetic either: each
   // form on `inputs` against `want`, bit for bit.
   const auto tiled_forms = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want, const std::string& what) {
     for (int cols_fast : {1, -1})
-      for (int wg : {1, 2}) {
+      for (int wg : {1, 2, 4}) {
         cuda::set_w4a8_cols_fast(cols_fast);
         cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
         const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
