@@ -1560,22 +1560,19 @@ __device__ inline void bulk_wait_all() {
   else
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-__device__ inline void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " SPARROW_WGMMA_P64 ", %64, %65, p, 1, 1;\n}\n"
-      : SPARROW_WGMMA_D64
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+// A the rows' e4m3 codes, B the weights: e4m3 codes, or (kBE5m2: the expanded W4A8 form) e5m2 bytes.
+#define SPARROW_WGMMA_M64N128K32_SS(btype)                                                                \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                           \
+               "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3." btype " " SPARROW_WGMMA_P64            \
+               ", %64, %65, p, 1, 1;\n}\n"                                                              \
+               : SPARROW_WGMMA_D64                                                                     \
+               : "l"(a_desc), "l"(b_desc), "r"(accumulate))
+template <bool kBE5m2 = false>
+__device__ inline void wgmma_m64n128k32_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  if constexpr (kBE5m2) SPARROW_WGMMA_M64N128K32_SS("e5m2");
+  else SPARROW_WGMMA_M64N128K32_SS("e4m3");
 }
-
-// The expanded W4A8 form's: A the rows' e4m3 codes, B the weights' e5m2 bytes.
-__device__ inline void wgmma_m64n128k32_e4m3_e5m2_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2 " SPARROW_WGMMA_P64 ", %64, %65, p, 1, 1;\n}\n"
-      : SPARROW_WGMMA_D64
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
+#undef SPARROW_WGMMA_M64N128K32_SS
 
 // A consumer thread's 64 slots of a TMA kernel's 128 x 128 tile into dst [rows][N]: slot 4 j + c
 // (value(slot)) is token t0 + 8 j + 2 tig + (c & 1) of weight row row0 + 8 (c / 2). A whole tile
@@ -1807,12 +1804,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
       const uint8_t* xa = x_box + s * kTmaBox + cw * 64 * kW4A8GroupK;
       const uint8_t* wb = w_box + s * kTmaBox;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (kW4A8)
-          wgmma_m64n128k32_e4m3_e5m2_ss(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
-        else
-          wgmma_m64n128k32_e4m3_ss(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
-      }
+      for (int i = 0; i < 4; ++i)
+        wgmma_m64n128k32_ss<kW4A8>(d, wgmma_desc_sw128(xa + 32 * i), wgmma_desc_sw128(wb + 32 * i), i > 0 ? 1 : 0);
       wgmma_commit();
       // Under the multiply: the fold's factors sw * sa of the thread's two tokens (the same fp32
       // products as every form's).

@@ -3165,6 +3165,22 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   tiled_forms(in2, T2, want2, "moe w4a8 wgmma tiled, 9 groups, ");
 }
 
+// The far and NaN scales of MoeW4A8WgmmaFarAndNanScales (below), set in the host bytes before the
+// GPU first sees the weights: expert 0's w1, block 0 of every group all zero codes at scale byte
+// 145 and blocks 1..3 at 118, 117 and 119; expert 1's w2, output column 3's block 2 at byte 255.
+void set_far_and_nan_scales(W4A8Inputs& in) {
+  const int64_t D = in.D, F = in.mc.F;
+  auto& codes = *in.mc.store[0].data.bytes;    // expert 0's w1: [F, D / 2]
+  auto& scales = *in.mc.store[0].scale.bytes;  // [F, D / 32]
+  for (int64_t n = 0; n < F; ++n)
+    for (int64_t grp = 0; grp < D / 128; ++grp) {
+      std::fill_n(codes.begin() + n * (D / 2) + 64 * grp, 16, uint8_t{0});
+      const uint8_t s[4] = {145, 118, 117, 119};
+      std::copy_n(s, 4, scales.begin() + n * (D / 32) + 4 * grp);
+    }
+  (*in.mc.store[4].scale.bytes)[3 * (F / 32) + 2] = 255;  // expert 1's w2: [D, F / 32]
+}
+
 // The expanded form (kernels.h GroupedW4A8Args::expanded: the experts' weights written once as
 // e5m2 bytes, then the FP8 TMA kernel's 128 x 128 tiles) gives every output the tiled kernel's
 // arithmetic: the MoE's output is the same bits with it forced on and off. Three projections a call
@@ -3210,20 +3226,9 @@ TEST_F(CudaOps, MoeW4A8ExpandedFormGivesTheTiledKernelsBits) {
   }
   const int64_t T2 = 400;
   check(w4a8_inputs(rng, expert0_heavy_choices(T2, 300), T2, K, 1152), T2, "moe w4a8 expanded, F 1152, 300 rows");
-  // Expert 0's w1: block 0 of every group zero codes at scale byte 145, blocks 1..3 at 118, 117 and
-  // 119 (2^-27, 2^-28 and 2^-26 below the group's largest); expert 1's w2: column 3's block 2 NaN.
   // (New weights, changed before the GPU first sees them.)
   W4A8Inputs far = w4a8_inputs(rng, expert0_heavy_choices(T, 100), T, K, 384);
-  const int64_t D = far.D, F = far.mc.F;
-  auto& codes = *far.mc.store[0].data.bytes;
-  auto& scales = *far.mc.store[0].scale.bytes;
-  for (int64_t n = 0; n < F; ++n)
-    for (int64_t grp = 0; grp < D / 128; ++grp) {
-      std::fill_n(codes.begin() + n * (D / 2) + 64 * grp, 16, uint8_t{0});
-      const uint8_t sb[4] = {145, 118, 117, 119};
-      std::copy_n(sb, 4, scales.begin() + n * (D / 32) + 4 * grp);
-    }
-  (*far.mc.store[4].scale.bytes)[3 * (F / 32) + 2] = 255;
+  set_far_and_nan_scales(far);
   const std::vector<float> g = check(far, T, "moe w4a8 expanded, far and NaN scales");
   int64_t nans = 0;
   for (float v : g) nans += std::isnan(v);
@@ -3246,17 +3251,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaFarAndNanScales) {
   for (int64_t i = 0; i < T * K; ++i) experts[i] = static_cast<int32_t>(i % 3);
   W4A8Inputs in = w4a8_inputs(rng, experts, T, K, 128);
   const int64_t D = in.D, F = in.mc.F;
-  {
-    auto& codes = *in.mc.store[0].data.bytes;  // expert 0's w1: [F, D / 2]
-    auto& scales = *in.mc.store[0].scale.bytes;  // [F, D / 32]
-    for (int64_t n = 0; n < F; ++n)
-      for (int64_t grp = 0; grp < D / 128; ++grp) {
-        std::fill_n(codes.begin() + n * (D / 2) + 64 * grp, 16, uint8_t{0});
-        const uint8_t s[4] = {145, 118, 117, 119};
-        std::copy_n(s, 4, scales.begin() + n * (D / 32) + 4 * grp);
-      }
-    (*in.mc.store[4].scale.bytes)[3 * (F / 32) + 2] = 255;  // expert 1's w2: [D, F / 32]
-  }
+  set_far_and_nan_scales(in);
   auto [oc, og] = both_alloc(ElemType::kF32, {T, D});
   cpu->moe(in.cpu_params(oc));
   cuda::set_w4a8_experts(*gpu, true);
