@@ -4,9 +4,11 @@
 # alternated ROUNDS times in one call (the lent machines differ more between calls than most
 # changes), then `bench/report.py --compare` of each off record against the on record of its round.
 #
-#   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but SWITCH or ENABLE:)
+#   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but one of SWITCH, ENABLE, KNOB:)
 #     SWITCH=name          the SPARROW_CUDA_DISABLE name compared (docs/cuda.md lists them)
 #     ENABLE=name          instead, an opt-in path: "on" runs with SPARROW_CUDA_ENABLE=name, "off" without
+#     KNOB=VAR OFF=a ON=b  instead, a tuning variable (docs/cuda.md): "off" runs with VAR=a, "on" with VAR=b
+#                          (KNOB=SPARROW_CUDA_W4A8_WARPGROUPS OFF=2 ON=4)
 #     BIN=.gpu-carry       folder holding sparrow built on the CPU machine (+ lib/)
 #     MODEL=/tmp/sparrow-v4f1   where the synthetic model goes; written when missing
 #     LAYERS=1             its layers (1: layer 0, SWA; 4: SWA, SWA, CSA, HCA)
@@ -17,10 +19,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 enable=${ENABLE:-}
-[ -n "${SWITCH:-}" ] || [ -n "$enable" ] ||
-  { echo "ab_device: SWITCH=<name> (a SPARROW_CUDA_DISABLE name) or ENABLE=<name> (a SPARROW_CUDA_ENABLE one) is required" >&2; exit 2; }
-[ -z "${SWITCH:-}" ] || [ -z "$enable" ] || { echo "ab_device: SWITCH and ENABLE: one of them" >&2; exit 2; }
-label=${SWITCH:-$enable}
+knob=${KNOB:-}
+modes=0
+for m in "${SWITCH:-}" "$enable" "$knob"; do [ -n "$m" ] && modes=$((modes + 1)); done
+[ "$modes" -gt 0 ] ||
+  { echo "ab_device: SWITCH=<name> (a SPARROW_CUDA_DISABLE name), ENABLE=<name> (a SPARROW_CUDA_ENABLE one) or KNOB=<variable> with OFF= and ON= is required" >&2; exit 2; }
+[ "$modes" -eq 1 ] || { echo "ab_device: SWITCH, ENABLE and KNOB: one of them" >&2; exit 2; }
+if [ -n "$knob" ]; then
+  case $knob in SPARROW_*) ;; *) echo "ab_device: KNOB must name a SPARROW_ variable, not '$knob'" >&2; exit 2 ;; esac
+  [ -n "${OFF:-}" ] && [ -n "${ON:-}" ] || { echo "ab_device: KNOB=$knob needs OFF=<value> and ON=<value>" >&2; exit 2; }
+fi
+label=${SWITCH:-${enable:-$knob $OFF -> $ON}}
 bin=${BIN:-.gpu-carry}
 layers=${LAYERS:-1}
 model=${MODEL:-/tmp/sparrow-v4f$layers}
@@ -38,11 +47,14 @@ fi
 status=0
 for r in $(seq 1 "$rounds"); do
   for side in off on; do
-    disable="" enabled=""
-    [ "$side" = off ] && [ -z "$enable" ] && disable=$SWITCH
+    disable="" enabled="" knob_env=()
+    [ "$side" = off ] && [ -n "${SWITCH:-}" ] && disable=$SWITCH
     [ "$side" = on ] && enabled=$enable
+    if [ -n "$knob" ]; then
+      if [ "$side" = off ]; then knob_env=("$knob=$OFF"); else knob_env=("$knob=$ON"); fi
+    fi
     # shellcheck disable=SC2086
-    SPARROW_CUDA_DISABLE=$disable SPARROW_CUDA_ENABLE=$enabled "$bin/sparrow" bench --model "$model" --precision fast --peak-reps 3 \
+    env "${knob_env[@]}" SPARROW_CUDA_DISABLE=$disable SPARROW_CUDA_ENABLE=$enabled "$bin/sparrow" bench --model "$model" --precision fast --peak-reps 3 \
       --copy-gib 0.5 --out "$out/ab-$side-$r.json" $args >"$out/ab-$side-$r.txt" 2>&1 ||
       { echo "ab_device: round $r $side failed ($out/ab-$side-$r.txt)" >&2; status=1; }
   done
