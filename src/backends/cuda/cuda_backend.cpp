@@ -1741,9 +1741,9 @@ class CudaBackend final : public Backend {
     const bool wgmma = w4a8 && w4a8_wgmma_ && tab.wgmma_ok;
     // The rounded input rows, for the CUDA-core projections only (null on W4A8: not made there).
     const float* const x = w4a8 ? nullptr : x_of();
-    // The tiled kernel's grid: sum over experts of ceil(R_e / 64) <= total / 64 + min(E, total) + 1.
+    // The tiled kernel's grid: a bound on the sum over experts of ceil(R_e / 64).
     const int64_t E = static_cast<int64_t>(p.routed->size());
-    const int64_t max_tiles = total / kW4A8TileRows + std::min(E, total) + 1;
+    const int64_t max_tiles = w4a8_tile_bound(total, E, kW4A8TileRows);
     SPARROW_CHECK_LE(max_tiles, kMaxMoeItems);
     // h1 and h3 in one buffer, h3 after h1: the decode wgmma kernel computes both in one launch
     // (GroupedW4A8Args::w_b; `w4a8_pair` off: a launch each, the same bits).
@@ -1779,9 +1779,10 @@ class CudaBackend final : public Backend {
     const int64_t d_pad = (D + kFp8ActBlock - 1) / kFp8ActBlock * kFp8ActBlock;
     DeviceBuffer sorted_codes = DeviceBuffer::scratch(expand ? static_cast<size_t>(total * d_pad) : 0);
     bool rows_sorted = false;  // sorted_codes holds w1 / w3's rows
-    DeviceBuffer tile_list = DeviceBuffer::scratch(expand ? static_cast<size_t>(2 * w4a8_tma_tile_bound(total, E)) * sizeof(int64_t) : 0);
+    const int64_t tma_tiles = expand ? w4a8_tile_bound(total, E, kW4A8TmaTileRows) : 0;
+    DeviceBuffer tile_list = DeviceBuffer::scratch(static_cast<size_t>(2 * tma_tiles) * sizeof(int64_t));
     DeviceBuffer tile_scales = DeviceBuffer::scratch(
-        expand ? static_cast<size_t>(w4a8_tma_tile_bound(total, E) * (std::max(D, F) / kFp8ActBlock) * 128) * sizeof(float) : 0);
+        static_cast<size_t>(tma_tiles * (std::max(D, F) / kFp8ActBlock) * kW4A8TmaTileRows) * sizeof(float));
     const bool vec = p.ref_numerics && tab.weights_vectorizable && aligned16(x) && D % 4 == 0 && F % 4 == 0 &&
                      aligned16(h1);
     const auto* rows = static_cast<const int32_t*>(plan.rows.get());

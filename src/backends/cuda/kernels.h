@@ -397,7 +397,13 @@ void launch_grouped_expert_linear(const GroupedExpertLinearArgs& g);
 // ceil(N / 128)), a block per 64-row tile of an expert x 128 columns, each output the same
 // arithmetic, so the same bits.
 // REQUIRES w[e] packed FP4 with block_in 32, K % 32 == 0, N and K < 2^30.
-inline constexpr int64_t kW4A8TileRows = 64;  // rows of the tiled kernel's tile
+inline constexpr int64_t kW4A8TileRows = 64;      // rows of the tiled kernel's tile
+inline constexpr int64_t kW4A8TmaTileRows = 128;  // rows of the expanded form's TMA tile
+// A bound on the experts' tiles of `tile_rows` rows, the sum over experts of ceil(R_e / tile_rows),
+// for `rows` rows over `experts` experts: rows / tile_rows + min(experts, rows) + 1.
+inline int64_t w4a8_tile_bound(int64_t rows, int64_t experts, int64_t tile_rows) {
+  return rows / tile_rows + std::min(experts, rows) + 1;
+}
 struct GroupedW4A8Args {
   float* out;                // [offsets[E], N]
   const uint8_t* codes;      // [rows_pad, k_pad] e4m3 (launch_act_quant_fp8's layout)
@@ -474,18 +480,19 @@ struct GroupedW4A8Args {
   uint8_t* expanded = nullptr;
   uint8_t* sorted_codes = nullptr;
   bool sorted_ready = false;  // sorted_codes already holds these rows (w3 after w1)
-  int64_t* tile_list = nullptr;  // [w4a8_tma_tile_bound(rows_total, E)][2]: the 128-row tiles' list
-  float* tile_scales = nullptr;  // [w4a8_tma_tile_bound(rows_total, E) K / 128][128]: their rows' scales
+  // [w4a8_tile_bound(rows_total, E, kW4A8TmaTileRows)][2]: the 128-row tiles' list; and their rows'
+  // scales [that bound, K / 128][kW4A8TmaTileRows].
+  int64_t* tile_list = nullptr;
+  float* tile_scales = nullptr;
 };
 // Returns the view of the output: `out` itself, or the quarters left (leave_parts).
 PartsView launch_grouped_w4a8(const GroupedW4A8Args& g);
-// The expanded form's scratch: the weights' bytes, and the bound on its 128-row tiles.
+// The expanded form's scratch: the weights' bytes.
 inline int64_t w4a8_expanded_bytes(int64_t experts, int64_t N, int64_t K) { return experts * N * K; }
 // With SPARROW_CUDA_ENABLE=w4a8_expand, the MoE takes the expanded form where its experts average this
 // many rows or more (an 8K prefill of V4-Flash: 8192 x 6 / 256 = 192): the expansion's bytes (read
 // the MXFP4, write the e5m2) are the same at any rows, the tiled kernel's conversions grow with them.
 inline constexpr int64_t kW4A8ExpandRows = 160;
-inline int64_t w4a8_tma_tile_bound(int64_t rows, int64_t experts) { return rows / 128 + std::min(experts, rows) + 1; }
 // Whether launch_grouped_w4a8 can take the expanded form for g (GroupedW4A8Args::expanded): wgmma
 // and tiled, one projection, no split, K a multiple of 128, the driver's tensor-map entry point.
 bool w4a8_expanded_takes(const GroupedW4A8Args& g);

@@ -1469,6 +1469,7 @@ void add_quarters(float* out, const float* partial, int64_t count, bool round = 
 // M = 8192 went 904 -> 660 us with the selects gone, the weight scale a group ahead and these
 // stores; wo_b 625 -> 553 (H200, 2026-12-04, ncu at the card's clocks).
 constexpr int kTmaRows = 128, kTmaCols = 128, kTmaStages = 4, kTmaBox = kTmaRows * kW4A8GroupK;
+static_assert(kTmaRows == kW4A8TmaTileRows, "the expanded form's tiles are the TMA kernel's");
 constexpr int kTmaThreads = 3 * kWgThreads;  // two consumer warpgroups, then the producer's
 // A finished tile's outputs on their way out by TMA stores: each consumer warpgroup's 64 tokens x
 // 128 weight rows of fp32 as four boxes of 32 columns (128 bytes a token, 128-byte swizzled).
@@ -1650,7 +1651,7 @@ __device__ inline void store_w4a8_expanded(const Fp8TmaArgs& a, int e, int64_t t
     for (int h = 0; h < 2; ++h) {
       const int col = n0 + 8 * j + 2 * tig + h;
       if (col >= a.N) continue;
-      const float cs = w4a8_row_scale(w4a8_e_ref_of_b1(w4a8_b1_ref(w4a8_row_emax(W, col, a.N))));
+      const float cs = w4a8_row_scale(w4a8_row_emax(W, col, a.N));  // (W4A8BlockOut's, from b1_ref's inverse)
 #pragma unroll
       for (int v = 0; v < 2; ++v)
         if (dst[v] >= 0) a.out[dst[v] + col] = total[4 * j + 2 * v + h] * cs;
@@ -1876,8 +1877,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 // threads tig = 0..3 hold them in their A fragments: block t's word i, inputs 0..3 (that thread's
 // a[i][0]) at bytes 32 i + 4 t .. 32 i + 4 t + 3 of the group and inputs 4..7 (a[i][2]) at 32 i + 16
 // + 4 t .., the k-slots where the codes (w4a8_order) hold the same inputs. Each block's table is
-// w4a8_prefill_tables' (w4a8_e5m2_table where the block lies more than 26 below the row's largest
-// scale). Experts without rows are left out. (With a thread a block and 4-byte stores, V4-Flash's
+// w4a8_e5m2_table's, the tables w4a8_prefill_tables makes (it only keeps the rounded path behind a
+// warp vote). Experts without rows are left out. (With a thread a block and 4-byte stores, V4-Flash's
 // w1 took 1.83 ms on an H100, 2026-12-06.)
 __global__ void w4a8_expand_kernel(const DevWeight* w, const int64_t* offsets, int64_t N, int64_t K, uint8_t* out) {
   wait_previous_grid();
@@ -1894,10 +1895,8 @@ __global__ void w4a8_expand_kernel(const DevWeight* w, const int64_t* offsets, i
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + 16 * t + 4 * i);  // (a group's 64 bytes are contiguous)
-    const int b1 = b1_ref + 4 * static_cast<int>(__byte_perm(sword, 0u, 0x4440u + t));
     uint32_t tlo, thi;
-    w4a8_table_of_b1(static_cast<uint32_t>(b1), tlo, thi);
-    if (b1 < 4) w4a8_e5m2_table(sword, 0x4440u + t, b1_ref, tlo, thi);
+    w4a8_e5m2_table(sword, 0x4440u + t, b1_ref, tlo, thi);
     e2m1x8_to_e5m2(word, tlo, thi, lo[t], hi[t]);
   }
   uint4* dst = reinterpret_cast<uint4*>(out + (static_cast<int64_t>(e) * N + n) * K + kg * kW4A8GroupK + 32 * i);
@@ -2928,7 +2927,7 @@ const char* launch_w4a8_expanded(const GroupedW4A8Args& g) {
   if (g.tile_list == nullptr || g.tile_scales == nullptr) return "no scratch for the tile list";
   const uint8_t* codes = gather ? g.sorted_codes : g.codes;
   if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
-  const int64_t tiles = w4a8_tma_tile_bound(g.rows_total, E);
+  const int64_t tiles = w4a8_tile_bound(g.rows_total, E, kTmaRows);
   if (!encode_2d(&a.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.expanded, g.K, E * g.N, g.K, kW4A8GroupK, kTmaCols,
                  CU_TENSOR_MAP_SWIZZLE_128B) ||
       !encode_2d(&a.x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, codes, g.k_pad, g.rows_total, g.k_pad, kW4A8GroupK, kTmaRows,
