@@ -154,7 +154,9 @@ struct DevView {
 // of 2^15 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp
 // from 2^17, the same codes and scales), "moe_scatter_store" (the MoE's w2 on the wgmma W4A8
 // kernels, where a block sums all of K, writes each row's outputs straight into the combine's
-// slots; off: into rows of their own, then expert_scatter_kernel copies them there; the same bits)
+// slots; off: into rows of their own, then expert_scatter_kernel copies them there; the same bits),
+// "w4a8_ring" (the four-warpgroup W4A8 prefill kernel's ring handed over through mbarriers, each
+// warp a few groups apart from the others; off: a block barrier a group, the same bits)
 // and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
@@ -498,6 +500,8 @@ inline constexpr int64_t kW4A8ExpandRows = 160;
 bool w4a8_expanded_takes(const GroupedW4A8Args& g);
 // The expanded form's launches since the process started (test support).
 int64_t w4a8_expanded_launches();
+// The launches of the W4A8 prefill kernel's mbarrier-ring form so far (test support).
+int64_t w4a8_ring_launches();
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block

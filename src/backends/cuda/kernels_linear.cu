@@ -1114,6 +1114,13 @@ __host__ __device__ constexpr int blocks_fitting_smem(size_t bytes) { return sta
 // The decode kernels' bound: as many blocks as the shared memory holds (blocks_fitting_smem), at most eight (ptxas, with the group prep: 8 rows: span 1 8 blocks, 64 registers
 // with 4 bytes spilled; span 2 6, 80; 16 rows: span 1 7, 72 with 12 bytes spilled; span 2 5, 96;
 // FP8: 5, 63).
+// The W4A8 prefill form's ring (kRing, four warpgroups): kStages slots, then the quarter sums, then
+// each slot's two mbarriers (full, empty). 5 slots: 190 KB.
+constexpr int kW4A8RingStages = 5;
+template <int kWG, int kStages>
+__host__ __device__ constexpr size_t wg_ring_smem_bytes() {
+  return sizeof(WgStage<kTiledRows, kWG>) * kStages + sizeof(float) * (kTiledRows / 2) * kWgThreads * kWG + 2 * sizeof(uint64_t) * kStages;
+}
 template <int kN, int kWG, bool kFp8W, int kSpan>
 __host__ __device__ constexpr int wg_min_blocks() {
   if (!wg_decode(kN)) return 4 / kWG;
@@ -1129,7 +1136,14 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // gave 80 and a batch-256 layer 2.5-3 % slower, 2026-12-02); the prefill kernel offsets them by the
 // group number under a bound of two blocks (128 registers, 8 bytes spilled; w1 + w3 of an 8K
 // prefill 6.84 ms against 7.54 for the advancing form on 2026-12-02, w2 4.26 against 4.49).
-template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1>
+// kRing (the W4A8 prefill form only): the ring handed over through mbarriers instead of a block
+// barrier a group. Each thread's copies of a slot arrive on the slot's full barrier as they land
+// (cp.async.mbarrier.arrive.noinc: kThreads arrivals); each warp's lane 0 arrives on its empty
+// barrier once the warp's wgmma and fold have read it; a thread refills a slot after waiting for
+// that. The copies run kStages - 2 groups ahead, so that a warpgroup may run up to two groups ahead
+// of the slowest: with a block barrier every group the four warpgroups converted their weights at
+// the same time, their tensor-core work queued behind each other after it.
+template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, bool kRing = false>
 __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
   // The decode form: kN = 8 (the plan's items), or 16 for W4A8 (an item with an even tile index
@@ -1137,6 +1151,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   constexpr bool kDecode = wg_decode(kN);
   static_assert(kN == 8 || (kN == 16 && !kFp8W) || kN == kTiledRows, "8- or 16-row items, or 64-row tiles");
   static_assert(kSpan == 1 || (kDecode && !kFp8W), "slots of several groups: the W4A8 decode kernel only");
+  static_assert(!kRing || (!kFp8W && !kDecode && kStages >= 3), "the mbarrier ring: the W4A8 prefill form only");
   // The experts' items come from the device plan, a kernel's output: wait first, unless the plan was
   // written two launches back or earlier (g.plan_early, the decode kernel only): then the items, the
   // rows and the first weight stages are read before the wait, as the FP8 form (whose weights come
@@ -1152,6 +1167,15 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   __shared__ int s_e;
   __shared__ int64_t s_t0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  // (kRing) Slot s's full and empty barriers, after the ring and the quarter sums.
+  uint64_t* const ring_full = reinterpret_cast<uint64_t*>(wg_smem + sizeof(Stage) * kStages * kSpan + sizeof(float) * (kN / 2) * kThreads);
+  uint64_t* const ring_empty = ring_full + kStages;
+  if constexpr (kRing) {
+    if (tid == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(&ring_full[s], kThreads), mbar_init(&ring_empty[s], kThreads / 32);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
   if constexpr (kFp8W) {  // dense: block b's rows kN b ..
     if (tid == 0) {
       s_t0 = static_cast<int64_t>(blockIdx.x) * kN;
@@ -1278,12 +1302,16 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // Copies the next slot's groups (g_lo, g_lo + 1, ...; the last slot's past g_hi left out) into the
   // next slot (a source whose copy is off is not read: cp.async with no source bytes). The decode
   // kernel advances its sources a slot a call; the prefill kernel (g_lo = 0, kSpan = 1) offsets them
-  // by the group, into slot group % kStages (see the launch bounds).
+  // by the group, into slot group % kStages (see the launch bounds). kRing: a slot's earlier group
+  // released first (its empty barrier), and the copies counted on its full barrier, not committed.
   constexpr bool kAdvance = kDecode;
   int next_group = g_lo, next_stage_index = 0;
   auto issue = [&] {
     if (next_group < g_hi) {
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
+      const int ring_slot = static_cast<int>(dg) % kStages;  // (kRing; dg < groups)
+      if constexpr (kRing)
+        if (dg >= kStages) mbar_wait(&ring_empty[ring_slot], static_cast<uint32_t>(static_cast<int>(dg) / kStages - 1) & 1u);
       const bool weights = next_group - g_lo >= kSpan * prefetched;
       Stage* slot_st = ring + kSpan * (kAdvance ? next_stage_index : static_cast<int>(dg % kStages));
       uint8_t* slot = reinterpret_cast<uint8_t*>(slot_st);
@@ -1312,8 +1340,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
       }
       next_group += kSpan;
+      if constexpr (kRing) cp_async_arrive_noinc(&ring_full[ring_slot]);
     }
-    cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
+    if constexpr (!kRing) cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
   };
 
   // Accumulator slot 4 j + c: column 16 warp + gid (+ 8 for c >= 2), row 8 j + 2 tig + (c & 1)
@@ -1345,19 +1374,26 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
     out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kThreads, quarter, acc);
     ++quarter;
   };
-  for (int i = 0; i < kStages - 1; ++i) issue();
+  // (kRing: the copies two slots fewer ahead, so that the slot refilled held a group two back.)
+  for (int i = 0; i < kStages - (kRing ? 2 : 1); ++i) issue();
   int stage_index = 0, quarter_end = w4a8_quarter(q_first + 1, groups);
   for (int kg0 = g_lo; kg0 < g_hi; kg0 += kSpan) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of the slot of group kg0 have landed
-    fence_proxy_async_smem();      // and are visible to wgmma's reads
-    __syncthreads();               // everyone's; and everyone is done with the slot refilled next
-    const Stage* slot = ring + kSpan * (kAdvance ? stage_index : ((kg0 - g_lo) / kSpan) % kStages);
+    const int ring_slot = ((kg0 - g_lo) / kSpan) % kStages;
+    if constexpr (kRing) {
+      mbar_wait(&ring_full[ring_slot], static_cast<uint32_t>((kg0 - g_lo) / kStages) & 1u);  // everyone's copies have landed
+      fence_proxy_async_smem();                                                            // and are visible to wgmma's reads
+    } else {
+      cp_async_wait<kStages - 2>();  // this thread's copies of the slot of group kg0 have landed
+      fence_proxy_async_smem();      // and are visible to wgmma's reads
+      __syncthreads();               // everyone's; and everyone is done with the slot refilled next
+    }
+    const Stage* slot = ring + kSpan * (kAdvance ? stage_index : ring_slot);
     if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
     // (W4A8 prefill) The thread's weight and scale words of the group, read before the copies are
     // issued so that the loads' latency passes under them (the tables use the scale words first).
     W4A8GroupWords words{};
     if constexpr (!kFp8W && !kDecode) words = w4a8_group_words(slot[0].w, slot[0].ws, c0, tig);
-    issue();  // the slot kStages - 1 ahead
+    issue();  // the slot kStages - 1 ahead (kRing: kStages - 2)
     if constexpr (!kFp8W && kDecode) {
       // Lane j < 16 kSpan prepares entry j. (Rewritten only after the next barrier, when every lane
       // of the warp has read this slot's.)
@@ -1399,6 +1435,10 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         w4a8_convert(words.w, tab, a);
       }
       w4a8_group_mma_fold<kN, kFp8W>(st.x, a, sw, st.sa, tig, d, acc);
+    }
+    if constexpr (kRing) {  // the warp is done with the slot (its wgmma have completed, its reads made)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&ring_empty[ring_slot]);
     }
   }
   cp_async_wait<0>();
@@ -1505,25 +1545,6 @@ struct Fp8TmaArgs {
   const int64_t* tiles;  // [tiles][2]: each 128-row tile's {expert, first row} (w4a8_tma_tiles_kernel)
 };
 
-__device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ inline void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
 // The TMA kernels' ring barriers: full[s] completes on the producer's bytes, empty[s] on each of
 // the two consumer warpgroups' warps; set up by thread 0 before any use (the block synchronises).
 __device__ inline void tma_ring_init(uint64_t* full, uint64_t* empty, int stages) {
@@ -1985,11 +2006,6 @@ __host__ __device__ constexpr int ws_min_blocks() {
   const int fit = blocks_fitting_smem(ws_smem_bytes<kN, kSpan>());
   const int regs = 65536 / (kWsThreads * ws_regs<kN, kSpan>());
   return fit < regs ? fit : regs;
-}
-// The executing thread's earlier cp.async copies arrive on bar when they complete (without raising
-// its expected count: bar counts these arrivals).
-__device__ inline void cp_async_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst by the
 // bulk copy engine, counted on bar as they land (the caller has raised bar's expected bytes); the
@@ -2519,12 +2535,15 @@ unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t 
   return blocks >= target ? 1u : 2 * blocks >= target ? 2u : 4u;
 }
 
-template <int kN, int kWG, bool kFp8W = false, int kSpan = 1>
+// kRingStages > 0: the W4A8 prefill form's mbarrier ring of that many slots (kRing, kW4A8RingStages).
+template <int kN, int kWG, bool kFp8W = false, int kSpan = 1, int kRingStages = 0>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
-  constexpr int kStages = wg_stages<kN, kFp8W, kSpan>();
-  constexpr size_t kSmem = wg_smem_bytes<kN, kWG, kFp8W, kSpan>();
+  constexpr bool kRing = kRingStages > 0;
+  constexpr int kStages = kRing ? kRingStages : wg_stages<kN, kFp8W, kSpan>();
+  constexpr size_t kSmem = kRing ? wg_ring_smem_bytes<kWG, kStages>() : wg_smem_bytes<kN, kWG, kFp8W, kSpan>();
+  static_assert(!kRing || blocks_fitting_smem(kSmem) >= wg_min_blocks<kN, kWG, kFp8W, kSpan>(), "the ring fits the blocks an SM");
   static const bool smem_set = [] {
-    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
+    return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan, kRing>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
@@ -2532,7 +2551,7 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
   const unsigned cols = pair * static_cast<unsigned>(blocks_for(g.N, kWgCols * kWG));
   // (Only the W4A8 prefill form reads cols_fast: the kernel's own condition.)
   const bool cols_fast = g.cols_fast && !kFp8W && !wg_decode(kN);
-  launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan>,
+  launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan, kRing>,
          cols_fast ? dim3(cols, static_cast<unsigned>(blocks), quarters) : dim3(static_cast<unsigned>(blocks), cols, quarters),
          kWgThreads * kWG, kSmem, g);
 }
@@ -2727,6 +2746,24 @@ bool w4a8_cols_fast(int64_t tiles) {
 }
 void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 
+// Whether the four-warpgroup prefill kernel hands its ring over through mbarriers (kRing, 5 slots):
+// set_w4a8_ring's choice where set (1 yes, -1 no), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
+// The same bits either way. On an H100 (2026-12-06, layer 0 of the synthetic V4-Flash, ncu at the
+// card's clocks): w1 and w3 2.20 -> 1.98 ms, w2 2.63 -> 2.37, the layer's 8K prefill 16.87-16.93 ->
+// 16.06-16.10 ms in two rounds (120 registers; a first form with 64-bit slot arithmetic, 128
+// registers: w1 2.07, the layer -2.7 to -2.9 %). In that first form 6 slots (copies 4 groups ahead)
+// read 13 % more from L2 and took w1 2.29 ms; the next group's copies issued while the group's
+// wgmma ran, 2.17.
+std::atomic<int> g_w4a8_ring{0};
+bool w4a8_ring() {
+  if (const int n = g_w4a8_ring.load(); n != 0) return n > 0;
+  static const bool on = cuda_feature_on("w4a8_ring");
+  return on;
+}
+void set_w4a8_ring(int n) { g_w4a8_ring.store(n); }
+std::atomic<int64_t> g_w4a8_ring_launches{0};
+int64_t w4a8_ring_launches() { return g_w4a8_ring_launches.load(); }
+
 void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
 void set_w4a8_decode_producer(int n) { g_w4a8_decode_producer.store(n); }
@@ -2767,6 +2804,10 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
         "the W4A8 prefill kernel's warpgroups a block must be 1, 2 or 4"));
     const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
     if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
+    else if (wg == 4 && w4a8_ring()) {
+      launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages>(a, g.max_tiles);
+      g_w4a8_ring_launches.fetch_add(1);
+    }
     else if (wg == 4) launch_w4a8_wgmma<64, 4>(a, g.max_tiles);
     else launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
     return g.out;

@@ -28,6 +28,33 @@ __device__ inline void wgmma_fence_operand(uint32_t& r) { asm volatile("" : "+r"
 // proxy) reads.
 __device__ inline void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// mbarriers in shared memory (CTA scope): set up, arrive (raising the expected bytes of a transaction),
+// and wait for the phase of the given parity to complete.
+__device__ inline void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// The executing thread's earlier cp.async copies arrive on bar when they complete (without raising
+// its expected count: bar counts these arrivals).
+__device__ inline void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
 // Descriptors of operands laid out in 128-byte swizzled atoms (8 rows of 128 bytes, 1024 bytes, the
 // 16-byte pieces of row r at piece index ^ (r % 8)); the atoms must start on 1024-byte boundaries.
 // K-major: rows of 128 bytes along K, 8-row groups 1024 bytes apart (a k-step inside the 128 bytes
