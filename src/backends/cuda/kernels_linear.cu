@@ -1143,7 +1143,9 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // that. The copies run kStages - 2 groups ahead, so that a warpgroup may run up to two groups ahead
 // of the slowest: with a block barrier every group the four warpgroups converted their weights at
 // the same time, their tensor-core work queued behind each other after it.
-template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, bool kRing = false>
+// kRing 2 (experiment): the ring's copy sources advanced a group at a time and its slots and
+// phases counted, as the decode form does, instead of offsets and slots from the group number.
+template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, int kRing = 0>
 __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
   // The decode form: kN = 8 (the plan's items), or 16 for W4A8 (an item with an even tile index
@@ -1304,16 +1306,20 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // kernel advances its sources a slot a call; the prefill kernel (g_lo = 0, kSpan = 1) offsets them
   // by the group, into slot group % kStages (see the launch bounds). kRing: a slot's earlier group
   // released first (its empty barrier), and the copies counted on its full barrier, not committed.
-  constexpr bool kAdvance = kDecode;
+  constexpr bool kAdvance = kDecode || kRing == 2;
   int next_group = g_lo, next_stage_index = 0;
+  uint32_t empty_phase = 1u;  // (kRing 2) the parity of the release waited for at slot next_stage_index
   auto issue = [&] {
     if (next_group < g_hi) {
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
-      const int ring_slot = static_cast<int>(dg) % kStages;  // (kRing; dg < groups)
-      if constexpr (kRing)
+      const int ring_slot = kAdvance ? next_stage_index : static_cast<int>(dg) % kStages;  // (dg < groups)
+      if constexpr (kRing == 2) {
+        if (next_group - g_lo >= kStages) mbar_wait(&ring_empty[ring_slot], empty_phase);
+      } else if constexpr (kRing != 0) {
         if (dg >= kStages) mbar_wait(&ring_empty[ring_slot], static_cast<uint32_t>(static_cast<int>(dg) / kStages - 1) & 1u);
+      }
       const bool weights = next_group - g_lo >= kSpan * prefetched;
-      Stage* slot_st = ring + kSpan * (kAdvance ? next_stage_index : static_cast<int>(dg % kStages));
+      Stage* slot_st = ring + kSpan * ring_slot;
       uint8_t* slot = reinterpret_cast<uint8_t*>(slot_st);
       const bool w_in = next_group + wsub < g_hi;
 #pragma unroll
@@ -1338,9 +1344,10 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         ssrc += 4 * kSpan;
         asrc += g.rows_pad * kSpan;
         next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
+        if (next_stage_index == 0) empty_phase ^= 1u;
       }
       next_group += kSpan;
-      if constexpr (kRing) cp_async_arrive_noinc(&ring_full[ring_slot]);
+      if constexpr (kRing != 0) cp_async_arrive_noinc(&ring_full[ring_slot]);
     }
     if constexpr (!kRing) cp_async_commit();  // (an empty group past the end keeps the wait count uniform)
   };
@@ -1377,18 +1384,23 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // (kRing: the copies two slots fewer ahead, so that the slot refilled held a group two back.)
   for (int i = 0; i < kStages - (kRing ? 2 : 1); ++i) issue();
   int stage_index = 0, quarter_end = w4a8_quarter(q_first + 1, groups);
+  uint32_t full_phase = 0u;  // (kRing 2) the parity of the copies waited for at slot stage_index
   for (int kg0 = g_lo; kg0 < g_hi; kg0 += kSpan) {
-    const int ring_slot = ((kg0 - g_lo) / kSpan) % kStages;
-    if constexpr (kRing) {
-      mbar_wait(&ring_full[ring_slot], static_cast<uint32_t>((kg0 - g_lo) / kStages) & 1u);  // everyone's copies have landed
-      fence_proxy_async_smem();                                                            // and are visible to wgmma's reads
+    const int ring_slot = kAdvance ? stage_index : ((kg0 - g_lo) / kSpan) % kStages;
+    if constexpr (kRing != 0) {
+      // everyone's copies have landed, and are visible to wgmma's reads
+      mbar_wait(&ring_full[ring_slot], kRing == 2 ? full_phase : static_cast<uint32_t>((kg0 - g_lo) / kStages) & 1u);
+      fence_proxy_async_smem();
     } else {
       cp_async_wait<kStages - 2>();  // this thread's copies of the slot of group kg0 have landed
       fence_proxy_async_smem();      // and are visible to wgmma's reads
       __syncthreads();               // everyone's; and everyone is done with the slot refilled next
     }
-    const Stage* slot = ring + kSpan * (kAdvance ? stage_index : ring_slot);
-    if constexpr (kAdvance) stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+    const Stage* slot = ring + kSpan * ring_slot;
+    if constexpr (kAdvance) {
+      stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+      if (stage_index == 0) full_phase ^= 1u;
+    }
     // (W4A8 prefill) The thread's weight and scale words of the group, read before the copies are
     // issued so that the loads' latency passes under them (the tables use the scale words first).
     W4A8GroupWords words{};
@@ -1436,7 +1448,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       }
       w4a8_group_mma_fold<kN, kFp8W>(st.x, a, sw, st.sa, tig, d, acc);
     }
-    if constexpr (kRing) {  // the warp is done with the slot (its wgmma have completed, its reads made)
+    if constexpr (kRing != 0) {  // the warp is done with the slot (its wgmma have completed, its reads made)
       __syncwarp();
       if (lane == 0) mbar_arrive(&ring_empty[ring_slot]);
     }
@@ -2536,9 +2548,9 @@ unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t 
 }
 
 // kRingStages > 0: the W4A8 prefill form's mbarrier ring of that many slots (kRing, kW4A8RingStages).
-template <int kN, int kWG, bool kFp8W = false, int kSpan = 1, int kRingStages = 0>
+template <int kN, int kWG, bool kFp8W = false, int kSpan = 1, int kRingStages = 0, int kRingMode = 1>
 void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
-  constexpr bool kRing = kRingStages > 0;
+  constexpr int kRing = kRingStages > 0 ? kRingMode : 0;
   constexpr int kStages = kRing ? kRingStages : wg_stages<kN, kFp8W, kSpan>();
   constexpr size_t kSmem = kRing ? wg_ring_smem_bytes<kWG, kStages>() : wg_smem_bytes<kN, kWG, kFp8W, kSpan>();
   static_assert(!kRing || blocks_fitting_smem(kSmem) >= wg_min_blocks<kN, kWG, kFp8W, kSpan>(), "the ring fits the blocks an SM");
@@ -2805,7 +2817,10 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
     const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
     if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
     else if (wg == 4 && w4a8_ring()) {
-      launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages>(a, g.max_tiles);
+      static const bool advance = cuda_env_int("SPARROW_CUDA_W4A8_RING_ADVANCE", 0, [](int64_t n) { return n == 0 || n == 1; },
+                                               "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 1;
+      if (advance || g_w4a8_ring.load() == 2) launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 2>(a, g.max_tiles);
+      else launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages>(a, g.max_tiles);
       g_w4a8_ring_launches.fetch_add(1);
     }
     else if (wg == 4) launch_w4a8_wgmma<64, 4>(a, g.max_tiles);

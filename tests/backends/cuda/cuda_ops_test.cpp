@@ -3092,7 +3092,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   const auto tiled_forms = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want, const std::string& what) {
     for (int cols_fast : {1, -1})
       for (int wg : {1, 2, 4})
-        for (int ring : {-1, 1}) {
+        for (int ring : {-1, 1, 2}) {
           if (wg != 4 && ring != -1) continue;
           cuda::set_w4a8_cols_fast(cols_fast);
           cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
