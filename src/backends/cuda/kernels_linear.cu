@@ -1319,7 +1319,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         if (dg >= kStages) mbar_wait(&ring_empty[ring_slot], static_cast<uint32_t>(static_cast<int>(dg) / kStages - 1) & 1u);
       }
       const bool weights = next_group - g_lo >= kSpan * prefetched;
-      Stage* slot_st = ring + kSpan * ring_slot;
+      // (The slot as the forms measured before the advancing ring take it: dg % kStages in 64 bits.)
+      Stage* slot_st = ring + kSpan * (kAdvance ? next_stage_index : static_cast<int>(dg % kStages));
       uint8_t* slot = reinterpret_cast<uint8_t*>(slot_st);
       const bool w_in = next_group + wsub < g_hi;
 #pragma unroll
