@@ -2763,10 +2763,10 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // set_w4a8_ring's choice where set (1 yes, -1 no), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
 // The same bits either way. On an H100 (2026-12-06, layer 0 of the synthetic V4-Flash, ncu at the
 // card's clocks): w1 and w3 2.20 -> 1.98 ms, w2 2.63 -> 2.37, the layer's 8K prefill 16.87-16.93 ->
-// 16.06-16.10 ms in two rounds (120 registers; a first form with 64-bit slot arithmetic, 128
-// registers: w1 2.07, the layer -2.7 to -2.9 %). In that first form 6 slots (copies 4 groups ahead)
-// read 13 % more from L2 and took w1 2.29 ms; the next group's copies issued while the group's
-// wgmma ran, 2.17.
+// 16.06-16.10 ms in two rounds (120 registers; a first form with its barriers' slot and parity
+// from 64-bit divisions, 128 registers: w1 2.07, the layer -2.7 to -2.9 %). In that first form 6
+// slots (copies 4 groups ahead) read 13 % more from L2 and took w1 2.29 ms; the next group's copies
+// issued while the group's wgmma ran, 2.17.
 std::atomic<int> g_w4a8_ring{0};
 bool w4a8_ring() {
   if (const int n = g_w4a8_ring.load(); n != 0) return n > 0;
