@@ -57,7 +57,8 @@ if [ -n "${TESTS:-}" ]; then
     round=$(grep -c '^Repeating all tests' "$log")
     echo "tests stopped after ${limit} s in $(hung_test "$log") (round $((round > 0 ? round : 1)))"
   fi
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is" "$log" | sort | uniq -c | head -40
+  echo "rounds passed: $(grep -c '^\[  PASSED  \]' "$log")"
+  grep -E "^\[  FAILED|Failure|Expected|Which is" "$log" | head -40
   for tool in ${SANITIZE:-}; do
     case $tool in memcheck|racecheck|synccheck|initcheck) ;; *) echo "SANITIZE: no compute-sanitizer tool '$tool' (memcheck, racecheck, synccheck, initcheck)"; continue ;; esac
     slog=/tmp/gpu-probe-$tool.txt

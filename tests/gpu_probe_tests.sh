@@ -8,7 +8,7 @@ set -u
 repo=$1 work=$2
 rm -rf "$work" && mkdir -p "$work/bin/lib" "$work/out"
 # gtest's lines for tests S.A and S.B, --gtest_repeat=N times; STUB_HANG=S.B sleeps in that test in
-# round STUB_HANG_ROUND (default 1).
+# round STUB_HANG_ROUND (default 1); STUB_FAIL=S.A fails that test (and so its round).
 cat >"$work/bin/sparrow_cuda_tests" <<'STUB'
 #!/usr/bin/env bash
 n=1
@@ -18,9 +18,13 @@ for ((r = 1; r <= n; r++)); do
   for t in S.A S.B; do
     echo "[ RUN      ] $t"
     if [ "$t" = "${STUB_HANG:-}" ] && [ "$r" -eq "${STUB_HANG_ROUND:-1}" ]; then sleep 30; fi
-    echo "[       OK ] $t (1 ms)"
+    if [ "$t" = "${STUB_FAIL:-}" ]; then
+      printf 'x.cpp:1: Failure\nExpected equality of these values:\n[  FAILED  ] %s (1 ms)\n' "$t"
+    else
+      echo "[       OK ] $t (1 ms)"
+    fi
   done
-  echo "[  PASSED  ] 2 tests."
+  if [ -n "${STUB_FAIL:-}" ]; then echo "[  FAILED  ] 1 test, listed below:"; else echo "[  PASSED  ] 2 tests."; fi
 done
 STUB
 cat >"$work/bin/compute-sanitizer" <<'STUB'
@@ -40,7 +44,11 @@ expect() {  # expect NAME LINE: the log of NAME holds LINE (a fixed string)
 }
 probe repeat TEST_REPEAT=3
 expect repeat "tests rc=0"
-expect repeat "      3 [  PASSED  ] 2 tests."
+expect repeat "rounds passed: 3"
+probe failing STUB_FAIL=S.A TEST_REPEAT=2
+expect failing "rounds passed: 0"
+expect failing "x.cpp:1: Failure"
+expect failing "[  FAILED  ] S.A (1 ms)"
 probe hang STUB_HANG=S.B STUB_HANG_ROUND=2 TEST_REPEAT=3 TEST_TIMEOUT=2
 expect hang "tests rc=124"
 expect hang "tests stopped after 2 s in S.B (round 2)"

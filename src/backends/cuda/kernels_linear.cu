@@ -1142,7 +1142,8 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // barrier once the warp's wgmma and fold have read it; a thread refills a slot after waiting for
 // that. The copies run kStages - 2 groups ahead, so that a warpgroup may run up to two groups ahead
 // of the slowest: with a block barrier every group the four warpgroups converted their weights at
-// the same time, their tensor-core work queued behind each other after it.
+// the same time, their tensor-core work queued behind each other after it (our reading of ncu's
+// counters: 0.95 eligible warps of 4 a scheduler, none in half the cycles).
 // kRing 2 (experiment): the ring's copy sources advanced a group at a time and its slots and
 // phases counted, as the decode form does, instead of offsets and slots from the group number.
 template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, int kRing = 0>
@@ -2760,20 +2761,32 @@ bool w4a8_cols_fast(int64_t tiles) {
 void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 
 // Whether the four-warpgroup prefill kernel hands its ring over through mbarriers (kRing, 5 slots):
-// set_w4a8_ring's choice where set (1 yes, -1 no), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
+// set_w4a8_ring's choice where set (-1 no, 1 or 2 the form), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
 // The same bits either way. On an H100 (2026-12-06, layer 0 of the synthetic V4-Flash, ncu at the
 // card's clocks): w1 and w3 2.20 -> 1.98 ms, w2 2.63 -> 2.37, the layer's 8K prefill 16.87-16.93 ->
 // 16.06-16.10 ms in two rounds (120 registers; a first form with its barriers' slot and parity
 // from 64-bit divisions, 128 registers: w1 2.07, the layer -2.7 to -2.9 %). In that first form 6
 // slots (copies 4 groups ahead) read 13 % more from L2 and took w1 2.29 ms; the next group's copies
 // issued while the group's wgmma ran, 2.17.
+// The form: 0 the block barrier, 1 the ring, 2 the ring with advancing sources (kRing 2, opt-in by
+// SPARROW_CUDA_W4A8_RING_ADVANCE=1, not yet run on a GPU); set_w4a8_ring's choice wins over both
+// variables.
 std::atomic<int> g_w4a8_ring{0};
-bool w4a8_ring() {
-  if (const int n = g_w4a8_ring.load(); n != 0) return n > 0;
-  static const bool on = cuda_feature_on("w4a8_ring");
-  return on;
+int w4a8_ring_mode() {
+  if (const int n = g_w4a8_ring.load(); n != 0) return n > 0 ? n : 0;
+  static const int mode = [] {
+    if (!cuda_feature_on("w4a8_ring")) return 0;
+    return cuda_env_int("SPARROW_CUDA_W4A8_RING_ADVANCE", 0, [](int64_t n) { return n == 0 || n == 1; },
+                        "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 1
+               ? 2
+               : 1;
+  }();
+  return mode;
 }
-void set_w4a8_ring(int n) { g_w4a8_ring.store(n); }
+void set_w4a8_ring(int n) {
+  SPARROW_CHECK(n >= -1 && n <= 2 && "the W4A8 prefill ring: 0 (default), -1 (off), 1 or 2 (a form)");
+  g_w4a8_ring.store(n);
+}
 std::atomic<int64_t> g_w4a8_ring_launches{0};
 int64_t w4a8_ring_launches() { return g_w4a8_ring_launches.load(); }
 
@@ -2817,14 +2830,11 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
         "the W4A8 prefill kernel's warpgroups a block must be 1, 2 or 4"));
     const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
     if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
-    else if (wg == 4 && w4a8_ring()) {
-      static const bool advance = cuda_env_int("SPARROW_CUDA_W4A8_RING_ADVANCE", 0, [](int64_t n) { return n == 0 || n == 1; },
-                                               "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 1;
-      if (advance || g_w4a8_ring.load() == 2) launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 2>(a, g.max_tiles);
+    else if (const int ring = wg == 4 ? w4a8_ring_mode() : 0; ring != 0) {
+      if (ring == 2) launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 2>(a, g.max_tiles);
       else launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages>(a, g.max_tiles);
       g_w4a8_ring_launches.fetch_add(1);
-    }
-    else if (wg == 4) launch_w4a8_wgmma<64, 4>(a, g.max_tiles);
+    } else if (wg == 4) launch_w4a8_wgmma<64, 4>(a, g.max_tiles);
     else launch_w4a8_wgmma<64, 2>(a, g.max_tiles);
     return g.out;
   }
