@@ -12,7 +12,8 @@
 #
 #   scripts/gpu-check.sh [--bin DIR] [--no-gtest] [--all-reruns] [--synth] [--synth-layers N] [--synth-tokens N] [--logs DIR]
 #     --bin DIR   use sparrow, sparrow_cuda_tests and sparrow_npy_compare from DIR (built elsewhere;
-#                 CUDA runtime linked statically); default: configure and build build-gpu/ here
+#                 CUDA runtime linked statically; shared libraries in DIR/lib are found without
+#                 LD_LIBRARY_PATH); default: configure and build build-gpu/ here
 #     --no-gtest  skip section 1, the sparrow_cuda_tests rows (for a build whose GPU tests passed in an
 #                 earlier call: the CLI, diff, synthetic and needle rows then fit beside a benchmark)
 #     --all-reruns  when tests failed, rerun them under each switch even where they fail with every
@@ -51,6 +52,9 @@ if [ -z "$bin" ]; then
   bin=build-gpu/bin
 fi
 bin=$(cd "$bin" && pwd)
+# The shared libraries carried beside binaries built elsewhere (scripts/prepare-gpu-carry.sh puts
+# them in DIR/lib): found without the caller's LD_LIBRARY_PATH.
+[ -d "$bin/lib" ] && export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SPARROW_FIXTURES_DIR="$root/tests/fixtures"
 
 card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
@@ -65,6 +69,11 @@ row() {
   [ "$2" = PASS ] || failures=$((failures + 1))
   echo "[gpu-check $(( $(date +%s) - start )) s] $2: $1 ($3)" | tee -a "$logs/progress.txt" >&2
 }
+
+# A sparrow that does not start (a library missing) fails every CLI row below; this row names why.
+if ! "$bin/sparrow" --help >/dev/null 2>"$logs/start.log"; then
+  row "$bin/sparrow starts" FAIL "$(grep -v '^$' "$logs/start.log" | tail -1 | cut -c1-200)"
+fi
 
 if [ "$gtest" -eq 1 ]; then
 # 1. Every op against the CPU op, and the gtest parity suite (fixtures, every layer kind, batching).

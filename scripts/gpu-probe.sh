@@ -9,7 +9,8 @@
 #                                         the run is stopped and the test it was in is named (a hang)
 #   SANITIZE='synccheck racecheck'        with TESTS: the filter once under each compute-sanitizer
 #                                         tool (memcheck, racecheck, synccheck, initcheck), each under
-#                                         TEST_TIMEOUT, its error summary printed
+#                                         TEST_TIMEOUT, its error summary printed (and the kernels
+#                                         racecheck's reports name, with their lines' count)
 #   BIN=.gpu-carry                        the folder of the binaries (and lib/)
 #   BENCH='--batches 1,256 --prefill 8k'  sparrow bench on layer 0 of a 1-layer synthetic V4-Flash
 #   BENCH_BINS='sparrow.base sparrow'     the binaries of .gpu-carry the bench runs, in turn (default
@@ -69,6 +70,12 @@ if [ -n "${TESTS:-}" ]; then
     else
       echo "$tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$slog" | tail -1)"
     fi
+    # The kernels its reports name, by how many of their lines do (racecheck reports a hazard in one
+    # of two forms: "Race reported between ... access at K+0x..", "Potential .. hazard" with
+    # "Read Thread (..) at K+0x.."). docs/cuda.md, "compute-sanitizer", says which are expected.
+    grep -E 'Race reported between|^=========     (and )?(Read|Write) (access|Thread)' "$slog" | grep -oE ' at (void )?[^ ].*\+0x[0-9a-f]+' |
+      sed -E 's/^ at (void )?//; s/\+0x[0-9a-f]+$//; s/sparrow::cuda::(<unnamed>::)?//g; s/\([^()]*\)$//' | sort | uniq -c | sort -rn | head -12 |
+      sed "s/^/  $tool names: /"
   done
 fi
 if [ -n "${BENCH:-}" ]; then

@@ -2,7 +2,8 @@
 # scripts/gpu-probe.sh's test options with stand-ins for sparrow_cuda_tests and compute-sanitizer
 # (no GPU needed): TEST_REPEAT passes --gtest_repeat, TEST_TIMEOUT stops a run that hangs and names
 # the test it hung in (and the round), SANITIZE runs each named tool and prints its summary, refuses
-# a tool that does not exist, and names the test a sanitized run hung in.
+# a tool that does not exist, names the kernels racecheck's reports name, and names the test a
+# sanitized run hung in.
 #   tests/gpu_probe_tests.sh REPO WORK_DIR
 set -u
 repo=$1 work=$2
@@ -31,6 +32,15 @@ cat >"$work/bin/compute-sanitizer" <<'STUB'
 #!/usr/bin/env bash
 [ "$1" = --tool ] || exit 9
 shift 2
+if [ -n "${STUB_RACE:-}" ]; then  # racecheck's two report forms, 2 + 1 lines naming k_a, 2 naming k_b
+  echo "========= Error: Race reported between Read access at void ns::k_a<(int)8>(ns::Args)+0x3340"
+  echo "=========     and Write access at void ns::k_a<(int)8>(ns::Args)+0x3710 [180544 hazards]"
+  echo "========= Error: Potential WAR hazard detected at __shared__ 0xc90 in block (6,3,0) :"
+  echo "=========     Read Thread (1,0,0) at void ns::k_b(ns::Args)+0x28b0"
+  echo "=========     Write Thread (128,0,0) at void ns::k_b(ns::Args)+0x7650"
+  echo "=========     Saved host backtrace up to driver entry point at kernel launch time"
+  echo "========= Warning: Race reported between Write access at void ns::k_a<(int)8>(ns::Args)+0x1360"
+fi
 "$@" && echo "========= ERROR SUMMARY: 0 errors"
 STUB
 chmod +x "$work/bin/sparrow_cuda_tests" "$work/bin/compute-sanitizer"
@@ -55,6 +65,9 @@ expect hang "tests stopped after 2 s in S.B (round 2)"
 probe sanitize SANITIZE='racecheck bogus'
 expect sanitize "racecheck: rc=0, ========= ERROR SUMMARY: 0 errors"
 expect sanitize "SANITIZE: no compute-sanitizer tool 'bogus'"
+probe race STUB_RACE=1 SANITIZE=racecheck
+expect race "  racecheck names:       3 ns::k_a<(int)8>"
+expect race "  racecheck names:       2 ns::k_b"
 probe sanitize_hang STUB_HANG=S.A SANITIZE=synccheck TEST_TIMEOUT=2
 expect sanitize_hang "synccheck: stopped after 2 s in S.A"
 exit $fail
