@@ -249,9 +249,10 @@ void set_w4a8_decode_rows(int n);
 void set_w4a8_cols_fast(int n);
 // The four-warpgroup W4A8 prefill kernel's ring: 1 handed over through mbarriers
 // (grouped_w4a8_wgmma_kernel's kRing), its copy sources offset by the group number, 2 the same with
-// its sources advanced a group at a time, -1 a block barrier a group; 0 (the default) form 2, or 1
-// with SPARROW_CUDA_W4A8_RING_ADVANCE=0, or the barrier with SPARROW_CUDA_DISABLE=w4a8_ring. The
-// same bits any way. Process-wide; defined with the kernels.
+// its sources advanced a group at a time, 3 form 2 with each warpgroup's weights of a group by one
+// bulk copy (form 2 where N % 64 != 0), -1 a block barrier a group; 0 (the default) form 2, or 1
+// with SPARROW_CUDA_W4A8_RING_ADVANCE=0, 3 with SPARROW_CUDA_ENABLE=w4a8_ring_bulk, or the barrier with
+// SPARROW_CUDA_DISABLE=w4a8_ring. The same bits any way. Process-wide; defined with the kernels.
 void set_w4a8_ring(int n);
 // The FP8 and bf16 TMA kernels' raster: n > 0 their tiles in groups of n weight tiles, each token
 // tile's group in a row (kernels_linear.cu tma_tile_at), 1 or -1 a weight tile's token tiles in a

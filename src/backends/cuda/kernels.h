@@ -500,8 +500,10 @@ inline constexpr int64_t kW4A8ExpandRows = 160;
 bool w4a8_expanded_takes(const GroupedW4A8Args& g);
 // The expanded form's launches since the process started (test support).
 int64_t w4a8_expanded_launches();
-// The launches of the W4A8 prefill kernel's mbarrier-ring form so far (test support).
+// The launches of the W4A8 prefill kernel's mbarrier-ring forms so far, and of those the form
+// with its weights by bulk copies (kRing 3) (test support).
 int64_t w4a8_ring_launches();
+int64_t w4a8_ring_bulk_launches();
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block

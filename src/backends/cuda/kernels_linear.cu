@@ -1148,6 +1148,11 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // slots and phases counted, as the decode form does, instead of offsets and slots from the group
 // number (kRing 1): on an H100 w1 1.96-1.97 -> 1.93-1.94 ms, 6 % fewer instructions, the 8K prefill
 // layer -0.1 to -0.6 % in five rounds.
+// kRing 3 (opt-in, not yet run on a GPU): kRing 2 with each warpgroup's 64 columns' weights of a
+// group, 4 KB contiguous in the tiled rows (fp4_layout.h), copied by one bulk copy from the
+// warpgroup's first thread and counted on the slot's full barrier as expected bytes (that thread's
+// arrival too: kThreads + kWG arrivals), instead of two 16-byte cp.async pieces from every thread.
+// REQUIRES N % 64 == 0 (w4a8_ring_form falls back to kRing 2 otherwise).
 template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, int kRing = 0>
 __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
@@ -1157,6 +1162,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   static_assert(kN == 8 || (kN == 16 && !kFp8W) || kN == kTiledRows, "8- or 16-row items, or 64-row tiles");
   static_assert(kSpan == 1 || (kDecode && !kFp8W), "slots of several groups: the W4A8 decode kernel only");
   static_assert(!kRing || (!kFp8W && !kDecode && kStages >= 3), "the mbarrier ring: the W4A8 prefill form only");
+  static_assert(kRing != 3 || (fp4_group_step(true) == kWgCols * 64 && kN * kW4A8GroupK % 16 == 0),
+                "a group of a warpgroup's 64 columns is one piece of 4 KB, a stage's weights (after its codes) 16-byte aligned");
   // The experts' items come from the device plan, a kernel's output: wait first, unless the plan was
   // written two launches back or earlier (g.plan_early, the decode kernel only): then the items, the
   // rows and the first weight stages are read before the wait, as the FP8 form (whose weights come
@@ -1177,7 +1184,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   uint64_t* const ring_empty = ring_full + kStages;
   if constexpr (kRing) {
     if (tid == 0) {
-      for (int s = 0; s < kStages; ++s) mbar_init(&ring_full[s], kThreads), mbar_init(&ring_empty[s], kThreads / 32);
+      for (int s = 0; s < kStages; ++s)
+        mbar_init(&ring_full[s], kThreads + (kRing == 3 ? kWG : 0)), mbar_init(&ring_empty[s], kThreads / 32);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
   }
@@ -1310,14 +1318,20 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // prefill kernel's other forms (g_lo = 0, kSpan = 1) offset them by the group, into slot
   // group % kStages (see the launch bounds). kRing: a slot's earlier group released first (its empty
   // barrier), and the copies counted on its full barrier, not committed.
-  constexpr bool kAdvance = kDecode || kRing == 2;
+  constexpr bool kAdvance = kDecode || kRing >= 2;
   int next_group = g_lo, next_stage_index = 0;
-  uint32_t empty_phase = 1u;  // (kRing 2) the parity of the release waited for at slot next_stage_index
+  uint32_t empty_phase = 1u;  // (kRing 2, 3) the parity of the release waited for at slot next_stage_index
+  // (kRing 3) Warpgroup tid / 128's 64 columns' weights of group g_lo: its first thread's bulk copies.
+  const bool bulk_lead = kRing == 3 && tid % kWgThreads == 0;
+  const bool bulk_in = n0 + kWgCols * (tid / kWgThreads) < N;
+  const uint8_t* bulk_src = kRing == 3 && !kFp8W && bulk_in
+                                ? wdata + fp4_offset(true, col_bytes, n0 + kWgCols * (tid / kWgThreads), 0) + group_step * g_lo
+                                : wdata;
   auto issue = [&] {
     if (next_group < g_hi) {
       const int64_t dg = kAdvance ? 0 : next_group - g_lo;
       const int ring_slot = kAdvance ? next_stage_index : static_cast<int>(dg) % kStages;  // (dg < groups)
-      if constexpr (kRing == 2) {
+      if constexpr (kRing >= 2) {
         if (next_group - g_lo >= kStages) mbar_wait(&ring_empty[ring_slot], empty_phase);
       } else if constexpr (kRing != 0) {
         if (dg >= kStages) mbar_wait(&ring_empty[ring_slot], static_cast<uint32_t>(static_cast<int>(dg) / kStages - 1) & 1u);
@@ -1326,11 +1340,20 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
       // (The slot as the forms measured before the advancing ring take it: dg % kStages in 64 bits.)
       Stage* slot_st = ring + kSpan * (kAdvance ? next_stage_index : static_cast<int>(dg % kStages));
       uint8_t* slot = reinterpret_cast<uint8_t*>(slot_st);
-      const bool w_in = next_group + wsub < g_hi;
+      if constexpr (kRing == 3) {
+        if (bulk_lead) {
+          constexpr uint32_t kBytes = kWgCols * 64;
+          mbar_arrive_expect_tx(&ring_full[ring_slot], bulk_in ? kBytes : 0u);
+          if (bulk_in) bulk_copy_to_smem<false>(slot_st->w + kBytes * (tid / kWgThreads), bulk_src, kBytes, &ring_full[ring_slot]);
+        }
+        bulk_src += group_step;
+      } else {
+        const bool w_in = next_group + wsub < g_hi;
 #pragma unroll
-      for (int i = 0; i < kWPieces; ++i) {
-        if (weights) cp_async(slot + wdst[i], wsrc[i] + group_step * dg, wok[i] && w_in, 16);
-        if constexpr (kAdvance) wsrc[i] += slot_step;
+        for (int i = 0; i < kWPieces; ++i) {
+          if (weights) cp_async(slot + wdst[i], wsrc[i] + group_step * dg, wok[i] && w_in, 16);
+          if constexpr (kAdvance) wsrc[i] += slot_step;
+        }
       }
 #pragma unroll
       for (int i = 0; i < kXPieces; ++i)
@@ -1389,12 +1412,12 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // (kRing: the copies two slots fewer ahead, so that the slot refilled held a group two back.)
   for (int i = 0; i < kStages - (kRing ? 2 : 1); ++i) issue();
   int stage_index = 0, quarter_end = w4a8_quarter(q_first + 1, groups);
-  uint32_t full_phase = 0u;  // (kRing 2) the parity of the copies waited for at slot stage_index
+  uint32_t full_phase = 0u;  // (kRing 2, 3) the parity of the copies waited for at slot stage_index
   for (int kg0 = g_lo; kg0 < g_hi; kg0 += kSpan) {
     const int ring_slot = kAdvance ? stage_index : ((kg0 - g_lo) / kSpan) % kStages;
     if constexpr (kRing != 0) {
       // everyone's copies have landed, and are visible to wgmma's reads
-      mbar_wait(&ring_full[ring_slot], kRing == 2 ? full_phase : static_cast<uint32_t>((kg0 - g_lo) / kStages) & 1u);
+      mbar_wait(&ring_full[ring_slot], kRing >= 2 ? full_phase : static_cast<uint32_t>((kg0 - g_lo) / kStages) & 1u);
       fence_proxy_async_smem();
     } else {
       cp_async_wait<kStages - 2>();  // this thread's copies of the slot of group kg0 have landed
@@ -2024,17 +2047,6 @@ __host__ __device__ constexpr int ws_min_blocks() {
   const int regs = 65536 / (kWsThreads * ws_regs<kN, kSpan>());
   return fit < regs ? fit : regs;
 }
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst by the
-// bulk copy engine, counted on bar as they land (the caller has raised bar's expected bytes); the
-// lines read marked first to leave L2 (streamed weights, read once a step).
-__device__ inline void bulk_copy_to_smem_evict_first(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
 
 template <int kN, int kSpan>
 __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
@@ -2118,7 +2130,7 @@ __global__ void __launch_bounds__(kWsThreads, (ws_min_blocks<kN, kSpan>()))
         // The slot's groups below g_hi (the rest of a last slot is never read).
         const uint32_t bytes = static_cast<uint32_t>(min(kSpan, g_hi - gs)) * kWgCols * 64;
         mbar_arrive_expect_tx(&full[it % kStages], bytes);
-        bulk_copy_to_smem_evict_first(slot->w, wsrc + static_cast<int64_t>(gs) * kWgCols * 64, bytes, &full[it % kStages]);
+        bulk_copy_to_smem<true>(slot->w, wsrc + static_cast<int64_t>(gs) * kWgCols * 64, bytes, &full[it % kStages]);
       }
 #pragma unroll
       for (int sub = 0; sub < kSpan; ++sub)
@@ -2774,13 +2786,16 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // The form: 0 the block barrier, 1 the ring with sources offset by the group number, 2 the ring with
 // advancing sources (kRing 2, the default; SPARROW_CUDA_W4A8_RING_ADVANCE=0 for 1: on an H100
 // 2026-12-06, w1 1.96-1.97 ms for 1 against 1.93-1.94 for 2, 1.17 G against 1.10 G instructions, the
-// layer's 8K prefill -0.1 to -0.6 % for 2 in five rounds); set_w4a8_ring's choice wins over both
-// variables.
+// layer's 8K prefill -0.1 to -0.6 % for 2 in five rounds), 3 form 2 with the weights by bulk
+// copies (opt-in by SPARROW_CUDA_ENABLE=w4a8_ring_bulk, not yet run on a GPU; form 2 where
+// N % 64 != 0, which the MoE's wgmma path never has: its N is the other projection's K);
+// set_w4a8_ring's choice wins over the variables.
 std::atomic<int> g_w4a8_ring{0};
 int w4a8_ring_mode() {
   if (const int n = g_w4a8_ring.load(); n != 0) return n > 0 ? n : 0;
   static const int mode = [] {
     if (!cuda_feature_on("w4a8_ring")) return 0;
+    if (cuda_feature_enabled("w4a8_ring_bulk")) return 3;
     return cuda_env_int("SPARROW_CUDA_W4A8_RING_ADVANCE", 1, [](int64_t n) { return n == 0 || n == 1; },
                         "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 1
                ? 2
@@ -2789,11 +2804,12 @@ int w4a8_ring_mode() {
   return mode;
 }
 void set_w4a8_ring(int n) {
-  SPARROW_CHECK(n >= -1 && n <= 2 && "the W4A8 prefill ring: 0 (default), -1 (off), 1 or 2 (a form)");
+  SPARROW_CHECK(n >= -1 && n <= 3 && "the W4A8 prefill ring: 0 (default), -1 (off), 1, 2 or 3 (a form)");
   g_w4a8_ring.store(n);
 }
-std::atomic<int64_t> g_w4a8_ring_launches{0};
+std::atomic<int64_t> g_w4a8_ring_launches{0}, g_w4a8_ring_bulk_launches{0};
 int64_t w4a8_ring_launches() { return g_w4a8_ring_launches.load(); }
+int64_t w4a8_ring_bulk_launches() { return g_w4a8_ring_bulk_launches.load(); }
 
 void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
@@ -2836,8 +2852,14 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
     const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
     if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
     else if (const int ring = wg == 4 ? w4a8_ring_mode() : 0; ring != 0) {
-      if (ring == 2) launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 2>(a, g.max_tiles);
-      else launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages>(a, g.max_tiles);
+      if (ring == 3 && g.N % kWgCols == 0) {
+        launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 3>(a, g.max_tiles);
+        g_w4a8_ring_bulk_launches.fetch_add(1);
+      } else if (ring >= 2) {
+        launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 2>(a, g.max_tiles);
+      } else {
+        launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages>(a, g.max_tiles);
+      }
       g_w4a8_ring_launches.fetch_add(1);
     } else if (wg == 4) launch_w4a8_wgmma<64, 4>(a, g.max_tiles);
     else launch_w4a8_wgmma<64, 2>(a, g.max_tiles);

@@ -39,6 +39,24 @@ __device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ inline void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst by the
+// bulk copy engine, counted on bar as they land (the caller has raised bar's expected bytes);
+// kEvictFirst marks the lines read first to leave L2 (weights read once a step).
+template <bool kEvictFirst>
+__device__ inline void bulk_copy_to_smem(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  if constexpr (kEvictFirst) {
+    asm volatile(
+        "{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        : "memory");
+  } else {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+  }
+}
 __device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   do {
