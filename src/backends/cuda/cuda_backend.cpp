@@ -17,10 +17,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 
@@ -58,12 +60,11 @@ void launch_check(const char* what) {
 
 namespace {
 
-// The comma-separated names in environment variable `var`.
-std::vector<std::string> env_names(const char* var) {
+// The comma-separated names in `list` (null: none).
+std::vector<std::string> split_names(const char* list) {
   std::vector<std::string> out;
-  const char* v = std::getenv(var);
   std::string cur;
-  for (const char* c = v ? v : ""; ; ++c) {
+  for (const char* c = list ? list : ""; ; ++c) {
     if (*c == ',' || *c == '\0') {
       if (!cur.empty()) out.push_back(cur);
       cur.clear();
@@ -72,6 +73,31 @@ std::vector<std::string> env_names(const char* var) {
       cur += *c;
     }
   }
+  return out;
+}
+std::vector<std::string> env_names(const char* var) { return split_names(std::getenv(var)); }
+
+// Every name cuda_feature_on and cuda_feature_enabled are asked about (kernels.h says what each
+// switches). CTest cuda_feature_names checks these lists against the names the sources ask about.
+constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
+    "act_quant_half", "act_quant_shared", "alloc_nofill", "argmax", "async_upload", "attn_bf16_kv", "attn_dims",
+    "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wgmma", "bf16_f32_in",
+    "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
+    "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
+    "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",
+    "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
+    "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
+    "w4a8_ring", "w4a8_tiled", "w4a8_wgmma"};
+constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "kv_record", "w4a8_expand", "w4a8_ring_bulk"};  // SPARROW_CUDA_ENABLE
+
+template <size_t N>
+bool listed(const std::string_view (&names)[N], std::string_view name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+template <size_t N>
+std::string joined(const std::string_view (&names)[N]) {
+  std::string out;
+  for (std::string_view n : names) out += (out.empty() ? "" : ", ") + std::string(n);
   return out;
 }
 
@@ -91,6 +117,25 @@ bool cuda_feature_on(const char* name) {
 bool cuda_feature_enabled(const char* name) {
   static const std::vector<std::string> enabled = env_names("SPARROW_CUDA_ENABLE");
   return std::find(enabled.begin(), enabled.end(), name) != enabled.end();
+}
+Status check_feature_names(const char* disable, const char* enable) {
+  for (const std::string& n : split_names(disable)) {
+    if (listed(kCudaSwitches, n)) continue;
+    if (listed(kCudaOptIns, n))
+      return Status::invalid_argument("SPARROW_CUDA_DISABLE names '" + n + "', a path that is off by default: SPARROW_CUDA_ENABLE=" + n +
+                                      " turns it on");
+    return Status::invalid_argument("SPARROW_CUDA_DISABLE names '" + n + "', which this build has no switch for (docs/cuda.md); its switches: " +
+                                    joined(kCudaSwitches));
+  }
+  for (const std::string& n : split_names(enable)) {
+    if (listed(kCudaOptIns, n)) continue;
+    if (listed(kCudaSwitches, n))
+      return Status::invalid_argument("SPARROW_CUDA_ENABLE names '" + n + "', a path that is on by default (SPARROW_CUDA_DISABLE=" + n +
+                                      " turns it off)");
+    return Status::invalid_argument("SPARROW_CUDA_ENABLE names '" + n + "', which this build has no opt-in path for (docs/cuda.md); its opt-ins: " +
+                                    joined(kCudaOptIns));
+  }
+  return Status::ok();
 }
 int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), const char* rule) {
   const char* v = std::getenv(var);
@@ -2329,6 +2374,9 @@ ActQuantFp8Rows act_quant_fp8_rows(const void* rows, DType dtype, int64_t n, int
 }  // namespace cuda
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend() {
+  // A misspelt switch would change nothing: refused before anything runs.
+  if (Status st = cuda::check_feature_names(std::getenv("SPARROW_CUDA_DISABLE"), std::getenv("SPARROW_CUDA_ENABLE")); !st.is_ok())
+    return st;
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {

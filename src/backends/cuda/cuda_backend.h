@@ -327,6 +327,10 @@ void set_indexer_mma_tiles(Backend& backend, int tiles);
 // Whether SPARROW_CUDA_DISABLE leaves the switchable path `name` on (the list: kernels.h).
 bool cuda_feature_on(const char* name);
 bool cuda_feature_enabled(const char* name);
+// Whether the comma-separated names of SPARROW_CUDA_DISABLE (`disable`) and SPARROW_CUDA_ENABLE
+// (`enable`) are all this build's switches and opt-ins (null: none): else invalid_argument naming
+// the first that is not, and what it may be instead. make_cuda_backend refuses to start on that.
+Status check_feature_names(const char* disable, const char* enable);
 
 // Test support: whether the last `linear` or `grouped_linear` call ran the vectorized kernel of the fast profiles
 // (kernels.h, LinearArgs::vectorized) rather than the element-wise one.

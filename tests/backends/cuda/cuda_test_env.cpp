@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "ops/backend.h"
+#include "runtime/backend_factory.h"
 #include "cuda_test_util.h"
 
 namespace sparrow {
@@ -34,6 +36,44 @@ TEST(CudaTestEnv, AllocationsArePoisonedUnlessTheCallerSaysOtherwise) {
   int64_t not_nan = 0;
   for (float x : got) not_nan += !std::isnan(x);
   EXPECT_EQ(not_nan, 0) << "of " << got.size() << " elements of a fresh tensor";
+}
+
+// SPARROW_CUDA_DISABLE / SPARROW_CUDA_ENABLE name only this build's switches and opt-ins: a
+// misspelt name, or one given to the wrong variable, is refused with what it may be instead (no
+// GPU needed).
+TEST(CudaTestEnv, FeatureNamesAreCheckedAgainstTheBuildsLists) {
+  EXPECT_TRUE(cuda::check_feature_names(nullptr, nullptr).is_ok());
+  EXPECT_TRUE(cuda::check_feature_names("", ",").is_ok());
+  EXPECT_TRUE(cuda::check_feature_names("graphs,pdl,,w4a8_ring", "kv_record,w4a8_ring_bulk,").is_ok());
+  const auto refused = [](const char* disable, const char* enable, const std::string& says) {
+    const Status st = cuda::check_feature_names(disable, enable);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << (disable ? disable : "-") << " / " << (enable ? enable : "-");
+    EXPECT_NE(st.message().find(says), std::string::npos) << st.message();
+  };
+  refused("pdl,graph", nullptr, "SPARROW_CUDA_DISABLE names 'graph', which this build has no switch for");
+  refused("graph", nullptr, "graphs");  // the list it prints
+  refused("kv_record", nullptr, "SPARROW_CUDA_ENABLE=kv_record turns it on");
+  refused(nullptr, "w4a8_ring", "SPARROW_CUDA_DISABLE=w4a8_ring turns it off");
+  refused("pdl", "kv_recrod", "SPARROW_CUDA_ENABLE names 'kv_recrod', which this build has no opt-in path for");
+  refused(nullptr, "Graphs", "no opt-in path for");  // (names are case-sensitive)
+}
+
+// The backend refuses to start on such a name, before it looks for a device (so the same on a
+// machine without one), and starts (or is refused for want of a device) once the name is mended.
+TEST(CudaTestEnv, TheBackendRefusesAnUnknownSwitch) {
+  const char* had = std::getenv("SPARROW_CUDA_DISABLE");
+  const std::string before = had ? had : "";
+  setenv("SPARROW_CUDA_DISABLE", "pdl,grpahs", 1);
+  auto be = backend_create("cuda");
+  if (had) setenv("SPARROW_CUDA_DISABLE", before.c_str(), 1);
+  else unsetenv("SPARROW_CUDA_DISABLE");
+  ASSERT_FALSE(be.is_ok());
+  EXPECT_EQ(be.status().code(), StatusCode::kInvalidArgument) << be.status().message();
+  EXPECT_NE(be.status().message().find("'grpahs'"), std::string::npos) << be.status().message();
+  auto mended = backend_create("cuda");
+  if (!mended.is_ok()) {
+    EXPECT_NE(mended.status().code(), StatusCode::kInvalidArgument) << mended.status().message();
+  }
 }
 
 }  // namespace
