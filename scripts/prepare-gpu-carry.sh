@@ -3,7 +3,8 @@
 # for sm_90a; CUDA runtime static) and copies them, with the shared libraries the GPU machine's
 # image lacks (cpp-httplib and brotli, which Debian ships only as shared libraries), into
 # .gpu-carry/. Name `.gpu-carry` in the device tool's `carry`; scripts/gpu-check.sh --bin .gpu-carry,
-# bench/run_device.sh and tools/serve_check.py use it, after `export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib`.
+# scripts/gpu-probe.sh and bench/run_device.sh use it and find .gpu-carry/lib themselves;
+# tools/serve_check.py and a binary run by hand after `export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib`.
 # .gpu-carry/ must be ignored by git (`echo /.gpu-carry/ >> .git/info/exclude`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
