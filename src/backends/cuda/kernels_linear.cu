@@ -1152,7 +1152,7 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // group, 4 KB contiguous in the tiled rows (fp4_layout.h), copied by one bulk copy from the
 // warpgroup's first thread and counted on the slot's full barrier as expected bytes (that thread's
 // arrival too: kThreads + kWG arrivals), instead of two 16-byte cp.async pieces from every thread.
-// REQUIRES N % 64 == 0 (w4a8_ring_form falls back to kRing 2 otherwise).
+// REQUIRES N % 64 == 0 (launch_grouped_w4a8 takes kRing 2 otherwise).
 template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, int kRing = 0>
 __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
