@@ -1155,6 +1155,11 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // (A bulk form of the block-barrier kernel at two warpgroups was 0.3-1.7 % slower, H200 2026-12-06:
 // the mbarrier wait it added beside the block barrier; the ring waits on its full barrier anyway.)
 // REQUIRES N % 64 == 0 (launch_grouped_w4a8 takes kRing 2 otherwise).
+// (kRing 3, w4a8_decode_ws_kernel) In the tiled rows, row n0 + j's bytes 64 kg .. 64 kg + 63 (n0 a
+// multiple of 64) lie at row n0's byte 0 + 4096 kg + 64 j: a group of 64 rows is one 4 KB piece.
+static_assert(fp4_offset(true, 2048, 64 * 3 + 17, 64 * 5 + 9) == fp4_offset(true, 2048, 64 * 3, 0) + 4096 * 5 + 64 * 17 + 9 &&
+                  fp4_offset(true, 1024, 64 + 63, 64 * 15 + 63) == fp4_offset(true, 1024, 64, 0) + 4096 * 15 + 64 * 63 + 63,
+              "a group of 64 tiled rows is one contiguous 4 KB piece");
 template <int kN, int kWG, int kStages, bool kFp8W = false, int kSpan = 1, int kRing = 0>
 __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8W, kSpan>()))
     grouped_w4a8_wgmma_kernel(GroupedW4A8Args g) {
