@@ -119,23 +119,24 @@ bool cuda_feature_enabled(const char* name) {
   return std::find(enabled.begin(), enabled.end(), name) != enabled.end();
 }
 Status check_feature_names(const char* disable, const char* enable) {
-  for (const std::string& n : split_names(disable)) {
-    if (listed(kCudaSwitches, n)) continue;
-    if (listed(kCudaOptIns, n))
-      return Status::invalid_argument("SPARROW_CUDA_DISABLE names '" + n + "', a path that is off by default: SPARROW_CUDA_ENABLE=" + n +
-                                      " turns it on");
-    return Status::invalid_argument("SPARROW_CUDA_DISABLE names '" + n + "', which this build has no switch for (docs/cuda.md); its switches: " +
-                                    joined(kCudaSwitches));
-  }
-  for (const std::string& n : split_names(enable)) {
-    if (listed(kCudaOptIns, n)) continue;
-    if (listed(kCudaSwitches, n))
-      return Status::invalid_argument("SPARROW_CUDA_ENABLE names '" + n + "', a path that is on by default (SPARROW_CUDA_DISABLE=" + n +
-                                      " turns it off)");
-    return Status::invalid_argument("SPARROW_CUDA_ENABLE names '" + n + "', which this build has no opt-in path for (docs/cuda.md); its opt-ins: " +
-                                    joined(kCudaOptIns));
-  }
-  return Status::ok();
+  // Every name of `names` (variable `var`) in `own` (its `kinds`); one in `other` is a path that is
+  // `by_default`, which `other_var` turns `to`.
+  const auto check = [](const char* names, const std::string& var, const auto& own, const char* kinds, const auto& other,
+                        const std::string& other_var, const char* by_default, const char* to) -> Status {
+    for (const std::string& n : split_names(names)) {
+      if (listed(own, n)) continue;
+      if (listed(other, n))
+        return Status::invalid_argument(var + " names '" + n + "', a path that is " + by_default + " by default: " + other_var + "=" +
+                                        n + " turns it " + to);
+      return Status::invalid_argument(var + " names '" + n + "', which is none of this build's " + kinds + " (docs/cuda.md): " +
+                                      joined(own));
+    }
+    return Status::ok();
+  };
+  if (Status st = check(disable, "SPARROW_CUDA_DISABLE", kCudaSwitches, "switches", kCudaOptIns, "SPARROW_CUDA_ENABLE", "off", "on");
+      !st.is_ok())
+    return st;
+  return check(enable, "SPARROW_CUDA_ENABLE", kCudaOptIns, "opt-in paths", kCudaSwitches, "SPARROW_CUDA_DISABLE", "on", "off");
 }
 int64_t cuda_env_int(const char* var, int64_t fallback, bool (*ok)(int64_t), const char* rule) {
   const char* v = std::getenv(var);

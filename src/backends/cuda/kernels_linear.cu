@@ -1331,7 +1331,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // (kRing 3) Warpgroup tid / 128's 64 columns' weights of group g_lo: its first thread's bulk copies.
   const bool bulk_lead = kRing == 3 && tid % kWgThreads == 0;
   const bool bulk_in = n0 + kWgCols * (tid / kWgThreads) < N;
-  const uint8_t* bulk_src = kRing == 3 && !kFp8W && bulk_in
+  const uint8_t* bulk_src = kRing == 3 && bulk_in
                                 ? wdata + fp4_offset(true, col_bytes, n0 + kWgCols * (tid / kWgThreads), 0) + group_step * g_lo
                                 : wdata;
   auto issue = [&] {
@@ -2783,7 +2783,7 @@ bool w4a8_cols_fast(int64_t tiles) {
 void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 
 // Whether the four-warpgroup prefill kernel hands its ring over through mbarriers (kRing, 5 slots):
-// set_w4a8_ring's choice where set (-1 no, 1 or 2 the form), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
+// set_w4a8_ring's choice where set (-1 no, 1, 2 or 3 the form), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
 // The same bits either way. On an H100 (2026-12-06, layer 0 of the synthetic V4-Flash, ncu at the
 // card's clocks): w1 and w3 2.20 -> 1.98 ms, w2 2.63 -> 2.37, the layer's 8K prefill 16.87-16.93 ->
 // 16.06-16.10 ms in two rounds (120 registers; a first form with its barriers' slot and parity

@@ -39,6 +39,21 @@ __device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ inline void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// The executing thread's earlier cp.async copies arrive on bar when they complete (without raising
+// its expected count: bar counts these arrivals).
+__device__ inline void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst by the
 // bulk copy engine, counted on bar as they land (the caller has raised bar's expected bytes);
 // kEvictFirst marks the lines read first to leave L2 (weights read once a step).
@@ -56,21 +71,6 @@ __device__ inline void bulk_copy_to_smem(void* dst, const void* src, uint32_t by
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
   }
-}
-__device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-// The executing thread's earlier cp.async copies arrive on bar when they complete (without raising
-// its expected count: bar counts these arrivals).
-__device__ inline void cp_async_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
 // Descriptors of operands laid out in 128-byte swizzled atoms (8 rows of 128 bytes, 1024 bytes, the

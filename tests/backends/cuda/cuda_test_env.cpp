@@ -50,12 +50,12 @@ TEST(CudaTestEnv, FeatureNamesAreCheckedAgainstTheBuildsLists) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << (disable ? disable : "-") << " / " << (enable ? enable : "-");
     EXPECT_NE(st.message().find(says), std::string::npos) << st.message();
   };
-  refused("pdl,graph", nullptr, "SPARROW_CUDA_DISABLE names 'graph', which this build has no switch for");
+  refused("pdl,graph", nullptr, "SPARROW_CUDA_DISABLE names 'graph', which is none of this build's switches");
   refused("graph", nullptr, "graphs");  // the list it prints
   refused("kv_record", nullptr, "SPARROW_CUDA_ENABLE=kv_record turns it on");
   refused(nullptr, "w4a8_ring", "SPARROW_CUDA_DISABLE=w4a8_ring turns it off");
-  refused("pdl", "kv_recrod", "SPARROW_CUDA_ENABLE names 'kv_recrod', which this build has no opt-in path for");
-  refused(nullptr, "Graphs", "no opt-in path for");  // (names are case-sensitive)
+  refused("pdl", "kv_recrod", "SPARROW_CUDA_ENABLE names 'kv_recrod', which is none of this build's opt-in paths");
+  refused(nullptr, "Graphs", "none of this build's opt-in paths");  // (names are case-sensitive)
 }
 
 // The backend refuses to start on such a name, before it looks for a device (so the same on a
