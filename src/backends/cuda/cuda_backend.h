@@ -250,10 +250,15 @@ void set_w4a8_cols_fast(int n);
 // The four-warpgroup W4A8 prefill kernel's ring: 1 handed over through mbarriers
 // (grouped_w4a8_wgmma_kernel's kRing), its copy sources offset by the group number, 2 the same with
 // its sources advanced a group at a time, 3 form 2 with each warpgroup's weights of a group by one
-// bulk copy (form 2 where N % 64 != 0), -1 a block barrier a group; 0 (the default) form 2, or 1
-// with SPARROW_CUDA_W4A8_RING_ADVANCE=0, 3 with SPARROW_CUDA_ENABLE=w4a8_ring_bulk, or the barrier with
+// bulk copy (form 2 where N % 64 != 0), 4 form 3 in a persistent grid (a block an SM taking tile
+// after tile; form 3 where K has fewer than 3 groups of 128), -1 a block barrier a group; 0 (the
+// default) form 3, or 4 with SPARROW_CUDA_ENABLE=w4a8_persistent, 2 with
+// SPARROW_CUDA_DISABLE=w4a8_ring_bulk, 1 with SPARROW_CUDA_W4A8_RING_ADVANCE=0, or the barrier with
 // SPARROW_CUDA_DISABLE=w4a8_ring. The same bits any way. Process-wide; defined with the kernels.
 void set_w4a8_ring(int n);
+// Ring form 4's grid: at most n blocks (n > 0; the tests make blocks take several tiles), or 0 one
+// block an SM (the default). The same bits any way. Process-wide; defined with the kernels.
+void set_w4a8_persistent_grid(int n);
 // The FP8 and bf16 TMA kernels' raster: n > 0 their tiles in groups of n weight tiles, each token
 // tile's group in a row (kernels_linear.cu tma_tile_at), 1 or -1 a weight tile's token tiles in a
 // row; 0 (the default) takes SPARROW_CUDA_TMA_RASTER_GROUP's where set (1 to 64), else a choice by

@@ -156,8 +156,9 @@ struct DevView {
 // kernels, where a block sums all of K, writes each row's outputs straight into the combine's
 // slots; off: into rows of their own, then expert_scatter_kernel copies them there; the same bits),
 // "w4a8_ring" (the four-warpgroup W4A8 prefill kernel's ring handed over through mbarriers, each
-// warp a few groups apart from the others; off: a block barrier a group, the same bits)
-// and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
+// warp a few groups apart from the others; off: a block barrier a group, the same bits),
+// "w4a8_ring_bulk" (that ring's weights, each warpgroup's 4 KB of a group, by one bulk copy; off:
+// every thread's two 16-byte cp.async pieces, the same bits) and "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
@@ -168,9 +169,9 @@ bool cuda_feature_on(const char* name);
 // routed experts' tiled projections, where the experts average kW4A8ExpandRows rows or more, on the
 // expanded form: each expert's MXFP4 weights written once as e5m2 bytes, then the FP8 TMA kernel's
 // tiles, GroupedW4A8Args::expanded; the same bits, an SWA layer's 8K prefill 4.5-5 % slower on an
-// H100, 2026-12-06: docs/perf.md, fiftieth session) and "w4a8_ring_bulk" (the W4A8 prefill ring's
-// weights by bulk copies, its form 3: the same bits by construction, not yet run on a GPU). Read
-// once per process. A name in either variable that is not one of these lists
+// H100, 2026-12-06: docs/perf.md, fiftieth session) and "w4a8_persistent" (the W4A8 prefill ring's
+// persistent form, ring form 4: a block an SM taking tile after tile, the next tile's first copies
+// under the current one's last groups; the same bits). Read once per process. A name in either variable that is not one of these lists
 // (cuda_backend.cpp kCudaSwitches, kCudaOptIns) makes make_cuda_backend refuse to start.
 bool cuda_feature_enabled(const char* name);
 // The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):
@@ -507,6 +508,8 @@ int64_t w4a8_expanded_launches();
 // with its weights by bulk copies (kRing 3) (test support).
 int64_t w4a8_ring_launches();
 int64_t w4a8_ring_bulk_launches();
+// The W4A8 prefill kernel's persistent form's launches (ring form 4, grouped_w4a8_persistent_kernel).
+int64_t w4a8_persistent_launches();
 // out [rows_total, N] = the FP8 linear of the dense fields above, with the W4A8 wgmma kernels'
 // arithmetic (a group's 128 products summed by the tensor core, acc = fma(d, sw * sa, acc) group by
 // group within each quarter of the groups, the quarters added in order; sw the weight's block

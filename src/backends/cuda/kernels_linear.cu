@@ -943,6 +943,25 @@ __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, ui
 // c >= 2), past the ends left out. finish_quarter(): a quarter of the
 // groups done: split, its sum acc to the quarter's slice; else added to the finished quarters' sum
 // (total, this thread's slots `stride` apart) in order; acc zeroed.
+// A quarter's sum acc added to the finished quarters' (total, this thread's slots `stride` apart;
+// quarter 0 writes them), in order; acc zeroed. Eight slots at a time in the 64-row forms (the
+// compiler barrier keeps ptxas from loading all 32 sums at once: 128 registers and 8 / 28 bytes
+// spilled in the W4A8 / FP8 prefill forms, 120 / 123 and none this way); the decode forms as they
+// were (there the chunks spilled).
+template <int kAcc>
+__device__ inline void w4a8_finish_quarter(float* total, int stride, int quarter, float (&acc)[kAcc]) {
+  constexpr int kChunk = kAcc >= 32 ? 8 : kAcc;
+#pragma unroll
+  for (int r0 = 0; r0 < kAcc; r0 += kChunk) {
+#pragma unroll
+    for (int r = r0; r < r0 + kChunk; ++r) {
+      float& s = total[r * stride];
+      s = quarter == 0 ? acc[r] : s + acc[r];
+      acc[r] = 0.0f;
+    }
+    if constexpr (kAcc >= 32) asm volatile("" ::: "memory");
+  }
+}
 template <int kN>
 struct W4A8BlockOut {
   int64_t t0, R, r0, ld;
@@ -970,20 +989,7 @@ struct W4A8BlockOut {
 #pragma unroll
       for (int r = 0; r < kN / 2; ++r) acc[r] = 0.0f;
     } else {
-      // Eight slots at a time in the 64-row forms (the compiler barrier keeps ptxas from loading all
-      // 32 sums at once: 128 registers and 8 / 28 bytes spilled in the W4A8 / FP8 prefill forms,
-      // 120 / 123 and none this way); the decode forms as they were (there the chunks spilled).
-      constexpr int kChunk = kN >= 64 ? 8 : kN / 2;
-#pragma unroll
-      for (int r0 = 0; r0 < kN / 2; r0 += kChunk) {
-#pragma unroll
-        for (int r = r0; r < r0 + kChunk; ++r) {
-          float& s = total[r * stride];
-          s = quarter == 0 ? acc[r] : s + acc[r];
-          acc[r] = 0.0f;
-        }
-        if constexpr (kN >= 64) asm volatile("" ::: "memory");
-      }
+      w4a8_finish_quarter(total, stride, quarter, acc);
     }
   }
 };
@@ -1493,6 +1499,193 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // (scatter_slots only where unsplit with one projection: launch_grouped_w4a8's check; never for
   // the dense FP8 linears)
   if (!split) out.store(g.out + second_offset, total + tid, kThreads, kFp8W ? nullptr : g.scatter_slots);
+}
+
+// The W4A8 prefill kernel's persistent form (kRing 4: ring form 3, each block taking work item after
+// work item): a block of four warpgroups takes items blockIdx.x, blockIdx.x + gridDim.x, ... (item
+// w: column block w % col_blocks of w4a8_find_tile's tile w / col_blocks, the order of the grid's
+// cols_fast raster) until the first past the last tile, and its ring runs on from one item into the
+// next: the next item's first groups are copied while the current one's last groups are multiplied,
+// and its weights' row scales are read then too. Each output's arithmetic is ring form 3's (the same
+// bits). With one block an SM, a block of the grid form started with its tile search, its rows'
+// sources and kStages - 2 groups' copies, and ended with its stores, the SM's tensor cores idle all
+// the while; w2 (N = 4096, K = 2048 in V4-Flash) has half w1's groups a block and twice its blocks.
+// Items reach the ring's copies and the stores through three buffers of their descriptions (item i
+// in buffer i % 3): threads 0 .. kN - 1 describe item i + 1 (its tile, expert and rows' sources)
+// once every thread's copies of item i's first group have landed, so every thread is done with the
+// buffer they overwrite (item i - 2's: it has stored item i - 2 before it copied item i's first
+// group, in its multiplies of item i - 1), then arrive on the buffer's mbarrier, which each thread
+// waits for where its copies enter item i + 1 (at the consumer's group groups - (kStages - 2) of
+// item i). The stores read their item's rows from its buffer (fewer registers held through the
+// multiplies: at the 128 a thread the launch bounds allow, ptxas spilled).
+// REQUIRES N % 64 == 0 and groups >= kStages - 2 (the copies run kStages - 2 groups ahead, never
+// past the next item: launch_grouped_w4a8 takes ring form 3 otherwise), tiled MXFP4 experts, the
+// codes rows_pad x k_pad and the activation scales (k_pad / 128) x rows_pad under 2^32 each.
+constexpr int kW4A8PersistBars = 3;  // the item buffers' mbarriers, after the ring's
+__host__ __device__ constexpr size_t w4a8_persist_smem_bytes() {
+  return wg_ring_smem_bytes<4, kW4A8RingStages>() + kW4A8PersistBars * sizeof(uint64_t);
+}
+__global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_kernel(GroupedW4A8Args g) {
+  wait_previous_grid();  // the plan and the rows' codes are the previous kernels' outputs
+  constexpr int kN = kTiledRows, kWG = 4, kStages = kW4A8RingStages, kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
+  constexpr int kAhead = kStages - 2;  // groups the copies run ahead of the multiplies
+  using Stage = WgStage<kN, kWG>;
+  static_assert(kThreads == 8 * kN, "a thread's one 16-byte piece of a group's codes");
+  static_assert(fp4_group_step(true) == kWgCols * 64, "a group of a warpgroup's 64 columns is one piece of 4 KB");
+  extern __shared__ __align__(128) uint8_t wg_smem[];
+  Stage* ring = reinterpret_cast<Stage*>(wg_smem);
+  float* total = reinterpret_cast<float*>(ring + kStages);
+  uint64_t* const ring_full = reinterpret_cast<uint64_t*>(total + (kN / 2) * kThreads);
+  uint64_t* const ring_empty = ring_full + kStages;
+  uint64_t* const item_ready = ring_empty + kStages;
+  constexpr int kBufs = kW4A8PersistBars;
+  __shared__ int64_t s_src[kBufs][kN];  // the item's rows' codes rows (-1 past its expert's rows)
+  __shared__ int64_t s_t0[kBufs], s_r0[kBufs], s_R[kBufs];
+  __shared__ int s_e[kBufs];  // its expert, -1 past the last tile
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&ring_full[s], kThreads + kWG), mbar_init(&ring_empty[s], kThreads / 32);
+    for (int b = 0; b < kBufs; ++b) mbar_init(&item_ready[b], kN);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int N = static_cast<int>(g.N), K = static_cast<int>(g.K), groups = K / kW4A8GroupK;
+  const int col_blocks = (N + kCols - 1) / kCols;
+  const int64_t works = static_cast<int64_t>(col_blocks) * g.max_tiles;
+  // (threads 0 .. kN - 1, two whole warps) Item i's description into buffer i % kBufs.
+  const auto item_n0 = [&](int i) { return static_cast<int>((blockIdx.x + static_cast<int64_t>(i) * gridDim.x) % col_blocks) * kCols; };
+  const auto describe = [&](int i) {
+    const int64_t w = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
+    const int b = i % kBufs;
+    int e = -1;
+    int64_t t0 = 0, src = -1;
+    if (w < works) w4a8_find_tile(g, w / col_blocks, e, t0);  // (w is the same across the warp)
+    if (e >= 0) {
+      const int64_t r0 = g.offsets[e], R = g.offsets[e + 1] - r0, tr = t0 + tid;
+      src = tr < R ? (g.in_rows ? g.in_rows[r0 + tr] : r0 + tr) : -1;
+      if (tid == 0) s_r0[b] = r0, s_R[b] = R;
+    }
+    s_src[b][tid] = src;
+    if (tid == 0) s_e[b] = e, s_t0[b] = t0;
+    mbar_arrive(&item_ready[b]);
+  };
+  if (tid < kN) describe(0);
+
+  // The copies' item (`in_item`, entered when its description is ready) and their sources there:
+  // this thread's 16-byte piece of a group's codes (row tid % kN, chunk tid / kN: as the grid form
+  // places them), column tid's packed scales (tid < kCols), row tid's activation scale (tid < kN),
+  // and (each warpgroup's first thread) the warpgroup's 64 columns' weights by one bulk copy.
+  const int xrow = tid % kN, xchunk = tid / kN;
+  const int xdst = static_cast<int>(offsetof(Stage, x)) + ((xchunk * (kN / 8)) + xrow / 8) * 128 + (xrow % 8) * 16;
+  const bool bulk_lead = tid % kWgThreads == 0;
+  const int c0 = 16 * warp + gid;
+  int in_item = -1, in_group = groups;
+  bool copies_done = false;
+  int in_b1[2] = {0, 0};  // (the weight rows' w4a8_b1_ref, read here for the item's multiplies)
+  // (The codes' and activation scales' sources as 32-bit offsets from g.codes and g.scales: fewer
+  // registers, where 64-bit pointers made ptxas spill.)
+  const uint8_t *ssrc = nullptr, *bulk_src = nullptr;
+  uint32_t xoff = 0, aoff = 0;
+  bool xok = false, scol_ok = false, arow_ok = false, bulk_in = false;
+  int next_stage_index = 0;
+  uint32_t empty_phase = 1u;
+  bool wrapped = false;  // every slot filled once: a refill waits for the slot's release
+  const auto enter = [&] {
+    ++in_item;
+    const int b = in_item % kBufs;
+    mbar_wait(&item_ready[b], static_cast<uint32_t>(in_item / kBufs) & 1u);
+    const int e = s_e[b];
+    if (e < 0) {
+      copies_done = true;
+      return;
+    }
+    const int in_n0 = item_n0(in_item);
+    const DevWeight W = g.w[e];
+    const int64_t xs = s_src[b][xrow];
+    xok = xs >= 0;
+    xoff = xok ? static_cast<uint32_t>(xs * g.k_pad + 16 * xchunk) : 0u;
+    scol_ok = tid < kCols && in_n0 + tid < N;
+    ssrc = static_cast<const uint8_t*>(W.scale) + static_cast<int64_t>(scol_ok ? in_n0 + tid : 0) * W.scale_cols;
+    const int64_t arow = tid < kN ? s_src[b][tid] : -1;
+    arow_ok = arow >= 0;
+    aoff = arow_ok ? static_cast<uint32_t>(arow) : 0u;
+    const int wg_n0 = in_n0 + kWgCols * (tid / kWgThreads);
+    bulk_in = wg_n0 < N;
+    bulk_src = static_cast<const uint8_t*>(W.data) + (bulk_in ? fp4_offset(true, K / 2, wg_n0, 0) : 0);
+    in_b1[0] = w4a8_b1_ref(w4a8_row_emax(W, in_n0 + c0, N));
+    in_b1[1] = w4a8_b1_ref(w4a8_row_emax(W, in_n0 + c0 + 8, N));
+    in_group = 0;
+  };
+  // Copies the next group (entering the next item after the current one's last) into the next slot.
+  const auto issue = [&] {
+    if (copies_done) return;
+    if (in_group == groups) {
+      enter();
+      if (copies_done) return;
+    }
+    const int slot_i = next_stage_index;
+    if (wrapped) mbar_wait(&ring_empty[slot_i], empty_phase);
+    Stage* st = ring + slot_i;
+    if (bulk_lead) {
+      constexpr uint32_t kBytes = kWgCols * 64;
+      mbar_arrive_expect_tx(&ring_full[slot_i], bulk_in ? kBytes : 0u);
+      if (bulk_in) bulk_copy_to_smem<false>(st->w + kBytes * (tid / kWgThreads), bulk_src, kBytes, &ring_full[slot_i]);
+    }
+    bulk_src += fp4_group_step(true);
+    cp_async(reinterpret_cast<uint8_t*>(st) + xdst, g.codes + xoff, xok, 16);
+    xoff += kW4A8GroupK;
+    if (tid < kCols) cp_async(&st->ws[tid], ssrc, scol_ok, 4);
+    ssrc += 4;
+    if (tid < kN) cp_async(&st->sa[tid], g.scales + aoff, arow_ok, 4);
+    aoff += static_cast<uint32_t>(g.rows_pad);
+    next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
+    if (next_stage_index == 0) empty_phase ^= 1u, wrapped = true;
+    ++in_group;
+    cp_async_arrive_noinc(&ring_full[slot_i]);
+  };
+  for (int i = 0; i < kAhead; ++i) issue();
+
+  constexpr int kAcc = kN / 2;
+  float acc[kAcc], d[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
+  int stage_index = 0;
+  uint32_t full_phase = 0u;
+  const bool describe_early = groups == kAhead;
+  for (int item = 0;; ++item) {
+    // The copies are in this item (groups >= kAhead): the rows' scales they read are its.
+    if (copies_done) break;
+    const int b1_ref[2] = {in_b1[0], in_b1[1]};
+    int quarter = 0, quarter_end = w4a8_quarter(1, groups);
+    for (int kg = 0; kg < groups; ++kg) {
+      const int ring_slot = stage_index;
+      mbar_wait(&ring_full[ring_slot], full_phase);  // everyone's copies have landed,
+      fence_proxy_async_smem();                      // and are visible to wgmma's reads
+      const Stage& st = ring[ring_slot];
+      stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+      if (stage_index == 0) full_phase ^= 1u;
+      const W4A8GroupWords words = w4a8_group_words(st.w, st.ws, c0, tig);
+      // The next item described before this thread's copies enter it (at group groups - kAhead),
+      // after the multiplies where that is later (fewer registers live).
+      if (kg == 0 && tid < kN && describe_early) describe(item + 1);
+      issue();
+      while (kg >= quarter_end) {
+        w4a8_finish_quarter(total + tid, kThreads, quarter, acc);
+        quarter_end = w4a8_quarter(++quarter + 1, groups);
+      }
+      uint32_t tab[2][2], a[4][4];
+      w4a8_prefill_tables(words.s, b1_ref, tig, tab);
+      w4a8_convert(words.w, tab, a);
+      w4a8_group_mma_fold<kN, false>(st.x, a, 1.0f, st.sa, tig, d, acc);
+      __syncwarp();  // the warp is done with the slot (its wgmma have completed, its reads made)
+      if (lane == 0) mbar_arrive(&ring_empty[ring_slot]);
+      if (kg == 0 && tid < kN && !describe_early) describe(item + 1);
+    }
+    while (quarter < kW4A8Warps) w4a8_finish_quarter(total + tid, kThreads, quarter++, acc);
+    const int b = item % kBufs;
+    const W4A8BlockOut<kN> out{s_t0[b], s_R[b], s_r0[b], g.N, item_n0(item) + c0, N, tig, {b1_ref[0], b1_ref[1]}, true};
+    out.store(g.out, total + tid, kThreads, g.scatter_slots);
+  }
 }
 
 // The split kernels' parts added in order: out = (((p0 + p1) + p2) + ...), as the unsplit kernels
@@ -2791,32 +2984,48 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // slots (copies 4 groups ahead) read 13 % more from L2 and took w1 2.29 ms; the next group's copies
 // issued while the group's wgmma ran, 2.17.
 // The form: 0 the block barrier, 1 the ring with sources offset by the group number, 2 the ring with
-// advancing sources (kRing 2, the default; SPARROW_CUDA_W4A8_RING_ADVANCE=0 for 1: on an H100
-// 2026-12-06, w1 1.96-1.97 ms for 1 against 1.93-1.94 for 2, 1.17 G against 1.10 G instructions, the
-// layer's 8K prefill -0.1 to -0.6 % for 2 in five rounds), 3 form 2 with the weights by bulk
-// copies (opt-in by SPARROW_CUDA_ENABLE=w4a8_ring_bulk, not yet run on a GPU; form 2 where
-// N % 64 != 0, which the MoE's wgmma path never has: its N is the other projection's K);
+// advancing sources (kRing 2; on an H100 2026-12-06, w1 1.96-1.97 ms for 1 against 1.93-1.94 for 2,
+// 1.17 G against 1.10 G instructions, the layer's 8K prefill -0.1 to -0.6 % for 2 in five rounds),
+// 3 form 2 with each warpgroup's weights of a group by one bulk copy (the default; on an H100
+// 2026-12-06, w1 1.93-1.94 -> 1.89 ms, 1.10 G -> 1.06 G instructions, the layer's 8K prefill -0.6 to
+// -0.9 % in three rounds; form 2 where N % 64 != 0, which the MoE's wgmma path never has: its N is
+// the other projection's K). SPARROW_CUDA_DISABLE=w4a8_ring_bulk gives form 2,
+// SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1, SPARROW_CUDA_DISABLE=w4a8_ring the barrier;
 // set_w4a8_ring's choice wins over the variables.
 std::atomic<int> g_w4a8_ring{0};
 int w4a8_ring_mode() {
   if (const int n = g_w4a8_ring.load(); n != 0) return n > 0 ? n : 0;
   static const int mode = [] {
     if (!cuda_feature_on("w4a8_ring")) return 0;
-    if (cuda_feature_enabled("w4a8_ring_bulk")) return 3;
-    return cuda_env_int("SPARROW_CUDA_W4A8_RING_ADVANCE", 1, [](int64_t n) { return n == 0 || n == 1; },
-                        "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 1
-               ? 2
-               : 1;
+    if (cuda_env_int("SPARROW_CUDA_W4A8_RING_ADVANCE", 1, [](int64_t n) { return n == 0 || n == 1; },
+                     "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 0)
+      return 1;
+    if (!cuda_feature_on("w4a8_ring_bulk")) return 2;
+    return cuda_feature_enabled("w4a8_persistent") ? 4 : 3;
   }();
   return mode;
 }
 void set_w4a8_ring(int n) {
-  SPARROW_CHECK(n >= -1 && n <= 3 && "the W4A8 prefill ring: 0 (default), -1 (off), 1, 2 or 3 (a form)");
+  SPARROW_CHECK(n >= -1 && n <= 4 && "the W4A8 prefill ring: 0 (default), -1 (off), 1, 2, 3 or 4 (a form)");
   g_w4a8_ring.store(n);
 }
-std::atomic<int64_t> g_w4a8_ring_launches{0}, g_w4a8_ring_bulk_launches{0};
+std::atomic<int64_t> g_w4a8_ring_launches{0}, g_w4a8_ring_bulk_launches{0}, g_w4a8_persistent_launches{0};
 int64_t w4a8_ring_launches() { return g_w4a8_ring_launches.load(); }
 int64_t w4a8_ring_bulk_launches() { return g_w4a8_ring_bulk_launches.load(); }
+int64_t w4a8_persistent_launches() { return g_w4a8_persistent_launches.load(); }
+// The persistent form's grid: set_w4a8_persistent_grid's bound where set, else one block an SM.
+std::atomic<int> g_w4a8_persistent_grid{0};
+void set_w4a8_persistent_grid(int n) { g_w4a8_persistent_grid.store(n); }
+void launch_w4a8_persistent(const GroupedW4A8Args& g) {
+  constexpr size_t kSmem = w4a8_persist_smem_bytes();
+  static_assert(blocks_fitting_smem(kSmem) >= 1, "the ring and the item barriers fit an SM");
+  static const bool smem_set = cudaFuncSetAttribute(grouped_w4a8_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kSmem)) == cudaSuccess;
+  (void)smem_set;  // a failure shows as the launch's error (launch_check)
+  const int64_t works = blocks_for(g.N, kWgCols * 4) * g.max_tiles, bound = g_w4a8_persistent_grid.load();
+  const int64_t blocks = std::min<int64_t>(works, bound > 0 ? bound : sm_count());
+  launch(grouped_w4a8_persistent_kernel, static_cast<unsigned>(blocks), kWgThreads * 4, kSmem, g);
+}
 
 void set_w4a8_decode_span(int n) { g_w4a8_decode_span.store(n); }
 void set_w4a8_decode_rows(int n) { g_w4a8_decode_rows.store(n); }
@@ -2859,7 +3068,10 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
     const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
     if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
     else if (const int ring = wg == 4 ? w4a8_ring_mode() : 0; ring != 0) {
-      if (ring == 3 && g.N % kWgCols == 0) {
+      if (ring == 4 && g.N % kWgCols == 0 && g.K / kW4A8GroupK >= kW4A8RingStages - 2 && g.rows_pad * g.k_pad < (int64_t{1} << 32)) {
+        launch_w4a8_persistent(a);
+        g_w4a8_persistent_launches.fetch_add(1);
+      } else if (ring >= 3 && g.N % kWgCols == 0) {
         launch_w4a8_wgmma<64, 4, false, 1, kW4A8RingStages, 3>(a, g.max_tiles);
         g_w4a8_ring_bulk_launches.fetch_add(1);
       } else if (ring >= 2) {

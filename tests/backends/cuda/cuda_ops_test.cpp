@@ -3087,34 +3087,42 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   // The tiled kernel's width (1, 2 or 4 warpgroups of 64 columns a block) and its raster (a tile's
   // column blocks in a row or a column block's tiles) are not part of the arithmetic either: each
   // form on `inputs` against `want`, bit for bit.
-  // At four warpgroups, the block-barrier form and the mbarrier ring's three forms
-  // (cuda::set_w4a8_ring 1, 2, 3: sources by the group number, advanced, advanced with the weights
-  // by bulk copies; its warps up to two groups apart).
+  // At four warpgroups, the block-barrier form and the mbarrier ring's four forms
+  // (cuda::set_w4a8_ring 1, 2, 3, 4: sources by the group number, advanced, advanced with the weights
+  // by bulk copies, that in a persistent grid; its warps up to two groups apart). Form 4 with a
+  // block an SM (every block one tile here) and with 3 blocks, each taking tile after tile (its ring
+  // running on from one into the next; the last block's last item past the last tile).
   const auto tiled_forms = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want, const std::string& what) {
     for (int cols_fast : {1, -1})
       for (int wg : {1, 2, 4})
-        for (int ring : {-1, 1, 2, 3}) {
-          if (wg != 4 && ring != -1) continue;
-          cuda::set_w4a8_cols_fast(cols_fast);
-          cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
-          cuda::set_w4a8_ring(ring);
-          const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
-          const int64_t rings = cuda::w4a8_ring_launches(), bulk = cuda::w4a8_ring_bulk_launches(),
-                        expanded = cuda::w4a8_expanded_launches();
-          gpu->moe(inputs.gpu_params(o));
-          // w1, w3 and w2 on the ring where it is asked for (unless the opt-in expanded form took them);
-          // form 3's bulk copies for each of them (N = F and D, multiples of 64; at F = 384 the
-          // second 256-column block's last two warpgroups have no columns)
-          if (cuda::cuda_feature_on("grouped_moe") && cuda::w4a8_expanded_launches() == expanded) {
-            EXPECT_EQ(cuda::w4a8_ring_launches() - rings, ring > 0 ? 3 : 0) << what << "warpgroups " << wg << ", ring " << ring;
-            EXPECT_EQ(cuda::w4a8_ring_bulk_launches() - bulk, ring == 3 ? 3 : 0) << what << "warpgroups " << wg << ", ring " << ring;
+        for (int ring : {-1, 1, 2, 3, 4})
+          for (int grid : {0, 3}) {
+            if ((wg != 4 && ring != -1) || (ring != 4 && grid != 0)) continue;
+            cuda::set_w4a8_cols_fast(cols_fast);
+            cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
+            cuda::set_w4a8_ring(ring);
+            cuda::set_w4a8_persistent_grid(grid);
+            const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
+            const int64_t rings = cuda::w4a8_ring_launches(), bulk = cuda::w4a8_ring_bulk_launches(),
+                          persistent = cuda::w4a8_persistent_launches(), expanded = cuda::w4a8_expanded_launches();
+            gpu->moe(inputs.gpu_params(o));
+            const std::string form = what + "warpgroups " + std::to_string(wg) + ", ring " + std::to_string(ring) + ", grid " +
+                                     std::to_string(grid) + ", cols fast " + std::to_string(cols_fast);
+            // w1, w3 and w2 on the ring where it is asked for (unless the opt-in expanded form took
+            // them); form 3's bulk copies for each of them (N = F and D, multiples of 64; at F = 384
+            // the second 256-column block's last two warpgroups have no columns); form 4 for w2 (K = F:
+            // 3 or 9 groups), form 3 for w1 and w3 (K = D = 256: 2 groups, fewer than its copies run
+            // ahead).
+            if (cuda::cuda_feature_on("grouped_moe") && cuda::w4a8_expanded_launches() == expanded) {
+              EXPECT_EQ(cuda::w4a8_ring_launches() - rings, ring > 0 ? 3 : 0) << form;
+              EXPECT_EQ(cuda::w4a8_ring_bulk_launches() - bulk, ring == 3 ? 3 : ring == 4 ? 2 : 0) << form;
+              EXPECT_EQ(cuda::w4a8_persistent_launches() - persistent, ring == 4 ? 1 : 0) << form;
+            }
+            expect_same_bits(gpu->download_f32(o), want, form);
           }
-          expect_same_bits(gpu->download_f32(o), want,
-                           what + "warpgroups " + std::to_string(wg) + ", ring " + std::to_string(ring) + ", cols fast " +
-                               std::to_string(cols_fast));
-        }
     cuda::set_w4a8_cols_fast(0);
     cuda::set_w4a8_ring(0);
+    cuda::set_w4a8_persistent_grid(0);
   };
   tiled_forms(in, T, g, "moe w4a8 wgmma tiled, ");
   // The decode kernel with K's quarters in separate blocks (then added in order) or in one.

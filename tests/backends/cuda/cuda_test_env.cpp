@@ -44,7 +44,7 @@ TEST(CudaTestEnv, AllocationsArePoisonedUnlessTheCallerSaysOtherwise) {
 TEST(CudaTestEnv, FeatureNamesAreCheckedAgainstTheBuildsLists) {
   EXPECT_TRUE(cuda::check_feature_names(nullptr, nullptr).is_ok());
   EXPECT_TRUE(cuda::check_feature_names("", ",").is_ok());
-  EXPECT_TRUE(cuda::check_feature_names("graphs,pdl,,w4a8_ring", "kv_record,w4a8_ring_bulk,").is_ok());
+  EXPECT_TRUE(cuda::check_feature_names("graphs,pdl,,w4a8_ring,w4a8_ring_bulk", "kv_record,w4a8_expand,").is_ok());
   const auto refused = [](const char* disable, const char* enable, const std::string& says) {
     const Status st = cuda::check_feature_names(disable, enable);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << (disable ? disable : "-") << " / " << (enable ? enable : "-");
