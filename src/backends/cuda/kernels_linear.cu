@@ -1518,8 +1518,9 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
 // waits for where its copies enter item i + 1 (at the consumer's group groups - (kStages - 2) of
 // item i). The stores read their item's rows from its buffer (fewer registers held through the
 // multiplies: at the 128 a thread the launch bounds allow, ptxas spilled).
-// REQUIRES N % 64 == 0 and groups >= kStages - 2 (the copies run kStages - 2 groups ahead, never
-// past the next item: launch_grouped_w4a8 takes ring form 3 otherwise), tiled MXFP4 experts, the
+// REQUIRES N % 64 == 0 and groups > kStages - 2 (the copies run kStages - 2 groups ahead, never
+// past the next item, and the next item is described after the first group: launch_grouped_w4a8
+// takes ring form 3 otherwise), tiled MXFP4 experts, the
 // codes rows_pad x k_pad and the activation scales (k_pad / 128) x rows_pad under 2^32 each.
 constexpr int kW4A8PersistBars = 3;  // the item buffers' mbarriers, after the ring's
 __host__ __device__ constexpr size_t w4a8_persist_smem_bytes() {
@@ -1579,8 +1580,6 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
   const int xdst = static_cast<int>(offsetof(Stage, x)) + ((xchunk * (kN / 8)) + xrow / 8) * 128 + (xrow % 8) * 16;
   const bool bulk_lead = tid % kWgThreads == 0;
   const int c0 = 16 * warp + gid;
-  int in_item = -1, in_group = groups;
-  bool copies_done = false;
   int in_b1[2] = {0, 0};  // (the weight rows' w4a8_b1_ref, read here for the item's multiplies)
   // (The codes' and activation scales' sources as 32-bit offsets from g.codes and g.scales: fewer
   // registers, where 64-bit pointers made ptxas spill.)
@@ -1590,16 +1589,14 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
   int next_stage_index = 0;
   uint32_t empty_phase = 1u;
   bool wrapped = false;  // every slot filled once: a refill waits for the slot's release
-  const auto enter = [&] {
-    ++in_item;
-    const int b = in_item % kBufs;
-    mbar_wait(&item_ready[b], static_cast<uint32_t>(in_item / kBufs) & 1u);
+  // The copies' sources at item i's first group, once its description is ready; false past the
+  // last tile.
+  const auto enter = [&](int i) {
+    const int b = i % kBufs;
+    mbar_wait(&item_ready[b], static_cast<uint32_t>(i / kBufs) & 1u);
     const int e = s_e[b];
-    if (e < 0) {
-      copies_done = true;
-      return;
-    }
-    const int in_n0 = item_n0(in_item);
+    if (e < 0) return false;
+    const int in_n0 = item_n0(i);
     const DevWeight W = g.w[e];
     const int64_t xs = s_src[b][xrow];
     xok = xs >= 0;
@@ -1614,15 +1611,10 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
     bulk_src = static_cast<const uint8_t*>(W.data) + (bulk_in ? fp4_offset(true, K / 2, wg_n0, 0) : 0);
     in_b1[0] = w4a8_b1_ref(w4a8_row_emax(W, in_n0 + c0, N));
     in_b1[1] = w4a8_b1_ref(w4a8_row_emax(W, in_n0 + c0 + 8, N));
-    in_group = 0;
+    return true;
   };
-  // Copies the next group (entering the next item after the current one's last) into the next slot.
+  // Copies the entered item's next group into the next slot.
   const auto issue = [&] {
-    if (copies_done) return;
-    if (in_group == groups) {
-      enter();
-      if (copies_done) return;
-    }
     const int slot_i = next_stage_index;
     if (wrapped) mbar_wait(&ring_empty[slot_i], empty_phase);
     Stage* st = ring + slot_i;
@@ -1640,9 +1632,9 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
     aoff += static_cast<uint32_t>(g.rows_pad);
     next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
     if (next_stage_index == 0) empty_phase ^= 1u, wrapped = true;
-    ++in_group;
     cp_async_arrive_noinc(&ring_full[slot_i]);
   };
+  if (!enter(0)) return;
   for (int i = 0; i < kAhead; ++i) issue();
 
   constexpr int kAcc = kN / 2;
@@ -1651,40 +1643,46 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f, d[i] = 0.0f;
   int stage_index = 0;
   uint32_t full_phase = 0u;
-  const bool describe_early = groups == kAhead;
-  for (int item = 0;; ++item) {
-    // The copies are in this item (groups >= kAhead): the rows' scales they read are its.
-    if (copies_done) break;
-    const int b1_ref[2] = {in_b1[0], in_b1[1]};
-    int quarter = 0, quarter_end = w4a8_quarter(1, groups);
-    for (int kg = 0; kg < groups; ++kg) {
-      const int ring_slot = stage_index;
-      mbar_wait(&ring_full[ring_slot], full_phase);  // everyone's copies have landed,
-      fence_proxy_async_smem();                      // and are visible to wgmma's reads
-      const Stage& st = ring[ring_slot];
-      stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
-      if (stage_index == 0) full_phase ^= 1u;
-      const W4A8GroupWords words = w4a8_group_words(st.w, st.ws, c0, tig);
-      // The next item described before this thread's copies enter it (at group groups - kAhead),
-      // after the multiplies where that is later (fewer registers live).
-      if (kg == 0 && tid < kN && describe_early) describe(item + 1);
-      issue();
-      while (kg >= quarter_end) {
-        w4a8_finish_quarter(total + tid, kThreads, quarter, acc);
-        quarter_end = w4a8_quarter(++quarter + 1, groups);
-      }
-      uint32_t tab[2][2], a[4][4];
-      w4a8_prefill_tables(words.s, b1_ref, tig, tab);
-      w4a8_convert(words.w, tab, a);
-      w4a8_group_mma_fold<kN, false>(st.x, a, 1.0f, st.sa, tig, d, acc);
-      __syncwarp();  // the warp is done with the slot (its wgmma have completed, its reads made)
-      if (lane == 0) mbar_arrive(&ring_empty[ring_slot]);
-      if (kg == 0 && tid < kN && !describe_early) describe(item + 1);
+  int b1_ref[2], quarter = 0, quarter_end = 0;
+  // Group kg of the current item: its multiplies, and (with_copies) the copies kAhead groups on.
+  const auto step = [&](int kg, bool with_copies) {
+    const int ring_slot = stage_index;
+    mbar_wait(&ring_full[ring_slot], full_phase);  // everyone's copies have landed,
+    fence_proxy_async_smem();                      // and are visible to wgmma's reads
+    const Stage& st = ring[ring_slot];
+    stage_index = stage_index + 1 == kStages ? 0 : stage_index + 1;
+    if (stage_index == 0) full_phase ^= 1u;
+    const W4A8GroupWords words = w4a8_group_words(st.w, st.ws, c0, tig);
+    if (with_copies) issue();
+    while (kg >= quarter_end) {
+      w4a8_finish_quarter(total + tid, kThreads, quarter, acc);
+      quarter_end = w4a8_quarter(++quarter + 1, groups);
     }
+    uint32_t tab[2][2], a[4][4];
+    w4a8_prefill_tables(words.s, b1_ref, tig, tab);
+    w4a8_convert(words.w, tab, a);
+    w4a8_group_mma_fold<kN, false>(st.x, a, 1.0f, st.sa, tig, d, acc);
+    __syncwarp();  // the warp is done with the slot (its wgmma have completed, its reads made)
+    if (lane == 0) mbar_arrive(&ring_empty[ring_slot]);
+  };
+  for (int item = 0;; ++item) {
+    // The copies are kAhead groups into this item: the rows' scales they read are its.
+    b1_ref[0] = in_b1[0], b1_ref[1] = in_b1[1];
+    quarter = 0, quarter_end = w4a8_quarter(1, groups);
+    // Its groups whose copies kAhead on are its own (groups > kAhead); the next item described
+    // after the first (every thread's copies of this item's first group have landed: the buffer it
+    // overwrites is done with), then entered, and its first kAhead groups copied under this item's
+    // last.
+    step(0, true);
+    if (tid < kN) describe(item + 1);
+    for (int kg = 1; kg < groups - kAhead; ++kg) step(kg, true);
+    const bool next = enter(item + 1);
+    for (int kg = groups - kAhead; kg < groups; ++kg) step(kg, next);
     while (quarter < kW4A8Warps) w4a8_finish_quarter(total + tid, kThreads, quarter++, acc);
     const int b = item % kBufs;
     const W4A8BlockOut<kN> out{s_t0[b], s_R[b], s_r0[b], g.N, item_n0(item) + c0, N, tig, {b1_ref[0], b1_ref[1]}, true};
     out.store(g.out, total + tid, kThreads, g.scatter_slots);
+    if (!next) break;
   }
 }
 
@@ -3068,7 +3066,7 @@ PartsView launch_grouped_w4a8(const GroupedW4A8Args& g) {
     const int wg = g.wgmma_warpgroups != 0 ? g.wgmma_warpgroups : env_wg;
     if (wg == 1) launch_w4a8_wgmma<64, 1>(a, g.max_tiles);
     else if (const int ring = wg == 4 ? w4a8_ring_mode() : 0; ring != 0) {
-      if (ring == 4 && g.N % kWgCols == 0 && g.K / kW4A8GroupK >= kW4A8RingStages - 2 && g.rows_pad * g.k_pad < (int64_t{1} << 32)) {
+      if (ring == 4 && g.N % kWgCols == 0 && g.K / kW4A8GroupK > kW4A8RingStages - 2 && g.rows_pad * g.k_pad < (int64_t{1} << 32)) {
         launch_w4a8_persistent(a);
         g_w4a8_persistent_launches.fetch_add(1);
       } else if (ring >= 3 && g.N % kWgCols == 0) {

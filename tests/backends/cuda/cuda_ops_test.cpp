@@ -3091,7 +3091,7 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   // (cuda::set_w4a8_ring 1, 2, 3, 4: sources by the group number, advanced, advanced with the weights
   // by bulk copies, that in a persistent grid; its warps up to two groups apart). Form 4 with a
   // block an SM (every block one tile here) and with 3 blocks, each taking tile after tile (its ring
-  // running on from one into the next; the last block's last item past the last tile).
+  // running on from one into the next; each block's last item past the last tile).
   const auto tiled_forms = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want, const std::string& what) {
     for (int cols_fast : {1, -1})
       for (int wg : {1, 2, 4})
@@ -3110,13 +3110,14 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
                                      std::to_string(grid) + ", cols fast " + std::to_string(cols_fast);
             // w1, w3 and w2 on the ring where it is asked for (unless the opt-in expanded form took
             // them); form 3's bulk copies for each of them (N = F and D, multiples of 64; at F = 384
-            // the second 256-column block's last two warpgroups have no columns); form 4 for w2 (K = F:
-            // 3 or 9 groups), form 3 for w1 and w3 (K = D = 256: 2 groups, fewer than its copies run
-            // ahead).
+            // the second 256-column block's last two warpgroups have no columns); form 4 for w2 where
+            // its K = F has more groups than the copies run ahead (3): at F = 1152, not 384; form 3
+            // for the rest (w1 and w3: K = D = 256, 2 groups).
+            const int64_t persistent_want = ring == 4 && inputs.mc.F / 128 > 3 ? 1 : 0;
             if (cuda::cuda_feature_on("grouped_moe") && cuda::w4a8_expanded_launches() == expanded) {
               EXPECT_EQ(cuda::w4a8_ring_launches() - rings, ring > 0 ? 3 : 0) << form;
-              EXPECT_EQ(cuda::w4a8_ring_bulk_launches() - bulk, ring == 3 ? 3 : ring == 4 ? 2 : 0) << form;
-              EXPECT_EQ(cuda::w4a8_persistent_launches() - persistent, ring == 4 ? 1 : 0) << form;
+              EXPECT_EQ(cuda::w4a8_ring_bulk_launches() - bulk, ring >= 3 ? 3 - persistent_want : 0) << form;
+              EXPECT_EQ(cuda::w4a8_persistent_launches() - persistent, persistent_want) << form;
             }
             expect_same_bits(gpu->download_f32(o), want, form);
           }
