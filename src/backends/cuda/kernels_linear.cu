@@ -1155,8 +1155,8 @@ __host__ __device__ constexpr int wg_min_blocks() {
 // number (kRing 1): on an H100 w1 1.96-1.97 -> 1.93-1.94 ms, 6 % fewer instructions, the 8K prefill
 // layer -0.1 to -0.6 % in five rounds.
 // kRing 3 (the default since 2026-12-06: on an H100 w1 1.93-1.94 -> 1.89 ms, 3.8 % fewer
-// instructions, the 8K prefill layer -0.6 to -0.9 %): kRing 2 with each warpgroup's 64 columns' weights of a
-// group, 4 KB contiguous in the tiled rows (fp4_layout.h), copied by one bulk copy from the
+// instructions, the 8K prefill layer -0.6 to -0.9 %): kRing 2 with each warpgroup's 64 columns'
+// weights of a group, 4 KB contiguous in the tiled rows (fp4_layout.h), copied by one bulk copy from the
 // warpgroup's first thread and counted on the slot's full barrier as expected bytes (that thread's
 // arrival too: kThreads + kWG arrivals), instead of two 16-byte cp.async pieces from every thread.
 // (A bulk form of the block-barrier kernel at two warpgroups was 0.3-1.7 % slower, H200 2026-12-06:
@@ -1521,8 +1521,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
 // multiplies: at the 128 a thread the launch bounds allow, ptxas spilled).
 // REQUIRES N % 64 == 0 and groups > kStages - 2 (the copies run kStages - 2 groups ahead, never
 // past the next item, and the next item is described after the first group: launch_grouped_w4a8
-// takes ring form 3 otherwise), tiled MXFP4 experts, the
-// codes rows_pad x k_pad and the activation scales (k_pad / 128) x rows_pad under 2^32 each.
+// takes ring form 3 otherwise), tiled MXFP4 experts, the codes rows_pad x k_pad and the activation
+// scales (k_pad / 128) x rows_pad under 2^32 each.
 constexpr int kW4A8PersistBars = 3;  // the item buffers' mbarriers, after the ring's
 __host__ __device__ constexpr size_t w4a8_persist_smem_bytes() {
   return wg_ring_smem_bytes<4, kW4A8RingStages>() + kW4A8PersistBars * sizeof(uint64_t);
@@ -1573,8 +1573,7 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
   };
   if (tid < kN) describe(0);
 
-  // The copies' item (`in_item`, entered when its description is ready) and their sources there:
-  // this thread's 16-byte piece of a group's codes (row tid % kN, chunk tid / kN: as the grid form
+  // The copies' sources in the item they are in (entered when its description is ready): this thread's 16-byte piece of a group's codes (row tid % kN, chunk tid / kN: as the grid form
   // places them), column tid's packed scales (tid < kCols), row tid's activation scale (tid < kN),
   // and (each warpgroup's first thread) the warpgroup's 64 columns' weights by one bulk copy.
   const int xrow = tid % kN, xchunk = tid / kN;
