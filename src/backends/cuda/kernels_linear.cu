@@ -936,13 +936,6 @@ __device__ inline void e2m1x8_to_e5m2(uint32_t w, uint32_t tlo, uint32_t thi, ui
   hi_out = mag_hi | ((w << 4) & 0x80808080u);
 }
 
-// A wgmma block's outputs (the W4A8 and FP8 wgmma kernels): rows t0 .. of an expert whose R rows start at
-// r0, this thread's columns n and n + 8 of N, rows ld apart. store(): slot 4 j + c of v (v_stride
-// apart), times its W4A8 weight row's w4a8_row_scale where scaled (from b1_ref[c / 2], the row's
-// w4a8_b1_ref: made at the store, not held), to row t0 + 8 j + 2 tig + (c & 1), column n (+ 8 for
-// c >= 2), past the ends left out. finish_quarter(): a quarter of the
-// groups done: split, its sum acc to the quarter's slice; else added to the finished quarters' sum
-// (total, this thread's slots `stride` apart) in order; acc zeroed.
 // A quarter's sum acc added to the finished quarters' (total, this thread's slots `stride` apart;
 // quarter 0 writes them), in order; acc zeroed. Eight slots at a time in the 64-row forms (the
 // compiler barrier keeps ptxas from loading all 32 sums at once: 128 registers and 8 / 28 bytes
@@ -962,6 +955,12 @@ __device__ inline void w4a8_finish_quarter(float* total, int stride, int quarter
     if constexpr (kAcc >= 32) asm volatile("" ::: "memory");
   }
 }
+// A wgmma block's outputs (the W4A8 and FP8 wgmma kernels): rows t0 .. of an expert whose R rows start at
+// r0, this thread's columns n and n + 8 of N, rows ld apart. store(): slot 4 j + c of v (v_stride
+// apart), times its W4A8 weight row's w4a8_row_scale where scaled (from b1_ref[c / 2], the row's
+// w4a8_b1_ref: made at the store, not held), to row t0 + 8 j + 2 tig + (c & 1), column n (+ 8 for
+// c >= 2), past the ends left out. finish_quarter(): a quarter of the
+// groups done: split, its sum acc to the quarter's slice; else w4a8_finish_quarter.
 template <int kN>
 struct W4A8BlockOut {
   int64_t t0, R, r0, ld;
@@ -2974,7 +2973,7 @@ bool w4a8_cols_fast(int64_t tiles) {
 void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 
 // Whether the four-warpgroup prefill kernel hands its ring over through mbarriers (kRing, 5 slots):
-// set_w4a8_ring's choice where set (-1 no, 1, 2 or 3 the form), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
+// set_w4a8_ring's choice where set (-1 no, 1 to 4 the form), else yes unless SPARROW_CUDA_DISABLE=w4a8_ring.
 // The same bits either way. On an H100 (2026-12-06, layer 0 of the synthetic V4-Flash, ncu at the
 // card's clocks): w1 and w3 2.20 -> 1.98 ms, w2 2.63 -> 2.37, the layer's 8K prefill 16.87-16.93 ->
 // 16.06-16.10 ms in two rounds (120 registers; a first form with its barriers' slot and parity
