@@ -57,7 +57,8 @@ class CudaOps : public ::testing::Test {
   struct IndexerBoth indexer_both_bf16(const std::pair<Tensor, Tensor>& q, const std::pair<Tensor, Tensor>& w,
                                        const BatchInfo& bc, const BatchInfo& bg, int64_t m, int64_t k, int64_t C);
   // Defined with the W4A8 MoE tests below.
-  struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F = 96);
+  struct W4A8Inputs w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F = 96,
+                                int64_t D = 256);
   // Defined with the attention tests below.
   void check_attention_bf16_weights(AttentionParams w, const Tensor& exact, AttentionParams fp32_path,
                                     AttentionParams on_cpu, const std::string& what);
@@ -2742,8 +2743,8 @@ struct W4A8Inputs {
   MoeParams gpu_params(const Tensor& out) const { return w4a8_moe_params(mc, out, xg, eg, wg); }
 };
 
-W4A8Inputs CudaOps::w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F) {
-  W4A8Inputs in{.mc = make_moe(rng, 6, 256, F, true)};
+W4A8Inputs CudaOps::w4a8_inputs(Rng& rng, const std::vector<int32_t>& experts, int64_t T, int64_t K, int64_t F, int64_t D) {
+  W4A8Inputs in{.mc = make_moe(rng, 6, D, F, true)};
   in.D = in.mc.D;
   std::tie(in.ec, in.eg) = both_i32(experts, {T, K});
   std::tie(in.wc, in.wg) = both_f32(rng.uniform(T * K, 0.1, 1.0), {T, K});
@@ -3110,10 +3111,12 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
                                      std::to_string(grid) + ", cols fast " + std::to_string(cols_fast);
             // w1, w3 and w2 on the ring where it is asked for (unless the opt-in expanded form took
             // them); form 3's bulk copies for each of them (N = F and D, multiples of 64; at F = 384
-            // the second 256-column block's last two warpgroups have no columns); form 4 for w2 where
-            // its K = F has more groups than the copies run ahead (3): at F = 1152, not 384; form 3
-            // for the rest (w1 and w3: K = D = 256, 2 groups).
-            const int64_t persistent_want = ring == 4 && inputs.mc.F / 128 > 3 ? 1 : 0;
+            // the second 256-column block's last two warpgroups have no columns); form 4 for those
+            // whose K has more groups than the copies run ahead (3): w2 (K = F) at F = 1152, not 384;
+            // w1 and w3 (K = D; their rows gathered through in_rows) at D = 640, not 256; form 3 for
+            // the rest.
+            const int64_t persistent_want =
+                ring == 4 ? (inputs.D / 128 > 3 ? 2 : 0) + (inputs.mc.F / 128 > 3 ? 1 : 0) : 0;
             if (cuda::cuda_feature_on("grouped_moe") && cuda::w4a8_expanded_launches() == expanded) {
               EXPECT_EQ(cuda::w4a8_ring_launches() - rings, ring > 0 ? 3 : 0) << form;
               EXPECT_EQ(cuda::w4a8_ring_bulk_launches() - bulk, ring >= 3 ? 3 - persistent_want : 0) << form;
@@ -3189,6 +3192,16 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   reset();
   cuda::set_w4a8_tiled(*gpu, true);
   tiled_forms(in2, T2, want2, "moe w4a8 wgmma tiled, 9 groups, ");
+  // D = 640: w1 and w3 have 5 groups of K, so ring form 4 takes them too, their rows gathered
+  // through in_rows (w2's are its grouped rows); F = 384 leaves w2 (3 groups) to form 3.
+  const int64_t T3 = 150;
+  const W4A8Inputs in3 = w4a8_inputs(rng, expert0_heavy_choices(T3, 100), T3, K, 384, 640);
+  cuda::set_w4a8_tiled(*gpu, false);
+  const Tensor decode3 = gpu->alloc(ElemType::kF32, {T3, in3.D});
+  gpu->moe(in3.gpu_params(decode3));
+  const std::vector<float> want3 = gpu->download_f32(decode3);
+  cuda::set_w4a8_tiled(*gpu, true);
+  tiled_forms(in3, T3, want3, "moe w4a8 wgmma tiled, D 640, ");
 }
 
 // The far and NaN scales of MoeW4A8WgmmaFarAndNanScales (below), set in the host bytes before the
