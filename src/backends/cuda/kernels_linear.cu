@@ -2988,7 +2988,9 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // -0.9 % in three rounds; form 2 where N % 64 != 0, which the MoE's wgmma path never has: its N is
 // the other projection's K). SPARROW_CUDA_DISABLE=w4a8_ring_bulk gives form 2,
 // SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1, SPARROW_CUDA_DISABLE=w4a8_ring the barrier;
-// set_w4a8_ring's choice wins over the variables.
+// SPARROW_CUDA_ENABLE=w4a8_persistent form 4, which is form 3 in a persistent grid, so it yields to
+// each of those (with w4a8_ring_bulk off it gives form 2); set_w4a8_ring's choice wins over the
+// variables.
 std::atomic<int> g_w4a8_ring{0};
 int w4a8_ring_mode() {
   if (const int n = g_w4a8_ring.load(); n != 0) return n > 0 ? n : 0;
