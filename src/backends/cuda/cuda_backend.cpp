@@ -87,8 +87,8 @@ constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
-    "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
-constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "kv_record", "w4a8_expand", "w4a8_persistent"};  // SPARROW_CUDA_ENABLE
+    "w4a8_persistent", "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
+constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
 
 template <size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view name) {

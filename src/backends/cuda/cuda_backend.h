@@ -252,7 +252,7 @@ void set_w4a8_cols_fast(int n);
 // its sources advanced a group at a time, 3 form 2 with each warpgroup's weights of a group by one
 // bulk copy (form 2 where N % 64 != 0), 4 form 3 in a persistent grid (a block an SM taking tile
 // after tile; form 3 where K has 3 groups of 128 or fewer), -1 a block barrier a group; 0 (the
-// default) form 3, or 4 with SPARROW_CUDA_ENABLE=w4a8_persistent, 2 with
+// default) form 4, or 3 with SPARROW_CUDA_DISABLE=w4a8_persistent, 2 with
 // SPARROW_CUDA_DISABLE=w4a8_ring_bulk, 1 with SPARROW_CUDA_W4A8_RING_ADVANCE=0, or the barrier with
 // SPARROW_CUDA_DISABLE=w4a8_ring (each of the last three over w4a8_persistent). The same bits any way. Process-wide; defined with the kernels.
 void set_w4a8_ring(int n);

@@ -158,8 +158,11 @@ struct DevView {
 // "w4a8_ring" (the four-warpgroup W4A8 prefill kernel's ring handed over through mbarriers, each
 // warp a few groups apart from the others; off: a block barrier a group, the same bits),
 // "w4a8_ring_bulk" (that ring's weights, each warpgroup's 4 KB of a group, by one bulk copy; off:
-// every thread's two 16-byte cp.async pieces, the same bits) and "alloc_nofill" (tensors left
-// unfilled at allocation; off: zero-filled). Read once per process.
+// every thread's two 16-byte cp.async pieces, the same bits), "w4a8_persistent" (that ring in a
+// persistent grid, ring form 4: a block an SM taking tile after tile, the next tile's first copies
+// under the current one's last groups; off: a block a tile, ring form 3; the same bits, the same
+// time within the spread on an H100, 2026-12-06: docs/perf.md, fifty-fifth session) and
+// "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
 // the fast profiles the window ring and the compressed KV kept as 584-byte FP8 KV records only, read
@@ -170,10 +173,7 @@ bool cuda_feature_on(const char* name);
 // routed experts' tiled projections, where the experts average kW4A8ExpandRows rows or more, on the
 // expanded form: each expert's MXFP4 weights written once as e5m2 bytes, then the FP8 TMA kernel's
 // tiles, GroupedW4A8Args::expanded; the same bits, an SWA layer's 8K prefill 4.5-5 % slower on an
-// H100, 2026-12-06: docs/perf.md, fiftieth session) and "w4a8_persistent" (the W4A8 prefill ring's
-// persistent form, ring form 4: a block an SM taking tile after tile, the next tile's first copies
-// under the current one's last groups; the same bits; slower on an H100, 2026-12-06). Read once
-// per process. A name in either variable that is not one of these lists
+// H100, 2026-12-06: docs/perf.md, fiftieth session). Read once per process. A name in either variable that is not one of these lists
 // (cuda_backend.cpp kCudaSwitches, kCudaOptIns) makes make_cuda_backend refuse to start.
 bool cuda_feature_enabled(const char* name);
 // The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):

@@ -1543,7 +1543,16 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
   __shared__ int64_t s_src[kBufs][kN];  // the item's rows' codes rows (-1 past its expert's rows)
   __shared__ int64_t s_t0[kBufs], s_r0[kBufs], s_R[kBufs];
   __shared__ int s_e[kBufs];  // its expert, -1 past the last tile
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  // (The warp's index through a shuffle from lane 0: the compiler then knows it is the same across
+  // the warp, and the branches on it below (warps 0-1 describe items, warps 0-7 copy scales) are
+  // not divergent to it. Tested on tid, they were: the shared window's base, first computed inside
+  // such a branch, stayed in an ordinary register, and so did every ring address derived from it
+  // and the slot counters, each copy and arrive then looping to make its address uniform (BRA.U.ANY
+  // in the SASS; ring form 3 keeps them in uniform registers). On an H100, 2026-12-06, layer 0's
+  // 8K prefill: w1 2.02 -> 1.89-1.90 ms (form 3's), 1,099 M -> 1,006 M instructions (form 3 1,057 M),
+  // w2 2.48 -> 2.31 (form 3 2.32).)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  static_assert(kN % 32 == 0 && kCols % 32 == 0, "the rows' and the columns' threads are whole warps");
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&ring_full[s], kThreads + kWG), mbar_init(&ring_empty[s], kThreads / 32);
     for (int b = 0; b < kBufs; ++b) mbar_init(&item_ready[b], kN);
@@ -1570,7 +1579,7 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
     if (tid == 0) s_e[b] = e, s_t0[b] = t0;
     mbar_arrive(&item_ready[b]);
   };
-  if (tid < kN) describe(0);
+  if (warp < kN / 32) describe(0);
 
   // The copies' sources in the item they are in (entered when its description is ready): this thread's 16-byte piece of a group's codes (row tid % kN, chunk tid / kN: as the grid form
   // places them), column tid's packed scales (tid < kCols), row tid's activation scale (tid < kN),
@@ -1625,15 +1634,19 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
     bulk_src += fp4_group_step(true);
     cp_async(reinterpret_cast<uint8_t*>(st) + xdst, g.codes + xoff, xok, 16);
     xoff += kW4A8GroupK;
-    if (tid < kCols) cp_async(&st->ws[tid], ssrc, scol_ok, 4);
+    if (warp < kCols / 32) cp_async(&st->ws[tid], ssrc, scol_ok, 4);
     ssrc += 4;
-    if (tid < kN) cp_async(&st->sa[tid], g.scales + aoff, arow_ok, 4);
+    if (warp < kN / 32) cp_async(&st->sa[tid], g.scales + aoff, arow_ok, 4);
     aoff += static_cast<uint32_t>(g.rows_pad);
     next_stage_index = next_stage_index + 1 == kStages ? 0 : next_stage_index + 1;
     if (next_stage_index == 0) empty_phase ^= 1u, wrapped = true;
     cp_async_arrive_noinc(&ring_full[slot_i]);
   };
-  if (!enter(0)) return;
+  // (enter's result is the same in every thread, but it comes from shared memory, which the
+  // compiler cannot know: through a warp vote it is uniform to it, and so are the ring's slot
+  // counters that the copies under it advance. Alone, without the shuffle above, the vote changed
+  // little: w1 2.04 -> 2.02 ms, the slot counters still per-thread in the SASS.)
+  if (!__all_sync(0xffffffffu, enter(0))) return;
   for (int i = 0; i < kAhead; ++i) issue();
 
   constexpr int kAcc = kN / 2;
@@ -1673,9 +1686,9 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
     // overwrites is done with), then entered, and its first kAhead groups copied under this item's
     // last.
     step(0, true);
-    if (tid < kN) describe(item + 1);
+    if (warp < kN / 32) describe(item + 1);
     for (int kg = 1; kg < groups - kAhead; ++kg) step(kg, true);
-    const bool next = enter(item + 1);
+    const bool next = __all_sync(0xffffffffu, enter(item + 1));  // (uniform to the compiler: above)
     for (int kg = groups - kAhead; kg < groups; ++kg) step(kg, next);
     while (quarter < kW4A8Warps) w4a8_finish_quarter(total + tid, kThreads, quarter++, acc);
     const int b = item % kBufs;
@@ -2983,14 +2996,16 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // The form: 0 the block barrier, 1 the ring with sources offset by the group number, 2 the ring with
 // advancing sources (kRing 2; on an H100 2026-12-06, w1 1.96-1.97 ms for 1 against 1.93-1.94 for 2,
 // 1.17 G against 1.10 G instructions, the layer's 8K prefill -0.1 to -0.6 % for 2 in five rounds),
-// 3 form 2 with each warpgroup's weights of a group by one bulk copy (the default; on an H100
-// 2026-12-06, w1 1.93-1.94 -> 1.89 ms, 1.10 G -> 1.06 G instructions, the layer's 8K prefill -0.6 to
-// -0.9 % in three rounds; form 2 where N % 64 != 0, which the MoE's wgmma path never has: its N is
-// the other projection's K). SPARROW_CUDA_DISABLE=w4a8_ring_bulk gives form 2,
-// SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1, SPARROW_CUDA_DISABLE=w4a8_ring the barrier;
-// SPARROW_CUDA_ENABLE=w4a8_persistent form 4, which is form 3 in a persistent grid, so it yields to
-// each of those (with w4a8_ring_bulk off it gives form 2); set_w4a8_ring's choice wins over the
-// variables.
+// 3 form 2 with each warpgroup's weights of a group by one bulk copy (on an H100 2026-12-06, w1
+// 1.93-1.94 -> 1.89 ms, 1.10 G -> 1.06 G instructions, the layer's 8K prefill -0.6 to -0.9 % in
+// three rounds; form 2 where N % 64 != 0, which the MoE's wgmma path never has: its N is the other
+// projection's K), 4 form 3 in a persistent grid (the default since the fifty-fifth session; on an
+// H100 2026-12-06, w1 1.89-1.90 ms as form 3, w2 2.31 against 2.32, 1.006 G against 1.057 G
+// instructions, the layer's 8K prefill +0.1 / +0.4 % in two rounds: the same time within the
+// spread; form 3 where K has kStages - 2 groups or fewer). SPARROW_CUDA_DISABLE=w4a8_persistent
+// gives form 3, w4a8_ring_bulk form 2, SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1,
+// SPARROW_CUDA_DISABLE=w4a8_ring the barrier (each of the last three over w4a8_persistent: form 4
+// is form 3 in a persistent grid); set_w4a8_ring's choice wins over the variables.
 std::atomic<int> g_w4a8_ring{0};
 int w4a8_ring_mode() {
   if (const int n = g_w4a8_ring.load(); n != 0) return n > 0 ? n : 0;
@@ -3000,7 +3015,7 @@ int w4a8_ring_mode() {
                      "SPARROW_CUDA_W4A8_RING_ADVANCE must be 0 or 1") == 0)
       return 1;
     if (!cuda_feature_on("w4a8_ring_bulk")) return 2;
-    return cuda_feature_enabled("w4a8_persistent") ? 4 : 3;
+    return cuda_feature_on("w4a8_persistent") ? 4 : 3;
   }();
   return mode;
 }
