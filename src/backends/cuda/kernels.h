@@ -173,8 +173,9 @@ bool cuda_feature_on(const char* name);
 // routed experts' tiled projections, where the experts average kW4A8ExpandRows rows or more, on the
 // expanded form: each expert's MXFP4 weights written once as e5m2 bytes, then the FP8 TMA kernel's
 // tiles, GroupedW4A8Args::expanded; the same bits, an SWA layer's 8K prefill 4.5-5 % slower on an
-// H100, 2026-12-06: docs/perf.md, fiftieth session). Read once per process. A name in either variable that is not one of these lists
-// (cuda_backend.cpp kCudaSwitches, kCudaOptIns) makes make_cuda_backend refuse to start.
+// H100, 2026-12-06: docs/perf.md, fiftieth session). Read once per process. A name in either
+// variable that is not one of these lists (cuda_backend.cpp kCudaSwitches, kCudaOptIns) makes
+// make_cuda_backend refuse to start.
 bool cuda_feature_enabled(const char* name);
 // The integer in environment variable `var` (a tuning knob; the caller keeps it for the process):
 // `fallback` when unset or empty; a value that is not a whole decimal integer, or that `ok`

@@ -3001,8 +3001,8 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // three rounds; form 2 where N % 64 != 0, which the MoE's wgmma path never has: its N is the other
 // projection's K), 4 form 3 in a persistent grid (the default since the fifty-fifth session; on an
 // H100 2026-12-06, w1 1.89-1.90 ms as form 3, w2 2.31 against 2.32, 1.006 G against 1.057 G
-// instructions, the layer's 8K prefill +0.1 / +0.4 % in two rounds: the same time within the
-// spread; form 3 where K has kStages - 2 groups or fewer). SPARROW_CUDA_DISABLE=w4a8_persistent
+// instructions, the layer's 8K prefill +0.1 / +0.4 %, then -0.0 / -0.3 %, in two rounds each: the
+// same time within the spread; form 3 where K has kStages - 2 groups or fewer). SPARROW_CUDA_DISABLE=w4a8_persistent
 // gives form 3, w4a8_ring_bulk form 2, SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1,
 // SPARROW_CUDA_DISABLE=w4a8_ring the barrier (each of the last three over w4a8_persistent: form 4
 // is form 3 in a persistent grid); set_w4a8_ring's choice wins over the variables.
