@@ -54,6 +54,10 @@ TEST(CudaTestEnv, FeatureNamesAreCheckedAgainstTheBuildsLists) {
   refused("graph", nullptr, "graphs");  // the list it prints
   refused("kv_record", nullptr, "SPARROW_CUDA_ENABLE=kv_record turns it on");
   refused(nullptr, "w4a8_ring", "SPARROW_CUDA_DISABLE=w4a8_ring turns it off");
+  // (ring form 4, the persistent W4A8 prefill, is a default since 2026-12-06: the opt-in of before
+  // is refused with the switch that turns it off)
+  EXPECT_TRUE(cuda::check_feature_names("w4a8_persistent", nullptr).is_ok());
+  refused(nullptr, "w4a8_persistent", "SPARROW_CUDA_DISABLE=w4a8_persistent turns it off");
   refused("pdl", "kv_recrod", "SPARROW_CUDA_ENABLE names 'kv_recrod', which is none of this build's opt-in paths");
   refused(nullptr, "Graphs", "none of this build's opt-in paths");  // (names are case-sensitive)
 }
