@@ -254,7 +254,8 @@ void set_w4a8_cols_fast(int n);
 // after tile; form 3 where K has 3 groups of 128 or fewer), -1 a block barrier a group; 0 (the
 // default) form 4, or 3 with SPARROW_CUDA_DISABLE=w4a8_persistent, 2 with
 // SPARROW_CUDA_DISABLE=w4a8_ring_bulk, 1 with SPARROW_CUDA_W4A8_RING_ADVANCE=0, or the barrier with
-// SPARROW_CUDA_DISABLE=w4a8_ring (each of the last three over w4a8_persistent). The same bits any way. Process-wide; defined with the kernels.
+// SPARROW_CUDA_DISABLE=w4a8_ring (each of the last three over w4a8_persistent). The same bits any
+// way. Process-wide; defined with the kernels.
 void set_w4a8_ring(int n);
 // Ring form 4's grid: at most n blocks (n > 0; the tests make blocks take several tiles), or 0 one
 // block an SM (the default). The same bits any way. Process-wide; defined with the kernels.

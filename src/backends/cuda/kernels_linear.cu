@@ -1551,7 +1551,8 @@ __global__ void __launch_bounds__(kWgThreads * 4, 1) grouped_w4a8_persistent_ker
   // in the SASS; ring form 3 keeps them in uniform registers). On an H100, 2026-12-06, layer 0's
   // 8K prefill: w1 2.02 -> 1.89-1.90 ms (form 3's), 1,099 M -> 1,006 M instructions (form 3 1,057 M),
   // w2 2.48 -> 2.31 (form 3 2.32).)
-  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0);
+  const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
   static_assert(kN % 32 == 0 && kCols % 32 == 0, "the rows' and the columns' threads are whole warps");
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&ring_full[s], kThreads + kWG), mbar_init(&ring_empty[s], kThreads / 32);
@@ -3002,10 +3003,11 @@ void set_w4a8_cols_fast(int n) { g_w4a8_cols_fast.store(n); }
 // projection's K), 4 form 3 in a persistent grid (the default since the fifty-fifth session; on an
 // H100 2026-12-06, w1 1.89-1.90 ms as form 3, w2 2.31 against 2.32, 1.006 G against 1.057 G
 // instructions, the layer's 8K prefill +0.1 / +0.4 %, then -0.0 / -0.3 %, in two rounds each: the
-// same time within the spread; form 3 where K has kStages - 2 groups or fewer). SPARROW_CUDA_DISABLE=w4a8_persistent
-// gives form 3, w4a8_ring_bulk form 2, SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1,
-// SPARROW_CUDA_DISABLE=w4a8_ring the barrier (each of the last three over w4a8_persistent: form 4
-// is form 3 in a persistent grid); set_w4a8_ring's choice wins over the variables.
+// same time within the spread; form 3 where K has kStages - 2 groups or fewer).
+// SPARROW_CUDA_DISABLE=w4a8_persistent gives form 3, w4a8_ring_bulk form 2,
+// SPARROW_CUDA_W4A8_RING_ADVANCE=0 form 1, SPARROW_CUDA_DISABLE=w4a8_ring the barrier (each of the
+// last three over w4a8_persistent: form 4 is form 3 in a persistent grid); set_w4a8_ring's choice
+// wins over the variables.
 std::atomic<int> g_w4a8_ring{0};
 int w4a8_ring_mode() {
   if (const int n = g_w4a8_ring.load(); n != 0) return n > 0 ? n : 0;
