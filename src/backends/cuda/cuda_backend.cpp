@@ -81,7 +81,7 @@ std::vector<std::string> env_names(const char* var) { return split_names(std::ge
 // switches). CTest cuda_feature_names checks these lists against the names the sources ask about.
 constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "act_quant_half", "act_quant_shared", "alloc_nofill", "argmax", "async_upload", "attn_bf16_kv", "attn_dims",
-    "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wgmma", "bf16_f32_in",
+    "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
     "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
     "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
     "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",

@@ -230,6 +230,11 @@ bool last_attention_wgmma();
 // 1 yes, -1 no, 0 (the default) no unless SPARROW_CUDA_ENABLE=attn_wg_ahead. The same bits either
 // way. Process-wide; defined with the kernels.
 void set_attention_wg_ahead(int n);
+// Whether that form takes two chunks of candidates a round, each warpgroup the whole logits of one
+// (fewer barriers and no exchange of partial logits): 1 yes, -1 no, 0 (the default) yes unless
+// SPARROW_CUDA_DISABLE=attn_wg_pair. The same bits either way; where on, set_attention_wg_ahead
+// has no effect. Process-wide; defined with the kernels.
+void set_attention_wg_pair(int n);
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
 // SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,

@@ -120,6 +120,11 @@ __device__ inline void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives at barrier `id` without waiting (the waiters' named_barrier_sync counts these threads).
+__device__ inline void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ inline float dev_bf16(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
 __device__ inline float dev_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }

@@ -150,7 +150,10 @@ struct DevView {
 // CSA layer's wq_b and indexer wq_b, quantise it once, Fp8Linear::keep_quantised; off: once each,
 // the same bits), "attn_wgmma" (the tensor-core attention's calls that do not go to 16-head
 // blocks, from the bf16 copies where H is a multiple of 64, on attention_wg_kernel: 64 heads of a
-// token a block on wgmma; off: 32-head blocks, the same bits), "act_quant_half" (act_quant's calls
+// token a block on wgmma; off: 32-head blocks, the same bits), "attn_wg_pair" (that form two
+// chunks of 32 candidates a round, each warpgroup the whole logits, weights and exp-sum of one, so
+// no exchange of partial logits and three barriers a round rather than eight; off: a chunk a round,
+// its logits' k16 steps shared between the warpgroups; the same bits), "act_quant_half" (act_quant's calls
 // of 2^15 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp
 // from 2^17, the same codes and scales), "moe_scatter_store" (the MoE's w2 on the wgmma W4A8
 // kernels, where a block sums all of K, writes each row's outputs straight into the combine's

@@ -2099,8 +2099,20 @@ constexpr int kAwXRow = kAmChunk + 8;  // floats a row of the logits' exchange (
 // half sums, padded to 80 bytes (a quarter warp's 16-byte stores then hit distinct banks).
 constexpr int kAwPx = 20;
 
-size_t attention_wg_smem(int64_t Dh) {
+// The pair form (kPair): a ring of kAwPairStages chunks' keys, kAwPairPtrBufs chunks' addresses;
+// the exchange a thread writes: its chunk's weights' fragments (kTerms terms of two k16 steps, 4
+// registers each), its chunk's two exp-sums and its two chunk maxima (kAwPairPx(kTerms) words:
+// 48 or 112 bytes, so a quarter warp's 16-byte stores hit distinct banks).
+constexpr int kAwPairStages = 4, kAwPairPtrBufs = 8;
+template <int kTerms>
+constexpr int kAwPairPx = 8 * kTerms + 4;
+
+size_t attention_wg_smem(int64_t Dh, bool pair, int terms) {
   const int64_t q = Dh / 64 * kAwHeads * 128, keys = Dh / 64 * kAmChunk * 128;
+  if (pair)
+    return static_cast<size_t>(1024 + q + kAwPairStages * keys) + 2 * 128 * (terms == 1 ? kAwPairPx<1> : kAwPairPx<3>) * sizeof(uint32_t) +
+           128 * sizeof(float2) + kAwPairPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double) +
+           kAwPairPtrBufs * sizeof(uint32_t);
   return static_cast<size_t>(1024 + q + kAwStages * keys) + 4 * kAwHeads * kAwXRow * sizeof(float) +
          kAwPtrBufs * kAmChunk * sizeof(void*) + 2 * kMaxRopePairs * sizeof(double) + (kAwPtrBufs + 3) / 4 * 4 * sizeof(uint32_t) +
          2 * 128 * kAwPx * sizeof(uint32_t);
@@ -2134,24 +2146,31 @@ __device__ inline void wgmma_bf16_rs_mn(float (&d)[kN / 2], const uint32_t (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
-template <int kDh, int kTerms = 3, bool kAhead = false>
+template <int kDh, int kTerms = 3, bool kAhead = false, bool kPair = false>
 __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionArgs a, int64_t t_base, int64_t max_splits) {
   wait_previous_grid();
   static_assert(kDh == 128 || kDh == 256 || kDh == 512, "Dh");
   static_assert(kTerms == 3 || kTerms == 1, "the weights' terms");
+  static_assert(!(kAhead && kPair), "the pair form has no logits-ahead variant");
   constexpr int kQSub = kAwHeads * 128, kKSub = kAmChunk * 128;  // bytes of a 64-dim atom column of q, of a chunk
   constexpr int kKBytes = kDh / 64 * kKSub;
   constexpr int kSteps = kDh / 16;                        // the logits' k16 steps
   constexpr int kWgDims = kDh / 2;                        // the weighted sum's dims a warpgroup
   constexpr int kN = kWgDims < 128 ? kWgDims : 128, kNi = kWgDims / kN;  // its wgmma's N, and instructions a step
   constexpr int kPieces = kDh / 8;                        // 16-byte pieces of a key row
+  constexpr int kStages = kPair ? kAwPairStages : kAwStages, kPtrBufs = kPair ? kAwPairPtrBufs : kAwPtrBufs;
   extern __shared__ __align__(16) uint8_t aw_raw[];
   uint8_t* qs = smem_align_1024(aw_raw);
-  uint8_t* ks0 = qs + kDh / 64 * kQSub;                                            // [kAwStages][kKBytes]
-  float* xch = reinterpret_cast<float*>(ks0 + kAwStages * kKBytes);               // [2][2][64][kAwXRow]
-  const void** kptr0 = reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kAwPtrBufs][kAmChunk]
-  double* ang = reinterpret_cast<double*>(kptr0 + kAwPtrBufs * kAmChunk);        // [2 kMaxRopePairs]
-  uint32_t* kmask = reinterpret_cast<uint32_t*>(ang + 2 * kMaxRopePairs);         // [kAwPtrBufs]
+  uint8_t* ks0 = qs + kDh / 64 * kQSub;  // [kStages][kKBytes]
+  // The other forms: the logits' exchange [2][2][64][kAwXRow] and the weights' [2][128][kAwPx];
+  // the pair form: the weights' exchange [2][128][kAwPairPx] and the first chunk's maxima [128].
+  float* xch = reinterpret_cast<float*>(ks0 + kStages * kKBytes);
+  uint32_t* pair_x = reinterpret_cast<uint32_t*>(xch);
+  float2* pair_mx = reinterpret_cast<float2*>(pair_x + 2 * 128 * kAwPairPx<kTerms>);
+  const void** kptr0 = kPair ? reinterpret_cast<const void**>(pair_mx + 128)
+                             : reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kPtrBufs][kAmChunk]
+  double* ang = reinterpret_cast<double*>(kptr0 + kPtrBufs * kAmChunk);          // [2 kMaxRopePairs]
+  uint32_t* kmask = reinterpret_cast<uint32_t*>(ang + 2 * kMaxRopePairs);         // [kPtrBufs]
   uint32_t* pxch = kmask + (kAwPtrBufs + 3) / 4 * 4;                              // [2][128][kAwPx]
 
   const SplitBlock blk = split_block(a, t_base, kAwHeads);
@@ -2165,7 +2184,10 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   }
   const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
   const int chunks = static_cast<int>((j_end - j_begin + kAmChunk - 1) / kAmChunk);  // (at most 8192 / 32)
-  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  // (The warpgroup and warp through lane 0, so that the compiler knows them uniform across a warp:
+  // the wgmma descriptors and copy addresses made from them then stay in uniform registers.)
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, tid / 32, 0);
+  const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int row0 = 16 * (warp % 4) + gid;  // this thread's heads: row0 and row0 + 8 (of the block's 64)
 
   if (a.q_prep) {
@@ -2183,15 +2205,16 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   }
   // Chunk c's candidates' addresses (null: masked, or past the split) into address buffer b, and
   // which are not null as the bits of kmask[b].
-  const auto fill_ptrs = [&](int64_t c, int b) {
-    if (tid < kAmChunk) {
-      const int64_t j = c + tid;
+  // Warp w writes them (warp 0 unless said).
+  const auto fill_ptrs = [&](int64_t c, int b, int w = 0) {
+    if (warp == w) {
+      const int64_t j = c + lane;
       const void* key =
           j < j_end ? static_cast<const void*>(candidate_in(a, tk, t, j, tk.ring_bf16, tk.entries_bf16, tk.batch_kv_bf16))
                     : nullptr;
-      kptr0[b * kAmChunk + tid] = key;
+      kptr0[b * kAmChunk + lane] = key;
       const uint32_t bits = __ballot_sync(0xffffffffu, key != nullptr);
-      if (tid == 0) kmask[b] = bits;
+      if (lane == 0) kmask[b] = bits;
     }
   };
   // The bf16 copies of the keys of address buffer pb into key buffer kb (a masked row zero-filled);
@@ -2212,11 +2235,19 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     }
     cp_async_commit();
   };
+  if constexpr (kPair) {
+    // Chunks 0..3's addresses (a warp each), then pair 0's copies (one group a chunk).
+    fill_ptrs(j_begin + (warp % 4) * kAmChunk, warp % 4, warp < 4 ? warp : -1);
+    __syncthreads();
+    issue(0, 0);
+    if (chunks > 1) issue(1, 1);
+  } else {
 #pragma unroll
-  for (int st = 0; st < kAwStages - 1; ++st) fill_ptrs(j_begin + st * kAmChunk, st);
-  __syncthreads();
+    for (int st = 0; st < kAwStages - 1; ++st) fill_ptrs(j_begin + st * kAmChunk, st);
+    __syncthreads();
 #pragma unroll
-  for (int st = 0; st < kAwStages - 1; ++st) issue(st, st);
+    for (int st = 0; st < kAwStages - 1; ++st) issue(st, st);
+  }
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads row0, row0 + 8
   float acc[kNi][kN / 2];
@@ -2228,7 +2259,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   // (two, so that a warpgroup may write chunk c + 1's before the other has read chunk c's).
   const auto mine = [&](int c) { return xch + ((c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
   const auto theirs = [&](int c) { return xch + ((c % 2) * 2 + 1 - wg) * kAwHeads * kAwXRow; };
-  const auto keys_of = [&](int c) { return ks0 + (c % kAwStages) * kKBytes; };
+  const auto keys_of = [&](int c) { return ks0 + (c % kStages) * kKBytes; };
 
   // This warpgroup's sum of the logits' k16 steps wg, wg + 2, ... of chunk keys ks, in order from
   // zero, into d (issued and committed; the caller waits).
@@ -2368,13 +2399,18 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   };
   // The weighted sum: rescaled, then per k16 step the terms small to large (V: the key buffer ks read
   // MN-major, this warpgroup's dims from wg kWgDims); issued and committed.
-  const auto pv_issue = [&](const uint8_t* ks, const float (&alpha)[2], const uint32_t (&pa)[kTerms][2][4]) {
+  // (rescale false: every alpha is 1, known to the caller; the code that would rescale is left out,
+  // since the sums may still be in flight.)
+  const auto pv_issue = [&](const uint8_t* ks, const float (&alpha)[2], const uint32_t (&pa)[kTerms][2][4],
+                            auto rescale) {
     // (A warp whose rows all keep their max skips the products by 1: the same values.)
-    if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+    if constexpr (decltype(rescale)::value) {
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-      for (int ni = 0; ni < kNi; ++ni)
+        for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
-        for (int r = 0; r < kN / 2; ++r) acc[ni][r] *= alpha[(r / 2) % 2];
+          for (int r = 0; r < kN / 2; ++r) acc[ni][r] *= alpha[(r / 2) % 2];
+      }
     }
 #pragma unroll
     for (int ni = 0; ni < kNi; ++ni)
@@ -2411,7 +2447,224 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
   };
 
-  if constexpr (!kAhead) {
+  if constexpr (kPair) {
+    // Two chunks a round, 2i and 2i + 1: warpgroup g makes the whole logits of chunk 2i + g (both
+    // of the sums above, the even and the odd k16 steps, as two chains), their max, weights, terms
+    // and exp-sum; warpgroup 1 takes chunk 2i's maxima first (a one-way barrier), since its weights
+    // are relative to the max after both. The softmax's state after each chunk is made in both
+    // warpgroups from the same values, and the weighted sum adds chunk 2i then chunk 2i + 1 (each
+    // rescaled first), so every operation is the chunk-a-round form's: the same bits.
+    const auto step_alpha = [](float m_old, float m_new) {
+      return m_new == -INFINITY ? 1.0f : m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+    };
+    constexpr int kPx = kAwPairPx<kTerms>;
+    const int pairs = (chunks + 1) / 2;
+    for (int i = 0; i < pairs; ++i) {
+      const int ca = 2 * i, cb = ca + 1, own_c = ca + wg;
+      const bool has_b = cb < chunks, have = own_c < chunks;
+      // Pair i's keys landed (the only copies in flight), everyone's, and visible to the tensor
+      // cores; every thread done with pair i - 1 (its key buffers free, the exchange read).
+      cp_async_wait<0>();
+      fence_proxy_async_smem();
+      __syncthreads();
+      // Pair i + 1's copies (addresses written a round before) into pair i - 1's buffers.
+      if (ca + 2 < chunks) issue((ca + 2) % kStages, (ca + 2) % kPtrBufs);
+      if (ca + 3 < chunks) issue((ca + 3) % kStages, (ca + 3) % kPtrBufs);
+      float de[16], dd[16];  // the even and the odd k16 steps' sums
+      if (have) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          de[r] = 0.0f;
+          dd[r] = 0.0f;
+          wgmma_fence_operand(de[r]);
+          wgmma_fence_operand(dd[r]);
+        }
+        wgmma_fence();
+        const uint64_t qd = wgmma_desc_sw128(qs), kd = wgmma_desc_sw128(keys_of(own_c));
+#pragma unroll
+        for (int st = 0; st < kSteps; st += 2) {
+          const auto at = [](int s, int sub) { return static_cast<uint64_t>(((s / 4) * sub + (s % 4) * 32) >> 4); };
+          wgmma_m64n32k16_bf16(de, qd + at(st, kQSub), kd + at(st, kKSub));
+          wgmma_m64n32k16_bf16(dd, qd + at(st + 1, kQSub), kd + at(st + 1, kKSub));
+        }
+        wgmma_commit();
+      }
+      // Pair i + 2's addresses (warps 0 and 1), under the products.
+      if (ca + 4 < chunks) fill_ptrs(j_begin + int64_t{ca + 4} * kAmChunk, (ca + 4) % kPtrBufs, 0);
+      if (ca + 5 < chunks) fill_ptrs(j_begin + int64_t{ca + 5} * kAmChunk, (ca + 5) % kPtrBufs, 1);
+      // v[h][i][e]: head row0 + 8 h, candidate 8 i + 2 tig + e of chunk own_c (masked: -inf);
+      // mx its max over the chunk (a head's 32 candidates on the quad).
+      float v[2][4][2], mx[2] = {-INFINITY, -INFINITY};
+      if (have) {
+        wgmma_wait<0>();
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          wgmma_fence_operand(de[r]);
+          wgmma_fence_operand(dd[r]);
+        }
+        const uint32_t live = kmask[own_c % kPtrBufs] >> (2 * tig);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              v[h][k][e] = (live >> (8 * k + e)) & 1u ? (de[4 * k + 2 * h + e] + dd[4 * k + 2 * h + e]) * a.scale : -INFINITY;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float x = v[h][0][0];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) x = fmaxf(x, v[h][k][e]);
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+          mx[h] = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) v[h][k][0] = v[h][k][1] = -INFINITY;
+      }
+      // The max after chunk 2i (m_a) and, in warpgroup 1, after chunk 2i + 1 (m_b).
+      float m_a[2], m_b[2];
+      if (wg == 0) {
+        pair_mx[tid] = make_float2(mx[0], mx[1]);
+        named_barrier_arrive(1, kAwThreads);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) m_a[h] = m_b[h] = fmaxf(m[h], mx[h]);
+      } else {
+        named_barrier_sync(1, kAwThreads);
+        const float2 o = pair_mx[tid - 128];
+        m_a[0] = fmaxf(m[0], o.x);
+        m_a[1] = fmaxf(m[1], o.y);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) m_b[h] = fmaxf(m_a[h], mx[h]);
+      }
+      // This chunk's weights against its max (m_a in warpgroup 0, m_b in 1), their terms as wgmma's A
+      // fragments (own[term][k16 step][reg]), and their sum in the tree of the other forms' halves.
+      uint32_t own[kTerms][2][4];
+      float sum[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mref = wg == 0 ? m_a[h] : m_b[h];
+        float p[4][2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            p[k][e] = mref == -INFINITY || v[h][k][e] == -INFINITY ? 0.0f : expf(v[h][k][e] - mref);
+        float half[2];
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          float q2[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) q2[e] = p[2 * kk][e] + p[2 * kk + 1][e];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 2);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) q2[e] += __shfl_xor_sync(0xffffffffu, q2[e], 1);
+          half[kk] = q2[0] + q2[1];
+        }
+        sum[h] = half[0] + half[1];
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+          for (int ii = 0; ii < 2; ++ii) {
+            uint16_t tb[3][2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float w = p[2 * kk + ii][e];
+              const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+              if constexpr (kTerms == 1) {
+                tb[0][e] = __bfloat16_as_ushort(hi);
+              } else {
+                const float r1 = w - __bfloat162float(hi);
+                const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+                const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+                tb[0][e] = __bfloat16_as_ushort(lo);
+                tb[1][e] = __bfloat16_as_ushort(mid);
+                tb[2][e] = __bfloat16_as_ushort(hi);
+              }
+            }
+#pragma unroll
+            for (int term = 0; term < kTerms; ++term)
+              own[term][kk][2 * ii + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
+          }
+      }
+      {
+        uint32_t* const x = pair_x + (wg * 128 + tid % 128) * kPx;
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk)
+            *reinterpret_cast<uint4*>(x + 8 * term + 4 * kk) =
+                make_uint4(own[term][kk][0], own[term][kk][1], own[term][kk][2], own[term][kk][3]);
+        *reinterpret_cast<float4*>(x + 8 * kTerms) = make_float4(sum[0], sum[1], mx[0], mx[1]);
+      }
+      // Every weight and sum written; whether every head keeps its max over chunk 2i + 1 (warpgroup
+      // 1 knows: then its weighted sum follows chunk 2i's without a wait).
+      const bool b_keeps =
+          __syncthreads_and(wg == 0 || (step_alpha(m_a[0], m_b[0]) == 1.0f && step_alpha(m_a[1], m_b[1]) == 1.0f)) != 0;
+      const uint32_t* const xo = pair_x + ((1 - wg) * 128 + tid % 128) * kPx;
+      uint32_t other[kTerms][2][4];
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          const uint4 f = *reinterpret_cast<const uint4*>(xo + 8 * term + 4 * kk);
+          other[term][kk][0] = f.x;
+          other[term][kk][1] = f.y;
+          other[term][kk][2] = f.z;
+          other[term][kk][3] = f.w;
+        }
+      const float4 so = *reinterpret_cast<const float4*>(xo + 8 * kTerms);
+      if (wg == 0) {  // chunk 2i + 1's maxima from warpgroup 1
+        m_b[0] = fmaxf(m_a[0], so.z);
+        m_b[1] = fmaxf(m_a[1], so.w);
+      }
+      float al_a[2], al_b[2];
+      const float sum_a[2] = {wg == 0 ? sum[0] : so.x, wg == 0 ? sum[1] : so.y};
+      const float sum_b[2] = {wg == 0 ? so.x : sum[0], wg == 0 ? so.y : sum[1]};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        al_a[h] = step_alpha(m[h], m_a[h]);
+        al_b[h] = step_alpha(m_a[h], m_b[h]);
+        l[h] = l[h] * al_a[h] + sum_a[h];
+        l[h] = l[h] * al_b[h] + sum_b[h];
+        m[h] = m_b[h];
+      }
+      // (Selected, not indexed by wg: registers.)
+      uint32_t pa[kTerms][2][4], pb[kTerms][2][4];
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            pa[term][kk][r] = wg == 0 ? own[term][kk][r] : other[term][kk][r];
+            pb[term][kk][r] = wg == 0 ? other[term][kk][r] : own[term][kk][r];
+          }
+      pv_issue(keys_of(ca), al_a, pa, std::true_type{});
+      if (has_b) {
+        if (b_keeps) {
+          pv_issue(keys_of(cb), al_b, pb, std::false_type{});
+        } else {  // (its rescaling needs chunk 2i's sums)
+          wgmma_wait<0>();
+#pragma unroll
+          for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+            for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+          pv_issue(keys_of(cb), al_b, pb, std::true_type{});
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+        for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+    }
+  } else if constexpr (!kAhead) {
     for (int c = 0; c < chunks; ++c) {
       // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
       // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
@@ -2435,7 +2688,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       softmax(v, alpha, own, half, m_new);
       __syncthreads();
       take_half(pa, own, half, alpha, m_new);
-      pv_issue(keys_of(c), alpha, pa);
+      pv_issue(keys_of(c), alpha, pa, std::true_type{});
       wgmma_wait<0>();
       fence_all(d);
     }
@@ -2473,7 +2726,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       softmax(v, alpha, own, half, m_new);
       __syncthreads();
       take_half(pa, own, half, alpha, m_new);
-      pv_issue(keys_of(c), alpha, pa);
+      pv_issue(keys_of(c), alpha, pa, std::true_type{});
       wgmma_wait<0>();
       if (c + 1 < chunks) {
 #pragma unroll
@@ -2679,6 +2932,17 @@ bool attention_wg_ahead() {
 }
 }  // namespace
 void set_attention_wg_ahead(int n) { g_attention_wg_ahead.store(n); }
+namespace {
+std::atomic<int> g_attention_wg_pair{0};
+// Whether attention_wg_kernel takes two chunks a round, a warpgroup's whole logits each (kPair):
+// set_attention_wg_pair's choice where set (1 yes, -1 no), else yes unless
+// SPARROW_CUDA_DISABLE=attn_wg_pair. The same bits either way; it takes precedence over kAhead.
+bool attention_wg_pair() {
+  static const bool on = cuda_feature_on("attn_wg_pair");
+  return forced_or(g_attention_wg_pair, on);
+}
+}  // namespace
+void set_attention_wg_pair(int n) { g_attention_wg_pair.store(n); }
 bool last_attention_wgmma() { return g_last_attention_wgmma.load(); }
 
 int64_t attn_mma_split_candidates() {
@@ -2738,9 +3002,9 @@ void launch_attention(const AttentionArgs& args) {
       opt_in(attention_mma_kernel<128, kAmKeysRecord, 32, 8, false, 1>, 128, kAmKeysRecord, 32);
       opt_in(attention_mma_kernel<256, kAmKeysRecord, 32, 8, false, 1>, 256, kAmKeysRecord, 32);
       opt_in(attention_mma_kernel<512, kAmKeysRecord, 32, 8, false, 1>, 512, kAmKeysRecord, 32);
-      const auto opt_in_wg = [](auto kernel, int64_t Dh) {
+      const auto opt_in_wg = [](auto kernel, int64_t Dh, bool pair = false, int terms = 3) {
         SPARROW_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(attention_wg_smem(Dh))));
+                                                static_cast<int>(attention_wg_smem(Dh, pair, terms))));
       };
       opt_in_wg(attention_wg_kernel<128>, 128);
       opt_in_wg(attention_wg_kernel<256>, 256);
@@ -2754,6 +3018,12 @@ void launch_attention(const AttentionArgs& args) {
       opt_in_wg(attention_wg_kernel<128, 1, true>, 128);
       opt_in_wg(attention_wg_kernel<256, 1, true>, 256);
       opt_in_wg(attention_wg_kernel<512, 1, true>, 512);
+      opt_in_wg(attention_wg_kernel<128, 3, false, true>, 128, true, 3);
+      opt_in_wg(attention_wg_kernel<256, 3, false, true>, 256, true, 3);
+      opt_in_wg(attention_wg_kernel<512, 3, false, true>, 512, true, 3);
+      opt_in_wg(attention_wg_kernel<128, 1, false, true>, 128, true, 1);
+      opt_in_wg(attention_wg_kernel<256, 1, false, true>, 256, true, 1);
+      opt_in_wg(attention_wg_kernel<512, 1, false, true>, 512, true, 1);
       opted = true;
     }
     if (a.records)
@@ -2781,17 +3051,20 @@ void launch_attention(const AttentionArgs& args) {
         g_last_attention_wgmma.store(true);
         g_last_attention_dim_slices.store(1);
         const dim3 grid(static_cast<unsigned>(tp * a.H / kAwHeads), static_cast<unsigned>(max_splits));
-        const auto run = [&](auto kernel) { launch(kernel, grid, kAwThreads, attention_wg_smem(a.Dh), a, t_base, max_splits); };
-        const auto pick_wg = [&](auto terms_c, auto ahead_c) {
+        const bool pair = attention_wg_pair();
+        const size_t smem = attention_wg_smem(a.Dh, pair, a.weights_bf16 ? 1 : 3);
+        const auto run = [&](auto kernel) { launch(kernel, grid, kAwThreads, smem, a, t_base, max_splits); };
+        const auto pick_wg = [&](auto terms_c, auto ahead_c, auto pair_c) {
           constexpr int kT = decltype(terms_c)::value;
-          constexpr bool kA = decltype(ahead_c)::value;
-          if (a.Dh == 512) run(attention_wg_kernel<512, kT, kA>);
-          else if (a.Dh == 256) run(attention_wg_kernel<256, kT, kA>);
-          else run(attention_wg_kernel<128, kT, kA>);
+          constexpr bool kA = decltype(ahead_c)::value, kP = decltype(pair_c)::value;
+          if (a.Dh == 512) run(attention_wg_kernel<512, kT, kA, kP>);
+          else if (a.Dh == 256) run(attention_wg_kernel<256, kT, kA, kP>);
+          else run(attention_wg_kernel<128, kT, kA, kP>);
         };
         const auto pick_ahead = [&](auto terms_c) {
-          if (attention_wg_ahead()) pick_wg(terms_c, std::true_type{});
-          else pick_wg(terms_c, std::false_type{});
+          if (pair) pick_wg(terms_c, std::false_type{}, std::true_type{});
+          else if (attention_wg_ahead()) pick_wg(terms_c, std::true_type{}, std::false_type{});
+          else pick_wg(terms_c, std::false_type{}, std::false_type{});
         };
         if (a.weights_bf16) pick_ahead(std::integral_constant<int, 1>{});
         else pick_ahead(std::integral_constant<int, 3>{});

@@ -1486,26 +1486,28 @@ TEST_F(CudaOps, AttentionManyHeadsABlockMatchesCpu) {
 // copies). The 16-head blocks from the bf16 copies with a chunk's logits beside the chunk before's
 // softmax and weighted sum (the default) and without (cuda::set_attention_overlap(-1)); each
 // (token, 16 heads, split) on 1, 2 or 4 blocks, each with its slice of the dims
-// (cuda::set_attention_dim_slices; 0: as the call's size picks); the 64-head blocks without a
-// chunk's logits issued before the chunk before's softmax and with them
-// (cuda::set_attention_wg_ahead: -1 and 1). Where a shape is forced, the launch must have run it
-// (its dim slices, the wgmma form), so a form the launch skips for the call (the weights'
-// one-term form once was) fails here.
+// (cuda::set_attention_dim_slices; 0: as the call's size picks); the 64-head blocks in three
+// forms: a chunk a round without its logits issued before the chunk before's softmax and with
+// them (cuda::set_attention_wg_pair(-1), cuda::set_attention_wg_ahead: -1 and 1), and two chunks a
+// round (set_attention_wg_pair(1)). Where a shape is forced, the launch must have run it (its dim
+// slices, the wgmma form), so a form the launch skips for the call (the weights' one-term form
+// once was) fails here.
 void CudaOps::check_attention_block_shapes(const AttentionParams& p, const std::vector<float>& want,
                                            const std::string& what) {
   const int64_t T = p.out.dim(0), H = p.out.dim(1), Dh = p.out.dim(2);
   const bool copies = cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split") &&
                       cuda::cuda_feature_on("attn_bf16_kv");
   for (int heads : {16, 32, 64})
-    for (int overlap : {0, -1})
+    for (int overlap : {0, -1, 1})
       for (int slices : {0, 1, 2, 4}) {
-        if ((heads == 32 && overlap != 0) || (heads != 16 && slices != 0)) continue;
+        if ((heads == 32 && overlap != 0) || (heads != 16 && slices != 0) || (heads != 64 && overlap == 1)) continue;
         // (NaN-filled: a form that left an output unwritten fails the comparison.)
         AttentionParams forced = p;
         forced.out = gpu->upload_f32(std::vector<float>(T * H * Dh, std::nanf("")), {T, H, Dh});
         cuda::set_attention_block_heads(*gpu, heads);
         cuda::set_attention_overlap(overlap);
         cuda::set_attention_wg_ahead(overlap == 0 ? -1 : 1);
+        cuda::set_attention_wg_pair(overlap == 1 ? 1 : -1);
         cuda::set_attention_dim_slices(slices);
         gpu->attention(forced);
         // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
@@ -1514,6 +1516,7 @@ void CudaOps::check_attention_block_shapes(const AttentionParams& p, const std::
         cuda::set_attention_block_heads(*gpu, 0);
         cuda::set_attention_overlap(0);
         cuda::set_attention_wg_ahead(0);
+        cuda::set_attention_wg_pair(0);
         cuda::set_attention_dim_slices(0);
         if (heads == 64) {
           EXPECT_EQ(wgmma, cuda::last_attention_tensor_cores(*gpu) && H % 64 == 0 && copies) << what << ", 64 heads";
@@ -1521,7 +1524,8 @@ void CudaOps::check_attention_block_shapes(const AttentionParams& p, const std::
           EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
         }
         const std::string form = what + ": " + std::to_string(heads) + " heads a block" +
-                                 (overlap < 0 ? (heads == 64 ? ", the logits ahead" : ", the halves one after the other") : "") +
+                                 (overlap < 0 ? (heads == 64 ? ", the logits ahead" : ", the halves one after the other")
+                                  : overlap > 0 ? ", two chunks a round" : "") +
                                  ", dim slices " + std::to_string(slices) + " (ran " + std::to_string(ran) + ")";
         // (Dh 128 stays on 32-head blocks, one slice.)
         const bool narrow = heads == 16 && Dh >= 256 && cuda::last_attention_tensor_cores(*gpu);
