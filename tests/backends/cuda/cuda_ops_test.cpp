@@ -3096,22 +3096,32 @@ TEST_F(CudaOps, MoeW4A8WgmmaTiledKernelGivesTheDecodeKernelsBits) {
   // (cuda::set_w4a8_ring 1, 2, 3, 4: sources by the group number, advanced, advanced with the weights
   // by bulk copies, that in a persistent grid; its warps up to two groups apart). Form 4 with a
   // block an SM (every block one tile here) and with 3 blocks, each taking tile after tile (its ring
-  // running on from one into the next; each block's last item past the last tile).
+  // running on from one into the next; each block's last item past the last tile). And the default
+  // (ring 0): form 4 unless the switches say otherwise (cuda_backend.h set_w4a8_ring), checked by its
+  // launches as the forms asked for are.
+  const char* advance = std::getenv("SPARROW_CUDA_W4A8_RING_ADVANCE");
+  const int default_ring = !cuda::cuda_feature_on("w4a8_ring")                ? -1
+                           : advance != nullptr && std::string(advance) == "0" ? 1
+                           : !cuda::cuda_feature_on("w4a8_ring_bulk")          ? 2
+                           : cuda::cuda_feature_on("w4a8_persistent")          ? 4
+                                                                               : 3;
   const auto tiled_forms = [&](const W4A8Inputs& inputs, int64_t rows_total, const std::vector<float>& want, const std::string& what) {
     for (int cols_fast : {1, -1})
       for (int wg : {1, 2, 4})
-        for (int ring : {-1, 1, 2, 3, 4})
+        for (int asked : {-1, 0, 1, 2, 3, 4})
           for (int grid : {0, 3}) {
-            if ((wg != 4 && ring != -1) || (ring != 4 && grid != 0)) continue;
+            if ((wg != 4 && asked != -1) || (asked != 4 && grid != 0)) continue;
+            const int ring = asked == 0 ? default_ring : asked;
             cuda::set_w4a8_cols_fast(cols_fast);
             cuda::set_w4a8_wgmma_warpgroups(*gpu, wg);
-            cuda::set_w4a8_ring(ring);
+            cuda::set_w4a8_ring(asked);
             cuda::set_w4a8_persistent_grid(grid);
             const Tensor o = gpu->alloc(ElemType::kF32, {rows_total, inputs.D});
             const int64_t rings = cuda::w4a8_ring_launches(), bulk = cuda::w4a8_ring_bulk_launches(),
                           persistent = cuda::w4a8_persistent_launches(), expanded = cuda::w4a8_expanded_launches();
             gpu->moe(inputs.gpu_params(o));
-            const std::string form = what + "warpgroups " + std::to_string(wg) + ", ring " + std::to_string(ring) + ", grid " +
+            const std::string form = what + "warpgroups " + std::to_string(wg) + ", ring " + std::to_string(asked) +
+                                     (asked == 0 ? " (form " + std::to_string(ring) + ")" : "") + ", grid " +
                                      std::to_string(grid) + ", cols fast " + std::to_string(cols_fast);
             // w1, w3 and w2 on the ring where it is asked for (unless the opt-in expanded form took
             // them); form 3's bulk copies for each of them (N = F and D, multiples of 64; at F = 384
