@@ -2936,7 +2936,7 @@ namespace {
 std::atomic<int> g_attention_wg_pair{0};
 // Whether attention_wg_kernel takes two chunks a round, a warpgroup's whole logits each (kPair):
 // set_attention_wg_pair's choice where set (1 yes, -1 no), else no unless
-// SPARROW_CUDA_ENABLE=attn_wg_pair (its loop about 16 % shorter, but the kernel 1.9 % slower on an
+// SPARROW_CUDA_ENABLE=attn_wg_pair (its loop about 17 % shorter, but the kernel 1.9 % slower on an
 // H100, 2026-12-06: docs/perf.md, fifty-sixth session). The same bits either way; it takes
 // precedence over kAhead.
 bool attention_wg_pair() {
