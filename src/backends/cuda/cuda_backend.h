@@ -235,6 +235,9 @@ void set_attention_wg_ahead(int n);
 // SPARROW_CUDA_ENABLE=attn_wg_pair. The same bits either way; where on, set_attention_wg_ahead
 // has no effect. Process-wide; defined with the kernels.
 void set_attention_wg_pair(int n);
+// The form the last such launch ran: 0 a chunk a round, 1 with the logits ahead, 2 two chunks a
+// round (meaningful where last_attention_wgmma). Defined with the kernels.
+int last_attention_wg_form();
 // The W4A8 decode wgmma kernel's span: 1, 2 or 4 groups of 128 inputs a ring slot (a weight
 // column's 64, 128 or 256 contiguous bytes a copy round); 0 (the default) takes
 // SPARROW_CUDA_W4A8_SPAN's, else 2 with the producer warp (set_w4a8_decode_producer) and, without it,

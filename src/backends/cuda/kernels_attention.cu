@@ -1371,6 +1371,32 @@ __global__ void attention_split_kernel(AttentionArgs a, int64_t t_base, int64_t 
 // The combine's steps, shared with the tensor-core kernel's one-split tokens: a split's weight
 // exp(m - M) (0 for an all-masked split), the denominator's and the output sum's next terms.
 __device__ inline float attn_split_weight(float m, float M) { return m == -INFINITY ? 0.0f : expf(m - M); }
+// A weight's kTerms bf16 terms for the tensor-core weighted sum, term 0 the smallest: the weight
+// rounded (kTerms 1, AttentionArgs::weights_bf16), or lo, mid, hi (hi its rounding, mid the
+// remainder's, lo the rest's: hi + mid + lo is the weight to fp32's precision).
+template <int kTerms>
+__device__ inline void attn_weight_terms(float w, uint16_t (&t)[kTerms]) {
+  static_assert(kTerms == 1 || kTerms == 3, "the weights' terms");
+  const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+  if constexpr (kTerms == 1) {
+    t[0] = __bfloat16_as_ushort(hi);
+  } else {
+    const float r1 = w - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+    t[0] = __bfloat16_as_ushort(__float2bfloat16_rn(r1 - __bfloat162float(mid)));
+    t[1] = __bfloat16_as_ushort(mid);
+    t[2] = __bfloat16_as_ushort(hi);
+  }
+}
+// Two neighbouring candidates' terms as the 32-bit words of an mma A fragment (w0 low, w1 high).
+template <int kTerms>
+__device__ inline void attn_weight_terms2(float w0, float w1, uint32_t (&out)[kTerms]) {
+  uint16_t t0[kTerms], t1[kTerms];
+  attn_weight_terms<kTerms>(w0, t0);
+  attn_weight_terms<kTerms>(w1, t1);
+#pragma unroll
+  for (int term = 0; term < kTerms; ++term) out[term] = static_cast<uint32_t>(t0[term]) | (static_cast<uint32_t>(t1[term]) << 16);
+}
 __device__ inline float attn_combine_denom(float denom, float ws, float sum) { return __fmaf_rn(ws, sum, denom); }
 __device__ inline float attn_combine_term(float acc, float ws, float v) { return __fmaf_rn(ws, v, acc); }
 
@@ -1821,18 +1847,11 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     for (int hh = 0; hh < kHw; ++hh) {
       if (hh >= nh) continue;
       const int h = hb + hh;
-      const __nv_bfloat16 hi = __float2bfloat16_rn(p[hh]);
-      if constexpr (kTerms == 1) {  // (AttentionArgs::weights_bf16: the weight rounded, the sum above not)
-        *reinterpret_cast<__nv_bfloat16*>(pw + h * kAmPRow + 2 * lane) = hi;
-      } else {
-        const float r1 = p[hh] - __bfloat162float(hi);
-        const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-        const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-        const __nv_bfloat16 terms[3] = {lo, mid, hi};
+      // (AttentionArgs::weights_bf16, kTerms 1: the weight rounded, the sum above not.)
+      uint16_t terms[kTerms];
+      attn_weight_terms<kTerms>(p[hh], terms);
 #pragma unroll
-        for (int term = 0; term < 3; ++term)
-          *reinterpret_cast<__nv_bfloat16*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
-      }
+      for (int term = 0; term < kTerms; ++term) *reinterpret_cast<uint16_t*>(pw + (term * kH + h) * kAmPRow + 2 * lane) = terms[term];
     }
     __syncwarp();
     if (lane == 0) {
@@ -2171,7 +2190,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
                              : reinterpret_cast<const void**>(xch + 4 * kAwHeads * kAwXRow);  // [kPtrBufs][kAmChunk]
   double* ang = reinterpret_cast<double*>(kptr0 + kPtrBufs * kAmChunk);          // [2 kMaxRopePairs]
   uint32_t* kmask = reinterpret_cast<uint32_t*>(ang + 2 * kMaxRopePairs);         // [kPtrBufs]
-  uint32_t* pxch = kmask + (kAwPtrBufs + 3) / 4 * 4;                              // [2][128][kAwPx]
+  uint32_t* pxch = kmask + (kPtrBufs + 3) / 4 * 4;  // [2][128][kAwPx] (the other forms)
 
   const SplitBlock blk = split_block(a, t_base, kAwHeads);
   const int64_t t = blk.t, h0 = blk.h0, s = blk.s, n = blk.n;
@@ -2255,6 +2274,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   for (int ni = 0; ni < kNi; ++ni)
 #pragma unroll
     for (int r = 0; r < kN / 2; ++r) acc[ni][r] = 0.0f;
+  const auto fence_acc = [&] {
+#pragma unroll
+    for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+  };
   // The exchange of chunk c: xch + (c % 2) 2 64 kAwXRow, this warpgroup's partial sums at wg 64 kAwXRow
   // (two, so that a warpgroup may write chunk c + 1's before the other has read chunk c's).
   const auto mine = [&](int c) { return xch + ((c % 2) * 2 + wg) * kAwHeads * kAwXRow; };
@@ -2345,25 +2370,11 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       // The terms (hi, and mid and lo: attention_mma_kernel's split), term 0 the smallest.
 #pragma unroll
       for (int ii = 0; ii < 2; ++ii) {
-        uint16_t tb[3][2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const __nv_bfloat16 hi = __float2bfloat16_rn(p[ii][e]);
-          if constexpr (kTerms == 1) {
-            tb[0][e] = __bfloat16_as_ushort(hi);
-          } else {
-            const float r1 = p[ii][e] - __bfloat162float(hi);
-            const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-            const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-            tb[0][e] = __bfloat16_as_ushort(lo);
-            tb[1][e] = __bfloat16_as_ushort(mid);
-            tb[2][e] = __bfloat16_as_ushort(hi);
-          }
-        }
         // Regs 0 / 1 the candidates 2 tig (+1) of heads row0 / row0 + 8, regs 2 / 3 those + 8.
+        uint32_t w[kTerms];
+        attn_weight_terms2<kTerms>(p[ii][0], p[ii][1], w);
 #pragma unroll
-        for (int term = 0; term < kTerms; ++term)
-          own[term][2 * ii + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
+        for (int term = 0; term < kTerms; ++term) own[term][2 * ii + h] = w[term];
       }
     }
     // Into the exchange: this thread's fragments and half sums, at its place in its warpgroup.
@@ -2412,10 +2423,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
           for (int r = 0; r < kN / 2; ++r) acc[ni][r] *= alpha[(r / 2) % 2];
       }
     }
-#pragma unroll
-    for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+    fence_acc();
     // (A's fragments made before the fence, not between the chain's wgmma.)
     uint32_t fa[kTerms][2][4];
 #pragma unroll
@@ -2441,10 +2449,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   const auto fence_all = [&](float (&d)[16]) {
 #pragma unroll
     for (int r = 0; r < 16; ++r) wgmma_fence_operand(d[r]);
-#pragma unroll
-    for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-      for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+    fence_acc();
   };
 
   if constexpr (kPair) {
@@ -2454,9 +2459,8 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     // are relative to the max after both. The softmax's state after each chunk is made in both
     // warpgroups from the same values, and the weighted sum adds chunk 2i then chunk 2i + 1 (each
     // rescaled first), so every operation is the chunk-a-round form's: the same bits.
-    const auto step_alpha = [](float m_old, float m_new) {
-      return m_new == -INFINITY ? 1.0f : m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-    };
+    // (The rescale from max m_old to m_new: 1 while every logit so far is masked.)
+    const auto step_alpha = [](float m_old, float m_new) { return m_new == -INFINITY ? 1.0f : attn_split_weight(m_old, m_new); };
     constexpr int kPx = kAwPairPx<kTerms>;
     const int pairs = (chunks + 1) / 2;
     for (int i = 0; i < pairs; ++i) {
@@ -2532,7 +2536,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         pair_mx[tid] = make_float2(mx[0], mx[1]);
         named_barrier_arrive(1, kAwThreads);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) m_a[h] = m_b[h] = fmaxf(m[h], mx[h]);
+        for (int h = 0; h < 2; ++h) m_a[h] = m_b[h] = fmaxf(m[h], mx[h]);  // (m_b: set from the exchange below)
       } else {
         named_barrier_sync(1, kAwThreads);
         const float2 o = pair_mx[tid - 128];
@@ -2571,25 +2575,10 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
           for (int ii = 0; ii < 2; ++ii) {
-            uint16_t tb[3][2];
+            uint32_t w[kTerms];
+            attn_weight_terms2<kTerms>(p[2 * kk + ii][0], p[2 * kk + ii][1], w);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float w = p[2 * kk + ii][e];
-              const __nv_bfloat16 hi = __float2bfloat16_rn(w);
-              if constexpr (kTerms == 1) {
-                tb[0][e] = __bfloat16_as_ushort(hi);
-              } else {
-                const float r1 = w - __bfloat162float(hi);
-                const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-                const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-                tb[0][e] = __bfloat16_as_ushort(lo);
-                tb[1][e] = __bfloat16_as_ushort(mid);
-                tb[2][e] = __bfloat16_as_ushort(hi);
-              }
-            }
-#pragma unroll
-            for (int term = 0; term < kTerms; ++term)
-              own[term][kk][2 * ii + h] = static_cast<uint32_t>(tb[term][0]) | (static_cast<uint32_t>(tb[term][1]) << 16);
+            for (int term = 0; term < kTerms; ++term) own[term][kk][2 * ii + h] = w[term];
           }
       }
       {
@@ -2651,18 +2640,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
           pv_issue(keys_of(cb), al_b, pb, std::false_type{});
         } else {  // (its rescaling needs chunk 2i's sums)
           wgmma_wait<0>();
-#pragma unroll
-          for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-            for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+          fence_acc();
           pv_issue(keys_of(cb), al_b, pb, std::true_type{});
         }
       }
       wgmma_wait<0>();
-#pragma unroll
-      for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-        for (int r = 0; r < kN / 2; ++r) wgmma_fence_operand(acc[ni][r]);
+      fence_acc();
     }
   } else if constexpr (!kAhead) {
     for (int c = 0; c < chunks; ++c) {
@@ -2920,6 +2903,7 @@ void set_attention_dim_slices(int n) {
 int last_attention_dim_slices() { return g_last_attention_dim_slices.load(); }
 namespace {
 std::atomic<bool> g_last_attention_wgmma{false};
+std::atomic<int> g_last_attention_wg_form{0};
 std::atomic<int> g_attention_wg_ahead{0};
 // Whether attention_wg_kernel issues a chunk's logits before the chunk before's softmax (kAhead):
 // set_attention_wg_ahead's choice where set (1 yes, -1 no), else no unless
@@ -2946,6 +2930,7 @@ bool attention_wg_pair() {
 }  // namespace
 void set_attention_wg_pair(int n) { g_attention_wg_pair.store(n); }
 bool last_attention_wgmma() { return g_last_attention_wgmma.load(); }
+int last_attention_wg_form() { return g_last_attention_wg_form.load(); }
 
 int64_t attn_mma_split_candidates() {
   static const int64_t per = cuda_env_int(
@@ -3064,8 +3049,10 @@ void launch_attention(const AttentionArgs& args) {
           else run(attention_wg_kernel<128, kT, kA, kP>);
         };
         const auto pick_ahead = [&](auto terms_c) {
+          const bool ahead = !pair && attention_wg_ahead();
+          g_last_attention_wg_form.store(pair ? 2 : ahead ? 1 : 0);
           if (pair) pick_wg(terms_c, std::false_type{}, std::true_type{});
-          else if (attention_wg_ahead()) pick_wg(terms_c, std::true_type{}, std::false_type{});
+          else if (ahead) pick_wg(terms_c, std::true_type{}, std::false_type{});
           else pick_wg(terms_c, std::false_type{}, std::false_type{});
         };
         if (a.weights_bf16) pick_ahead(std::integral_constant<int, 1>{});

@@ -1513,6 +1513,7 @@ void CudaOps::check_attention_block_shapes(const AttentionParams& p, const std::
         // (Where attn_mma or attn_split is off the kernels without blocks of heads ran.)
         const int ran = cuda::last_attention_tensor_cores(*gpu) ? cuda::last_attention_dim_slices() : 1;
         const bool wgmma = cuda::last_attention_tensor_cores(*gpu) && cuda::last_attention_wgmma();
+        const int wg_form = cuda::last_attention_wg_form();
         cuda::set_attention_block_heads(*gpu, 0);
         cuda::set_attention_overlap(0);
         cuda::set_attention_wg_ahead(0);
@@ -1520,6 +1521,10 @@ void CudaOps::check_attention_block_shapes(const AttentionParams& p, const std::
         cuda::set_attention_dim_slices(0);
         if (heads == 64) {
           EXPECT_EQ(wgmma, cuda::last_attention_tensor_cores(*gpu) && H % 64 == 0 && copies) << what << ", 64 heads";
+          // (and the form forced: 0 a chunk a round, 1 the logits ahead, 2 two chunks a round)
+          if (wgmma) {
+            EXPECT_EQ(wg_form, overlap == 1 ? 2 : overlap < 0 ? 1 : 0) << what << ", 64 heads, overlap " << overlap;
+          }
         } else {
           EXPECT_FALSE(wgmma) << what << ", " << heads << " heads";
         }
