@@ -1553,32 +1553,35 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
 // lane and its neighbour: a pair never straddles two lanes' chunks) with rope_kernel's fp64 angles
 // and rotation (the token's angles computed once into `ang`, shared memory), rounded again when
 // round_bf16; then to bf16 as the staging loop converts. Every thread of the block calls it.
-template <int Dh, int kHeadsW, class Put>
+// kDepth heads' loads in flight (a ring of register sets; the heads' loop unrolled past 1): the
+// same operations on each head.
+template <int Dh, int kHeadsW, int kDepth = 1, class Put>
 __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float* q, double pos, double* ang, Put put, int lane) {
   constexpr int kU = Dh / 32;
+  static_assert(kDepth >= 1 && kDepth <= kHeadsW, "heads in flight");
   const int pairs = a.q_rope.pairs, rope0 = Dh - 2 * pairs;
   const int warp = threadIdx.x / 32;
-  // A head's loads at a time (two heads' in flight spilled at 128 registers); the first head's are
-  // issued before the token's angles (rope_kernel's, into `ang`: cosines, then sines) are computed.
-  float v[kU];
-  const auto load = [&](int hw) {
+  // (kDepth 1: a head's loads at a time, since two heads' in flight spilled at 128 registers in
+  // attention_mma_kernel.) The first heads' loads are issued before the token's angles
+  // (rope_kernel's, into `ang`: cosines, then sines) are computed.
+  float v[kDepth][kU];
+  const auto load = [&](int slot, int hw) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = q[static_cast<int64_t>(warp * kHeadsW + hw) * Dh + lane + 32 * u];
+    for (int u = 0; u < kU; ++u) v[slot][u] = q[static_cast<int64_t>(warp * kHeadsW + hw) * Dh + lane + 32 * u];
   };
-  load(0);
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) load(d, d);
   if (threadIdx.x < pairs) rope_angle(pos, a.q_rope, threadIdx.x, false, ang[threadIdx.x], ang[pairs + threadIdx.x]);
   __syncthreads();
-#pragma unroll 1
-  for (int hw = 0; hw < kHeadsW; ++hw) {
-    if (hw > 0) load(hw);
+  const auto head = [&](int hw, int slot) {
     float ss = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) ss += v[u] * v[u];
+    for (int u = 0; u < kU; ++u) ss += v[slot][u] * v[slot][u];
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(Dh) + a.q_eps);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      float y = v[u] * inv;
+      float y = v[slot][u] * inv;
       if (a.round_bf16) y = dev_bf16_round(y);
       const int e = lane + 32 * u;
       if (32 * u + 32 > rope0) {  // (uniform: the chunk holds rotated dims)
@@ -1594,6 +1597,14 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
       }
       put(hw, e, __bfloat16_as_ushort(__float2bfloat16_rn(y)));
     }
+    if (hw + kDepth < kHeadsW) load(slot, hw + kDepth);
+  };
+  if constexpr (kDepth == 1) {
+#pragma unroll 1
+    for (int hw = 0; hw < kHeadsW; ++hw) head(hw, 0);
+  } else {
+#pragma unroll
+    for (int hw = 0; hw < kHeadsW; ++hw) head(hw, hw % kDepth);
   }
 }
 
@@ -2210,7 +2221,7 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   const int row0 = 16 * (warp % 4) + gid;  // this thread's heads: row0 and row0 + 8 (of the block's 64)
 
   if (a.q_prep) {
-    attention_mma_q_prep<kDh, kAwHeads / 8>(
+    attention_mma_q_prep<kDh, kAwHeads / 8, 4>(
         a, a.q + (t * a.H + h0) * a.Dh, static_cast<double>(tk.pos), ang,
         [&](int hw, int e, uint16_t v) { *reinterpret_cast<uint16_t*>(qs + aw_at(8 * warp + hw, e, kQSub)) = v; }, lane);
   } else {
@@ -2721,29 +2732,49 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   }
   // acc[ni][4 j + 2 h + e]: head row0 + 8 h, dim wg kWgDims + ni kN + 8 j + 2 tig + e.
   if (n <= a.mma_split) {  // the token's only split: attention_mma_kernel's ending
-    float ws[2], denom[2];
+    // The sums staged in shared memory (q's and the keys' space, free now), [64 heads][kDh + 8]
+    // (rows 32 bytes of banks apart: a warp's 8-byte stores in two wavefronts), with each head's
+    // weight ws and denominator; then every output a quarter warp's float4, a loop of few
+    // instructions (unrolled, the 128 divisions a thread were most of the kernel's code and its
+    // time after the loop went to instruction fetch and their dependent chains).
+    constexpr int kRow = kDh + 8;
+    static_assert(kAwHeads * kRow * sizeof(float) + 2 * kAwHeads * sizeof(float) <= kDh / 64 * kQSub + kAwStages * kKBytes,
+                  "the staged sums fit in q's and the keys' space");
+    float* const st = reinterpret_cast<float*>(qs);
+    float* const head_w = st + kAwHeads * kRow;  // [64][2]: ws, denom
+    __syncthreads();  // every warp done reading q and the keys (its wgmma waited for)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float sink = dev_load(a.sinks, h0 + row0 + 8 * h);
-      const float M = fmaxf(sink, m[h]);
-      ws[h] = attn_split_weight(m[h], M);
-      denom[h] = attn_combine_denom(expf(sink - M), ws[h], l[h]);
+      if (wg == 0 && tig == 0) {
+        const float sink = dev_load(a.sinks, h0 + row0 + 8 * h);
+        const float M = fmaxf(sink, m[h]);
+        const float ws = attn_split_weight(m[h], M);
+        head_w[2 * (row0 + 8 * h)] = ws;
+        head_w[2 * (row0 + 8 * h) + 1] = attn_combine_denom(expf(sink - M), ws, l[h]);
+      }
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j)
+          *reinterpret_cast<float2*>(st + (row0 + 8 * h) * kRow + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
+              make_float2(acc[ni][4 * j + 2 * h], acc[ni][4 * j + 2 * h + 1]);
     }
+    __syncthreads();
+    constexpr int kQuads = kDh / 4;  // float4 a row
+    float* const out = a.out + (t * a.H + h0) * a.Dh;
+#pragma unroll 2
+    for (int i = tid; i < kAwHeads * kQuads; i += kAwThreads) {
+      const int head = i / kQuads, q4 = i % kQuads;
+      const float4 x = *reinterpret_cast<const float4*>(st + head * kRow + 4 * q4);
+      const float ws = head_w[2 * head], denom = head_w[2 * head + 1];
+      float o[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-    for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float o[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            o[e] = attn_combine_term(0.0f, ws[h], acc[ni][4 * j + 2 * h + e]) / denom[h];
-            if (a.round_bf16) o[e] = dev_bf16_round(o[e]);
-          }
-          *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + row0 + 8 * h) * a.Dh + wg * kWgDims + ni * kN + 8 * j + 2 * tig) =
-              make_float2(o[0], o[1]);
-        }
+      for (int e = 0; e < 4; ++e) {
+        o[e] = attn_combine_term(0.0f, ws, o[e]) / denom;
+        if (a.round_bf16) o[e] = dev_bf16_round(o[e]);
+      }
+      *reinterpret_cast<float4*>(out + static_cast<int64_t>(head) * a.Dh + 4 * q4) = make_float4(o[0], o[1], o[2], o[3]);
+    }
     return;
   }
   const int64_t th0 = (t - t_base) * a.H + h0;
