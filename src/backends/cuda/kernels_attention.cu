@@ -2271,6 +2271,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     __syncthreads();
     issue(0, 0);
     if (chunks > 1) issue(1, 1);
+  } else if constexpr (!kAhead) {
+    // Chunks 0..kAwStages - 1's addresses (a warp each), then the first kAwStages - 1 chunks' copies.
+    fill_ptrs(j_begin + warp * kAmChunk, warp, warp < kAwStages ? warp : -1);
+    __syncthreads();
+#pragma unroll
+    for (int st = 0; st < kAwStages - 1; ++st) issue(st, st);
   } else {
 #pragma unroll
     for (int st = 0; st < kAwStages - 1; ++st) fill_ptrs(j_begin + st * kAmChunk, st);
@@ -2660,18 +2666,20 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     }
   } else if constexpr (!kAhead) {
     for (int c = 0; c < chunks; ++c) {
-      // Chunk c + kAwStages - 1's addresses, then (everyone done with chunk c - 1's key buffer) its
-      // copies; then chunk c's keys landed, everyone's, and visible to the tensor cores.
-      const int ahead = c + kAwStages - 1;
-      if (ahead < chunks) fill_ptrs(j_begin + int64_t{ahead} * kAmChunk, ahead % kAwPtrBufs);
-      __syncthreads();
-      if (ahead < chunks) issue(ahead % kAwStages, ahead % kAwPtrBufs);
-      else cp_async_commit();  // (an empty group: chunk c's stays kAwStages - 1 groups from the newest)
-      cp_async_wait<kAwStages - 1>();
+      // Chunk c's keys landed (chunk c + 1's may still be in flight), everyone's, and visible to
+      // the tensor cores; every thread done with chunk c - 1 (its key buffer refilled next); chunk
+      // c + kAwStages - 1's addresses (written a chunk before) visible. Then that chunk's copies,
+      // chunk c's logits, and under them chunk c + kAwStages's addresses (warp 0: a global load the
+      // block no longer waits for at the barrier).
+      cp_async_wait<kAwStages - 2>();
       fence_proxy_async_smem();
       __syncthreads();
+      const int ahead = c + kAwStages - 1;
+      if (ahead < chunks) issue(ahead % kAwStages, ahead % kAwPtrBufs);
+      else cp_async_commit();  // (an empty group: the next chunk's stays kAwStages - 2 groups from the newest)
       float d[16];
       qk_issue(d, keys_of(c));
+      if (ahead + 1 < chunks) fill_ptrs(j_begin + int64_t{ahead + 1} * kAmChunk, (ahead + 1) % kAwPtrBufs);
       wgmma_wait<0>();
       fence_all(d);
       put_partial(d, c);
