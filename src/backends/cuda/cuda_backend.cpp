@@ -81,14 +81,14 @@ std::vector<std::string> env_names(const char* var) { return split_names(std::ge
 // switches). CTest cuda_feature_names checks these lists against the names the sources ask about.
 constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "act_quant_half", "act_quant_shared", "alloc_nofill", "argmax", "async_upload", "attn_bf16_kv", "attn_dims",
-    "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wgmma", "bf16_f32_in",
+    "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
     "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
     "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
     "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
     "w4a8_persistent", "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
-constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "attn_wg_pair", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
+constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
 
 template <size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view name) {

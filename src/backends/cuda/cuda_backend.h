@@ -231,8 +231,8 @@ bool last_attention_wgmma();
 // way. Process-wide; defined with the kernels.
 void set_attention_wg_ahead(int n);
 // Whether that form takes two chunks of candidates a round, each warpgroup the whole logits of one
-// (fewer barriers and no exchange of partial logits): 1 yes, -1 no, 0 (the default) no unless
-// SPARROW_CUDA_ENABLE=attn_wg_pair. The same bits either way; where on, set_attention_wg_ahead
+// (fewer barriers and no exchange of partial logits): 1 yes, -1 no, 0 (the default) yes unless
+// SPARROW_CUDA_DISABLE=attn_wg_pair. The same bits either way; where on, set_attention_wg_ahead
 // has no effect. Process-wide; defined with the kernels.
 void set_attention_wg_pair(int n);
 // The form the last such launch ran: 0 a chunk a round, 1 with the logits ahead, 2 two chunks a

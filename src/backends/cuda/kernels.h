@@ -150,7 +150,10 @@ struct DevView {
 // CSA layer's wq_b and indexer wq_b, quantise it once, Fp8Linear::keep_quantised; off: once each,
 // the same bits), "attn_wgmma" (the tensor-core attention's calls that do not go to 16-head
 // blocks, from the bf16 copies where H is a multiple of 64, on attention_wg_kernel: 64 heads of a
-// token a block on wgmma; off: 32-head blocks, the same bits), "act_quant_half" (act_quant's calls
+// token a block on wgmma; off: 32-head blocks, the same bits), "attn_wg_pair" (that form two
+// chunks of 32 candidates a round, each warpgroup the whole logits, weights and exp-sum of one, so
+// no exchange of partial logits and three barriers a round rather than eight; off: a chunk a round,
+// its logits' k16 steps shared between the warpgroups; the same bits), "act_quant_half" (act_quant's calls
 // of 2^15 pairs or more a half-warp a pair, 8 values a lane; off: a warp a pair, four pairs a warp
 // from 2^17, the same codes and scales), "moe_scatter_store" (the MoE's w2 on the wgmma W4A8
 // kernels, where a block sums all of K, writes each row's outputs straight into the combine's
@@ -169,10 +172,7 @@ bool cuda_feature_on(const char* name);
 // and decoded by the tensor-core attention: 5.3x less KV memory, the same bits, but the decode in
 // the attention's chunk loop made the batch-1 step 4 % and a 256 x 32K layer 3-4 % slower on the
 // H200, 2026-12-03), "attn_wg_ahead" (attention_wg_kernel issues a chunk's logits before the
-// chunk before's softmax: the same bits, slower on the H200, 2026-12-05), "attn_wg_pair" (that
-// kernel two chunks of 32 candidates a round, each warpgroup the whole logits, weights and exp-sum
-// of one: no exchange of partial logits, three barriers a round rather than eight; the same bits,
-// 1.9 % slower on an H100, 2026-12-06: docs/perf.md, fifty-sixth session) and "w4a8_expand" (the
+// chunk before's softmax: the same bits, slower on the H200, 2026-12-05) and "w4a8_expand" (the
 // routed experts' tiled projections, where the experts average kW4A8ExpandRows rows or more, on the
 // expanded form: each expert's MXFP4 weights written once as e5m2 bytes, then the FP8 TMA kernel's
 // tiles, GroupedW4A8Args::expanded; the same bits, an SWA layer's 8K prefill 4.5-5 % slower on an

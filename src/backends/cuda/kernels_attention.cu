@@ -2961,12 +2961,12 @@ void set_attention_wg_ahead(int n) { g_attention_wg_ahead.store(n); }
 namespace {
 std::atomic<int> g_attention_wg_pair{0};
 // Whether attention_wg_kernel takes two chunks a round, a warpgroup's whole logits each (kPair):
-// set_attention_wg_pair's choice where set (1 yes, -1 no), else no unless
-// SPARROW_CUDA_ENABLE=attn_wg_pair (its loop about 17 % shorter, but the kernel 1.9 % slower on an
-// H100, 2026-12-06: docs/perf.md, fifty-sixth session). The same bits either way; it takes
-// precedence over kAhead.
+// set_attention_wg_pair's choice where set (1 yes, -1 no), else yes unless
+// SPARROW_CUDA_DISABLE=attn_wg_pair (with the short prologue and ending, the 8K prefill's kernel
+// 4.09 ms against the chunk-a-round form's 4.55 on an H200, 2026-12-06: docs/perf.md, fifty-seventh
+// session). The same bits either way; it takes precedence over kAhead.
 bool attention_wg_pair() {
-  static const bool on = cuda_feature_enabled("attn_wg_pair");
+  static const bool on = cuda_feature_on("attn_wg_pair");
   return forced_or(g_attention_wg_pair, on);
 }
 }  // namespace
