@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# scripts/ncu-source-parts.py on a small hand-made ncu source CSV: the landmarks with the share of
+# samples before each, a part's share and its largest stall reason, and clear errors.
+set -euo pipefail
+script="$1/scripts/ncu-source-parts.py"
+dir="$2"
+mkdir -p "$dir"
+csv="$dir/src.csv"
+cat > "$csv" <<'CSV'
+"Kernel Name","void k()",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_barrier","stall_wait","stall_barrier (Not Issued)"
+"0x0","      LDC R1, c[0x0][0x28]","10","10","4","0","10","0"
+"0x10","      BAR.SYNC.DEFER_BLOCKING 0x0","30","30","4","30","0","30"
+"0x20","      HGMMA.64x32x16.F32.BF16 R152, gdesc[UR8], RZ","40","40","8","0","40","0"
+"0x30","      EXIT","20","20","4","5","15","0"
+"0x40","      BRA 0x40","0","0","0","0","0","0"
+CSV
+fail() { echo "FAIL: $*"; exit 1; }
+out=$(python3 "$script" "$csv")
+echo "$out"
+echo "$out" | grep -q "^5 SASS rows, 100 samples$" || fail "totals"
+echo "$out" | grep -Eq "^ +1 +10\.0% +4  BAR\.SYNC" || fail "the barrier's row and the 10 % before it"
+echo "$out" | grep -Eq "^ +3 +80\.0% +4  EXIT" || fail "the exit's row and the 80 % before it"
+echo "$out" | grep -q "BRA 0x40" && fail "a branch never executed is not a landmark"
+parts=$(python3 "$script" "$csv" head:0:2 tail:2:-1)
+echo "$parts"
+echo "$parts" | grep -q "^head: 40.0% of the samples; barrier 75%, wait 25%" || fail "the head part"
+echo "$parts" | grep -q "^tail: 60.0% of the samples; wait 92%, barrier 8%" || fail "the tail part"
+if python3 "$script" "$csv" bad:0 2> "$dir/err"; then fail "a part without an end accepted"; fi
+grep -q "'bad:0' is not name:first:end" "$dir/err" || fail "the part's error"
+echo "not a csv" > "$dir/bad.csv"
+if python3 "$script" "$dir/bad.csv" 2> "$dir/err"; then fail "a file without the header accepted"; fi
+grep -q "has no 'Address' header row" "$dir/err" || fail "the header's error"
+echo "ncu-source-parts: all passed"
