@@ -1591,17 +1591,19 @@ __device__ inline void attention_mma_q_prep(const AttentionArgs& a, const float*
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         float y = v[slot][u] * inv;
-        if (a.round_bf16) y = dev_bf16_round(y);
         const int e = lane + 32 * u;
+        // (A value's last rounding to bf16 is the staging's own conversion below: rounding twice to
+        // nearest even gives the once-rounded bits, so round_bf16 rounds only the value the
+        // rotation takes. y is a product, so a NaN is the canonical one either way.)
         if (u >= kRopeU0 && 32 * u + 32 > rope0) {  // (uniform: the chunk holds rotated dims)
+          if (a.round_bf16) y = dev_bf16_round(y);
           const float other = __shfl_xor_sync(0xffffffffu, y, 1);
           if (e >= rope0) {
             const bool even = (e & 1) == 0;
             const int i = (e - rope0) / 2;
             const float2 r =
                 even ? rope_rotated(y, other, ang[i], ang[pairs + i]) : rope_rotated(other, y, ang[i], ang[pairs + i]);
-            y = even ? r.x : r.y;
-            if (a.round_bf16) y = dev_bf16_round(y);
+            y = even ? r.x : r.y;  // (its rounding, too, is the conversion below)
           }
         }
         put(hw, e, __bfloat16_as_ushort(__float2bfloat16_rn(y)));
