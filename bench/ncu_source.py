@@ -3,7 +3,7 @@
 
     ncu --section SourceCounters --section WarpStateStats --import-source no -k regex:NAME -c 1 -o rep <app>
     ncu -i rep.ncu-rep --page source --csv --print-source sass > kernel.csv
-    python3 bench/ncu_source.py kernel.csv [--warps N] [--top N]
+    python3 bench/ncu_source.py kernel.csv [--warps N] [--top N] [--landmarks] [--part NAME:FIRST:END ...]
 
 (scripts/gpu-probe.sh's NCU_SOURCE=1 writes such a CSV.) Prints, from the SASS rows:
   - the instructions executed and the warp-state samples in all, and the samples' stall reasons;
@@ -14,6 +14,9 @@
     the most executed instruction);
   - the instructions with the most samples, each with its two largest stall reasons.
 --warps N (the launch's warps: blocks x warps a block) adds each run's executions a warp.
+--landmarks adds every executed barrier, wait, HGMMA, exit and branch with its row and the share of
+the samples before it, to choose parts by; --part NAME:FIRST:END (rows FIRST to END - 1, END -1 for
+the last; repeatable) adds that part's share of the samples and its six largest stall reasons.
 """
 import argparse
 import collections
@@ -21,6 +24,7 @@ import csv
 import sys
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
+LANDMARKS = ("BAR.", "DEPBAR", "EXIT", "HGMMA", "WARPSYNC", "BRA ", "BRA.")
 EXECUTED = "Instructions Executed"
 
 
@@ -99,7 +103,38 @@ def opcode_table(insts, total_exec, total_samples, title):
     return lines
 
 
-def summarise(path, warps=0, top=20):
+def landmark_lines(insts, total_samples):
+    out, before = ["", "landmarks (row, share of the samples before it, executed, instruction):"], 0
+    for i, inst in enumerate(insts):
+        if inst["executed"] > 0 and any(k in inst["source"] for k in LANDMARKS):
+            out.append(f"{i:6d} {pct(before, total_samples):5.1f}% {inst['executed']:>10d}  {inst['source'][:70]}")
+        before += inst["samples"]
+    return out
+
+
+def part_lines(insts, total_samples, parts):
+    out = [""]
+    for name, first, end in parts:
+        seg = insts[first:] if end == -1 else insts[first:end]
+        samples = sum(i["samples"] for i in seg)
+        reasons = collections.Counter()
+        for inst in seg:
+            reasons.update(inst["stalls"])
+        top = ", ".join(f"{r} {pct(v, samples):.0f}%" for r, v in reasons.most_common(6))
+        out.append(f"{name}: {pct(samples, total_samples):.1f}% of the samples; {top}")
+    return out
+
+
+def part_spec(text):
+    """NAME:FIRST:END, for --part."""
+    try:
+        name, first, end = text.split(":")
+        return name, int(first), int(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not name:first:end") from None
+
+
+def summarise(path, warps=0, top=20, landmarks=False, parts=()):
     kernel, insts = load(path)
     total_exec = sum(i["executed"] for i in insts)
     total_samples = sum(i["samples"] for i in insts)
@@ -135,6 +170,10 @@ def summarise(path, warps=0, top=20):
         inst = insts[i]
         two = [f"{r} {v}" for r, v in sorted(inst["stalls"].items(), key=lambda kv: -kv[1])[:2] if v]
         out.append(f"| {i} | {inst['executed']} | {inst['samples']} | `{inst['source']}` | {', '.join(two)} |")
+    if landmarks:
+        out += landmark_lines(insts, total_samples)
+    if parts:
+        out += part_lines(insts, total_samples, parts)
     return "\n".join(out)
 
 
@@ -143,10 +182,13 @@ def main(argv):
     p.add_argument("csv", help="ncu --page source --csv --print-source sass output of one kernel")
     p.add_argument("--warps", type=int, default=0, help="the launch's warps, for executions a warp")
     p.add_argument("--top", type=int, default=20, help="instructions listed by their samples")
+    p.add_argument("--landmarks", action="store_true", help="list the barriers, waits, HGMMAs, exits and branches")
+    p.add_argument("--part", type=part_spec, action="append", default=[], metavar="NAME:FIRST:END",
+                   help="a part's share of the samples and its stall reasons (END -1: to the last row)")
     a = p.parse_args(argv)
     if a.warps < 0 or a.top < 0:
         p.error("--warps and --top must not be negative")
-    print(summarise(a.csv, a.warps, a.top))
+    print(summarise(a.csv, a.warps, a.top, a.landmarks, a.part))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/ncu-source-parts.py on a small hand-made ncu source CSV: the landmarks with the share of
-# samples before each, a part's share and its largest stall reason, and clear errors.
+# bench/ncu_source.py's --landmarks and --part on a small hand-made ncu source CSV: the landmarks
+# with the share of samples before each, a part's share and its largest stall reasons, and clear
+# errors.
 set -euo pipefail
-script="$1/scripts/ncu-source-parts.py"
+script="$1/bench/ncu_source.py"
 dir="$2"
 mkdir -p "$dir"
 csv="$dir/src.csv"
@@ -16,19 +17,20 @@ cat > "$csv" <<'CSV'
 "0x40","      BRA 0x40","0","0","0","0","0","0"
 CSV
 fail() { echo "FAIL: $*"; exit 1; }
-out=$(python3 "$script" "$csv")
+out=$(python3 "$script" "$csv" --landmarks)
 echo "$out"
-echo "$out" | grep -q "^5 SASS rows, 100 samples$" || fail "totals"
+echo "$out" | grep -q "^instructions: 5 in the SASS, 20 executed (warp instructions), 100 warp-state samples$" || fail "totals"
 echo "$out" | grep -Eq "^ +1 +10\.0% +4  BAR\.SYNC" || fail "the barrier's row and the 10 % before it"
 echo "$out" | grep -Eq "^ +3 +80\.0% +4  EXIT" || fail "the exit's row and the 80 % before it"
-echo "$out" | grep -q "BRA 0x40" && fail "a branch never executed is not a landmark"
-parts=$(python3 "$script" "$csv" head:0:2 tail:2:-1)
+echo "$out" | grep -q "^ .*  BRA 0x40" && fail "a branch never executed is not a landmark"
+parts=$(python3 "$script" "$csv" --part head:0:2 --part tail:2:-1)
 echo "$parts"
 echo "$parts" | grep -q "^head: 40.0% of the samples; barrier 75%, wait 25%" || fail "the head part"
 echo "$parts" | grep -q "^tail: 60.0% of the samples; wait 92%, barrier 8%" || fail "the tail part"
-if python3 "$script" "$csv" bad:0 2> "$dir/err"; then fail "a part without an end accepted"; fi
+echo "$parts" | grep -q "^landmarks" && fail "landmarks listed without --landmarks"
+if python3 "$script" "$csv" --part bad:0 2> "$dir/err"; then fail "a part without an end accepted"; fi
 grep -q "'bad:0' is not name:first:end" "$dir/err" || fail "the part's error"
 echo "not a csv" > "$dir/bad.csv"
 if python3 "$script" "$dir/bad.csv" 2> "$dir/err"; then fail "a file without the header accepted"; fi
-grep -q "has no 'Address' header row" "$dir/err" || fail "the header's error"
-echo "ncu-source-parts: all passed"
+grep -q "no header with Source" "$dir/err" || fail "the header's error"
+echo "ncu_source.py landmarks and parts: all passed"
