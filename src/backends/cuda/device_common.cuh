@@ -169,6 +169,28 @@ __device__ inline uint16_t dev_f32_to_bf16(float f) {
 // bf16 round to nearest even, as an f32.
 __device__ inline float dev_bf16_round(float f) { return dev_bf16(dev_f32_to_bf16(f)); }
 
+// ---- division by a reciprocal taken once -------------------------------------------------------
+// x / d for many x over one d, with d's correctly rounded reciprocal y = __frcp_rn(d) taken once:
+// q = RN(x y), the remainder r = x - d q from one fma, then RN(q + r y) (Markstein's correction).
+// Three dependent operations and no branch, where the IEEE division is a reciprocal's refinement, a
+// range check and a branch to its slow path each time (a run of them cannot overlap). It gives the
+// IEEE division's bits for every pair of significands (CudaElementwise.QuotientByReciprocal... runs
+// every divisor significand against every dividend significand, 2^46 pairs, in its full form). The
+// bounds below keep every step normal, so the pairs' result holds at each scale within them: d's
+// exponent in [-40, 40] (y normal), x's e in [-79, 80] (a nonzero remainder is a multiple of
+// 2^(e - 47), so normal; the quotient's exponent within [-120, 121]). Elsewhere (zeros, subnormals,
+// infinities, NaNs, values far from 1) the caller divides.
+__device__ inline bool dev_div_recip_divisor_fits(float d) {
+  return ((__float_as_uint(d) >> 23) & 0xffu) - 87u <= 80u;  // biased exponent 87 .. 167
+}
+__device__ inline bool dev_div_recip_fits(float x) {
+  return ((__float_as_uint(x) >> 23) & 0xffu) - 48u <= 159u;  // biased exponent 48 .. 207
+}
+__device__ inline float dev_div_recip(float x, float d, float y) {
+  const float q = __fmul_rn(x, y);
+  return __fmaf_rn(__fmaf_rn(-d, q, x), y, q);
+}
+
 // Value i of a GEMM's output through its PartsView (kernels.h): the slices added in order and
 // rounded (parts_sum_kernel's arithmetic, which it calls too), or the summed value itself.
 __device__ __forceinline__ float dev_parts_at(const PartsView& v, int64_t i) {

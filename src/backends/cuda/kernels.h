@@ -585,6 +585,12 @@ void launch_fp4_to_device_layout(uint32_t* words, int64_t n);
 // order (fp4_layout.h; fp4_tiles(rows, row_bytes)).
 void launch_fp4_to_device_tiled(const uint32_t* in, uint32_t* out, int64_t rows, int64_t row_bytes);
 void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
+// Test hook: dev_div_recip (device_common.cuh) against the IEEE division over divisor significands
+// d_first + j d_step (j < d_count, modulo 2^23) and every x_step-th dividend significand, both in
+// [1, 2): counts[0] += pairs checked, counts[1] += pairs that differ, *example = the smallest
+// differing pair as divisor significand << 23 | dividend significand.
+void launch_div_recip_check(uint32_t d_first, uint32_t d_count, uint32_t d_step, uint32_t x_step, unsigned long long* counts,
+                            unsigned long long* example);
 // Test hook: the W4A8 wgmma kernels' e5m2 tables of each packed e8m0 word words[i] relative to the
 // row's largest scale byte e_ref[i] (>= each of the word's bytes), through the decode kernel's group
 // prep and through the per-block table alone (out: 18 words an entry; kernels_linear.cu says which).

@@ -2747,14 +2747,18 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
   if (n <= a.mma_split) {  // the token's only split: attention_mma_kernel's ending
     // The sums staged in shared memory (q's and the keys' space, free now), [64 heads][kDh + 8]
     // (rows 32 bytes of banks apart: a warp's 8-byte stores in two wavefronts), with each head's
-    // weight ws and denominator; then every output a quarter warp's float4, a loop of few
-    // instructions (unrolled, the 128 divisions a thread were most of the kernel's code and its
-    // time after the loop went to instruction fetch and their dependent chains).
+    // weight ws, denominator, its reciprocal and whether the reciprocal may stand for it; then a
+    // thread's outputs two quarter warps' float4s at a time, a loop of few instructions (unrolled,
+    // the 128 divisions a thread were most of the kernel's code and its time after the loop went to
+    // instruction fetch and their dependent chains). The 8 quotients of a step come from the
+    // reciprocal (dev_div_recip: the division's bits, three operations and no branch each) where
+    // all 8 numerators and the denominator are in its range, as they are unless the values are
+    // extreme; else from 8 divisions.
     constexpr int kRow = kDh + 8;
-    static_assert(kAwHeads * kRow * sizeof(float) + 2 * kAwHeads * sizeof(float) <= kDh / 64 * kQSub + kAwStages * kKBytes,
+    static_assert(kAwHeads * kRow * sizeof(float) + 4 * kAwHeads * sizeof(float) <= kDh / 64 * kQSub + kAwStages * kKBytes,
                   "the staged sums fit in q's and the keys' space");
     float* const st = reinterpret_cast<float*>(qs);
-    float* const head_w = st + kAwHeads * kRow;  // [64][2]: ws, denom
+    float* const head_w = st + kAwHeads * kRow;  // [64][4]: ws, denom, 1 / denom, fits (1 or 0)
     __syncthreads();  // every warp done reading q and the keys (its wgmma waited for)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -2762,8 +2766,9 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
         const float sink = dev_load(a.sinks, h0 + row0 + 8 * h);
         const float M = fmaxf(sink, m[h]);
         const float ws = attn_split_weight(m[h], M);
-        head_w[2 * (row0 + 8 * h)] = ws;
-        head_w[2 * (row0 + 8 * h) + 1] = attn_combine_denom(expf(sink - M), ws, l[h]);
+        const float denom = attn_combine_denom(expf(sink - M), ws, l[h]);
+        *reinterpret_cast<float4*>(head_w + 4 * (row0 + 8 * h)) =
+            make_float4(ws, denom, __frcp_rn(denom), dev_div_recip_divisor_fits(denom) ? 1.0f : 0.0f);
       }
 #pragma unroll
       for (int ni = 0; ni < kNi; ++ni)
@@ -2774,19 +2779,47 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     }
     __syncthreads();
     constexpr int kQuads = kDh / 4;  // float4 a row
+    static_assert(kAwHeads * kQuads % (2 * kAwThreads) == 0, "whole steps of two float4s a thread");
     float* const out = a.out + (t * a.H + h0) * a.Dh;
-#pragma unroll 2
-    for (int i = tid; i < kAwHeads * kQuads; i += kAwThreads) {
-      const int head = i / kQuads, q4 = i % kQuads;
-      const float4 x = *reinterpret_cast<const float4*>(st + head * kRow + 4 * q4);
-      const float ws = head_w[2 * head], denom = head_w[2 * head + 1];
-      float o[4] = {x.x, x.y, x.z, x.w};
+    for (int i0 = tid; i0 < kAwHeads * kQuads; i0 += 2 * kAwThreads) {
+      float o[2][4], den[2], rcp[2];
+      bool fits = true;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        o[e] = attn_combine_term(0.0f, ws, o[e]) / denom;
-        if (a.round_bf16) o[e] = dev_bf16_round(o[e]);
+      for (int u = 0; u < 2; ++u) {
+        const int i = i0 + u * kAwThreads, head = i / kQuads, q4 = i % kQuads;
+        const float4 x = *reinterpret_cast<const float4*>(st + head * kRow + 4 * q4);
+        const float4 w = *reinterpret_cast<const float4*>(head_w + 4 * head);  // ws, denom, 1 / denom, fits
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+        den[u] = w.y;
+        rcp[u] = w.z;
+        fits = fits && w.w != 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          o[u][e] = attn_combine_term(0.0f, w.x, xs[e]);
+          fits = fits && dev_div_recip_fits(o[u][e]);
+        }
       }
-      *reinterpret_cast<float4*>(out + static_cast<int64_t>(head) * a.Dh + 4 * q4) = make_float4(o[0], o[1], o[2], o[3]);
+      if (fits) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[u][e] = dev_div_recip(o[u][e], den[u], rcp[u]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[u][e] = o[u][e] / den[u];
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int i = i0 + u * kAwThreads, head = i / kQuads, q4 = i % kQuads;
+        if (a.round_bf16) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[u][e] = dev_bf16_round(o[u][e]);
+        }
+        *reinterpret_cast<float4*>(out + static_cast<int64_t>(head) * a.Dh + 4 * q4) =
+            make_float4(o[u][0], o[u][1], o[u][2], o[u][3]);
+      }
     }
     return;
   }

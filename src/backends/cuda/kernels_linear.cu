@@ -2915,7 +2915,36 @@ __global__ void f32_to_bf16_kernel(const float* in, uint16_t* out, int64_t n) {
   }
 }
 
+// launch_div_recip_check's kernel: a warp per divisor at a time (a grid-stride loop over them), its
+// lanes over the dividends.
+__global__ void div_recip_check_kernel(uint32_t d_first, uint32_t d_count, uint32_t d_step, uint32_t x_step,
+                                       unsigned long long* counts, unsigned long long* example) {
+  wait_previous_grid();
+  constexpr uint32_t kOne = 0x3f800000u, kSignificands = 1u << 23;
+  const uint32_t lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
+  unsigned long long seen = 0, bad = 0;
+  for (uint32_t j = (blockIdx.x * blockDim.x + threadIdx.x) / 32; j < d_count; j += warps) {
+    const uint32_t dm = (d_first + j * d_step) % kSignificands;
+    const float d = __uint_as_float(kOne | dm), y = __frcp_rn(d);
+    for (uint32_t xm = lane * x_step; xm < kSignificands; xm += 32 * x_step) {
+      const float x = __uint_as_float(kOne | xm);
+      ++seen;
+      if (__float_as_uint(dev_div_recip(x, d, y)) != __float_as_uint(__fdiv_rn(x, d))) {
+        ++bad;
+        atomicMin(example, static_cast<unsigned long long>(dm) << 23 | xm);
+      }
+    }
+  }
+  atomicAdd(&counts[0], seen);
+  if (bad > 0) atomicAdd(&counts[1], bad);
+}
+
 }  // namespace
+
+void launch_div_recip_check(uint32_t d_first, uint32_t d_count, uint32_t d_step, uint32_t x_step, unsigned long long* counts,
+                            unsigned long long* example) {
+  if (d_count > 0 && x_step > 0) launch(div_recip_check_kernel, 132 * 8, 256, 0, d_first, d_count, d_step, x_step, counts, example);
+}
 
 bool linear_vectorizable(const LinearArgs& a) {
   const DevWeight& w = a.w;

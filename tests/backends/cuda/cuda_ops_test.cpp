@@ -18,6 +18,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "backends/cpu/cpu_state.h"
 #include "backends/cuda/attn_layout.h"
@@ -3415,6 +3416,65 @@ TEST(CudaCopyKernels, FillAndUploadWriteExactlyTheirBytes) {
   }
   cudaFree(dev);
   cudaFreeHost(pinned);
+}
+
+// dev_div_recip (a quotient from the divisor's reciprocal, taken once, and one correction) against
+// the IEEE division over divisor and dividend significands in [1, 2): pairs checked and the smallest
+// pair that differs (~0 where none does).
+namespace {
+struct DivRecipCheck {
+  unsigned long long checked = 0, differing = 0, example = ~0ull;
+};
+DivRecipCheck div_recip_check(uint32_t d_first, uint32_t d_count, uint32_t d_step, uint32_t x_step) {
+  unsigned long long* d_out = nullptr;
+  DivRecipCheck r;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), 3 * sizeof(unsigned long long)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_out, 0, 2 * sizeof(unsigned long long)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_out + 2, 0xff, sizeof(unsigned long long)), cudaSuccess);
+  cuda::launch_div_recip_check(d_first, d_count, d_step, x_step, d_out, d_out + 2);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  unsigned long long out[3] = {};
+  EXPECT_EQ(cudaMemcpy(out, d_out, sizeof(out), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d_out);
+  r.checked = out[0];
+  r.differing = out[1];
+  r.example = out[2];
+  return r;
+}
+std::string div_recip_pair(unsigned long long example) {
+  std::ostringstream s;
+  s << "divisor significand 0x" << std::hex << (example >> 23) << ", dividend 0x" << (example & 0x7fffff);
+  return s.str();
+}
+}  // namespace
+
+// The attention's endings divide by a head's denominator through its reciprocal. Sampled here: 32,641
+// divisors (every 257th significand) against every dividend, every divisor against every 4,099th
+// dividend, and the 256 divisors whose significands are nearly all ones (1/d's rounding is hardest
+// there) against every dividend: about 2.9e11 pairs.
+TEST(CudaElementwise, QuotientByReciprocalIsTheDivision) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_CUDA(gpu);
+  struct Sweep {
+    uint32_t d_first, d_count, d_step, x_step;
+  };
+  for (const Sweep& w : {Sweep{0, (1u << 23) / 257 + 1, 257, 1}, Sweep{0, 1u << 23, 1, 4099}, Sweep{(1u << 23) - 256, 256, 1, 1}}) {
+    const DivRecipCheck r = div_recip_check(w.d_first, w.d_count, w.d_step, w.x_step);
+    const unsigned long long dividends = ((1ull << 23) + w.x_step - 1) / w.x_step;
+    EXPECT_EQ(r.checked, w.d_count * dividends) << "pairs checked, divisor step " << w.d_step;
+    EXPECT_EQ(r.differing, 0u) << "the smallest differing pair: " << div_recip_pair(r.example);
+  }
+}
+
+// The full form: every divisor significand against every dividend significand, 2^46 pairs (about
+// 30 s on an H200; run with --gtest_also_run_disabled_tests). Its result is what dev_div_recip's
+// comment rests on.
+TEST(CudaElementwise, DISABLED_QuotientByReciprocalIsTheDivisionForEveryPair) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_CUDA(gpu);
+  const DivRecipCheck r = div_recip_check(0, 1u << 23, 1, 1);
+  EXPECT_EQ(r.checked, 1ull << 46) << "pairs checked";
+  EXPECT_EQ(r.differing, 0u) << "the smallest differing pair: " << div_recip_pair(r.example);
 }
 
 // The bf16 conversion and rounding passes (launch_f32_to_bf16, launch_bf16_round) take four values a
