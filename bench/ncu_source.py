@@ -129,9 +129,12 @@ def part_spec(text):
     """NAME:FIRST:END, for --part."""
     try:
         name, first, end = text.split(":")
-        return name, int(first), int(end)
+        first, end = int(first), int(end)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not name:first:end") from None
+    if first < 0 or (end != -1 and end <= first):
+        raise argparse.ArgumentTypeError(f"'{text}': rows need 0 <= first < end (or end -1, to the last row)")
+    return name, first, end
 
 
 def summarise(path, warps=0, top=20, landmarks=False, parts=()):

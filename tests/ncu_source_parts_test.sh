@@ -30,6 +30,10 @@ echo "$parts" | grep -q "^tail: 60.0% of the samples; wait 92%, barrier 8%" || f
 echo "$parts" | grep -q "^landmarks" && fail "landmarks listed without --landmarks"
 if python3 "$script" "$csv" --part bad:0 2> "$dir/err"; then fail "a part without an end accepted"; fi
 grep -q "'bad:0' is not name:first:end" "$dir/err" || fail "the part's error"
+if python3 "$script" "$csv" --part back:3:1 2> "$dir/err"; then fail "a part ending before it starts accepted"; fi
+grep -q "'back:3:1': rows need 0 <= first < end" "$dir/err" || fail "the backward part's error"
+if python3 "$script" "$csv" --part neg:-2:-1 2> "$dir/err"; then fail "a part with a negative first row accepted"; fi
+grep -q "'neg:-2:-1': rows need" "$dir/err" || fail "the negative part's error"
 echo "not a csv" > "$dir/bad.csv"
 if python3 "$script" "$dir/bad.csv" 2> "$dir/err"; then fail "a file without the header accepted"; fi
 grep -q "no header with Source" "$dir/err" || fail "the header's error"
