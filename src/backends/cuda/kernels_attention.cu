@@ -2489,13 +2489,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       const int ca = 2 * i, cb = ca + 1, own_c = ca + wg;
       const bool has_b = cb < chunks, have = own_c < chunks;
       // Pair i's keys landed (the only copies in flight), everyone's, and visible to the tensor
-      // cores; every thread done with pair i - 1 (its key buffers free, the exchange read).
+      // cores; every thread done with pair i - 1's exchange. Pair i - 1's weighted sums may still
+      // be in flight (they read its key buffers, so pair i + 1's copies wait for the barrier after
+      // both warpgroups' waits below); this round's logits queue behind them.
       cp_async_wait<0>();
       fence_proxy_async_smem();
       __syncthreads();
-      // Pair i + 1's copies (addresses written a round before) into pair i - 1's buffers.
-      if (ca + 2 < chunks) issue((ca + 2) % kStages, (ca + 2) % kPtrBufs);
-      if (ca + 3 < chunks) issue((ca + 3) % kStages, (ca + 3) % kPtrBufs);
       float de[16], dd[16];  // the even and the odd k16 steps' sums
       if (have) {
 #pragma unroll
@@ -2521,8 +2520,10 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       // v[h][i][e]: head row0 + 8 h, candidate 8 i + 2 tig + e of chunk own_c (masked: -inf);
       // mx its max over the chunk (a head's 32 candidates on the quad).
       float v[2][4][2], mx[2] = {-INFINITY, -INFINITY};
+      // (The wait also ends pair i - 1's weighted sums: wgmma groups complete in order.)
+      wgmma_wait<0>();
+      fence_acc();
       if (have) {
-        wgmma_wait<0>();
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
           wgmma_fence_operand(de[r]);
@@ -2615,8 +2616,12 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
       }
       // Every weight and sum written; whether every head keeps its max over chunk 2i + 1 (warpgroup
       // 1 knows: then its weighted sum follows chunk 2i's without a wait).
+      // (Both warpgroups past their waits: pair i - 1's key buffers are free for pair i + 1's
+      // copies, whose addresses were written a round before.)
       const bool b_keeps =
           __syncthreads_and(wg == 0 || (step_alpha(m_a[0], m_b[0]) == 1.0f && step_alpha(m_a[1], m_b[1]) == 1.0f)) != 0;
+      if (ca + 2 < chunks) issue((ca + 2) % kStages, (ca + 2) % kPtrBufs);
+      if (ca + 3 < chunks) issue((ca + 3) % kStages, (ca + 3) % kPtrBufs);
       const uint32_t* const xo = pair_x + ((1 - wg) * 128 + tid % 128) * kPx;
       uint32_t other[kTerms][2][4];
 #pragma unroll
@@ -2666,9 +2671,10 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
           pv_issue(keys_of(cb), al_b, pb, std::true_type{});
         }
       }
-      wgmma_wait<0>();
-      fence_acc();
+      // (Not waited for here: the next round's wait, or the one below.)
     }
+    wgmma_wait<0>();
+    fence_acc();
   } else if constexpr (!kAhead) {
     for (int c = 0; c < chunks; ++c) {
       // Chunk c's keys landed (chunk c + 1's may still be in flight), everyone's, and visible to
