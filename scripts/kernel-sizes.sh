@@ -8,7 +8,8 @@
 #   bash scripts/kernel-sizes.sh src/backends/cuda/kernels_basic.cu [BUILD_DIR] [N]
 #
 # BUILD_DIR: a configured CUDA build (default build; scripts/build.sh or prepare-gpu-carry.sh
-# makes one); N: rows (default 20).
+# makes one); N: rows (default 20). KEEP=PATH keeps the cubin there (bench/sass_ops.py counts a
+# kernel's opcodes in it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=${1:?usage: kernel-sizes.sh <file.cu> [build dir] [rows]}
@@ -24,6 +25,7 @@ trap 'rm -f "$cubin"' EXIT
 # The object's command, made to write one sm_90a cubin instead of an object.
 cmd=$(echo "$cmd" | sed -E "s# -o [^ ]+# -o $cubin#; s# -MD -MT [^ ]+ -MF [^ ]+##; s# -c # -cubin #; s#--generate-code=[^ ]+##g; s#-gencode[= ][^ ]+##g")
 (cd "$build" && eval "$cmd -arch=sm_90a") >/dev/null
+[ -z "${KEEP:-}" ] || cp "$cubin" "$KEEP"
 readelf -S -W "$cubin" 2>/dev/null | awk '$2 ~ /^\.text\./ {print $6, substr($2, 7)}' |
   while read -r hex name; do printf '%8d  %s\n' "$((16#$hex))" "$(echo "$name" | c++filt)"; done |
   sort -rn | head -n "$rows" | sed -E 's/sparrow::cuda::\(anonymous namespace\)::|sparrow::cuda::<unnamed>:://'
