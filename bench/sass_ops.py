@@ -3,8 +3,9 @@
 
 Each sm_90 instruction is 128 bits; the low 12 bits of its first 64-bit word name the opcode
 (modifiers such as IMAD.MOV or .WIDE share it). bench/sm90_opcodes.json maps those bits to
-mnemonics. It was read off `cuobjdump -sass` of the attention kernels on the device machine
-(sixty-second session, CUDA 13.0); an opcode it lacks prints as ?XYZ (its 12 bits in hex).
+mnemonics (192 of them). It was read off `cuobjdump -sass` of the cubins of the five kernel sources
+(src/backends/cuda/kernels_*.cu) on the device machine (sixty-second session, CUDA 13.0), where no
+two mnemonics shared 12 bits; an opcode it lacks prints as ?XYZ (its 12 bits in hex).
 
 Static counts only: what the compiler emitted, not what runs. They answer questions such as "did
 this change move the wgmma descriptors out of the uniform registers" (R2UR before each HGMMA) or
