@@ -2489,8 +2489,9 @@ __global__ void __launch_bounds__(kAwThreads, 1) attention_wg_kernel(AttentionAr
     // weighted sums (after the last pair, the loop's exit). Issued there rather than at the end of
     // round i - 1, the same point in the instruction stream, no wgmma is in flight across the loop's
     // back-edge: with one in flight there, ptxas kept the descriptors in ordinary registers and
-    // moved them to uniform ones before each wgmma (98 R2UR in the kernel against 11, and 10.9 %
-    // more instructions executed; sixty-first and sixty-second sessions).
+    // moved them to uniform ones before each wgmma (98 R2UR in the kernel, 13 so, 11 with the sums
+    // waited for in their own round; 10.9 % more instructions executed; sixty-first and sixty-second
+    // sessions, bench/sass_ops.py).
     uint32_t pa[kTerms][2][4], pb[kTerms][2][4];
     float al_a[2], al_b[2];
     bool prev_b = false, prev_keeps = false;
