@@ -4,6 +4,8 @@
 # matching KREGEX in one layer's cells (time and instructions per launch) and `sparrow bench` of
 # the same cells (the layer's own time), both builds in turn, so that the machine's drift falls on
 # both. Rows go to $OUT/ncu.txt and $OUT/layer.txt as they are measured, so a cut run keeps them.
+# (scripts/gpu-probe.sh NCU_CELLS/NCU_BINS runs ncu's sections once a binary, for where a kernel's
+# time goes; this one repeats a few metrics and gives medians, for whether a change moved it.)
 #
 #   bash bench/ncu_ab_device.sh          (environment knobs, all optional:)
 #     A=.gpu-carry  B=.gpu-carry/b   folders holding each build's sparrow (+ sparrow_cuda_tests in B),
