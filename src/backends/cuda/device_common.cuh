@@ -294,16 +294,20 @@ __device__ inline float dev_load_hot(const DevView& v, int64_t i) {
 // (and for all of them when v is empty). dev_load in a loop converts each value right after its
 // load behind the dtype's switch, so the loads go out one at a time; here the switch is taken once
 // and all kN loads go out before any conversion (a batch-1 norm row of 1024 weights: 15 us that
-// way in ncu on the H200). The same values as dev_load.
+// way in ncu on the H200). The same values as dev_load. The bf16 loads are unconditional, their
+// index clamped into [0, n): predicated, ptxas issued each right before its conversion, one
+// memory latency after another (rms_norm_warp_kernel<32>, q_lora's one-row norm: 12.1 us in ncu,
+// 73 % of its stall samples waiting on those loads, H100, 2026-12-07).
 template <int kN>
 __device__ inline void dev_load_many(const DevView& v, int first, int step, int n, float fill, float (&out)[kN]) {
   if (v.data && v.dtype == DType::kBF16) {
     const auto* p = static_cast<const uint16_t*>(v.data);
-    uint16_t raw[kN];
+    uint32_t raw[kN];
+    const int last = n > 0 ? n - 1 : 0;
 #pragma unroll
-    for (int u = 0; u < kN; ++u) raw[u] = first + u * step < n ? p[first + u * step] : 0;
+    for (int u = 0; u < kN; ++u) raw[u] = n > 0 ? static_cast<uint32_t>(__ldg(p + min(first + u * step, last))) : 0u;
 #pragma unroll
-    for (int u = 0; u < kN; ++u) out[u] = first + u * step < n ? dev_bf16(raw[u]) : fill;
+    for (int u = 0; u < kN; ++u) out[u] = first + u * step < n ? __uint_as_float(raw[u] << 16) : fill;
   } else if (v.data && v.dtype == DType::kF32) {
 #pragma unroll
     for (int u = 0; u < kN; ++u) out[u] = first + u * step < n ? static_cast<const float*>(v.data)[first + u * step] : fill;
