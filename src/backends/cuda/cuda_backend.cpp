@@ -88,7 +88,7 @@ constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
     "w4a8_persistent", "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
-constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
+constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "fp8_pair", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
 
 template <size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view name) {

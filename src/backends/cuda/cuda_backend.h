@@ -274,6 +274,12 @@ void set_w4a8_persistent_grid(int n);
 // the activations' bytes a weight tile reads (tile_raster.h tma_raster_auto: groups of 8 past 24
 // MiB). The same bits any way. Process-wide; defined with the kernels.
 void set_tma_raster_group(int n);
+// The FP8 TMA kernel's pair form (SPARROW_CUDA_ENABLE=fp8_pair: clusters of two blocks on weight
+// tiles 2 n and 2 n + 1 of a token tile, each activation box copied once for both): n > 0 on, n < 0
+// off, 0 (the default) as the environment says. The same bits any way. fp8_tma_pair_launches: the
+// pair form's launches so far. Process-wide; defined with the kernels.
+void set_fp8_tma_pair(int n);
+int64_t fp8_tma_pair_launches();
 // The W4A8 decode wgmma kernel's copies: 1 from a producer warp (kernels_linear.cu
 // w4a8_decode_ws_kernel), -1 from all its threads (grouped_w4a8_wgmma_kernel); 0 (the default) the
 // producer warp unless SPARROW_CUDA_DISABLE=w4a8_producer. The same bits either way. Process-wide;

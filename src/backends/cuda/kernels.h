@@ -176,7 +176,9 @@ bool cuda_feature_on(const char* name);
 // routed experts' tiled projections, where the experts average kW4A8ExpandRows rows or more, on the
 // expanded form: each expert's MXFP4 weights written once as e5m2 bytes, then the FP8 TMA kernel's
 // tiles, GroupedW4A8Args::expanded; the same bits, an SWA layer's 8K prefill 4.5-5 % slower on an
-// H100, 2026-12-06: docs/perf.md, fiftieth session). Read once per process. A name in either
+// H100, 2026-12-06: docs/perf.md, fiftieth session) and "fp8_pair" (the FP8 TMA kernel's unsplit tiles
+// of an even number of weight tiles in clusters of two blocks that share each activation box, copied
+// once from L2 for both: fp8_linear_tma_kernel's kPair; the same bits). Read once per process. A name in either
 // variable that is not one of these lists (cuda_backend.cpp kCudaSwitches, kCudaOptIns) makes
 // make_cuda_backend refuse to start.
 bool cuda_feature_enabled(const char* name);

@@ -1775,6 +1775,7 @@ struct Fp8TmaArgs {
   CUtensorMap x_map;  // the activations' codes [rows_total][k_pad]: the same boxes
   CUtensorMap s_map;  // their scales, f32 [groups][rows_pad] as dims {rows_total, groups}: boxes of 128 x 1
   CUtensorMap o_map;  // out [rows_total][N] f32 (unsplit, o_tma): boxes of 64 tokens x 32 columns, 128-byte swizzle
+  CUtensorMap xh_map;  // (kPair) x_map's codes in boxes of 64 rows: each block of a pair copies its half to both
   int o_tma;          // whether tiles leave by TMA stores through o_map (else st.global)
   float* out;         // [rows_total, N]; with split, the quarters' sums [4][rows_total][N]
   const float* w_scales;
@@ -1796,17 +1797,47 @@ struct Fp8TmaArgs {
   const int64_t* tiles;  // [tiles][2]: each 128-row tile's {expert, first row} (w4a8_tma_tiles_kernel)
 };
 
+// The pair form's cluster (fp8_linear_tma_kernel<., false, true>): this block's rank in its cluster
+// of two, the cluster's barrier (every thread of both blocks; release, then acquire), a copy of a box
+// into the same shared-memory offset of both blocks, each counted on its own block's bar, and an
+// arrival on the other block's barrier at bar's offset.
+__device__ inline uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ inline void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ inline void tma_load_2d_pair(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(static_cast<uint16_t>(3))
+      : "memory");
+}
+__device__ inline void mbar_arrive_peer(uint64_t* bar, uint32_t peer) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(peer));
+  // (The default, CTA-scope release, as CUTLASS's ClusterBarrier::arrive: the cluster-scope release
+  // put a MEMBAR in every k-block and made the pair form twice as slow, H100 2026-12-07.)
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
 // The TMA kernels' ring barriers: full[s] completes on the producer's bytes, empty[s] on each of
 // the two consumer warpgroups' warps; set up by thread 0 before any use (the block synchronises).
+// (kPair: empty[s] also counts the other block's consumer warps, whose copies it waits for, and both
+// blocks' barriers are set up before either block goes on.)
+template <bool kPair = false>
 __device__ inline void tma_ring_init(uint64_t* full, uint64_t* empty, int stages) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2 * kWgThreads / 32);  // each consumer warp's lane 0
+      mbar_init(&empty[s], (kPair ? 2 : 1) * 2 * kWgThreads / 32);  // each consumer warp's lane 0
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kPair) cluster_sync_all();
+  else __syncthreads();
 }
 // A 2-D box of map at (c0 inner, c1 outer) into dst, counted on bar.
 __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
@@ -1938,8 +1969,16 @@ __device__ inline void store_w4a8_expanded(const Fp8TmaArgs& a, int e, int64_t t
 // here as w4a8_find_tile counts them, and listed by w4a8_tma_tiles_kernel: the producer, at 40
 // registers after setmaxnreg, only reads the list); B the expert's e5m2 weight rows, no weight scale (sw = 1: the
 // fold's factor is sa itself), each output times its row's scale where it is stored.
-template <bool kRound, bool kW4A8 = false>
+// kPair (unsplit, plain FP8, an even number of weight tiles; launch_fp8_tma with fp8_cluster): the
+// blocks run in clusters of two that take weight tiles 2 n and 2 n + 1 of the same token tile, work
+// item i of the cluster being that pair (tma_tile_at over the pairs); each block copies its half of
+// the shared activation box (64 tokens, xh_map) into both blocks' stages, so a pair reads the box
+// from L2 once. A stage is refilled when the consumers of both blocks are done with it (empty[s]
+// counts both); both blocks wait for each other before they leave (the other's copies and arrivals
+// target this block's memory). The same products in the same order: the same bits.
+template <bool kRound, bool kW4A8 = false, bool kPair = false>
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
+  static_assert(!(kPair && kW4A8), "the pair form is the plain FP8 one's");
   wait_previous_grid();
   extern __shared__ uint8_t tma_smem_raw[];
   uint8_t* smem = smem_align_1024(tma_smem_raw);  // the stages' boxes on 1024-byte boundaries
@@ -1953,7 +1992,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   const int tid = threadIdx.x, wg = tid / kWgThreads;
   const int groups = a.groups, token_tiles = static_cast<int>((a.rows_total + kTmaRows - 1) / kTmaRows);
   const int weight_tiles = (a.N + kTmaCols - 1) / kTmaCols;
-  int items = token_tiles * weight_tiles * a.split;
+  int items = token_tiles * (kPair ? weight_tiles / 2 : weight_tiles) * a.split;
+  const uint32_t rank = kPair ? cluster_rank() : 0;
+  // This block's first work item and its step: the cluster's with kPair (its blocks 2 c and 2 c + 1).
+  const int first_item = kPair ? blockIdx.x / 2 : blockIdx.x, item_step = kPair ? gridDim.x / 2 : gridDim.x;
   if constexpr (kW4A8) {
     // The experts' 128-row tiles (as w4a8_find_tile counts them), by warp 0 before the ring's barrier.
     if (tid < 32) {
@@ -1965,7 +2007,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
     }
     __syncwarp();  // (warp 0 converged again before the aligned instructions below)
   }
-  tma_ring_init(full, empty, kTmaStages);
+  tma_ring_init<kPair>(full, empty, kTmaStages);
   if constexpr (kW4A8) items = static_cast<int>(*tile_count) * weight_tiles;
   // Persistent: the block's work items are blockIdx.x, + gridDim.x, ...; item i is quarter i % split
   // (its groups [g_lo, g_hi); all of them unsplit) of tile t = i / split (tma_tile_at). The ring's
@@ -1974,7 +2016,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
     const int tile = item / a.split;
     q = item % a.split;
     int m, n;
-    tma_tile_at(tile, token_tiles, weight_tiles, a.raster_group, m, n);
+    if constexpr (kPair) {
+      tma_tile_at(tile, token_tiles, weight_tiles / 2, a.raster_group, m, n);
+      n = 2 * n + static_cast<int>(rank);
+    } else {
+      tma_tile_at(tile, token_tiles, weight_tiles, a.raster_group, m, n);
+    }
     t0 = m * kTmaRows, n0 = n * kTmaCols;
     g_lo = a.split > 1 ? w4a8_quarter(q, groups) : 0;
     g_hi = a.split > 1 ? w4a8_quarter(q + 1, groups) : groups;
@@ -2000,7 +2047,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
       }
     } else if (tid == 2 * kWgThreads) {
       int it = 0;
-      for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      for (int item = first_item; item < items; item += item_step) {
         int t0, n0, q, g_lo, g_hi;
         item_at(item, t0, n0, q, g_lo, g_hi);
         for (int kg = g_lo; kg < g_hi; ++kg, ++it) {
@@ -2008,11 +2055,16 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
           if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
           mbar_arrive_expect_tx(&full[s], 2 * kTmaBox + kTmaRows * sizeof(float));
           tma_load_2d(w_box + s * kTmaBox, &a.w_map, kg * kW4A8GroupK, n0, &full[s]);
-          tma_load_2d(x_box + s * kTmaBox, &a.x_map, kg * kW4A8GroupK, t0, &full[s]);
+          if constexpr (kPair)  // this block's 64 tokens of the box, into both blocks' stage s
+            tma_load_2d_pair(x_box + s * kTmaBox + rank * (kTmaBox / 2), &a.xh_map, kg * kW4A8GroupK,
+                             t0 + static_cast<int>(rank) * (kTmaRows / 2), &full[s]);
+          else
+            tma_load_2d(x_box + s * kTmaBox, &a.x_map, kg * kW4A8GroupK, t0, &full[s]);
           tma_load_2d(sa + s * kTmaRows, &a.s_map, t0, kg, &full[s]);
         }
       }
     }
+    if constexpr (kPair) cluster_sync_all();  // (the other block's copies and arrivals done)
     return;
   }
   // The consumers: 232 registers a thread (the producer's warpgroup gives its own up), for d, acc
@@ -2031,7 +2083,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
   for (int i = 0; i < 64; ++i) d[i] = acc[i] = 0.0f;
   int s = 0;
   uint32_t phase = 0;  // the ring's stage and its round's parity
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  for (int item = first_item; item < items; item += item_step) {
     int t0 = 0, n0, q = 0, g_lo = 0, g_hi = groups;
     int e_item = 0;  // (kW4A8) the item's expert and first row (read now, used at the store)
     int64_t t0_item = 0;
@@ -2087,7 +2139,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
 #pragma unroll
       for (int r = 0; r < 64; ++r) wgmma_fence_operand(d[r]);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);  // the stage is read (the wgmma done, the scales loaded)
+      if (lane == 0) {  // the stage is read (the wgmma done, the scales loaded)
+        mbar_arrive(&empty[s]);
+        if constexpr (kPair) mbar_arrive_peer(&empty[s], rank ^ 1u);
+      }
       if (++s == kTmaStages) s = 0, phase ^= 1u;
       if (fresh) {
 #pragma unroll
@@ -2139,6 +2194,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __
     }
   }
   if (a.o_tma && tid % kWgThreads == 0) bulk_wait_all<false>();  // (the outputs written before the grid ends)
+  if constexpr (kPair) cluster_sync_all();
 }
 
 // ---- The expanded W4A8 form's passes (launch_w4a8_expanded) ----------------------------------------
@@ -3227,6 +3283,15 @@ int tma_raster_group(int64_t activation_bytes) {
   return from_env > 0 ? from_env : tma_raster_auto(activation_bytes);
 }
 
+// The pair form's switch (set_fp8_tma_pair; 0: SPARROW_CUDA_ENABLE=fp8_pair) and its launches.
+std::atomic<int> g_fp8_tma_pair{0};
+std::atomic<int64_t> g_fp8_tma_pair_launches{0};
+bool fp8_tma_pair_on() {
+  static const bool enabled = cuda_feature_enabled("fp8_pair");
+  const int set = g_fp8_tma_pair.load();
+  return set != 0 ? set > 0 : enabled;
+}
+
 // The FP8 linear's prefill form on fp8_linear_tma_kernel (K's quarters in separate work items when
 // `partial` is given and splitting saves a wave of the SMs: tma_split_pays); nullptr when launched, else why not
 // (nothing launched: no driver entry point, a map the driver refuses), for the 64-row kernel to run.
@@ -3266,8 +3331,33 @@ const char* launch_fp8_tma(const GroupedW4A8Args& g, PartsView* left = nullptr) 
             encode_2d(&a.o_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.out, g.N, g.rows_total, g.N * sizeof(float), 32, 64,
                       CU_TENSOR_MAP_SWIZZLE_128B);
   const bool round_here = tma_store_rounds(g.round_bf16, a.split);
-  launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
-         static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
+  // The pair form (fp8_linear_tma_kernel's kPair) where it is on and applies: unsplit, an even number
+  // of weight tiles, its half-box map made, and the device able to hold its clusters.
+  const int64_t weight_tiles = blocks_for(g.N, kTmaCols);
+  int pair_clusters = 0;
+  if (fp8_tma_pair_on() && a.split == 1 && weight_tiles % 2 == 0 &&
+      encode_2d(&a.xh_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.codes, g.k_pad, g.rows_total, g.k_pad, kW4A8GroupK,
+                kTmaRows / 2, CU_TENSOR_MAP_SWIZZLE_128B)) {
+    static const int held = [] {
+      const bool set = cudaFuncSetAttribute(fp8_linear_tma_kernel<false, false, true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kTmaSmemBytes)) == cudaSuccess &&
+                       cudaFuncSetAttribute(fp8_linear_tma_kernel<true, false, true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kTmaSmemBytes)) == cudaSuccess;
+      return set ? max_active_clusters(fp8_linear_tma_kernel<false, false, true>, kTmaThreads, kTmaSmemBytes, 2) : 0;
+    }();
+    pair_clusters = held;
+  }
+  if (pair_clusters > 0) {
+    const int64_t pairs = tiles / 2;
+    g_fp8_tma_pair_launches.fetch_add(1);
+    launch_clustered(round_here ? fp8_linear_tma_kernel<true, false, true> : fp8_linear_tma_kernel<false, false, true>,
+                     static_cast<unsigned>(2 * std::min<int64_t>(pairs, pair_clusters)), kTmaThreads, kTmaSmemBytes, 2, a);
+  } else {
+    launch(round_here ? fp8_linear_tma_kernel<true> : fp8_linear_tma_kernel<false>,
+           static_cast<unsigned>(std::min<int64_t>(tiles * a.split, sm_count())), kTmaThreads, kTmaSmemBytes, a);
+  }
   if (left != nullptr && a.split > 1) *left = PartsView(g.partial, g.rows_total * g.N, a.split, g.round_bf16);
   else finish_tma(g.out, g.partial, g.rows_total * g.N, a.split, g.round_bf16, round_here);
   return nullptr;
@@ -3327,6 +3417,8 @@ const char* launch_w4a8_expanded(const GroupedW4A8Args& g) {
 }  // namespace
 
 int64_t w4a8_expanded_launches() { return g_w4a8_expanded_launches.load(); }
+void set_fp8_tma_pair(int n) { g_fp8_tma_pair.store(n); }
+int64_t fp8_tma_pair_launches() { return g_fp8_tma_pair_launches.load(); }
 
 bool w4a8_expanded_takes(const GroupedW4A8Args& g) {
   return g.wgmma && g.tiled && g.w_b == nullptr && g.partial == nullptr && g.K % kW4A8GroupK == 0 &&

@@ -420,6 +420,28 @@ TEST_P(CudaFp8LinearPaths, TensorCoresInTheFastLinearAreBatchInvariant) {
         for (int64_t i = 0; i < 4100 * N; ++i)
           ASSERT_EQ(og_group[i], o[i]) << "N=" << N << " K=" << K << ", raster group " << group << ": row " << i / N << " of 4100";
       }
+      // The TMA kernel's pair form (cuda::set_fp8_tma_pair: clusters of two blocks on weight tiles
+      // 2 n and 2 n + 1, each copying half of the shared activation box to both; at N = 1000 and 2048
+      // the 33 token tiles run unsplit on 8 and 16 weight tiles, the last token tile's 4 rows leaving
+      // the second half-box wholly past the rows) gives the same bits, in the order chosen by size and
+      // in groups of 3 pairs.
+      if (wgmma) {
+        for (int group : {0, 3}) {
+          const int64_t before = cuda::fp8_tma_pair_launches();
+          cuda::set_fp8_tma_pair(1);
+          cuda::set_tma_raster_group(group);
+          gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
+          const std::vector<float> og_pair = gpu->download_f32(og);
+          cuda::set_tma_raster_group(0);
+          cuda::set_fp8_tma_pair(0);
+          if (N != 129) {
+            EXPECT_GT(cuda::fp8_tma_pair_launches(), before) << "N=" << N << ": the pair form did not run";
+          }
+          for (int64_t i = 0; i < 4100 * N; ++i)
+            ASSERT_EQ(og_pair[i], o[i]) << "N=" << N << " K=" << K << ", pair form, raster group " << group << ": row " << i / N
+                                        << " of 4100";
+        }
+      }
     }
   }
   cuda::set_fp8_wgmma(*gpu, cuda::cuda_feature_on("fp8_wgmma"));
