@@ -1978,8 +1978,8 @@ __device__ inline void store_w4a8_expanded(const Fp8TmaArgs& a, int e, int64_t t
 // target this block's memory). The same products in the same order: the same bits.
 template <bool kRound, bool kW4A8 = false, bool kPair = false>
 __global__ void __launch_bounds__(kTmaThreads, 1) fp8_linear_tma_kernel(const __grid_constant__ Fp8TmaArgs a) {
-  static_assert(!(kPair && kW4A8), "the pair form is the plain FP8 one's");
   wait_previous_grid();
+  static_assert(!(kPair && kW4A8), "the pair form is the plain FP8 one's");
   extern __shared__ uint8_t tma_smem_raw[];
   uint8_t* smem = smem_align_1024(tma_smem_raw);  // the stages' boxes on 1024-byte boundaries
   uint8_t* w_box = smem;                                    // [stage][128 rows][128 bytes]
