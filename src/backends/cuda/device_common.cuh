@@ -98,41 +98,35 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int th
 bool pdl_launch_on();
 
 // kernel<<<grid, block, smem>>>(args...) on the calling thread's default stream, as a programmatic
-// dependent of the grid before it (above) unless the "pdl" switch is off. Errors show in launch_check
-// as with <<<>>>.
+// dependent of the grid before it (above) unless the "pdl" switch is off, and (cluster > 1) in
+// clusters of `cluster` blocks along x (grid.x a multiple of it). Errors show in launch_check as
+// with <<<>>>.
 template <typename... Params, typename... Args>
-inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+inline void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster, Args&&... args) {
+  cudaLaunchAttribute attr[2] = {};
+  unsigned n = 0;
+  if (pdl_launch_on()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = 0;  // the per-thread default stream (the backend compiles with --default-stream per-thread)
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_launch_on() ? 1 : 0;
+  cfg.numAttrs = n;
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
-
-// The same in clusters of `cluster` blocks along x (grid.x a multiple of it).
 template <typename... Params, typename... Args>
-inline void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster, Args&&... args) {
-  cudaLaunchAttribute attr[2] = {};
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_launch_on() ? 2 : 1;
-  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  launch_clustered(kernel, grid, block, smem, 1u, std::forward<Args>(args)...);
 }
 // How many clusters of `cluster` blocks of kernel (block threads, smem bytes each) the device holds
 // at once (cudaOccupancyMaxActiveClusters); 0 where it cannot say.

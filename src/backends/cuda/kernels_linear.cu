@@ -1969,7 +1969,7 @@ __device__ inline void store_w4a8_expanded(const Fp8TmaArgs& a, int e, int64_t t
 // here as w4a8_find_tile counts them, and listed by w4a8_tma_tiles_kernel: the producer, at 40
 // registers after setmaxnreg, only reads the list); B the expert's e5m2 weight rows, no weight scale (sw = 1: the
 // fold's factor is sa itself), each output times its row's scale where it is stored.
-// kPair (unsplit, plain FP8, an even number of weight tiles; launch_fp8_tma with fp8_cluster): the
+// kPair (unsplit, plain FP8, an even number of weight tiles; launch_fp8_tma with fp8_pair on): the
 // blocks run in clusters of two that take weight tiles 2 n and 2 n + 1 of the same token tile, work
 // item i of the cluster being that pair (tma_tile_at over the pairs); each block copies its half of
 // the shared activation box (64 tokens, xh_map) into both blocks' stages, so a pair reads the box
