@@ -12,10 +12,17 @@ this change move the wgmma descriptors out of the uniform registers" (R2UR befor
 "how many instructions did this edit add to the loop" without a GPU (docs/perf.md, sixty-second
 session).
 
-  python3 bench/sass_ops.py KERNELS.cubin REGEX [--seq] [--ops R2UR,HGMMA]
+  python3 bench/sass_ops.py KERNELS.cubin REGEX [--seq] [--ops R2UR,HGMMA] [--load-use N]
     REGEX   matched against each kernel's mangled name (its .text.NAME section); every match is shown
     --seq   also each instruction's offset and opcode, one a line
     --ops   only these opcodes' counts (comma-separated), in that order
+    --load-use N  also how many of the kernel's global loads (LDG) have their destination register
+            read within the next N instructions: a load its consumer waits for at once. Several in a
+            row were the fault of the one-row norm (docs/perf.md, sixty-third session: predicated
+            loads that ptxas issued one memory latency after another). A heuristic: it takes an
+            instruction's destination from bits 16-23 and its sources from bits 24-31, 32-39 and
+            the second word's bits 0-7 (as the norm's `LDG.E.U16 R35` and `IMAD.U32 R35, R35,
+            0x10000` read in ncu's listing); an immediate there can count as a read.
 
 A cubin of one source file: KEEP=OUT.cubin bash scripts/kernel-sizes.sh FILE.cu (it compiles the file
 as the build does, to an sm_90a cubin).
@@ -59,12 +66,32 @@ def opcodes(code, table):
     return out
 
 
+def load_uses(code, table, window):
+    """(global loads, those whose destination register an instruction within `window` reads)."""
+    ins = [struct.unpack_from("<QQ", code, off) for off in range(0, len(code) - 15, 16)]
+    loads = near = 0
+    for i, (w0, _) in enumerate(ins):
+        if table.get(w0 & 0xFFF) != "LDG":
+            continue
+        rd = (w0 >> 16) & 0xFF
+        if rd == 255:  # RZ: nothing waits for it
+            continue
+        loads += 1
+        for a0, a1 in ins[i + 1:i + 1 + window]:
+            if rd in ((a0 >> 24) & 0xFF, (a0 >> 32) & 0xFF, a1 & 0xFF):
+                near += 1
+                break
+    return loads, near
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description="Count a kernel's SASS opcodes in an sm_90a cubin")
     ap.add_argument("cubin")
     ap.add_argument("regex", help="matched against the kernels' mangled names")
     ap.add_argument("--seq", action="store_true", help="each instruction's offset and opcode")
     ap.add_argument("--ops", default="", help="only these opcodes' counts, comma-separated")
+    ap.add_argument("--load-use", type=int, default=0, metavar="N",
+                    help="also the global loads whose destination is read within N instructions")
     ap.add_argument("--table", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "sm90_opcodes.json"))
     a = ap.parse_args(argv)
     try:
@@ -89,6 +116,9 @@ def main(argv):
             print("  " + " ".join(f"{o}:{counts.get(o, 0)}" for o in wanted))
         else:
             print("  " + " ".join(f"{o}:{n}" for o, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+        if a.load_use > 0:
+            loads, near = load_uses(code, table, a.load_use)
+            print(f"  LDG {loads}, read within {a.load_use} instructions: {near}")
         if a.seq:
             for i, o in enumerate(seq):
                 print(f"  {16 * i:06x} {o}")
