@@ -101,6 +101,15 @@ bool pdl_launch_on();
 // dependent of the grid before it (above) unless the "pdl" switch is off, and (cluster > 1) in
 // clusters of `cluster` blocks along x (grid.x a multiple of it). Errors show in launch_check as
 // with <<<>>>.
+// Clusters of `cluster` blocks along x, as a launch attribute.
+inline cudaLaunchAttribute cluster_attribute(unsigned cluster) {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = cluster;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
 template <typename... Params, typename... Args>
 inline void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster, Args&&... args) {
   cudaLaunchAttribute attr[2] = {};
@@ -109,12 +118,7 @@ inline void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, s
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
+  if (cluster > 1) attr[n++] = cluster_attribute(cluster);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -132,11 +136,7 @@ inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 // at once (cudaOccupancyMaxActiveClusters); 0 where it cannot say.
 template <typename... Params>
 inline int max_active_clusters(void (*kernel)(Params...), dim3 block, size_t smem, unsigned cluster) {
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[1] = {cluster_attribute(cluster)};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(cluster);
   cfg.blockDim = block;
