@@ -26,10 +26,36 @@ constexpr int64_t kNormWarpGroup = 2048;
 __device__ inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // grid (T), block over D: every stream a copy of the embedding row.
+// A bf16 table's row (the checkpoints' embedding): kEmbedUnroll values a thread loaded before it
+// stores any. One at a time, each load waited for the stores before it (the compiler cannot tell
+// that out does not alias the table), so a batch-1 token's row of 4096 held the step's chain
+// 11.0 us (H100 kernel trace, 2026-12-07). The loads are unconditional (the column clamped into the
+// row), so that ptxas issues them together (predicated, it issued each right before its use:
+// docs/perf.md, sixty-third session). Other formats: a value at a time through weight_at (the
+// same values: weight_at reads a bf16 table's value as dev_bf16 of its bits).
+constexpr int kEmbedUnroll = 8;
 __global__ void embed_kernel(EmbedArgs a) {
   wait_previous_grid();
   const int64_t t = blockIdx.x;
   const int64_t id = a.ids[t];
+  if (a.table.format == WeightFormat::kFloat && a.table.dtype == DType::kBF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(a.table.data) + id * a.table.in;
+    for (int64_t d0 = threadIdx.x; d0 < a.D; d0 += kEmbedUnroll * static_cast<int64_t>(blockDim.x)) {
+      uint32_t raw[kEmbedUnroll];
+#pragma unroll
+      for (int u = 0; u < kEmbedUnroll; ++u) {
+        const int64_t d = d0 + u * static_cast<int64_t>(blockDim.x);
+        raw[u] = src[d < a.D ? d : a.D - 1];
+      }
+#pragma unroll
+      for (int u = 0; u < kEmbedUnroll; ++u) {
+        const int64_t d = d0 + u * static_cast<int64_t>(blockDim.x);
+        if (d < a.D)
+          for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = dev_bf16(static_cast<uint16_t>(raw[u]));
+      }
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
     const float v = weight_at(a.table, id, d);
     for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = v;
