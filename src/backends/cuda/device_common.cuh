@@ -229,17 +229,33 @@ __device__ inline float dev_div_recip(float x, float d, float y) {
 
 // Value i of a GEMM's output through its PartsView (kernels.h): the slices added in order and
 // rounded (parts_sum_kernel's arithmetic, which it calls too), or the summed value itself.
+// The parts are loaded kPartsAhead at a time before they are added (in order: the same sums), each
+// load unconditional (the part clamped to the last): one at a time, a split GEMM's reader waited a
+// memory latency per part (the loop's add used each load at once; bench/sass_ops.py --load-use).
+constexpr int kPartsAhead = 4;
 __device__ __forceinline__ float dev_parts_at(const PartsView& v, int64_t i) {
   float s = v.data[i];
-  for (int p = 1; p < v.parts; ++p) s += v.data[p * v.stride + i];
+  for (int p = 1; p < v.parts; p += kPartsAhead) {
+    float t[kPartsAhead];
+#pragma unroll
+    for (int u = 0; u < kPartsAhead; ++u) t[u] = v.data[(p + u < v.parts ? p + u : v.parts - 1) * v.stride + i];
+#pragma unroll
+    for (int u = 0; u < kPartsAhead; ++u)
+      if (p + u < v.parts) s += t[u];
+  }
   return v.round ? dev_bf16_round(s) : s;
 }
 // Values i .. i + 3 (i a multiple of 4; data and stride allow 16-byte loads: parts_view_four_wide).
 __device__ __forceinline__ float4 dev_parts_at4(const PartsView& v, int64_t i) {
   float4 s = *reinterpret_cast<const float4*>(v.data + i);
-  for (int p = 1; p < v.parts; ++p) {
-    const float4 t = *reinterpret_cast<const float4*>(v.data + p * v.stride + i);
-    s.x += t.x, s.y += t.y, s.z += t.z, s.w += t.w;
+  for (int p = 1; p < v.parts; p += kPartsAhead) {
+    float4 t[kPartsAhead];
+#pragma unroll
+    for (int u = 0; u < kPartsAhead; ++u)
+      t[u] = *reinterpret_cast<const float4*>(v.data + (p + u < v.parts ? p + u : v.parts - 1) * v.stride + i);
+#pragma unroll
+    for (int u = 0; u < kPartsAhead; ++u)
+      if (p + u < v.parts) s.x += t[u].x, s.y += t[u].y, s.z += t[u].z, s.w += t[u].w;
   }
   if (v.round) s = make_float4(dev_bf16_round(s.x), dev_bf16_round(s.y), dev_bf16_round(s.z), dev_bf16_round(s.w));
   return s;

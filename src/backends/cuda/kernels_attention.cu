@@ -163,33 +163,72 @@ __global__ void compressor_entries_kernel(CompressorArgs a) {
 
 // grid (nseq), after compressor_entries_kernel: the prev buffer (overlap) becomes the first halves
 // of the last window emitted (read before the pending rows move), then the rows past the last
-// window become the pending rows (with the positional bias in the gate), as after the walk.
+// window become the pending rows (with the positional bias in the gate), as after the walk. Only the
+// rows this batch adds are written (with nothing emitted the old pending rows stay where they are;
+// otherwise every row past the last window is new, as pending < ratio). A thread loads
+// kStateUnroll elements (indices clamped into the range, pointers chosen without branches, the bias
+// read inline where it is f32, V4's dtype) before it stores any: one element at a time, each one's
+// loads (its token's position, then the bias) waited for the stores before them (the batch-1 step's
+// CSA states 5.7 and 2.6 us, HCA's 5.2, in the H100 trace of 2026-12-07). The same values. Sizes
+// here are below ratio x width, so indices within the buffers are 32-bit.
+constexpr int kStateUnroll = 4;
+
+template <bool kApeF32>
 __global__ void compressor_state_kernel(CompressorArgs a) {
   wait_previous_grid();
   const CompressorSeqArgs s = a.seqs[blockIdx.x];
-  const int64_t m = a.ratio, dim = a.dim, width = a.overlap ? 2 * dim : dim;
-  const int64_t n = s.t_end - s.t_begin, emitted = (s.pending + n) / m;
-  if (a.overlap && emitted > 0) {
-    for (int64_t i = threadIdx.x; i < m * dim; i += blockDim.x) {
-      const int64_t j = i / dim, c = i % dim, q = (emitted - 1) * m + j;
-      if (q < s.pending) {
-        s.prev_kv[i] = s.pending_kv[q * width + c];
-        s.prev_gate[i] = s.pending_gate[q * width + c];
-      } else {
-        const int64_t t = s.t_begin + q - s.pending;
-        s.prev_kv[i] = a.kv[t * width + c];
-        s.prev_gate[i] = a.gate[t * width + c] + dev_load(a.ape, (a.positions[t] % m) * width + c);
-      }
+  const int32_t m = static_cast<int32_t>(a.ratio), dim = static_cast<int32_t>(a.dim), width = a.overlap ? 2 * dim : dim;
+  const int32_t pending = static_cast<int32_t>(s.pending), n = static_cast<int32_t>(s.t_end - s.t_begin);
+  const int32_t emitted = (pending + n) / m, step = static_cast<int32_t>(blockDim.x);
+  // Elements i0 + u * step (u < kStateUnroll, those below total) of rows q0 + i / cols, channel
+  // i % cols, rows counted from the first pending row: kv[u] and gate[u] (with the bias on this
+  // batch's rows), all loaded before `store` takes them.
+  const auto move = [&](int32_t i0, int32_t total, int32_t q0, int32_t cols, auto store) {
+    float kv[kStateUnroll], gate[kStateUnroll], bias[kStateUnroll];
+    bool old[kStateUnroll];
+    int32_t c[kStateUnroll];
+    int64_t position[kStateUnroll], at[kStateUnroll];
+#pragma unroll
+    for (int u = 0; u < kStateUnroll; ++u) {
+      const int32_t i = min(i0 + u * step, total - 1), q = q0 + i / cols;
+      c[u] = i % cols;
+      old[u] = q < pending;
+      // move runs only with a row of this batch to move (n > 0), so s.t_begin is a row: read, not used.
+      const int64_t t = old[u] ? s.t_begin : s.t_begin + q - pending;
+      const float* kv_row = old[u] ? s.pending_kv + q * width : a.kv + t * width;
+      const float* gate_row = old[u] ? s.pending_gate + q * width : a.gate + t * width;
+      kv[u] = kv_row[c[u]];
+      gate[u] = gate_row[c[u]];
+      position[u] = a.positions[t];
     }
+    // The remainders after every load above: a 64-bit remainder branches to a call, and the loads
+    // after it waited for it.
+#pragma unroll
+    for (int u = 0; u < kStateUnroll; ++u) at[u] = old[u] ? c[u] : (position[u] % m) * width + c[u];
+#pragma unroll
+    for (int u = 0; u < kStateUnroll; ++u) {
+      if constexpr (kApeF32) bias[u] = static_cast<const float*>(a.ape.data)[at[u]];
+      else bias[u] = dev_load_call(a.ape, at[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kStateUnroll; ++u)
+      if (i0 + u * step < total) store(i0 + u * step, kv[u], old[u] ? gate[u] : gate[u] + bias[u]);
+  };
+  if (a.overlap && emitted > 0) {
+    const int32_t total = m * dim;
+    for (int32_t i0 = static_cast<int32_t>(threadIdx.x); i0 < total; i0 += kStateUnroll * step)
+      move(i0, total, (emitted - 1) * m, dim, [&](int32_t i, float kv, float gate) {
+        s.prev_kv[i] = kv;
+        s.prev_gate[i] = gate;
+      });
   }
   __syncthreads();  // the old pending rows are read
-  for (int64_t i = threadIdx.x; i < (s.pending + n - emitted * m) * width; i += blockDim.x) {
-    const int64_t r = i / width, c = i % width, q = emitted * m + r;
-    if (q < s.pending) continue;  // nothing emitted: the old pending rows stay where they are
-    const int64_t t = s.t_begin + q - s.pending;
-    s.pending_kv[r * width + c] = a.kv[t * width + c];
-    s.pending_gate[r * width + c] = a.gate[t * width + c] + dev_load(a.ape, (a.positions[t] % m) * width + c);
-  }
+  const int32_t first = emitted == 0 ? pending * width : 0, total = (pending + n - emitted * m) * width;
+  for (int32_t i0 = first + static_cast<int32_t>(threadIdx.x); i0 < total; i0 += kStateUnroll * step)
+    move(i0, total, emitted * m, width, [&](int32_t i, float kv, float gate) {
+      s.pending_kv[i] = kv;
+      s.pending_gate[i] = gate;
+    });
 }
 
 // grid (n): one block rounds one row in place exactly as core/quant_sim.cpp simulate_key_precision
@@ -2867,7 +2906,8 @@ void launch_compressor(const CompressorArgs& a) {
     return;
   }
   if (a.n_jobs > 0) launch(compressor_entries_kernel, static_cast<unsigned>(a.n_jobs), kThreads, 0, a);
-  launch(compressor_state_kernel, static_cast<unsigned>(a.nseq), kThreads, 0, a);
+  if (a.ape.dtype == DType::kF32) launch(compressor_state_kernel<true>, static_cast<unsigned>(a.nseq), kThreads, 0, a);
+  else launch(compressor_state_kernel<false>, static_cast<unsigned>(a.nseq), kThreads, 0, a);
 }
 
 void launch_key_sim(const KeySimArgs& a) {

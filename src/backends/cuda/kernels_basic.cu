@@ -26,10 +26,36 @@ constexpr int64_t kNormWarpGroup = 2048;
 __device__ inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // grid (T), block over D: every stream a copy of the embedding row.
+// A bf16 table's row (the checkpoints' embedding): kEmbedUnroll values a thread loaded before it
+// stores any. One at a time, each load waited for the stores before it (the compiler cannot tell
+// that out does not alias the table), so a batch-1 token's row of 4096 held the step's chain
+// 11.0 us (H100 kernel trace, 2026-12-07). The loads are unconditional (the column clamped into the
+// row), so that ptxas issues them together (predicated, it issued each right before its use:
+// docs/perf.md, sixty-third session). Other formats: a value at a time through weight_at (the
+// same values: weight_at reads a bf16 table's value as dev_bf16 of its bits).
+constexpr int kEmbedUnroll = 8;
 __global__ void embed_kernel(EmbedArgs a) {
   wait_previous_grid();
   const int64_t t = blockIdx.x;
   const int64_t id = a.ids[t];
+  if (a.table.format == WeightFormat::kFloat && a.table.dtype == DType::kBF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(a.table.data) + id * a.table.in;
+    for (int64_t d0 = threadIdx.x; d0 < a.D; d0 += kEmbedUnroll * static_cast<int64_t>(blockDim.x)) {
+      uint32_t raw[kEmbedUnroll];
+#pragma unroll
+      for (int u = 0; u < kEmbedUnroll; ++u) {
+        const int64_t d = d0 + u * static_cast<int64_t>(blockDim.x);
+        raw[u] = src[d < a.D ? d : a.D - 1];
+      }
+#pragma unroll
+      for (int u = 0; u < kEmbedUnroll; ++u) {
+        const int64_t d = d0 + u * static_cast<int64_t>(blockDim.x);
+        if (d < a.D)
+          for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = dev_bf16(static_cast<uint16_t>(raw[u]));
+      }
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
     const float v = weight_at(a.table, id, d);
     for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = v;
@@ -329,19 +355,37 @@ __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre,
 // order (0 + v0 + v1 + v2 + v3), every division and exponential the same, so the results are its
 // bits. One thread walking the 16 entries through 20 Sinkhorn iterations took 45 us a token (ncu on
 // the H200, batch 1); here the 16 entries go side by side.
-__device__ void hc_pre_weights_s4(const HcPreArgs& a, const float* mix, float* pre, int64_t t) {
+// The weights hc_pre_weights_s4 reads, a lane's share (model weights, never written by a kernel: a
+// kernel may load them before its wait, under the previous kernel).
+struct HcS4Weights {
+  float scale_pre, scale_post, scale_comb;
+  float base_pre, base_post, base_comb;  // base[lane], base[S + lane] (lanes < S), base[2S + lane % 16]
+};
+
+__device__ inline HcS4Weights hc_s4_weights(const HcPreArgs& a) {
+  constexpr int S = 4;
+  const int lane = threadIdx.x % 32;
+  HcS4Weights w;
+  w.scale_pre = dev_load_call(a.scale, 0), w.scale_post = dev_load_call(a.scale, 1), w.scale_comb = dev_load_call(a.scale, 2);
+  w.base_pre = lane < S ? dev_load_call(a.base, lane) : 0.0f;
+  w.base_post = lane < S ? dev_load_call(a.base, S + lane) : 0.0f;
+  w.base_comb = dev_load_call(a.base, 2 * S + lane % (S * S));
+  return w;
+}
+
+__device__ void hc_pre_weights_s4(const HcPreArgs& a, const HcS4Weights& w, const float* mix, float* pre, int64_t t) {
   constexpr int S = 4;
   const int lane = threadIdx.x % 32, j = (lane / S) % S, k = lane % S, row0 = lane & ~(S - 1);
   const float eps = a.hc_eps;
-  const float scale_pre = dev_load_call(a.scale, 0), scale_post = dev_load_call(a.scale, 1), scale_comb = dev_load_call(a.scale, 2);
+  const float scale_pre = w.scale_pre, scale_post = w.scale_post, scale_comb = w.scale_comb;
   if (lane < S) {
-    pre[lane] = sigmoidf(hc_affine(mix[lane], scale_pre, dev_load_call(a.base, lane))) + eps;
-    a.out_post[t * S + lane] = 2.0f * sigmoidf(hc_affine(mix[S + lane], scale_post, dev_load_call(a.base, S + lane)));
+    pre[lane] = sigmoidf(hc_affine(mix[lane], scale_pre, w.base_pre)) + eps;
+    a.out_post[t * S + lane] = 2.0f * sigmoidf(hc_affine(mix[S + lane], scale_post, w.base_post));
   }
   const auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, (row0 + kk) & 31); };
   const auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, jj * S + k); };
   // Row j: softmax over k, then + eps.
-  float c = hc_affine(mix[2 * S + j * S + k], scale_comb, dev_load_call(a.base, 2 * S + j * S + k));
+  float c = hc_affine(mix[2 * S + j * S + k], scale_comb, w.base_comb);  // j * S + k = lane % 16
   float mx = -INFINITY;
 #pragma unroll
   for (int kk = 0; kk < S; ++kk) mx = fmaxf(mx, row_at(c, kk));
@@ -413,7 +457,7 @@ __global__ void hc_pre_kernel(HcPreArgs a) {
   const float* X = a.streams + t * S * D;
   hc_mix_or_load(X, S * D, a.fn, (2 + S) * S, a.norm_eps, a.mix, mix);
   if (S == 4) {
-    if (threadIdx.x < 32) hc_pre_weights_s4(a, mix, pre, t);
+    if (threadIdx.x < 32) hc_pre_weights_s4(a, hc_s4_weights(a), mix, pre, t);
   } else if (threadIdx.x == 0) {
     hc_pre_weights(a, mix, pre, t);
   }
@@ -439,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 3) hc_pre4_kernel(HcPreArgs a, int p
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * per_block;
   const int w = threadIdx.x / 32;
   const int nt = a.T - t0 < per_block ? static_cast<int>(a.T - t0) : per_block;
-  if (w < nt) hc_pre_weights_s4(a, a.mix + (t0 + w) * nmix, pre[w], t0 + w);
+  if (w < nt) hc_pre_weights_s4(a, hc_s4_weights(a), a.mix + (t0 + w) * nmix, pre[w], t0 + w);
   __syncthreads();
   const int64_t D4 = a.D / 4, total = nt * D4;
   for (int64_t i0 = threadIdx.x; i0 < total; i0 += kPre4Unroll * kThreads) {
@@ -532,12 +576,13 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
 // mix value from them as hc_mix_tile_kernel makes it (the thread's elements tid, tid + 256, ... of
 // the flattened streams in order, then hc_mix_tile_reduce). The streams are read by all nmix blocks
 // of the token, so none writes them; the token's last block to arrive (an atomic count, reset by
-// that block) reads the nmix values, runs hc_pre_weights_s4 (post, comb, pre), writes X' from its
-// registers, u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of the
-// kernel launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at or
-// below it). Each value's operations and their order are those of the three ops' kernels, for the
-// same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the norm's,
-// bf16 or f32) are loaded into registers before the wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
+// that block) reads the nmix values, writes X' from its registers, runs hc_pre_weights_s4 (post,
+// comb, pre), then u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of
+// the kernel launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at
+// or below it). Each value's operations and their order are those of the three ops' kernels, for
+// the same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the
+// norm's, bf16 or f32; the Sinkhorn warp's scales and bases) are loaded into registers before the
+// wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
 // compile-time: a first form with dev_load's switch over every stored dtype at each of its 80
 // weight loads, the column count and the roundings at run time was 9.7K instructions, and at one
 // block an SM its warps waited on instruction fetch (62 % of the stall samples; 38.5 us in ncu on
@@ -571,6 +616,8 @@ __global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a)
 #pragma unroll
     for (int v = 0; v < kCols; ++v) nw[v] = src[v * kThreads];
   }
+  HcS4Weights sinkhorn_w{};
+  if (tid < 32) sinkhorn_w = hc_s4_weights(p);
   wait_previous_grid();
   float* X = const_cast<float*>(p.streams) + t * width + tid;  // (written: hc_post's in/out)
   float x[kCols][S];
@@ -623,18 +670,24 @@ __global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a)
   __syncthreads();
   if (!last) return;
 
+  // The mix values' load goes out first; every block of the token has read the streams (before it
+  // counted), so X' goes out next, its stores under that load and the Sinkhorn warp (after it, they
+  // were on the chain), whose weights were loaded before the wait.
   __shared__ float mix[nmix];
   __shared__ float pre[S];
-  if (tid < nmix) mix[tid] = __ldcg(p.mix + t * nmix + tid);
+  const float mix_value = tid < nmix ? __ldcg(p.mix + t * nmix + tid) : 0.0f;
+  if (a.sublayer != nullptr)
+#pragma unroll
+    for (int v = 0; v < kCols; ++v)
+#pragma unroll
+      for (int k = 0; k < S; ++k) X[k * D + v * kThreads] = x[v][k];
+  if (tid < nmix) mix[tid] = mix_value;
   __syncthreads();
-  if (tid < 32) hc_pre_weights_s4(p, mix, pre, t);
+  if (tid < 32) hc_pre_weights_s4(p, sinkhorn_w, mix, pre, t);
   __syncthreads();
   float u[kCols];
 #pragma unroll
   for (int v = 0; v < kCols; ++v) {
-    if (a.sublayer != nullptr)
-#pragma unroll
-      for (int k = 0; k < S; ++k) X[k * D + v * kThreads] = x[v][k];
     float acc2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < S; ++j) acc2 += pre[j] * x[v][j];

@@ -23,11 +23,29 @@ __device__ inline float log_sqrt_softplus(float x) {
   return 0.5f * log_sp;
 }
 
+// An order-keeping key of a float for unsigned compares (a > b as floats: key(a) > key(b)); -0 is
+// keyed as +0 (they compare equal), and a NaN as 1, below every number (key(-inf) = 0x007fffff), so
+// that 0 can mean "no expert".
+__device__ inline uint32_t router_key(float v) {
+  if (v != v) return 1u;
+  const uint32_t bits = __float_as_uint(v + 0.0f);
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
 // grid (T), dynamic shared 2*E floats. Scores in log space; scored routing picks by rank of
 // score + bias (higher first, then the lower expert); weights g_i = s_i / sum s from the unbiased
 // scores, evaluated as exp(log s_i - max) / sum exp(. - max), times `scale`.
-// warp_topk: scored top-k by warp argmax rounds (`router_warp`, launch_router) or by rank counting.
-__global__ void router_kernel(RouterArgs a, bool warp_topk) {
+// kLane > 0 (E <= 32 kLane, `router_warp`, launch_router): warp 0 takes the scored top-k in K rounds
+// of a warp argmax; its lanes hold the keys of experts lane, lane + 32, ... in registers, and a round
+// is each lane's best (the highest key, then the lower expert), the warp's highest key
+// (__reduce_max_sync) and the lowest expert holding it (__reduce_min_sync): the rank order's experts
+// in the same slots. (The first warp form read each lane's scores from shared memory and reduced
+// (score, expert) pairs by 5 xor-shuffle steps a round; the batch-1 step's scored routers held its
+// chain 12.2 us against the hash routers' 5.3, H100 trace, 2026-12-07.) kLane = 0: a thread an
+// expert counts its rank over all E (a scored router of 15.8 us on the H200 at batch 1, 2026-12-03).
+// A NaN score ranks below every number in the warp form; the rank count does not order NaNs.
+template <int kLane>
+__global__ void router_kernel(RouterArgs a) {
   wait_previous_grid();
   extern __shared__ float shared[];
   float* log_score = shared;     // [E]
@@ -44,36 +62,25 @@ __global__ void router_kernel(RouterArgs a, bool warp_topk) {
   } else if (a.hash) {
     const int64_t id = a.token_ids[t];
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) chosen[i] = static_cast<int32_t>(dev_load_index(a.tid2eid, id * K + i));
-  } else if (E <= 32 * 64 && K <= E && warp_topk) {
-    // Warp 0 takes the K best in K rounds of a warp argmax over the experts not yet taken (higher
-    // biased score first, then the lower expert), which is the rank order below: the same experts in
-    // the same slots. (A thread a expert counting its rank walked all E scores for the best ones: on
-    // the H200 a batch-1 scored layer's router held the step's chain 15.8 us against a hash layer's
-    // 3.4, 2026-12-03.) Scores that are NaN are not ordered by either.
+  } else if constexpr (kLane > 0) {
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
-      // (v, e) before (best, best_e): the higher score, then the lower expert; best_e < 0 is none.
-      const auto better = [](float v, int32_t e, float best, int32_t best_e) {
-        return e >= 0 && (best_e < 0 || v > best || (v == best && e < best_e));
-      };
-      uint64_t taken = 0;  // bit j: expert lane + 32 j
-      for (int64_t r = 0; r < K; ++r) {
-        float best = -INFINITY;
-        int32_t best_e = -1;
-        for (int j = 0; lane + 32 * j < E; ++j) {
-          if ((taken >> j) & 1u) continue;
-          const int32_t e = lane + 32 * j;
-          const float v = biased[e];
-          if (better(v, e, best, best_e)) best = v, best_e = e;
-        }
+      uint32_t key[kLane];  // expert lane + 32 j's key, 0 when it is past E or taken
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-          const int32_t oe = __shfl_xor_sync(0xffffffffu, best_e, off);
-          if (better(ov, oe, best, best_e)) best = ov, best_e = oe;
-        }
-        if (best_e >= 0 && (best_e & 31) == lane) taken |= uint64_t{1} << (best_e >> 5);
-        if (lane == 0) chosen[r] = best_e;
+      for (int j = 0; j < kLane; ++j) key[j] = lane + 32 * j < E ? router_key(biased[lane + 32 * j]) : 0u;
+      for (int64_t r = 0; r < K; ++r) {
+        uint32_t best = 0u;
+        int best_j = 0;
+#pragma unroll
+        for (int j = 0; j < kLane; ++j)
+          if (key[j] > best) best = key[j], best_j = j;  // strictly higher: the lower expert keeps a tie
+        const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+        const uint32_t e = __reduce_min_sync(0xffffffffu, best == top ? static_cast<uint32_t>(lane + 32 * best_j) : ~0u);
+        if (static_cast<int>(e & 31u) == lane)
+#pragma unroll
+          for (int j = 0; j < kLane; ++j)
+            if (j == static_cast<int>(e >> 5)) key[j] = 0u;
+        if (lane == 0) chosen[r] = static_cast<int32_t>(e);  // K <= E: an expert is left every round
       }
     }
   } else {
@@ -85,16 +92,36 @@ __global__ void router_kernel(RouterArgs a, bool warp_topk) {
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int64_t i = 0; i < K; ++i)
-      if (chosen[i] < 0 || chosen[i] >= E) __trap();  // a forced or table expert outside [0, E)
+  // The weights, warp 0's lane l taking slots l and l + 32: each value's operations and the sum's
+  // order are those of one thread's loops over the slots (their maximum is order-free).
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    constexpr int kSlots = 2;
+    static_assert(kMaxRouterTopk <= 32 * kSlots);
+    float ls[kSlots], ex[kSlots];
     float mx = -INFINITY;
-    for (int64_t i = 0; i < K; ++i) mx = fmaxf(mx, log_score[chosen[i]]);
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const int64_t i = lane + 32 * u;
+      ls[u] = -INFINITY;
+      if (i < K) {
+        if (chosen[i] < 0 || chosen[i] >= E) __trap();  // a forced or table expert outside [0, E)
+        ls[u] = log_score[chosen[i]];
+        mx = fmaxf(mx, ls[u]);
+      }
+    }
+    mx = warp_max(mx);
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) ex[u] = expf(ls[u] - mx);
     float sum = 0.0f;
-    for (int64_t i = 0; i < K; ++i) sum += expf(log_score[chosen[i]] - mx);
-    for (int64_t i = 0; i < K; ++i) {
-      a.out_experts[t * K + i] = chosen[i];
-      a.out_weights[t * K + i] = expf(log_score[chosen[i]] - mx) / sum * a.scale;
+    for (int64_t i = 0; i < K; ++i) sum += __shfl_sync(0xffffffffu, i < 32 ? ex[0] : ex[1], static_cast<int>(i % 32));
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const int64_t i = lane + 32 * u;
+      if (i < K) {
+        a.out_experts[t * K + i] = chosen[i];
+        a.out_weights[t * K + i] = ex[u] / sum * a.scale;
+      }
     }
   }
 }
@@ -171,7 +198,12 @@ __global__ void moe_combine_kernel(CombineArgs a) {
 void launch_router(const RouterArgs& a) {
   if (a.T == 0) return;
   static const bool warp_topk = cuda_feature_on("router_warp");
-  launch(router_kernel, static_cast<unsigned>(a.T), kThreads, 2 * a.E * sizeof(float), a, warp_topk);
+  const bool scored = !a.hash && a.forced == nullptr && a.K <= a.E;
+  const size_t shared = 2 * a.E * sizeof(float);
+  // Where the keys fit 8 registers a lane (V4-Flash's 256 experts), else 64 (up to 2048 experts).
+  if (scored && warp_topk && a.E <= 32 * 8) launch(router_kernel<8>, static_cast<unsigned>(a.T), kThreads, shared, a);
+  else if (scored && warp_topk && a.E <= 32 * 64) launch(router_kernel<64>, static_cast<unsigned>(a.T), kThreads, shared, a);
+  else launch(router_kernel<0>, static_cast<unsigned>(a.T), kThreads, shared, a);
 }
 
 namespace {

@@ -2152,35 +2152,41 @@ TEST_F(CudaOps, RouterScoredHashAndForcedBothPlacements) {
 // V4's router size (256 experts, top 6; the warp's argmax rounds, `router_warp`, hold 8 experts a
 // lane) with ties everywhere: experts in groups of four with identical gate rows and biases, so
 // every score comes four times and the order among equals is by index; tokens alone and 40 at once.
+// Scored top-k with exact ties (experts in groups of 4 with equal gate rows and biases): V4-Flash's
+// 256 experts (the warp form's 8 keys a lane), 384 (its 64-key form) and K = 40 of 96 (the weights'
+// second slot a lane, slots 32 and up).
 TEST_F(CudaOps, RouterTopkOf256WithTiedGroups) {
   Rng rng(256);
-  const int64_t E = 256, D = 16, K = 6;
-  std::vector<float> g = rng.normal(E * D, 0.25), b = rng.normal(E, 0.05);
-  for (int64_t e = 0; e < E; ++e) {
-    std::copy(g.begin() + (e / 4 * 4) * D, g.begin() + (e / 4 * 4 + 1) * D, g.begin() + e * D);
-    b[e] = b[e / 4 * 4];
-  }
-  const StoredMatrix gate = float_matrix(DType::kBF16, E, D, g);
-  const Stored bias = stored_floats(DType::kF32, {E}, b);
-  for (int64_t T : {1, 40}) {
-    const BatchInfo batch = simple_batch(std::vector<int32_t>(T, 0));
-    auto [xc, xg] = both_f32(rng.normal(T * D), {T, D});
-    auto [ec, eg] = both_alloc(ElemType::kI32, {T, K});
-    auto [wc, wg] = both_alloc(ElemType::kF32, {T, K});
-    auto params = [&](const Tensor& e, const Tensor& w, const Tensor& x) {
-      return RouterParams{.out_experts = e, .out_weights = w, .x = x, .gate = &gate.w, .bias = bias.view,
-                          .batch = &batch, .kind = MoeKind::kScored, .k = K, .routed_scale = 2.5,
-                          .placement = RoutedScalePlacement::kInRouterWeights};
-    };
-    cpu->router(params(ec, wc, xc));
-    gpu->router(params(eg, wg, xg));
-    const std::vector<int32_t> want = cpu->download_i32(ec);
-    EXPECT_EQ(gpu->download_i32(eg), want) << T << " tokens";
-    expect_close(*gpu, wg, *cpu, wc, kOpTol, std::to_string(T) + " tokens' weights");
-    int64_t tied = 0;  // (the case is what it says: picks whose group mate was picked too)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i + 1 < K; ++i) tied += want[t * K + i] / 4 == want[t * K + i + 1] / 4 ? 1 : 0;
-    EXPECT_GT(tied, 0) << T << " tokens";
+  for (const auto& [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {384, 8}, {96, 40}}) {
+    const int64_t D = 16;
+    std::vector<float> g = rng.normal(E * D, 0.25), b = rng.normal(E, 0.05);
+    for (int64_t e = 0; e < E; ++e) {
+      std::copy(g.begin() + (e / 4 * 4) * D, g.begin() + (e / 4 * 4 + 1) * D, g.begin() + e * D);
+      b[e] = b[e / 4 * 4];
+    }
+    const StoredMatrix gate = float_matrix(DType::kBF16, E, D, g);
+    const Stored bias = stored_floats(DType::kF32, {E}, b);
+    for (int64_t T : {1, 40}) {
+      const std::string what = std::to_string(E) + " experts, top " + std::to_string(K) + ", " + std::to_string(T) + " tokens";
+      const BatchInfo batch = simple_batch(std::vector<int32_t>(T, 0));
+      auto [xc, xg] = both_f32(rng.normal(T * D), {T, D});
+      auto [ec, eg] = both_alloc(ElemType::kI32, {T, K});
+      auto [wc, wg] = both_alloc(ElemType::kF32, {T, K});
+      auto params = [&](const Tensor& e, const Tensor& w, const Tensor& x) {
+        return RouterParams{.out_experts = e, .out_weights = w, .x = x, .gate = &gate.w, .bias = bias.view,
+                            .batch = &batch, .kind = MoeKind::kScored, .k = K, .routed_scale = 2.5,
+                            .placement = RoutedScalePlacement::kInRouterWeights};
+      };
+      cpu->router(params(ec, wc, xc));
+      gpu->router(params(eg, wg, xg));
+      const std::vector<int32_t> want = cpu->download_i32(ec);
+      EXPECT_EQ(gpu->download_i32(eg), want) << what;
+      expect_close(*gpu, wg, *cpu, wc, kOpTol, what + ": weights");
+      int64_t tied = 0;  // (the case is what it says: picks whose group mate was picked too)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i + 1 < K; ++i) tied += want[t * K + i] / 4 == want[t * K + i + 1] / 4 ? 1 : 0;
+      EXPECT_GT(tied, 0) << what;
+    }
   }
 }
 
