@@ -350,11 +350,6 @@ __device__ void hc_pre_weights(const HcPreArgs& a, const float* mix, float* pre,
   for (int64_t i = 0; i < S * S; ++i) a.out_comb[t * S * S + i] = comb[i];
 }
 
-// hc_pre_weights for S = 4 by the 32 lanes of a warp (all of them must call it): lane 4j + k (< 16)
-// holds comb[j][k]; a row's or column's sum is gathered by shuffles and added in hc_pre_weights'
-// order (0 + v0 + v1 + v2 + v3), every division and exponential the same, so the results are its
-// bits. One thread walking the 16 entries through 20 Sinkhorn iterations took 45 us a token (ncu on
-// the H200, batch 1); here the 16 entries go side by side.
 // The weights hc_pre_weights_s4 reads, a lane's share (model weights, never written by a kernel: a
 // kernel may load them before its wait, under the previous kernel).
 struct HcS4Weights {
@@ -373,6 +368,11 @@ __device__ inline HcS4Weights hc_s4_weights(const HcPreArgs& a) {
   return w;
 }
 
+// hc_pre_weights for S = 4 by the 32 lanes of a warp (all of them must call it): lane 4j + k (< 16)
+// holds comb[j][k]; a row's or column's sum is gathered by shuffles and added in hc_pre_weights'
+// order (0 + v0 + v1 + v2 + v3), every division and exponential the same, so the results are its
+// bits. One thread walking the 16 entries through 20 Sinkhorn iterations took 45 us a token (ncu on
+// the H200, batch 1); here the 16 entries go side by side.
 __device__ void hc_pre_weights_s4(const HcPreArgs& a, const HcS4Weights& w, const float* mix, float* pre, int64_t t) {
   constexpr int S = 4;
   const int lane = threadIdx.x % 32, j = (lane / S) % S, k = lane % S, row0 = lane & ~(S - 1);
