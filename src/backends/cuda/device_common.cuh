@@ -97,10 +97,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int th
 // cuda_feature_on("pdl"), read once.
 bool pdl_launch_on();
 
-// kernel<<<grid, block, smem>>>(args...) on the calling thread's default stream, as a programmatic
-// dependent of the grid before it (above) unless the "pdl" switch is off, and (cluster > 1) in
-// clusters of `cluster` blocks along x (grid.x a multiple of it). Errors show in launch_check as
-// with <<<>>>.
 // Clusters of `cluster` blocks along x, as a launch attribute.
 inline cudaLaunchAttribute cluster_attribute(unsigned cluster) {
   cudaLaunchAttribute a = {};
@@ -110,6 +106,10 @@ inline cudaLaunchAttribute cluster_attribute(unsigned cluster) {
   a.val.clusterDim.z = 1;
   return a;
 }
+// kernel<<<grid, block, smem>>>(args...) on the calling thread's default stream, as a programmatic
+// dependent of the grid before it (above) unless the "pdl" switch is off, and (cluster > 1) in
+// clusters of `cluster` blocks along x (grid.x a multiple of it). Errors show in launch_check as
+// with <<<>>>.
 template <typename... Params, typename... Args>
 inline void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster, Args&&... args) {
   cudaLaunchAttribute attr[2] = {};
@@ -225,6 +225,23 @@ __device__ inline bool dev_div_recip_fits(float x) {
 __device__ inline float dev_div_recip(float x, float d, float y) {
   const float q = __fmul_rn(x, y);
   return __fmaf_rn(__fmaf_rn(-d, q, x), y, q);
+}
+
+// store(i, load(i)) for i = first, first + step, ... < n (n > 0), kN loads taken before any of their
+// stores: where the stores may alias the loads' memory for all the compiler knows, one at a time
+// each load waits for the stores before it. The loads are unconditional (i clamped to n - 1), so
+// that ptxas issues them together; predicated, it issued each right before its use (docs/perf.md,
+// sixty-third session). embed_kernel's bf16 rows and row_sim_kernel's bf16 rounding.
+template <int kN, typename Load, typename Store>
+__device__ inline void load_ahead_store(int64_t first, int64_t step, int64_t n, Load load, Store store) {
+  for (int64_t i0 = first; i0 < n; i0 += kN * step) {
+    decltype(load(i0)) v[kN];
+#pragma unroll
+    for (int u = 0; u < kN; ++u) v[u] = load(i0 + u * step < n ? i0 + u * step : n - 1);
+#pragma unroll
+    for (int u = 0; u < kN; ++u)
+      if (i0 + u * step < n) store(i0 + u * step, v[u]);
+  }
 }
 
 // Value i of a GEMM's output through its PartsView (kernels.h): the slices added in order and

@@ -26,34 +26,21 @@ constexpr int64_t kNormWarpGroup = 2048;
 __device__ inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // grid (T), block over D: every stream a copy of the embedding row.
-// A bf16 table's row (the checkpoints' embedding): kEmbedUnroll values a thread loaded before it
-// stores any. One at a time, each load waited for the stores before it (the compiler cannot tell
-// that out does not alias the table), so a batch-1 token's row of 4096 held the step's chain
-// 11.0 us (H100 kernel trace, 2026-12-07). The loads are unconditional (the column clamped into the
-// row), so that ptxas issues them together (predicated, it issued each right before its use:
-// docs/perf.md, sixty-third session). Other formats: a value at a time through weight_at (the
-// same values: weight_at reads a bf16 table's value as dev_bf16 of its bits).
-constexpr int kEmbedUnroll = 8;
+// A bf16 table's row (the checkpoints' embedding): 8 values a thread loaded before it stores any
+// (load_ahead_store; the compiler cannot tell that out does not alias the table: one at a time, a
+// batch-1 token's row of 4096 held the step's chain 11.0 us, H100 kernel trace, 2026-12-07). Other
+// formats: a value at a time through weight_at (the same values: weight_at reads a bf16 table's
+// value as dev_bf16 of its bits).
 __global__ void embed_kernel(EmbedArgs a) {
   wait_previous_grid();
   const int64_t t = blockIdx.x;
   const int64_t id = a.ids[t];
   if (a.table.format == WeightFormat::kFloat && a.table.dtype == DType::kBF16) {
     const uint16_t* src = static_cast<const uint16_t*>(a.table.data) + id * a.table.in;
-    for (int64_t d0 = threadIdx.x; d0 < a.D; d0 += kEmbedUnroll * static_cast<int64_t>(blockDim.x)) {
-      uint32_t raw[kEmbedUnroll];
-#pragma unroll
-      for (int u = 0; u < kEmbedUnroll; ++u) {
-        const int64_t d = d0 + u * static_cast<int64_t>(blockDim.x);
-        raw[u] = src[d < a.D ? d : a.D - 1];
-      }
-#pragma unroll
-      for (int u = 0; u < kEmbedUnroll; ++u) {
-        const int64_t d = d0 + u * static_cast<int64_t>(blockDim.x);
-        if (d < a.D)
-          for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = dev_bf16(static_cast<uint16_t>(raw[u]));
-      }
-    }
+    load_ahead_store<8>(threadIdx.x, blockDim.x, a.D, [&](int64_t d) { return static_cast<uint32_t>(src[d]); },
+                        [&](int64_t d, uint32_t raw) {
+                          for (int64_t s = 0; s < a.S; ++s) a.out[(t * a.S + s) * a.D + d] = dev_bf16(static_cast<uint16_t>(raw));
+                        });
     return;
   }
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
@@ -671,8 +658,9 @@ __global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a)
   if (!last) return;
 
   // The mix values' load goes out first; every block of the token has read the streams (before it
-  // counted), so X' goes out next, its stores under that load and the Sinkhorn warp (after it, they
-  // were on the chain), whose weights were loaded before the wait.
+  // counted), so X' goes out next, its stores under that load and the Sinkhorn warp, whose weights
+  // were loaded before the wait (against the stores after the Sinkhorn and those loads after the
+  // wait: the 8-layer step 0.5-2.0 % shorter, this kernel 12.6 -> 11.8 us in ncu, H100, 2026-12-07).
   __shared__ float mix[nmix];
   __shared__ float pre[S];
   const float mix_value = tid < nmix ? __ldcg(p.mix + t * nmix + tid) : 0.0f;

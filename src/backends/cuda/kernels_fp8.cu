@@ -219,26 +219,13 @@ __global__ void row_sim_kernel(RowSimArgs a) {
   const float* in = a.src ? a.src + static_cast<int64_t>(blockIdx.x) * a.row_stride : row;
   const int64_t dims = a.dims;
   switch (a.kind) {
-    case RowSimKind::kBf16: {
-      // kU values a thread loads before it stores any (in place, one at a time each load waited for
-      // the store before it: the batch-1 step's embedding rows took 7.3 us, H100 kernel trace,
-      // 2026-12-07), unconditionally (the column clamped into the row, so ptxas issues them together).
-      constexpr int kU = 8;
-      for (int64_t c0 = threadIdx.x; c0 < dims; c0 += kU * static_cast<int64_t>(blockDim.x)) {
-        float v[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int64_t c = c0 + u * static_cast<int64_t>(blockDim.x);
-          v[u] = in[c < dims ? c : dims - 1];
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int64_t c = c0 + u * static_cast<int64_t>(blockDim.x);
-          if (c < dims) row[c] = dev_bf16_round(v[u]);
-        }
-      }
+    case RowSimKind::kBf16:
+      // 8 values a thread loaded before any store (load_ahead_store; in place, one at a time each
+      // load waited for the store before it: the batch-1 step's embedding rows took 7.3 us, H100
+      // kernel trace, 2026-12-07).
+      load_ahead_store<8>(threadIdx.x, blockDim.x, dims, [&](int64_t c) { return in[c]; },
+                          [&](int64_t c, float v) { row[c] = dev_bf16_round(v); });
       return;
-    }
     case RowSimKind::kFp8Pow2:
     case RowSimKind::kFp4Pow2Block32: {
       const bool fp8 = a.kind == RowSimKind::kFp8Pow2;

@@ -2149,12 +2149,10 @@ TEST_F(CudaOps, RouterScoredHashAndForcedBothPlacements) {
   }
 }
 
-// V4's router size (256 experts, top 6; the warp's argmax rounds, `router_warp`, hold 8 experts a
-// lane) with ties everywhere: experts in groups of four with identical gate rows and biases, so
-// every score comes four times and the order among equals is by index; tokens alone and 40 at once.
-// Scored top-k with exact ties (experts in groups of 4 with equal gate rows and biases): V4-Flash's
-// 256 experts (the warp form's 8 keys a lane), 384 (its 64-key form) and K = 40 of 96 (the weights'
-// second slot a lane, slots 32 and up).
+// The scored top-k with ties everywhere: experts in groups of four with identical gate rows and
+// biases, so every score comes four times and the order among equals is by index; tokens alone and
+// 40 at once. V4-Flash's 256 experts, top 6 (`router_warp`'s form with 8 keys a lane), 384 experts
+// (its 64-key form) and K = 40 of 96 (the weights' second slot a lane, slots 32 and up).
 TEST_F(CudaOps, RouterTopkOf256WithTiedGroups) {
   Rng rng(256);
   for (const auto& [E, K] : {std::pair<int64_t, int64_t>{256, 6}, {384, 8}, {96, 40}}) {
