@@ -83,7 +83,7 @@ constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "act_quant_half", "act_quant_shared", "alloc_nofill", "argmax", "async_upload", "attn_bf16_kv", "attn_dims",
     "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
     "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
-    "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
+    "fp8_quant_in", "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
     "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
@@ -2330,6 +2330,7 @@ void set_hc_fused(Backend& backend, bool on) { cuda_backend(backend).set_hc_fuse
 void set_parts_in_readers(Backend& backend, bool on) { cuda_backend(backend).set_parts_in_readers(on); }
 int64_t parts_left_for_readers(Backend& backend) { return cuda_backend(backend).parts_left_for_readers(); }
 int64_t fp8_linear_quantisations(Backend& backend) { return cuda_backend(backend).fp8_linear_quantisations(); }
+void fp8_linear_set_quant_in(Backend& backend, bool on) { cuda_backend(backend).fp8().set_quant_in(on); }
 bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool last_moe_scatter_store(Backend& backend) { return cuda_backend(backend).last_moe_scatter_store(); }

@@ -333,6 +333,9 @@ int64_t parts_left_for_readers(Backend& backend);
 // The fast FP8 linears' act_quant launches since the backend was made (test support: linears() of
 // one input quantises it once, `act_quant_shared`).
 int64_t fp8_linear_quantisations(Backend& backend);
+// Test support: the FP8 wgmma linears' 8-row form quantising its rows itself where it can
+// (`fp8_quant_in`, Fp8Linear::set_quant_in) or after an act_quant launch; the same bits either way.
+void fp8_linear_set_quant_in(Backend& backend, bool on);
 bool last_hc_boundary_fused(Backend& backend);
 // Test support: whether the last moe call's w2 stored its rows straight into their slots
 // (GroupedW4A8Args::scatter_slots, `moe_scatter_store`) instead of leaving them to the scatter kernel.

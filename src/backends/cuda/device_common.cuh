@@ -424,6 +424,56 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// ---- act_quant's arithmetic: the FP8 block-scaled linear's activation codes (core/quant_sim.cpp
+// fp8_pow2_quant_sim, block 128), bit for bit; act_quant_fp8_kernel and its kin (kernels_fp8.cu)
+// and the FP8 wgmma linear's own quantisation (kernels_linear.cu GroupedW4A8Args::x_f32). ----
+
+// The block's scale s = 2^k and its exact inverse from the block's amax (at least the 1e-4 floor).
+// amax >= 1e-4 keeps k >= -22 (a normal float), so 1 / s = 2^-k is exact (byte 127 - k; 2^-127 is
+// the subnormal byte 0) and x * (1 / s) is the correctly rounded x / s, the division's bits.
+__device__ inline void act_quant_scale(float amax, float& s, float& inv) {
+  const int k = dev_pow2_scale_exponent(amax, 448.0f);
+  s = dev_e8m0(static_cast<uint8_t>(k + 127));
+  inv = dev_e8m0(static_cast<uint8_t>(127 - k));
+}
+
+// Four values' e4m3 codes under the scale's inverse, packed (value i in byte i). The codes by the
+// hardware's conversion (round to nearest even, e4m3 subnormals; the clamp keeps it off
+// saturation), dev_f32_to_e4m3's bits for every value but NaN, whose code is then the encoder's
+// (sign kept; the conversion's NaN output is not relied on). Inputs past K are 0 (the callers'
+// contract), so their codes are 0. (With the integer encoder an 8192 x 4096 input took 101 us, with
+// the conversion about 80: H200, 2026-12-04.)
+__device__ inline uint32_t act_quant_codes4(const float* v, float inv) {
+  float q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q[i] = v[i] * inv;
+    q[i] = q[i] < -448.0f ? -448.0f : (448.0f < q[i] ? 448.0f : q[i]);  // std::clamp's order: NaN passes through
+  }
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(q[1]), "f"(q[0]));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(q[3]), "f"(q[2]));
+  uint32_t packed = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (isnan(q[i])) packed = (packed & ~(0xFFu << (8 * i))) | (static_cast<uint32_t>(dev_f32_to_e4m3(q[i])) << (8 * i));
+  return packed;
+}
+
+// A 128-input block's codes and scale, lane l of the warp holding inputs 4l .. 4l + 3 (0 past K),
+// all 32 lanes calling: returns the lane's 4 codes packed, s the block's scale. The reference's
+// floor: an all-zero block still gets a finite scale. fmaxf skips NaN exactly as the host's
+// std::max(amax, |x|) with amax first does; columns past K hold 0 and change nothing.
+__device__ inline uint32_t act_quant_lane(const float (&v)[4], float& s) {
+  float amax = 1e-4f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = warp_max(amax);
+  float inv;
+  act_quant_scale(amax, s, inv);
+  return act_quant_codes4(v, inv);
+}
+
 // Sum of v over the block, returned to every thread. REQUIRES: blockDim.x a multiple of 32, at
 // most 1024, and every thread of the block calls it.
 __device__ inline float block_sum(float v) {

@@ -285,14 +285,12 @@ int64_t Fp8Linear::quantise(const Tensor& in, int64_t K) {
   return m_pad;
 }
 
-PartsView Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16,
+PartsView Fp8Linear::run_wgmma(float* d, const Tensor& in, int64_t K, int64_t n, const PaddedWeight& pw, bool round_bf16,
                                bool leave_parts) {
+  const int64_t T = in.dim(0);
   GroupedW4A8Args g{};
   g.out = d;
   g.round_bf16 = round_bf16;
-  g.codes = static_cast<const uint8_t*>(act_codes_.get());
-  g.scales = act_scales_.f32();
-  g.rows_pad = m_pad;
   g.k_pad = pw.k_pad;
   g.N = n;
   g.K = pw.k_pad;
@@ -305,11 +303,20 @@ PartsView Fp8Linear::run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, co
     g.partial = partial_.f32();
   }
   g.leave_parts = leave_parts;
+  // The kernel's 8-row form quantises the rows itself where it can (`fp8_quant_in`); else act_quant
+  // first (or the codes kept from the previous run of this input, keep_quantised).
+  g.x_f32 = in.f32(), g.x_ld = K, g.x_k = K;
+  if (!quant_in_ || (keep_ && kept_in_ == in.f32()) || !fp8_wgmma_quant_in_takes(g)) {
+    g.x_f32 = nullptr;
+    g.rows_pad = quantise(in, K);
+    g.codes = static_cast<const uint8_t*>(act_codes_.get());
+    g.scales = act_scales_.f32();
+  }
   const PartsView view = launch_fp8_wgmma_linear(g);
   launch_check("linear_fp8_block wgmma");
   last_path_ = Fp8GemmPath::kTensorCores;
   last_wgmma_ = true;
-  last_m_ = m_pad, last_n_ = pw.n_pad, last_k_ = pw.k_pad;
+  last_m_ = round_up(T, 16), last_n_ = pw.n_pad, last_k_ = pw.k_pad;
   return view;
 }
 
@@ -325,14 +332,13 @@ const float* Fp8Linear::run_stacked(const Tensor& in, std::span<const WeightMatr
   SPARROW_CHECK_EQ(in.numel(), T * K);
   if (T == 0) return nullptr;
   const PaddedWeight& pw = stacked_weight(ws);
-  const bool wgmma = wgmma_path();
-  const int64_t m_pad = quantise(in, K);
-  out_scratch_.ensure(static_cast<size_t>(m_pad * N) * sizeof(float));
-  if (wgmma) {
-    const PartsView view = run_wgmma(out_scratch_.f32(), T, N, m_pad, pw, false, parts != nullptr);
+  out_scratch_.ensure(static_cast<size_t>(round_up(T, 16) * N) * sizeof(float));
+  if (wgmma_path()) {
+    const PartsView view = run_wgmma(out_scratch_.f32(), in, K, N, pw, false, parts != nullptr);
     if (parts) *parts = view;
     return out_scratch_.f32();
   }
+  const int64_t m_pad = quantise(in, K);
   if (!run_cublaslt(out_scratch_.f32(), static_cast<const uint8_t*>(act_codes_.get()), act_scales_.f32(), pw, m_pad))
     return nullptr;
   launch_check("linear_fp8_block cuBLASLt (stacked)");
@@ -358,7 +364,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
   std::string why = force_fallback_ ? std::string("forced (set_force_fallback)") : tensor_core_refusal(w);
   if (why.empty() && wgmma_path()) {
     const PaddedWeight& pw = padded_weight(w);
-    const PartsView view = run_wgmma(p.out.f32(), T, N, quantise(p.in, K), pw, round_bf16, parts != nullptr);
+    const PartsView view = run_wgmma(p.out.f32(), p.in, K, N, pw, round_bf16, parts != nullptr);
     if (parts) *parts = view;
     return;
   }

@@ -96,6 +96,9 @@ class Fp8Linear {
   // The batch-invariant linears on the project's wgmma kernel (kernels.h launch_fp8_wgmma_linear:
   // the W4A8 kernels' arithmetic with e4m3 weights) instead of cuBLASLt; `fp8_wgmma` (test support).
   void set_wgmma(bool on) { wgmma_ = on; }
+  // The wgmma kernel's 8-row form quantising the rows itself (GroupedW4A8Args::x_f32) where it can,
+  // instead of an act_quant launch first: `fp8_quant_in` (test support). The same bits either way.
+  void set_quant_in(bool on) { quant_in_ = on; }
   static constexpr int64_t kInvariantM = 4096;
   Fp8GemmPath last_path() const { return last_path_; }
   // What ran, or why the fallback did (built on demand: the hot path keeps no strings).
@@ -120,9 +123,10 @@ class Fp8Linear {
   // Whether the project's wgmma kernel (launch_fp8_wgmma_linear) runs the batch-invariant linears
   // instead of cuBLASLt (`fp8_wgmma`).
   bool wgmma_path() const { return batch_invariant_ && wgmma_ && !force_fallback_; }
-  // d [T, n] (row stride n) = the linear of the quantised codes and pw's first n rows.
+  // d [T, n] (row stride n) = the linear of in [T, K] quantised (by the kernel itself where its
+  // 8-row form can, `fp8_quant_in`: GroupedW4A8Args::x_f32; else by quantise) and pw's first n rows.
   // `leave_parts`: GroupedW4A8Args::leave_parts; returns the output's view.
-  PartsView run_wgmma(float* d, int64_t T, int64_t n, int64_t m_pad, const PaddedWeight& pw, bool round_bf16 = false,
+  PartsView run_wgmma(float* d, const Tensor& in, int64_t K, int64_t n, const PaddedWeight& pw, bool round_bf16 = false,
                       bool leave_parts = false);
   // Runs the cuBLASLt GEMM into d [m_pad, n_pad]; false (with last_detail_ set) when it cannot.
   bool run_cublaslt(float* d, const uint8_t* codes, const float* scales, const PaddedWeight& pw, int64_t m_pad);
@@ -134,6 +138,7 @@ class Fp8Linear {
   bool force_fallback_ = false;
   bool batch_invariant_ = false;
   bool wgmma_ = cuda_feature_on("fp8_wgmma");
+  bool quant_in_ = cuda_feature_on("fp8_quant_in");
   bool last_wgmma_ = false;  // the last tensor-core run was the wgmma kernel
   DeviceBuffer partial_;     // its split forms' quarter sums (fp8_wgmma_linear_wants_partial)
   Fp8GemmPath last_path_ = Fp8GemmPath::kNone;

@@ -164,7 +164,9 @@ struct DevView {
 // every thread's two 16-byte cp.async pieces, the same bits), "w4a8_persistent" (that ring in a
 // persistent grid, ring form 4: a block an SM taking tile after tile, the next tile's first copies
 // under the current one's last groups; off: a block a tile, ring form 3; the same bits, the same
-// time within the spread on an H100, 2026-12-06: docs/perf.md, fifty-fifth session) and
+// time within the spread on an H100, 2026-12-06: docs/perf.md, fifty-fifth session), "fp8_quant_in"
+// (the FP8 wgmma linears' 8-row form, up to 64 rows, quantises its rows itself in each block,
+// GroupedW4A8Args::x_f32; off: an act_quant launch first, the same codes, scales and bits) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
@@ -469,6 +471,14 @@ struct GroupedW4A8Args {
   const uint8_t* w_codes = nullptr;
   const float* w_scales = nullptr;
   int64_t w_scale_ld = 0;
+  // (launch_fp8_wgmma_linear, its 8-row form) The rows' fp32 inputs [rows_total, x_ld] (the
+  // linear's first x_k columns; k_pad's rest counts as 0), or null: where given, each block
+  // quantises its own rows' groups with act_quant's arithmetic (device_common.cuh act_quant_lane:
+  // the codes and scales act_quant writes) into its shared memory, and codes and scales are not
+  // read, so a linear takes one launch, not two (`fp8_quant_in`). The same bits. REQUIRES
+  // fp8_wgmma_quant_in_takes(g).
+  const float* x_f32 = nullptr;
+  int64_t x_ld = 0, x_k = 0;
   // (launch_fp8_wgmma_linear) the outputs rounded to bf16 (an op's round_bf16): in the quarters'
   // sum where one runs, else by launch_bf16_round after the kernel; the same values either way.
   bool round_bf16 = false;
@@ -529,6 +539,12 @@ int64_t w4a8_persistent_launches();
 // scales' rows_pad a multiple of 4. Returns the output's view (leave_parts: the quarters, where the
 // 8-row form split them over blocks or the TMA kernel into separate items).
 PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
+// Whether launch_fp8_wgmma_linear can quantise g's rows itself (GroupedW4A8Args::x_f32, which
+// g must set, with every other field as for its launch): up to 64 rows (the 8-row form), x_k at most
+// K, and its blocks' groups past the ring's slots within kFp8QuantInMaxBytes of extra shared memory.
+bool fp8_wgmma_quant_in_takes(const GroupedW4A8Args& g);
+// The FP8 wgmma linear's launches that quantised their rows themselves so far (test support).
+int64_t fp8_wgmma_quant_in_launches();
 // Whether launch_fp8_wgmma_linear would use `partial` ([4, rows, N] floats) for rows x N: up to 64
 // rows, and where its 128 x 128 tiles, cut into K's quarters as separate work items (added in
 // order after), take fewer waves of the SMs than whole (kernels_linear.cu tma_split_pays).

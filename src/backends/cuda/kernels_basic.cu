@@ -360,15 +360,21 @@ __device__ inline HcS4Weights hc_s4_weights(const HcPreArgs& a) {
 // order (0 + v0 + v1 + v2 + v3), every division and exponential the same, so the results are its
 // bits. One thread walking the 16 entries through 20 Sinkhorn iterations took 45 us a token (ncu on
 // the H200, batch 1); here the 16 entries go side by side.
-__device__ void hc_pre_weights_s4(const HcPreArgs& a, const HcS4Weights& w, const float* mix, float* pre, int64_t t) {
+// Its two parts: pre and post (lanes < S; they need no Sinkhorn), then comb (the whole warp).
+__device__ inline void hc_pre_post_s4(const HcPreArgs& a, const HcS4Weights& w, const float* mix, float* pre, int64_t t) {
+  constexpr int S = 4;
+  const int lane = threadIdx.x % 32;
+  if (lane < S) {
+    pre[lane] = sigmoidf(hc_affine(mix[lane], w.scale_pre, w.base_pre)) + a.hc_eps;
+    a.out_post[t * S + lane] = 2.0f * sigmoidf(hc_affine(mix[S + lane], w.scale_post, w.base_post));
+  }
+}
+
+__device__ void hc_comb_s4(const HcPreArgs& a, const HcS4Weights& w, const float* mix, int64_t t) {
   constexpr int S = 4;
   const int lane = threadIdx.x % 32, j = (lane / S) % S, k = lane % S, row0 = lane & ~(S - 1);
   const float eps = a.hc_eps;
-  const float scale_pre = w.scale_pre, scale_post = w.scale_post, scale_comb = w.scale_comb;
-  if (lane < S) {
-    pre[lane] = sigmoidf(hc_affine(mix[lane], scale_pre, w.base_pre)) + eps;
-    a.out_post[t * S + lane] = 2.0f * sigmoidf(hc_affine(mix[S + lane], scale_post, w.base_post));
-  }
+  const float scale_comb = w.scale_comb;
   const auto row_at = [&](float v, int kk) { return __shfl_sync(0xffffffffu, v, (row0 + kk) & 31); };
   const auto col_at = [&](float v, int jj) { return __shfl_sync(0xffffffffu, v, jj * S + k); };
   // Row j: softmax over k, then + eps.
@@ -395,6 +401,11 @@ __device__ void hc_pre_weights_s4(const HcPreArgs& a, const HcS4Weights& w, cons
     c /= sum + eps;
   }
   if (lane < S * S) a.out_comb[t * S * S + lane] = c;
+}
+
+__device__ inline void hc_pre_weights_s4(const HcPreArgs& a, const HcS4Weights& w, const float* mix, float* pre, int64_t t) {
+  hc_pre_post_s4(a, w, mix, pre, t);
+  hc_comb_s4(a, w, mix, t);
 }
 
 // out[t, d] = sum_j pre_j X[j * D + d] for this block's token, kRowUnroll columns a thread loaded
@@ -671,22 +682,69 @@ __global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a)
       for (int k = 0; k < S; ++k) X[k * D + v * kThreads] = x[v][k];
   if (tid < nmix) mix[tid] = mix_value;
   __syncthreads();
-  if (tid < 32) hc_pre_weights_s4(p, sinkhorn_w, mix, pre, t);
-  __syncthreads();
   float u[kCols];
+  const auto make_u = [&] {
 #pragma unroll
-  for (int v = 0; v < kCols; ++v) {
-    float acc2 = 0.0f;
+    for (int v = 0; v < kCols; ++v) {
+      float acc2 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < S; ++j) acc2 += pre[j] * x[v][j];
-    u[v] = round(acc2);
-  }
-  float sq = 0.0f;
+      for (int j = 0; j < S; ++j) acc2 += pre[j] * x[v][j];
+      u[v] = round(acc2);
+    }
+  };
+  const auto write_out = [&](float sq) {
+    const float inv = 1.0f / sqrtf(sq / static_cast<float>(D) + a.norm_eps);
+    float* out = p.out_input + t * D + tid;
+#pragma unroll
+    for (int v = 0; v < kCols; ++v) {
+      float o = u[v] * inv;
+      if (a.norm_weight.data) o *= nw[v];
+      out[v * kThreads] = round(o);
+    }
+  };
   if constexpr (D > kNormWarpGroup) {
+    // u and its norm need pre, not comb: warp 0 takes pre and post, its columns' u and their
+    // squares' warp sum, then the Sinkhorn (comb), and writes its outputs after it; warps 1-7 take
+    // their columns' u and the norm meanwhile. The squares' sums are block_sum's (each warp's
+    // warp_sum, then the 8 partials in warp order), handed over by named barriers: 1 (pre
+    // written), 2 (every partial written), 3 (warps 1-7 past 2, for warp 0). Sequential, the
+    // Sinkhorn and then the norm were both on the chain.
+    __shared__ float partial[kThreads / 32];
+    const int warp = tid / 32, lane = tid % 32;
+    const auto my_partial = [&] {
+      float sq = 0.0f;
 #pragma unroll
-    for (int v = 0; v < kCols; ++v) sq += u[v] * u[v];
-    sq = block_sum(sq);
+      for (int v = 0; v < kCols; ++v) sq += u[v] * u[v];
+      sq = warp_sum(sq);
+      if (lane == 0) partial[warp] = sq;
+    };
+    const auto block_total = [&] {
+      float total = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
+      return total;
+    };
+    if (warp == 0) {
+      hc_pre_post_s4(p, sinkhorn_w, mix, pre, t);
+      __syncwarp();
+      named_barrier_arrive(1, kThreads);
+      make_u();
+      my_partial();
+      named_barrier_arrive(2, kThreads);
+      hc_comb_s4(p, sinkhorn_w, mix, t);
+      named_barrier_sync(3, kThreads);
+    } else {
+      named_barrier_sync(1, kThreads);
+      make_u();
+      my_partial();
+      named_barrier_sync(2, kThreads);
+      named_barrier_arrive(3, kThreads);
+    }
+    write_out(block_total());
   } else {
+    if (tid < 32) hc_pre_weights_s4(p, sinkhorn_w, mix, pre, t);
+    __syncthreads();
+    make_u();
     // A warp's order: lane l's squares of elements l, l + 32, ... (rms_norm_warp_kernel).
     __shared__ float row[D];
     __shared__ float total;
@@ -700,15 +758,7 @@ __global__ void __launch_bounds__(kThreads) hc_boundary_kernel(HcBoundaryArgs a)
       if (tid == 0) total = l2;
     }
     __syncthreads();
-    sq = total;
-  }
-  const float inv = 1.0f / sqrtf(sq / static_cast<float>(D) + a.norm_eps);
-  float* out = p.out_input + t * D + tid;
-#pragma unroll
-  for (int v = 0; v < kCols; ++v) {
-    float o = u[v] * inv;
-    if (a.norm_weight.data) o *= nw[v];
-    out[v * kThreads] = round(o);
+    write_out(total);
   }
 }
 

@@ -1113,6 +1113,12 @@ __host__ __device__ constexpr size_t wg_smem_bytes() {  // the ring, the finishe
   return sizeof(WgStage<kN, kWG, kFp8W>) * kSpan * wg_stages<kN, kFp8W, kSpan>() + sizeof(float) * (kN / 2) * kWgThreads * kWG +
          (kFp8W || !wg_decode(kN) ? 0 : sizeof(uint32_t) * 16 * kSpan * 4 * kWG);
 }
+// (The FP8 decode form quantising its own rows, GroupedW4A8Args::x_f32) A group's codes and scales in
+// shared memory, and where its groups past the ring's slots go: after the kernel's other shared
+// memory, 128-byte aligned (wgmma's descriptors want 16).
+constexpr size_t kQuantInGroupBytes = 8 * kW4A8GroupK + 8 * sizeof(float);
+constexpr size_t kFp8QuantInMaxBytes = 24 * 1024;  // at most this much more shared memory a block
+__host__ __device__ constexpr size_t wg_quant_in_offset() { return (wg_smem_bytes<8, 1, true>() + 127) / 128 * 128; }
 // The blocks an SM whose `bytes` of dynamic shared memory fit (227 KB an SM, 1 KB of it reserved a
 // block).
 __host__ __device__ constexpr int blocks_fitting_smem(size_t bytes) { return static_cast<int>((227 * 1024) / (bytes + 1024)); }
@@ -1182,6 +1188,8 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
   // rows and the first weight stages are read before the wait, as the FP8 form (whose weights come
   // from the host) always does (below).
   const bool early = kFp8W || (kDecode && g.plan_early);
+  // (The FP8 decode form) the block quantises its rows itself (GroupedW4A8Args::x_f32).
+  const bool quant_in = kFp8W && kDecode && g.x_f32 != nullptr;
   if (!early) wait_previous_grid();
   using Stage = WgStage<kN, kWG, kFp8W>;
   constexpr int kThreads = kWgThreads * kWG, kCols = kWgCols * kWG;
@@ -1368,9 +1376,11 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
           if constexpr (kAdvance) wsrc[i] += slot_step;
         }
       }
+      // (quant_in: no copies of codes or scales, not even zero fills: the slots' x and sa hold the
+      // block's first groups, quant_x)
 #pragma unroll
       for (int i = 0; i < kXPieces; ++i)
-        if (tid + kThreads * i < 8 * kN * kSpan) {
+        if (tid + kThreads * i < 8 * kN * kSpan && !quant_in) {
           cp_async(slot + xdst[i], xsrc[i] + kW4A8GroupK * dg, xok[i] && next_group + xsub[i] < g_hi, 16);
           if constexpr (kAdvance) xsrc[i] += kW4A8GroupK * kSpan;
         }
@@ -1379,7 +1389,7 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         const bool in = next_group + j < g_hi;
         if ((kFp8W ? tid == 0 : tid < kCols) && weights)
           cp_async(&slot_st[j].ws[kFp8W ? 0 : tid], ssrc + 4 * (dg + j), scol_ok && in, 4);
-        if (tid < kN) cp_async(&slot_st[j].sa[tid], asrc + (dg + j) * g.rows_pad, arow_ok && in, 4);
+        if (tid < kN && !quant_in) cp_async(&slot_st[j].sa[tid], asrc + (dg + j) * g.rows_pad, arow_ok && in, 4);
       }
       if constexpr (kAdvance) {
         ssrc += 4 * kSpan;
@@ -1422,6 +1432,70 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
     out.finish_quarter(split, g.partial + quarter * outputs + second_offset, total + tid, kThreads, quarter, acc);
     ++quarter;
   };
+  // (quant_in) Group g_lo + j's codes (WgStage::x's layout) and scales: in ring slot j's x and sa
+  // for the block's first kStages groups (nothing is copied there in this form), after the kernel's
+  // other shared memory for the rest (the launch's extra bytes, fp8_wgmma_quant_in_takes).
+  const auto quant_x = [&](int j) -> uint8_t* {
+    return j < kStages ? ring[j].x : wg_smem + wg_quant_in_offset() + (j - kStages) * kQuantInGroupBytes;
+  };
+  const auto quant_sa = [&](int j) -> float* {
+    return j < kStages ? ring[j].sa
+                       : reinterpret_cast<float*>(wg_smem + wg_quant_in_offset() + (j - kStages) * kQuantInGroupBytes +
+                                                  kN * kW4A8GroupK);
+  };
+  if constexpr (kFp8W && kDecode) {
+    if (quant_in) {
+      static_assert(kN * kW4A8GroupK + kN * sizeof(float) == kQuantInGroupBytes && kWG == 1 && kSpan == 1,
+                    "wg_quant_in_offset's form: 8 rows, one warpgroup, a group a slot");
+      // The rows with inputs, a prefix of the item's (s_src); the others' codes and scales 0, as the
+      // copies' zero fill gives them (their outputs are not stored).
+      const int ng = g_hi - g_lo;
+      int real = 0;
+#pragma unroll
+      for (int r = 0; r < kN; ++r) real += s_src[r] >= 0 ? 1 : 0;
+      for (int i = tid; i < ng * kN * 8; i += kThreads) {  // 16-byte pieces: group, chunk, row
+        const int j = i / (kN * 8), q = i % (kN * 8), row = q % kN, chunk = q / kN;
+        if (row >= real) *reinterpret_cast<uint4*>(quant_x(j) + chunk * 128 + row * 16) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      for (int i = tid; i < ng * kN; i += kThreads)
+        if (i % kN >= real) quant_sa(i / kN)[i % kN] = 0.0f;
+      // The (group, row) pairs of the rows with inputs, a warp each as act_quant_fp8_kernel's: warp w
+      // takes pairs w, w + 4, ... in rounds of kAhead, a round's loads all issued before its first
+      // block's arithmetic. Lane l's 4 codes of a block are its inputs 4l .. 4l + 3, bytes 4l .. of
+      // the row's group: chunk l / 4 of WgStage::x. The wgmma reads them after the main loop's first
+      // fence.proxy.async and barrier, which every thread passes after its stores here.
+      constexpr int kWarps = kThreads / 32, kAhead = 4;
+      const int pairs = ng * real;
+      const bool vec = g.x_ld % 4 == 0 && reinterpret_cast<uintptr_t>(g.x_f32) % 16 == 0;
+      for (int p0 = warp; p0 < pairs; p0 += kWarps * kAhead) {
+        float v[kAhead][4];
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u) {
+          const int p = p0 + kWarps * u;
+          if (p >= pairs) break;  // (uniform across the warp)
+          const int64_t k0 = static_cast<int64_t>(g_lo + p / real) * kW4A8GroupK + 4 * lane;
+          const float* src = g.x_f32 + s_src[p % real] * g.x_ld + k0;
+          if (vec && k0 + 4 <= g.x_k) {
+            const float4 q = *reinterpret_cast<const float4*>(src);
+            v[u][0] = q.x, v[u][1] = q.y, v[u][2] = q.z, v[u][3] = q.w;
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[u][i] = k0 + i < g.x_k ? src[i] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u) {
+          const int p = p0 + kWarps * u;
+          if (p >= pairs) break;
+          const int j = p / real, row = p % real;
+          float sc;
+          const uint32_t c = act_quant_lane(v[u], sc);
+          *reinterpret_cast<uint32_t*>(quant_x(j) + (lane / 4) * 128 + row * 16 + (lane % 4) * 4) = c;
+          if (lane == 0) quant_sa(j)[row] = sc;
+        }
+      }
+    }
+  }
   // (kRing: the copies two slots fewer ahead, so that the slot refilled held a group two back.)
   for (int i = 0; i < kStages - (kRing ? 2 : 1); ++i) issue();
   int stage_index = 0, quarter_end = w4a8_quarter(q_first + 1, groups);
@@ -1487,7 +1561,11 @@ __global__ void __launch_bounds__(kWgThreads * kWG, (wg_min_blocks<kN, kWG, kFp8
         }
         w4a8_convert(words.w, tab, a);
       }
-      w4a8_group_mma_fold<kN, kFp8W>(st.x, a, sw, st.sa, tig, d, acc);
+      const uint8_t* gx = st.x;
+      const float* gsa = st.sa;
+      if constexpr (kFp8W && kDecode)
+        if (quant_in) gx = quant_x(kg - g_lo), gsa = quant_sa(kg - g_lo);
+      w4a8_group_mma_fold<kN, kFp8W>(gx, a, sw, gsa, tig, d, acc);
     }
     if constexpr (kRing != 0) {  // the warp is done with the slot (its wgmma have completed, its reads made)
       __syncwarp();
@@ -2832,15 +2910,21 @@ unsigned decode_quarter_blocks(const GroupedW4A8Args& g, int64_t items, int64_t 
 }
 
 // kRingStages > 0: the W4A8 prefill form's mbarrier ring of that many slots (kRing, kW4A8RingStages).
+// quant_in_bytes: (the FP8 decode form quantising its rows, GroupedW4A8Args::x_f32) the shared
+// memory its groups past the ring's slots take (fp8_quant_in_extra).
 template <int kN, int kWG, bool kFp8W = false, int kSpan = 1, int kRingStages = 0, int kRingMode = 1>
-void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1) {
+void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarters = 1, size_t quant_in_bytes = 0) {
   constexpr int kRing = kRingStages > 0 ? kRingMode : 0;
   constexpr int kStages = kRing ? kRingStages : wg_stages<kN, kFp8W, kSpan>();
   constexpr size_t kSmem = kRing ? wg_ring_smem_bytes<kWG, kStages>() : wg_smem_bytes<kN, kWG, kFp8W, kSpan>();
+  constexpr bool kQuantIn = kFp8W && wg_decode(kN);
   static_assert(!kRing || blocks_fitting_smem(kSmem) >= wg_min_blocks<kN, kWG, kFp8W, kSpan>(), "the ring fits the blocks an SM");
+  static_assert(!kQuantIn || (kN == 8 && kWG == 1 && wg_quant_in_offset() >= kSmem), "the quantised groups after the rest");
+  const size_t smem = kQuantIn && quant_in_bytes > 0 ? wg_quant_in_offset() + quant_in_bytes : kSmem;
   static const bool smem_set = [] {
     return cudaFuncSetAttribute(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan, kRing>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)) == cudaSuccess;
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kQuantIn ? wg_quant_in_offset() + kFp8QuantInMaxBytes : kSmem)) == cudaSuccess;
   }();
   (void)smem_set;  // a failure shows as the launch's error (launch_check)
   const unsigned pair = !kFp8W && wg_decode(kN) && g.w_b != nullptr ? 2 : 1;
@@ -2849,7 +2933,7 @@ void launch_w4a8_wgmma(const GroupedW4A8Args& g, int64_t blocks, unsigned quarte
   const bool cols_fast = g.cols_fast && !kFp8W && !wg_decode(kN);
   launch(grouped_w4a8_wgmma_kernel<kN, kWG, kStages, kFp8W, kSpan, kRing>,
          cols_fast ? dim3(cols, static_cast<unsigned>(blocks), quarters) : dim3(static_cast<unsigned>(blocks), cols, quarters),
-         kWgThreads * kWG, kSmem, g);
+         kWgThreads * kWG, smem, g);
 }
 
 // The W4A8 decode kernel's span (groups a ring slot): set_w4a8_decode_span's where set (1, 2 or 4),
@@ -3443,12 +3527,51 @@ bool fp8_wgmma_linear_wants_partial(int64_t rows, int64_t N) {
   return rows <= kTiledRows || tma_split_pays(fp8_tma_tiles(rows, N), kW4A8Warps);
 }
 
+namespace {
+
+std::atomic<int64_t> g_fp8_quant_in_launches{0};
+
+// The 8-row form's grid z for g (decode_quarter_blocks).
+unsigned fp8_decode_quarters(const GroupedW4A8Args& g) {
+  return decode_quarter_blocks(g, (g.rows_total + 7) / 8, blocks_for(g.N, kWgCols));
+}
+
+// The extra shared memory a block of the 8-row form takes to quantise its rows itself (its groups
+// past the ring's kStages slots, kQuantInGroupBytes each, for the block of the most groups), or -1
+// where it cannot (GroupedW4A8Args::x_f32).
+int64_t fp8_quant_in_extra(const GroupedW4A8Args& g) {
+  if (g.x_f32 == nullptr || g.rows_total > kTiledRows || g.rows_total <= 0 || g.x_k <= 0 || g.x_k > g.K ||
+      g.x_ld < g.x_k || g.K % kW4A8GroupK != 0)
+    return -1;
+  const int groups = static_cast<int>(g.K / kW4A8GroupK);
+  const unsigned z = fp8_decode_quarters(g);
+  const int q_count = kW4A8Warps / static_cast<int>(z);
+  int most = 0;
+  for (int q = 0; q < kW4A8Warps; q += q_count)  // (w4a8_quarter's bounds)
+    most = std::max(most, (q + q_count) * groups / kW4A8Warps - q * groups / kW4A8Warps);
+  const int64_t past = std::max(0, most - wg_stages<8, true>());
+  const int64_t bytes = past * static_cast<int64_t>(kQuantInGroupBytes);
+  return bytes <= static_cast<int64_t>(kFp8QuantInMaxBytes) ? bytes : -1;
+}
+
+}  // namespace
+
+bool fp8_wgmma_quant_in_takes(const GroupedW4A8Args& g) { return fp8_quant_in_extra(g) >= 0; }
+int64_t fp8_wgmma_quant_in_launches() { return g_fp8_quant_in_launches.load(); }
+
 PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g) {
   if (g.rows_total == 0 || g.N == 0) return g.out;
   if (g.rows_total <= kTiledRows) {
     const int64_t items = (g.rows_total + 7) / 8;
-    const unsigned z = decode_quarter_blocks(g, items, blocks_for(g.N, kWgCols));
-    launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    const unsigned z = fp8_decode_quarters(g);
+    if (g.x_f32 != nullptr) {
+      const int64_t extra = fp8_quant_in_extra(g);
+      SPARROW_CHECK(extra >= 0 && "the FP8 linear's rows quantised in its kernel: fp8_wgmma_quant_in_takes first");
+      launch_w4a8_wgmma<8, 1, true>(g, items, z, static_cast<size_t>(extra));
+      g_fp8_quant_in_launches.fetch_add(1);
+    } else {
+      launch_w4a8_wgmma<8, 1, true>(g, items, z);
+    }
     if (z > 1 && g.leave_parts) return PartsView(g.partial, g.rows_total * g.N, kW4A8Warps, g.round_bf16);
     if (z > 1) add_quarters(g.out, g.partial, g.rows_total * g.N, g.round_bf16);
     else if (g.round_bf16) launch_bf16_round(g.out, g.rows_total * g.N);

@@ -486,6 +486,59 @@ TEST_F(CudaFp8Linear, DecodeRowsGiveTheBatchBitsOnActQuantCorners) {
   cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
 }
 
+// The decode form quantising its rows itself (`fp8_quant_in`, GroupedW4A8Args::x_f32) gives the
+// bits of an act_quant launch first, on inputs with every act_quant corner (edge_rows: saturation,
+// ties, subnormals, all-zero blocks, NaN, huge and tiny rows): 1, 5, 8, 37 and 64 rows; K not a
+// multiple of 128 and of 4 (the last block partly past K; scalar loads); groups a block from 2 to 16
+// (those past the ring's 4 slots in the extra shared memory) with the quarters over 4, 2 and 1
+// blocks. Where a block would have more groups than kFp8QuantInMaxBytes holds (K = 4096 unsplit:
+// 32), act_quant runs instead. Each linear's act_quant launches and in-kernel quantisations are
+// counted, so a path that silently took the other one fails.
+TEST_F(CudaFp8Linear, DecodeRowsQuantisedInTheKernelGiveActQuantsBits) {
+  if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
+  cuda::set_fp8_gemm_in_linear(*gpu, true);
+  cuda::set_fp8_wgmma(*gpu, true);
+  Rng rng(627);
+  struct Case {
+    int64_t N, K;
+    int quarter_blocks;  // 0: decode_quarter_blocks chooses (4 at these sizes)
+    bool takes;
+  };
+  for (const Case c : {Case{200, 1000, 0, true}, Case{192, 1002, 0, true}, Case{128, 4096, 0, true}, Case{64, 8192, 0, true},
+                       Case{136, 2048, 1, true}, Case{72, 4096, 2, true}, Case{64, 4096, 1, false}}) {
+    const StoredMatrix w = fp8_matrix(rng, c.N, c.K, 128, 128, DType::kF8E8M0);
+    cuda::set_decode_quarter_blocks(c.quarter_blocks);
+    for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{8}, int64_t{37}, int64_t{64}}) {
+      SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " quarter blocks " +
+                   std::to_string(c.quarter_blocks) + " T=" + std::to_string(T));
+      const std::vector<float> x = edge_rows(rng, T, c.K);
+      const Tensor xg = gpu->upload_f32(x, {T, c.K});
+      std::vector<float> got[2];
+      for (const bool in_kernel : {false, true}) {
+        cuda::fp8_linear_set_quant_in(*gpu, in_kernel);
+        const int64_t quantised = cuda::fp8_linear_quantisations(*gpu), in_kernels = cuda::fp8_wgmma_quant_in_launches();
+        const Tensor og = gpu->alloc(ElemType::kF32, {T, c.N});
+        gpu->linear({.out = og, .in = xg, .weight = &w.w, .act_quant_fp8 = true});
+        got[in_kernel] = gpu->download_f32(og);
+        const std::string path = cuda::fp8_linear_last_path(*gpu);
+        EXPECT_NE(path.find("wgmma kernel"), std::string::npos) << path;
+        const bool fused = in_kernel && c.takes;
+        EXPECT_EQ(cuda::fp8_wgmma_quant_in_launches() - in_kernels, fused ? 1 : 0) << (in_kernel ? "in the kernel" : "act_quant");
+        EXPECT_EQ(cuda::fp8_linear_quantisations(*gpu) - quantised, fused ? 0 : 1) << (in_kernel ? "in the kernel" : "act_quant");
+      }
+      int64_t bad = 0, first = -1;
+      for (int64_t i = 0; i < T * c.N; ++i)
+        if (!same_float(got[1][i], got[0][i]) && bad++ == 0) first = i;
+      EXPECT_EQ(bad, 0) << "first at row " << first / c.N << " column " << first % c.N << ": " << got[1][first] << " vs "
+                        << got[0][first] << " after act_quant";
+    }
+  }
+  cuda::set_decode_quarter_blocks(0);
+  cuda::fp8_linear_set_quant_in(*gpu, cuda::cuda_feature_on("fp8_quant_in"));
+  cuda::set_fp8_wgmma(*gpu, cuda::cuda_feature_on("fp8_wgmma"));
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // An op's round_bf16 on the tensor-core linears is done in the kernel that writes the outputs where
 // it can (the split kernels' sum of parts; `fused_round`) and by a pass after elsewhere: on every
 // path the rounded outputs must be bf16 of the unrounded ones, bit for bit. FP8 (wgmma): 1, 5 and 37
@@ -632,8 +685,10 @@ TEST_F(CudaFp8Linear, LinearsOfOneInputTooWideToStackQuantiseItOnce) {
       const int64_t before = cuda::fp8_linear_quantisations(*gpu);
       gpu->linears(ps);
       const int64_t launched = cuda::fp8_linear_quantisations(*gpu) - before;
+      // (Up to 64 rows the wgmma kernel quantises them itself, `fp8_quant_in`: no act_quant at all.)
       if (cuda::last_linear_tensor_cores(*gpu)) {
-        EXPECT_EQ(launched, cuda::cuda_feature_on("act_quant_shared") ? 1 : 2);
+        const bool in_kernel = T <= 64 && cuda::cuda_feature_on("fp8_quant_in") && cuda::cuda_feature_on("fp8_wgmma");
+        EXPECT_EQ(launched, in_kernel ? 0 : cuda::cuda_feature_on("act_quant_shared") ? 1 : 2);
       }
       const std::vector<float> ga = gpu->download_f32(oa), gb = gpu->download_f32(ob);
       const Tensor sa = gpu->alloc(ElemType::kF32, {T, N1}), sb = gpu->alloc(ElemType::kF32, {T, N2});
