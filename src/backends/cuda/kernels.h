@@ -541,7 +541,8 @@ int64_t w4a8_persistent_launches();
 PartsView launch_fp8_wgmma_linear(const GroupedW4A8Args& g);
 // Whether launch_fp8_wgmma_linear can quantise g's rows itself (GroupedW4A8Args::x_f32, which
 // g must set, with every other field as for its launch): up to 64 rows (the 8-row form), x_k at most
-// K, and its blocks' groups past the ring's slots within kFp8QuantInMaxBytes of extra shared memory.
+// K, its blocks' groups past the ring's slots within kFp8QuantInMaxBytes of extra shared memory, and
+// the column blocks' reads of the rows (each block reads them again) within kFp8QuantInMaxReads.
 bool fp8_wgmma_quant_in_takes(const GroupedW4A8Args& g);
 // The FP8 wgmma linear's launches that quantised their rows themselves so far (test support).
 int64_t fp8_wgmma_quant_in_launches();

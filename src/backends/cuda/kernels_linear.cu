@@ -3536,12 +3536,19 @@ unsigned fp8_decode_quarters(const GroupedW4A8Args& g) {
   return decode_quarter_blocks(g, (g.rows_total + 7) / 8, blocks_for(g.N, kWgCols));
 }
 
+// Every column block reads its rows' inputs again (all of K over its quarters): col_blocks x rows x
+// K x 4 bytes from L2 in all, against one act_quant's read. A bound on that: 16 MiB is wq_b (512
+// column blocks of K = 1024) at 8 rows; at 64 rows it would be 128 MiB, four times its weights.
+// (The bound is not measured: only batch 1 was timed, H100 2026-12-07.)
+constexpr int64_t kFp8QuantInMaxReads = int64_t{16} << 20;
+
 // The extra shared memory a block of the 8-row form takes to quantise its rows itself (its groups
 // past the ring's kStages slots, kQuantInGroupBytes each, for the block of the most groups), or -1
-// where it cannot (GroupedW4A8Args::x_f32).
+// where it cannot (GroupedW4A8Args::x_f32) or its blocks' reads pass kFp8QuantInMaxReads.
 int64_t fp8_quant_in_extra(const GroupedW4A8Args& g) {
   if (g.x_f32 == nullptr || g.rows_total > kTiledRows || g.rows_total <= 0 || g.x_k <= 0 || g.x_k > g.K ||
-      g.x_ld < g.x_k || g.K % kW4A8GroupK != 0)
+      g.x_ld < g.x_k || g.K % kW4A8GroupK != 0 ||
+      blocks_for(g.N, kWgCols) * g.rows_total * g.x_k * static_cast<int64_t>(sizeof(float)) > kFp8QuantInMaxReads)
     return -1;
   const int groups = static_cast<int>(g.K / kW4A8GroupK);
   const unsigned z = fp8_decode_quarters(g);

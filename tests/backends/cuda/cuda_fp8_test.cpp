@@ -492,8 +492,9 @@ TEST_F(CudaFp8Linear, DecodeRowsGiveTheBatchBitsOnActQuantCorners) {
 // multiple of 128 and of 4 (the last block partly past K; scalar loads); groups a block from 2 to 16
 // (those past the ring's 4 slots in the extra shared memory) with the quarters over 4, 2 and 1
 // blocks. Where a block would have more groups than kFp8QuantInMaxBytes holds (K = 4096 unsplit:
-// 32), act_quant runs instead. Each linear's act_quant launches and in-kernel quantisations are
-// counted, so a path that silently took the other one fails.
+// 32), or the column blocks would read the rows more than kFp8QuantInMaxReads (N = 4096, K = 2048:
+// 512 KB a row, so up to 32 rows), act_quant runs instead. Each linear's act_quant launches and
+// in-kernel quantisations are counted, so a path that silently took the other one fails.
 TEST_F(CudaFp8Linear, DecodeRowsQuantisedInTheKernelGiveActQuantsBits) {
   if (!real_cuda()) GTEST_SKIP() << "needs the CUDA backend's test support";
   cuda::set_fp8_gemm_in_linear(*gpu, true);
@@ -502,10 +503,10 @@ TEST_F(CudaFp8Linear, DecodeRowsQuantisedInTheKernelGiveActQuantsBits) {
   struct Case {
     int64_t N, K;
     int quarter_blocks;  // 0: decode_quarter_blocks chooses (4 at these sizes)
-    bool takes;
+    int64_t takes_up_to;  // the most rows the kernel quantises itself (0: none)
   };
-  for (const Case c : {Case{200, 1000, 0, true}, Case{192, 1002, 0, true}, Case{128, 4096, 0, true}, Case{64, 8192, 0, true},
-                       Case{136, 2048, 1, true}, Case{72, 4096, 2, true}, Case{64, 4096, 1, false}}) {
+  for (const Case c : {Case{200, 1000, 0, 64}, Case{192, 1002, 0, 64}, Case{128, 4096, 0, 64}, Case{64, 8192, 0, 64},
+                       Case{136, 2048, 1, 64}, Case{72, 4096, 2, 64}, Case{64, 4096, 1, 0}, Case{4096, 2048, 0, 32}}) {
     const StoredMatrix w = fp8_matrix(rng, c.N, c.K, 128, 128, DType::kF8E8M0);
     cuda::set_decode_quarter_blocks(c.quarter_blocks);
     for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{8}, int64_t{37}, int64_t{64}}) {
@@ -522,7 +523,7 @@ TEST_F(CudaFp8Linear, DecodeRowsQuantisedInTheKernelGiveActQuantsBits) {
         got[in_kernel] = gpu->download_f32(og);
         const std::string path = cuda::fp8_linear_last_path(*gpu);
         EXPECT_NE(path.find("wgmma kernel"), std::string::npos) << path;
-        const bool fused = in_kernel && c.takes;
+        const bool fused = in_kernel && T <= c.takes_up_to;
         EXPECT_EQ(cuda::fp8_wgmma_quant_in_launches() - in_kernels, fused ? 1 : 0) << (in_kernel ? "in the kernel" : "act_quant");
         EXPECT_EQ(cuda::fp8_linear_quantisations(*gpu) - quantised, fused ? 0 : 1) << (in_kernel ? "in the kernel" : "act_quant");
       }
