@@ -165,8 +165,9 @@ struct DevView {
 // persistent grid, ring form 4: a block an SM taking tile after tile, the next tile's first copies
 // under the current one's last groups; off: a block a tile, ring form 3; the same bits, the same
 // time within the spread on an H100, 2026-12-06: docs/perf.md, fifty-fifth session), "fp8_quant_in"
-// (the FP8 wgmma linears' 8-row form, up to 64 rows, quantises its rows itself in each block,
-// GroupedW4A8Args::x_f32; off: an act_quant launch first, the same codes, scales and bits) and
+// (the FP8 wgmma linears' 8-row form quantises its rows itself in each block where
+// fp8_wgmma_quant_in_takes, GroupedW4A8Args::x_f32; off: an act_quant launch first, the same codes,
+// scales and bits) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under
