@@ -574,10 +574,11 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
 // mix value from them as hc_mix_tile_kernel makes it (the thread's elements tid, tid + 256, ... of
 // the flattened streams in order, then hc_mix_tile_reduce). The streams are read by all nmix blocks
 // of the token, so none writes them; the token's last block to arrive (an atomic count, reset by
-// that block) reads the nmix values, writes X' from its registers, runs hc_pre_weights_s4 (post,
-// comb, pre), then u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of
-// the kernel launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at
-// or below it). Each value's operations and their order are those of the three ops' kernels, for
+// that block) reads the nmix values, writes X' from its registers, makes pre and post, then
+// u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of the kernel
+// launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at or below
+// it), and comb (hc_pre_weights_s4's Sinkhorn): above kNormWarpGroup on warp 0 while the other warps
+// make their u and the norm's partial sums, below it before u. Each value's operations and their order are those of the three ops' kernels, for
 // the same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the
 // norm's, bf16 or f32; the Sinkhorn warp's scales and bases) are loaded into registers before the
 // wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
