@@ -170,7 +170,7 @@ gtest_row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" "$logs/gtest-with
   env SPARROW_CUDA_DISABLE="$prev" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The opt-in paths (SPARROW_CUDA_ENABLE, docs/cuda.md) are correct but off by default (slower, or
 # not yet run in the form committed): every GPU test with all of them on, so they stay right.
-opt_in=kv_record,attn_wg_ahead,w4a8_expand,fp8_pair
+opt_in=kv_record,attn_wg_ahead,w4a8_expand,fp8_pair,moe_shared_beside
 gtest_row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" "$logs/gtest-opt-in.log" \
   env SPARROW_CUDA_ENABLE="$opt_in" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The tensor-core attention's split size is a process-wide knob (SPARROW_CUDA_ATTN_MMA_SPLIT, default

@@ -46,6 +46,16 @@ bool sync_every_launch() {
   return sync;
 }
 
+namespace {
+thread_local cudaStream_t t_launch_stream = cudaStreamPerThread;
+// (SideStream) Where set, device_free keeps the pointers here instead of freeing them.
+thread_local std::vector<void*>* t_held_frees = nullptr;
+}  // namespace
+
+cudaStream_t launch_stream() { return t_launch_stream; }
+LaunchStreamScope::LaunchStreamScope(cudaStream_t stream) : previous_(t_launch_stream) { t_launch_stream = stream; }
+LaunchStreamScope::~LaunchStreamScope() { t_launch_stream = previous_; }
+
 void launch_check(const char* what) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
@@ -88,7 +98,7 @@ constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
     "w4a8_persistent", "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
-constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "fp8_pair", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
+constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "fp8_pair", "kv_record", "moe_shared_beside", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
 
 template <size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view name) {
@@ -185,7 +195,7 @@ void fill_device(void* p, uint8_t byte, size_t bytes) {
     launch_fill_bytes(p, byte, static_cast<int64_t>(bytes));
     launch_check("fill (captured step)");
   } else {
-    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, 0));
+    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, launch_stream()));
   }
 }
 
@@ -195,7 +205,7 @@ void* device_alloc(size_t bytes, bool zero) {
   if (StepGraphs* g = capturing_step()) {
     p = g->arena_alloc(bytes, long_lived_now());
   } else if (pool) {
-    SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
+    SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, launch_stream()));
   } else {
     SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
     if (zero) SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -208,9 +218,10 @@ void* device_alloc(size_t bytes, bool zero) {
 // Errors are ignored here: at process exit the runtime may already be unloading.
 void device_free(void* p) {
   static const bool pool = cuda_feature_on("pool");
+  if (p && t_held_frees) return t_held_frees->push_back(p);
   if (!p || release_step_memory(p)) return;
   if (StepGraphs* g = capturing_step()) return g->defer_free(p);
-  if (pool) cudaFreeAsync(p, 0);
+  if (pool) cudaFreeAsync(p, launch_stream());
   else cudaFree(p);
 }
 
@@ -290,7 +301,7 @@ void CompressorBuffer::reserve(int64_t n) {
     DeviceBuffer grown_rec(cap * rec.bytes);
     if (count > 0)
       SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown_rec.get(), entries_rec.get(), count * rec.bytes, cudaMemcpyDeviceToDevice,
-                                         cudaStream_t{nullptr}));
+                                         launch_stream()));
     entries_rec = std::move(grown_rec);
     capacity = cap;
     return;
@@ -298,13 +309,13 @@ void CompressorBuffer::reserve(int64_t n) {
   DeviceBuffer grown(cap * dim * sizeof(float));
   if (count > 0)
     SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown.get(), entries.get(), count * dim * sizeof(float),
-                                       cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
+                                       cudaMemcpyDeviceToDevice, launch_stream()));
   entries = std::move(grown);
   if (entries_bf16.get()) {
     DeviceBuffer grown16(cap * dim * sizeof(uint16_t));
     if (mirrored > 0)
       SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown16.get(), entries_bf16.get(), mirrored * dim * sizeof(uint16_t),
-                                         cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
+                                         cudaMemcpyDeviceToDevice, launch_stream()));
     entries_bf16 = std::move(grown16);
   }
   capacity = cap;
@@ -370,10 +381,10 @@ void host_to_device(void* dst, const void* src, size_t bytes) {
         launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
         launch_check("upload (captured step)");
       } else {
-        SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+        SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, launch_stream()));
       }
     }
-  } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+  } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, launch_stream()));
   else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
@@ -545,6 +556,56 @@ class OpProfiler {
  private:
   bool enabled_ = false;
   std::vector<Pending> pending_;
+};
+
+// Work on a second stream beside this thread's default one (CudaBackend::moe: the shared expert
+// beside the routed experts). fork() records an event on the default stream that the side stream
+// waits for (the side work starts after everything enqueued before it) and holds every device_free
+// from then on; inside a LaunchStreamScope on stream() the backend's work goes to the side stream.
+// join() records an event on the side stream that the default stream waits for, then frees what
+// was held, in the default stream's order after the join: no later work reuses memory the side work
+// may still read. Captured into a step's graph, the events become a fork and a join of its nodes.
+// The same kernels on the same inputs: the same bits.
+class SideStream {
+ public:
+  SideStream() = default;
+  ~SideStream() {
+    if (join_) cudaEventDestroy(join_);
+    if (fork_) cudaEventDestroy(fork_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  void fork() {
+    SPARROW_CHECK(!forked_ && t_held_frees == nullptr);
+    if (!stream_) {
+      SPARROW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    }
+    SPARROW_CUDA_CHECK(cudaEventRecord(fork_, cudaStreamPerThread));
+    SPARROW_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
+    t_held_frees = &held_;
+    forked_ = true;
+  }
+  void join() {
+    SPARROW_CHECK(forked_);
+    SPARROW_CUDA_CHECK(cudaEventRecord(join_, stream_));
+    SPARROW_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, join_, 0));
+    t_held_frees = nullptr;
+    forked_ = false;
+    std::vector<void*> held;
+    held.swap(held_);
+    for (void* p : held) device_free(p);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  std::vector<void*> held_;
+  bool forked_ = false;
 };
 
 class CudaBackend final : public Backend {
@@ -741,7 +802,7 @@ class CudaBackend final : public Backend {
     if (p.act_quant_fp8 && T * w.in > 0) {
       // The CPU's act_quant_fp8: a copy of the input, each token's row in blocks of 128.
       quantised = DeviceBuffer(static_cast<size_t>(T * w.in) * sizeof(float));
-      SPARROW_CUDA_CHECK(cudaMemcpyAsync(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice, 0));
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice, launch_stream()));
       fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
       in = quantised.f32();
     }
@@ -1134,7 +1195,7 @@ class CudaBackend final : public Backend {
     launch_check("indexer_topk");
     if (out_C > 0)
       SPARROW_CUDA_CHECK(cudaMemcpy2DAsync(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
-                                           out_C * sizeof(float), T, cudaMemcpyDeviceToDevice, 0));
+                                           out_C * sizeof(float), T, cudaMemcpyDeviceToDevice, launch_stream()));
   }
 
   void attention(const AttentionParams& p) override {
@@ -1382,6 +1443,33 @@ class CudaBackend final : public Backend {
       return xq.f32();
     };
     if (!moe_x_lazy_) rounded();
+    // The shared expert first, on a stream of its own beside the routed experts
+    // (`moe_shared_beside`; not while profiling ops, whose events time the default stream): it
+    // reads only x, and the combine waits for it. Its buffers are made here and kept to the combine;
+    // those its linears free meanwhile are held to the join (SideStream). Under the reference
+    // numerics the rounded rows are made first, on the default stream, where both paths can read them.
+    DeviceBuffer shared_out, shared_h1, shared_h3;
+    PartsView shared_view;  // (data null: no shared expert)
+    const auto shared_expert = [&] {
+      OpProfiler::Scope part(profiler_, "moe/shared expert");
+      const int64_t F = p.shared->w1.out;
+      shared_h1 = DeviceBuffer::scratch(T * F * sizeof(float));
+      shared_h3 = DeviceBuffer::scratch(T * F * sizeof(float));
+      shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
+      shared_view = shared_out.f32();
+      // (Lazy: the unrounded rows, which its tensor-core GEMMs quantise; else the rounded ones, as before.)
+      swiglu_ffn(*p.shared, moe_x_lazy_ ? p.x.f32() : rounded(), D, nullptr, T, shared_h1.f32(), shared_h3.f32(),
+                 shared_out.f32(), p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
+                 parts_in_readers_ ? &shared_view : nullptr, &rounded);
+    };
+    const bool beside = p.shared != nullptr && moe_shared_beside_ && !profiler_.enabled();
+    last_moe_shared_beside_ = beside;
+    if (beside) {
+      if (p.ref_numerics) rounded();
+      side_.fork();
+      const LaunchStreamScope on_side(side_.stream());
+      shared_expert();
+    }
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     // (Every slot's row is written: each slot has an expert, and every expert's rows are scattered.)
     DeviceBuffer contrib = DeviceBuffer::scratch(T * K * D * sizeof(float));
@@ -1425,19 +1513,8 @@ class CudaBackend final : public Backend {
       }
     }
     routed_part.reset();
-    DeviceBuffer shared_out;
-    PartsView shared_view;  // (data null: no shared expert)
-    if (p.shared) {
-      OpProfiler::Scope part(profiler_, "moe/shared expert");
-      const int64_t F = p.shared->w1.out;
-      DeviceBuffer h1 = DeviceBuffer::scratch(T * F * sizeof(float)), h3 = DeviceBuffer::scratch(T * F * sizeof(float));
-      shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
-      shared_view = shared_out.f32();
-      // (Lazy: the unrounded rows, which its tensor-core GEMMs quantise; else the rounded ones, as before.)
-      swiglu_ffn(*p.shared, moe_x_lazy_ ? p.x.f32() : rounded(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(),
-                 p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
-                 parts_in_readers_ ? &shared_view : nullptr, &rounded);
-    }
+    if (beside) side_.join();
+    else if (p.shared) shared_expert();
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = shared_view,
                         .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics});
     launch_check("moe combine");
@@ -2113,6 +2190,10 @@ class CudaBackend final : public Backend {
   bool hc_fused_ = cuda_feature_on("hc_fused");  // set_hc_fused; SPARROW_CUDA_DISABLE=hc_fused
   bool last_hc_boundary_fused_ = false;
   bool last_moe_scatter_store_ = false;  // the last moe call's w2 stored its rows in their slots
+  // set_moe_shared_beside; SPARROW_CUDA_ENABLE=moe_shared_beside
+  bool moe_shared_beside_ = cuda_feature_enabled("moe_shared_beside");
+  bool last_moe_shared_beside_ = false;  // test support
+  SideStream side_;  // (moe) the shared expert's stream
   // set_parts_in_readers; SPARROW_CUDA_DISABLE=parts_in_readers
   bool parts_in_readers_ = cuda_feature_on("parts_in_readers");
   int64_t parts_left_ = 0;  // GEMM outputs whose parts a reader added (test support)
@@ -2145,6 +2226,8 @@ class CudaBackend final : public Backend {
   int64_t fp8_linear_quantisations() const { return fp8_.quantisations(); }
   bool last_hc_boundary_fused() const { return last_hc_boundary_fused_; }
   bool last_moe_scatter_store() const { return last_moe_scatter_store_; }
+  void set_moe_shared_beside(bool on) { moe_shared_beside_ = on; }
+  bool last_moe_shared_beside() const { return last_moe_shared_beside_; }
   bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
@@ -2334,6 +2417,8 @@ void fp8_linear_set_quant_in(Backend& backend, bool on) { cuda_backend(backend).
 bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool last_moe_scatter_store(Backend& backend) { return cuda_backend(backend).last_moe_scatter_store(); }
+void set_moe_shared_beside(Backend& backend, bool on) { cuda_backend(backend).set_moe_shared_beside(on); }
+bool last_moe_shared_beside(Backend& backend) { return cuda_backend(backend).last_moe_shared_beside(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }
 void set_attention_block_heads(Backend& backend, int heads) {
   SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32 || heads == 64);
