@@ -125,8 +125,8 @@ log_name() { local n="${1//,/-}"; [ "${#n}" -le 80 ] || n="$(echo "$1" | tr ',' 
 # (the host argmax, w1 and w3 a launch each, plain launches instead of programmatic dependent ones,
 # zero-filled scratch, the bf16 roundings as passes of their own), and with every switchable path off.
 # Every switchable path off at once (docs/cuda.md's list).
-all_off=vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,w4a8_wgmma,indexer_tiled,compressor_parallel,attn_mma,indexer_mma,attn_bf16_kv,sim_warp,hc_staged,hc_pre4,norm_regs,moe_fused_act,graphs,fp8_stack,fp8_wgmma,fp8_tma,bf16_wgmma,bf16_tma,argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,attn_narrow,router_warp,rope_spread,hc_fused,select_rank,w4a8_producer,attn_q_fold,attn_overlap,parts_in_readers,attn_dims,moe_x_lazy,act_quant_shared,attn_wgmma,act_quant_half,moe_scatter_store,w4a8_ring,w4a8_persistent,attn_wg_pair,fp8_quant_in
-for off in moe_device_plan moe_device_plan,grouped_moe argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,w4a8_producer,parts_in_readers,moe_scatter_store,w4a8_ring_bulk,w4a8_persistent,attn_wg_pair,fp8_quant_in "$all_off"; do
+all_off=vec_linear,indexer_fast,grouped_moe,attn_warp,pool,async_upload,hc_split,attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,w4a8_wgmma,indexer_tiled,compressor_parallel,attn_mma,indexer_mma,attn_bf16_kv,sim_warp,hc_staged,hc_pre4,norm_regs,moe_fused_act,graphs,fp8_stack,fp8_wgmma,fp8_tma,bf16_wgmma,bf16_tma,argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,attn_narrow,router_warp,rope_spread,hc_fused,select_rank,w4a8_producer,attn_q_fold,attn_overlap,parts_in_readers,attn_dims,moe_x_lazy,act_quant_shared,attn_wgmma,act_quant_half,moe_scatter_store,w4a8_ring,w4a8_persistent,attn_wg_pair,fp8_quant_in,moe_shared_beside
+for off in moe_device_plan moe_device_plan,grouped_moe argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,w4a8_producer,parts_in_readers,moe_scatter_store,w4a8_ring_bulk,w4a8_persistent,attn_wg_pair,fp8_quant_in,moe_shared_beside "$all_off"; do
   gtest_row "CudaOps.* with SPARROW_CUDA_DISABLE=$off" "$logs/gtest-fallback-$(log_name "$off").log" \
     env SPARROW_CUDA_DISABLE="$off" "$bin/sparrow_cuda_tests" --gtest_color=no --gtest_filter='CudaOps.*'
 done
@@ -165,12 +165,12 @@ fi
 # kernel, cuBLASLt FP8 linears, the bf16 GEMMs, the tiled indexer scorer, the parallel compressor,
 # the tensor-core attention and indexer scores) replaced ones the whole suite must still pass with:
 # every GPU test with them off.
-prev=attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,w4a8_wgmma,indexer_tiled,compressor_parallel,attn_mma,indexer_mma,attn_bf16_kv,sim_warp,hc_staged,hc_pre4,norm_regs,moe_fused_act,graphs,fp8_stack,fp8_wgmma,fp8_tma,bf16_wgmma,bf16_tma,argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,attn_narrow,router_warp,rope_spread,hc_fused,select_rank,w4a8_producer,attn_q_fold,attn_overlap,parts_in_readers,attn_dims,moe_x_lazy,act_quant_shared,attn_wgmma,act_quant_half,moe_scatter_store,w4a8_ring,w4a8_persistent,attn_wg_pair,fp8_quant_in
+prev=attn_split,w4a8,fp8_gemm,bf16_gemm,w4a8_tiled,w4a8_wgmma,indexer_tiled,compressor_parallel,attn_mma,indexer_mma,attn_bf16_kv,sim_warp,hc_staged,hc_pre4,norm_regs,moe_fused_act,graphs,fp8_stack,fp8_wgmma,fp8_tma,bf16_wgmma,bf16_tma,argmax,w4a8_pair,pdl,scratch_nofill,fused_round,copy_kernels,w4a8_early,swiglu_sim,bf16_f32_in,bf16_fp8_w,attn_narrow,router_warp,rope_spread,hc_fused,select_rank,w4a8_producer,attn_q_fold,attn_overlap,parts_in_readers,attn_dims,moe_x_lazy,act_quant_shared,attn_wgmma,act_quant_half,moe_scatter_store,w4a8_ring,w4a8_persistent,attn_wg_pair,fp8_quant_in,moe_shared_beside
 gtest_row "sparrow_cuda_tests with SPARROW_CUDA_DISABLE=$prev" "$logs/gtest-without-new.log" \
   env SPARROW_CUDA_DISABLE="$prev" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The opt-in paths (SPARROW_CUDA_ENABLE, docs/cuda.md) are correct but off by default (slower, or
 # not yet run in the form committed): every GPU test with all of them on, so they stay right.
-opt_in=kv_record,attn_wg_ahead,w4a8_expand,fp8_pair,moe_shared_beside
+opt_in=kv_record,attn_wg_ahead,w4a8_expand,fp8_pair
 gtest_row "sparrow_cuda_tests with SPARROW_CUDA_ENABLE=$opt_in" "$logs/gtest-opt-in.log" \
   env SPARROW_CUDA_ENABLE="$opt_in" "$bin/sparrow_cuda_tests" --gtest_color=no
 # The tensor-core attention's split size is a process-wide knob (SPARROW_CUDA_ATTN_MMA_SPLIT, default

@@ -94,11 +94,11 @@ constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
     "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
     "fp8_quant_in", "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
-    "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",
+    "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store", "moe_shared_beside",
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
     "w4a8_persistent", "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
-constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "fp8_pair", "kv_record", "moe_shared_beside", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
+constexpr std::string_view kCudaOptIns[] = {"attn_wg_ahead", "fp8_pair", "kv_record", "w4a8_expand"};  // SPARROW_CUDA_ENABLE
 
 template <size_t N>
 bool listed(const std::string_view (&names)[N], std::string_view name) {
@@ -570,6 +570,7 @@ class SideStream {
  public:
   SideStream() = default;
   ~SideStream() {
+    if (mark_) cudaEventDestroy(mark_);
     if (join_) cudaEventDestroy(join_);
     if (fork_) cudaEventDestroy(fork_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -584,11 +585,22 @@ class SideStream {
       SPARROW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
       SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+      SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming));
     }
     SPARROW_CUDA_CHECK(cudaEventRecord(fork_, cudaStreamPerThread));
     SPARROW_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
     t_held_frees = &held_;
     forked_ = true;
+  }
+  // (Forked) An event after the side work enqueued so far, which wait_mark makes the default
+  // stream wait for: a buffer made there and read here before the join.
+  void mark() {
+    SPARROW_CHECK(forked_);
+    SPARROW_CUDA_CHECK(cudaEventRecord(mark_, stream_));
+  }
+  void wait_mark() {
+    SPARROW_CHECK(forked_);
+    SPARROW_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, mark_, 0));
   }
   void join() {
     SPARROW_CHECK(forked_);
@@ -603,7 +615,7 @@ class SideStream {
 
  private:
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr, mark_ = nullptr;
   std::vector<void*> held_;
   bool forked_ = false;
 };
@@ -1428,8 +1440,15 @@ class CudaBackend final : public Backend {
     // not launched (`moe_x_lazy`, set_moe_x_lazy; off: made first, as before, the same bits).
     DeviceBuffer xq;
     last_moe_x_rounded_ = false;
+    // (beside: the rows made on the side stream, by the shared expert's CUDA-core projections, and
+    // read later on the default stream: it waits for the side stream's mark after them, once.)
+    bool xq_on_side = false, xq_waited = false;
     const std::function<const float*()> rounded = [&]() -> const float* {
       if (!p.ref_numerics || D == 0) return p.x.f32();
+      if (xq.get() && xq_on_side && !xq_waited && launch_stream() == cudaStreamPerThread) {
+        side_.wait_mark();
+        xq_waited = true;
+      }
       if (!xq.get()) {
         OpProfiler::Scope part(profiler_, "moe/input act_quant");
         // Rounded from x into xq in one pass (a copy then an in-place pass put a copy node between
@@ -1439,15 +1458,19 @@ class CudaBackend final : public Backend {
                         .kind = RowSimKind::kFp8Pow2, .block = kFp8ActBlock, .src = p.x.f32()});
         launch_check("moe input act_quant_fp8");
         last_moe_x_rounded_ = true;
+        if (launch_stream() != cudaStreamPerThread) {
+          side_.mark();
+          xq_on_side = true;
+        }
       }
       return xq.f32();
     };
     if (!moe_x_lazy_) rounded();
     // The shared expert first, on a stream of its own beside the routed experts
-    // (`moe_shared_beside`; not while profiling ops, whose events time the default stream): it
-    // reads only x, and the combine waits for it. Its buffers are made here and kept to the combine;
-    // those its linears free meanwhile are held to the join (SideStream). Under the reference
-    // numerics the rounded rows are made first, on the default stream, where both paths can read them.
+    // (`moe_shared_beside`, up to kSharedBesideRows tokens; not while profiling ops, whose events
+    // time the default stream): it reads only x (or the rounded rows, above), and the combine waits
+    // for it. Its buffers are made here and kept to the combine; those its linears free meanwhile
+    // are held to the join (SideStream).
     DeviceBuffer shared_out, shared_h1, shared_h3;
     PartsView shared_view;  // (data null: no shared expert)
     const auto shared_expert = [&] {
@@ -1462,10 +1485,9 @@ class CudaBackend final : public Backend {
                  shared_out.f32(), p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
                  parts_in_readers_ ? &shared_view : nullptr, &rounded);
     };
-    const bool beside = p.shared != nullptr && moe_shared_beside_ && !profiler_.enabled();
+    const bool beside = p.shared != nullptr && moe_shared_beside_ && T <= kSharedBesideRows && !profiler_.enabled();
     last_moe_shared_beside_ = beside;
     if (beside) {
-      if (p.ref_numerics) rounded();
       side_.fork();
       const LaunchStreamScope on_side(side_.stream());
       shared_expert();
@@ -2190,8 +2212,11 @@ class CudaBackend final : public Backend {
   bool hc_fused_ = cuda_feature_on("hc_fused");  // set_hc_fused; SPARROW_CUDA_DISABLE=hc_fused
   bool last_hc_boundary_fused_ = false;
   bool last_moe_scatter_store_ = false;  // the last moe call's w2 stored its rows in their slots
-  // set_moe_shared_beside; SPARROW_CUDA_ENABLE=moe_shared_beside
-  bool moe_shared_beside_ = cuda_feature_enabled("moe_shared_beside");
+  // set_moe_shared_beside; SPARROW_CUDA_DISABLE=moe_shared_beside. Up to kSharedBesideRows tokens:
+  // the 8-layer batch-1 step 5-7 % shorter on an H100, batch 256's layer cell 0.5-0.8 % longer
+  // (2026-12-07, docs/perf.md).
+  bool moe_shared_beside_ = cuda_feature_on("moe_shared_beside");
+  static constexpr int64_t kSharedBesideRows = 64;
   bool last_moe_shared_beside_ = false;  // test support
   SideStream side_;  // (moe) the shared expert's stream
   // set_parts_in_readers; SPARROW_CUDA_DISABLE=parts_in_readers

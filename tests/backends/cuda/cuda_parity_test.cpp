@@ -545,7 +545,7 @@ TEST_F(CudaModelParity, SharedExpertBesideTheRoutedGivesTheSameBits) {
       }
     }
   }
-  cuda::set_moe_shared_beside(*gpu, cuda::cuda_feature_enabled("moe_shared_beside"));
+  cuda::set_moe_shared_beside(*gpu, cuda::cuda_feature_on("moe_shared_beside"));
   cuda::set_step_graphs(*gpu, cuda::cuda_feature_on("graphs"));
 }
 
