@@ -218,7 +218,7 @@ void Bf16GroupedLinear::gemm(float* out, const float* in, int64_t T, int64_t G, 
   const float alpha = 1.0f, beta = 0.0f;
   if (o)
     s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), o->desc, &alpha, a_bf16, o->a, xb_.get(), o->b, &beta, out,
-                  o->d, out, o->d, &pl.algo, nullptr, 0, cudaStreamPerThread);
+                  o->d, out, o->d, &pl.algo, nullptr, 0, launch_stream());
   // The plan was accepted for this shape: a failure here is a bug or a broken library, not a path choice.
   SPARROW_CHECK(s == CUBLAS_STATUS_SUCCESS && "cuBLASLt bf16 grouped GEMM failed");
   if (round_bf16) launch_bf16_round(out, T * G * R);

@@ -46,6 +46,16 @@ bool sync_every_launch() {
   return sync;
 }
 
+namespace {
+thread_local cudaStream_t t_launch_stream = cudaStreamPerThread;
+// (SideStream) Where set, device_free keeps the pointers here instead of freeing them.
+thread_local std::vector<void*>* t_held_frees = nullptr;
+}  // namespace
+
+cudaStream_t launch_stream() { return t_launch_stream; }
+LaunchStreamScope::LaunchStreamScope(cudaStream_t stream) : previous_(t_launch_stream) { t_launch_stream = stream; }
+LaunchStreamScope::~LaunchStreamScope() { t_launch_stream = previous_; }
+
 void launch_check(const char* what) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
@@ -84,7 +94,7 @@ constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
     "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
     "fp8_quant_in", "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
-    "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store",
+    "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store", "moe_shared_beside",
     "moe_x_lazy", "norm_regs", "parts_in_readers", "pdl", "pool", "rope_spread", "router_warp", "scratch_nofill",
     "select_rank", "sim_warp", "swiglu_sim", "vec_linear", "w4a8", "w4a8_early", "w4a8_pair", "w4a8_producer",
     "w4a8_persistent", "w4a8_ring", "w4a8_ring_bulk", "w4a8_tiled", "w4a8_wgmma"};
@@ -185,7 +195,7 @@ void fill_device(void* p, uint8_t byte, size_t bytes) {
     launch_fill_bytes(p, byte, static_cast<int64_t>(bytes));
     launch_check("fill (captured step)");
   } else {
-    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, 0));
+    SPARROW_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, launch_stream()));
   }
 }
 
@@ -195,7 +205,7 @@ void* device_alloc(size_t bytes, bool zero) {
   if (StepGraphs* g = capturing_step()) {
     p = g->arena_alloc(bytes, long_lived_now());
   } else if (pool) {
-    SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
+    SPARROW_CUDA_CHECK(cudaMallocAsync(&p, bytes, launch_stream()));
   } else {
     SPARROW_CUDA_CHECK(cudaMalloc(&p, bytes));
     if (zero) SPARROW_CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -208,9 +218,10 @@ void* device_alloc(size_t bytes, bool zero) {
 // Errors are ignored here: at process exit the runtime may already be unloading.
 void device_free(void* p) {
   static const bool pool = cuda_feature_on("pool");
+  if (p && t_held_frees) return t_held_frees->push_back(p);
   if (!p || release_step_memory(p)) return;
   if (StepGraphs* g = capturing_step()) return g->defer_free(p);
-  if (pool) cudaFreeAsync(p, 0);
+  if (pool) cudaFreeAsync(p, launch_stream());
   else cudaFree(p);
 }
 
@@ -290,7 +301,7 @@ void CompressorBuffer::reserve(int64_t n) {
     DeviceBuffer grown_rec(cap * rec.bytes);
     if (count > 0)
       SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown_rec.get(), entries_rec.get(), count * rec.bytes, cudaMemcpyDeviceToDevice,
-                                         cudaStream_t{nullptr}));
+                                         launch_stream()));
     entries_rec = std::move(grown_rec);
     capacity = cap;
     return;
@@ -298,13 +309,13 @@ void CompressorBuffer::reserve(int64_t n) {
   DeviceBuffer grown(cap * dim * sizeof(float));
   if (count > 0)
     SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown.get(), entries.get(), count * dim * sizeof(float),
-                                       cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
+                                       cudaMemcpyDeviceToDevice, launch_stream()));
   entries = std::move(grown);
   if (entries_bf16.get()) {
     DeviceBuffer grown16(cap * dim * sizeof(uint16_t));
     if (mirrored > 0)
       SPARROW_CUDA_CHECK(cudaMemcpyAsync(grown16.get(), entries_bf16.get(), mirrored * dim * sizeof(uint16_t),
-                                         cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
+                                         cudaMemcpyDeviceToDevice, launch_stream()));
     entries_bf16 = std::move(grown16);
   }
   capacity = cap;
@@ -370,10 +381,10 @@ void host_to_device(void* dst, const void* src, size_t bytes) {
         launch_upload_pinned(dst, staged, static_cast<int64_t>(bytes));
         launch_check("upload (captured step)");
       } else {
-        SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, 0));
+        SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, launch_stream()));
       }
     }
-  } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+  } else if (async) SPARROW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, launch_stream()));
   else SPARROW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
@@ -545,6 +556,68 @@ class OpProfiler {
  private:
   bool enabled_ = false;
   std::vector<Pending> pending_;
+};
+
+// Work on a second stream beside this thread's default one (CudaBackend::moe: the shared expert
+// beside the routed experts). fork() records an event on the default stream that the side stream
+// waits for (the side work starts after everything enqueued before it) and holds every device_free
+// from then on; inside a LaunchStreamScope on stream() the backend's work goes to the side stream.
+// join() records an event on the side stream that the default stream waits for, then frees what
+// was held, in the default stream's order after the join: no later work reuses memory the side work
+// may still read. Captured into a step's graph, the events become a fork and a join of its nodes.
+// The same kernels on the same inputs: the same bits.
+class SideStream {
+ public:
+  SideStream() = default;
+  ~SideStream() {
+    if (mark_) cudaEventDestroy(mark_);
+    if (join_) cudaEventDestroy(join_);
+    if (fork_) cudaEventDestroy(fork_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  void fork() {
+    SPARROW_CHECK(!forked_ && t_held_frees == nullptr);
+    if (!stream_) {
+      SPARROW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+      SPARROW_CUDA_CHECK(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming));
+    }
+    SPARROW_CUDA_CHECK(cudaEventRecord(fork_, cudaStreamPerThread));
+    SPARROW_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
+    t_held_frees = &held_;
+    forked_ = true;
+  }
+  // (Forked) An event after the side work enqueued so far, which wait_mark makes the default
+  // stream wait for: a buffer made there and read here before the join.
+  void mark() {
+    SPARROW_CHECK(forked_);
+    SPARROW_CUDA_CHECK(cudaEventRecord(mark_, stream_));
+  }
+  void wait_mark() {
+    SPARROW_CHECK(forked_);
+    SPARROW_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, mark_, 0));
+  }
+  void join() {
+    SPARROW_CHECK(forked_);
+    SPARROW_CUDA_CHECK(cudaEventRecord(join_, stream_));
+    SPARROW_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamPerThread, join_, 0));
+    t_held_frees = nullptr;
+    forked_ = false;
+    std::vector<void*> held;
+    held.swap(held_);
+    for (void* p : held) device_free(p);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr, mark_ = nullptr;
+  std::vector<void*> held_;
+  bool forked_ = false;
 };
 
 class CudaBackend final : public Backend {
@@ -741,7 +814,7 @@ class CudaBackend final : public Backend {
     if (p.act_quant_fp8 && T * w.in > 0) {
       // The CPU's act_quant_fp8: a copy of the input, each token's row in blocks of 128.
       quantised = DeviceBuffer(static_cast<size_t>(T * w.in) * sizeof(float));
-      SPARROW_CUDA_CHECK(cudaMemcpyAsync(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice, 0));
+      SPARROW_CUDA_CHECK(cudaMemcpyAsync(quantised.get(), in, quantised.bytes(), cudaMemcpyDeviceToDevice, launch_stream()));
       fp8_rows(quantised.f32(), T, w.in, w.in, kFp8ActBlock, "linear act_quant_fp8");
       in = quantised.f32();
     }
@@ -1134,7 +1207,7 @@ class CudaBackend final : public Backend {
     launch_check("indexer_topk");
     if (out_C > 0)
       SPARROW_CUDA_CHECK(cudaMemcpy2DAsync(p.out_scores.f32(), out_C * sizeof(float), scores.get(), C * sizeof(float),
-                                           out_C * sizeof(float), T, cudaMemcpyDeviceToDevice, 0));
+                                           out_C * sizeof(float), T, cudaMemcpyDeviceToDevice, launch_stream()));
   }
 
   void attention(const AttentionParams& p) override {
@@ -1367,8 +1440,15 @@ class CudaBackend final : public Backend {
     // not launched (`moe_x_lazy`, set_moe_x_lazy; off: made first, as before, the same bits).
     DeviceBuffer xq;
     last_moe_x_rounded_ = false;
+    // (beside: the rows made on the side stream, by the shared expert's CUDA-core projections, and
+    // read later on the default stream: it waits for the side stream's mark after them, once.)
+    bool xq_on_side = false, xq_waited = false;
     const std::function<const float*()> rounded = [&]() -> const float* {
       if (!p.ref_numerics || D == 0) return p.x.f32();
+      if (xq.get() && xq_on_side && !xq_waited && launch_stream() == cudaStreamPerThread) {
+        side_.wait_mark();
+        xq_waited = true;
+      }
       if (!xq.get()) {
         OpProfiler::Scope part(profiler_, "moe/input act_quant");
         // Rounded from x into xq in one pass (a copy then an in-place pass put a copy node between
@@ -1378,10 +1458,40 @@ class CudaBackend final : public Backend {
                         .kind = RowSimKind::kFp8Pow2, .block = kFp8ActBlock, .src = p.x.f32()});
         launch_check("moe input act_quant_fp8");
         last_moe_x_rounded_ = true;
+        if (launch_stream() != cudaStreamPerThread) {
+          side_.mark();
+          xq_on_side = true;
+        }
       }
       return xq.f32();
     };
     if (!moe_x_lazy_) rounded();
+    // The shared expert first, on a stream of its own beside the routed experts
+    // (`moe_shared_beside`, up to kSharedBesideRows tokens; not while profiling ops, whose events
+    // time the default stream): it reads only x (or the rounded rows, above), and the combine waits
+    // for it. Its buffers are made here and kept to the combine; those its linears free meanwhile
+    // are held to the join (SideStream).
+    DeviceBuffer shared_out, shared_h1, shared_h3;
+    PartsView shared_view;  // (data null: no shared expert)
+    const auto shared_expert = [&] {
+      OpProfiler::Scope part(profiler_, "moe/shared expert");
+      const int64_t F = p.shared->w1.out;
+      shared_h1 = DeviceBuffer::scratch(T * F * sizeof(float));
+      shared_h3 = DeviceBuffer::scratch(T * F * sizeof(float));
+      shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
+      shared_view = shared_out.f32();
+      // (Lazy: the unrounded rows, which its tensor-core GEMMs quantise; else the rounded ones, as before.)
+      swiglu_ffn(*p.shared, moe_x_lazy_ ? p.x.f32() : rounded(), D, nullptr, T, shared_h1.f32(), shared_h3.f32(),
+                 shared_out.f32(), p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
+                 parts_in_readers_ ? &shared_view : nullptr, &rounded);
+    };
+    const bool beside = p.shared != nullptr && moe_shared_beside_ && T <= kSharedBesideRows && !profiler_.enabled();
+    last_moe_shared_beside_ = beside;
+    if (beside) {
+      side_.fork();
+      const LaunchStreamScope on_side(side_.stream());
+      shared_expert();
+    }
     // contrib[(t*K + i), :]: expert output for token t's slot i, summed in slot order below.
     // (Every slot's row is written: each slot has an expert, and every expert's rows are scattered.)
     DeviceBuffer contrib = DeviceBuffer::scratch(T * K * D * sizeof(float));
@@ -1425,19 +1535,8 @@ class CudaBackend final : public Backend {
       }
     }
     routed_part.reset();
-    DeviceBuffer shared_out;
-    PartsView shared_view;  // (data null: no shared expert)
-    if (p.shared) {
-      OpProfiler::Scope part(profiler_, "moe/shared expert");
-      const int64_t F = p.shared->w1.out;
-      DeviceBuffer h1 = DeviceBuffer::scratch(T * F * sizeof(float)), h3 = DeviceBuffer::scratch(T * F * sizeof(float));
-      shared_out = DeviceBuffer::scratch(T * D * sizeof(float));  // (the linears write h1, h3 and it)
-      shared_view = shared_out.f32();
-      // (Lazy: the unrounded rows, which its tensor-core GEMMs quantise; else the rounded ones, as before.)
-      swiglu_ffn(*p.shared, moe_x_lazy_ ? p.x.f32() : rounded(), D, nullptr, T, h1.f32(), h3.f32(), shared_out.f32(),
-                 p.swiglu_limit, {.on = p.ref_numerics, .slots = nullptr, .weights = nullptr, .scale = 1.0},
-                 parts_in_readers_ ? &shared_view : nullptr, &rounded);
-    }
+    if (beside) side_.join();
+    else if (p.shared) shared_expert();
     launch_moe_combine({.out = p.out.f32(), .contrib = contrib.f32(), .shared = shared_view,
                         .T = T, .K = K, .D = D, .round_bf16 = p.ref_numerics});
     launch_check("moe combine");
@@ -2113,6 +2212,13 @@ class CudaBackend final : public Backend {
   bool hc_fused_ = cuda_feature_on("hc_fused");  // set_hc_fused; SPARROW_CUDA_DISABLE=hc_fused
   bool last_hc_boundary_fused_ = false;
   bool last_moe_scatter_store_ = false;  // the last moe call's w2 stored its rows in their slots
+  // set_moe_shared_beside; SPARROW_CUDA_DISABLE=moe_shared_beside. Up to kSharedBesideRows tokens:
+  // the 8-layer batch-1 step 5-7 % shorter on an H100, batch 256's layer cell 0.5-0.8 % longer
+  // (2026-12-07, docs/perf.md).
+  bool moe_shared_beside_ = cuda_feature_on("moe_shared_beside");
+  static constexpr int64_t kSharedBesideRows = 64;
+  bool last_moe_shared_beside_ = false;  // test support
+  SideStream side_;  // (moe) the shared expert's stream
   // set_parts_in_readers; SPARROW_CUDA_DISABLE=parts_in_readers
   bool parts_in_readers_ = cuda_feature_on("parts_in_readers");
   int64_t parts_left_ = 0;  // GEMM outputs whose parts a reader added (test support)
@@ -2145,6 +2251,8 @@ class CudaBackend final : public Backend {
   int64_t fp8_linear_quantisations() const { return fp8_.quantisations(); }
   bool last_hc_boundary_fused() const { return last_hc_boundary_fused_; }
   bool last_moe_scatter_store() const { return last_moe_scatter_store_; }
+  void set_moe_shared_beside(bool on) { moe_shared_beside_ = on; }
+  bool last_moe_shared_beside() const { return last_moe_shared_beside_; }
   bool kv_records() const { return kv_records_; }
   void set_attention_block_heads(int heads) { attention_block_heads_ = heads; }
   void set_attention_bf16_kv(bool on) { attention_bf16_kv_ = on; }
@@ -2334,6 +2442,8 @@ void fp8_linear_set_quant_in(Backend& backend, bool on) { cuda_backend(backend).
 bool hc_fused(Backend& backend) { return cuda_backend(backend).hc_fused(); }
 bool last_hc_boundary_fused(Backend& backend) { return cuda_backend(backend).last_hc_boundary_fused(); }
 bool last_moe_scatter_store(Backend& backend) { return cuda_backend(backend).last_moe_scatter_store(); }
+void set_moe_shared_beside(Backend& backend, bool on) { cuda_backend(backend).set_moe_shared_beside(on); }
+bool last_moe_shared_beside(Backend& backend) { return cuda_backend(backend).last_moe_shared_beside(); }
 bool kv_records(Backend& backend) { return cuda_backend(backend).kv_records(); }
 void set_attention_block_heads(Backend& backend, int heads) {
   SPARROW_CHECK(heads == 0 || heads == 16 || heads == 32 || heads == 64);

@@ -340,6 +340,13 @@ bool last_hc_boundary_fused(Backend& backend);
 // Test support: whether the last moe call's w2 stored its rows straight into their slots
 // (GroupedW4A8Args::scatter_slots, `moe_scatter_store`) instead of leaving them to the scatter kernel.
 bool last_moe_scatter_store(Backend& backend);
+// Whether the MoE runs its shared expert on a second stream beside the routed experts, in calls of
+// up to 64 tokens (on unless SPARROW_CUDA_DISABLE=moe_shared_beside, or this call): forked from the
+// default stream before the routed experts, joined before the combine, not while ops are profiled.
+// The same kernels on the same inputs, so the same bits. last_moe_shared_beside: whether the last
+// moe call did.
+void set_moe_shared_beside(Backend& backend, bool on);
+bool last_moe_shared_beside(Backend& backend);
 // Test support: the tensor-core attention's heads a block (AttentionArgs::block_heads): 16, 32, 64
 // (the wgmma form, from the bf16 copies where H takes it), or 0 (the default: by the call's size).
 void set_attention_block_heads(Backend& backend, int heads);

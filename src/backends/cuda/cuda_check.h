@@ -26,4 +26,21 @@ void launch_check(const char* what);
 // SPARROW_CUDA_SYNC set (and not 0): launch_check synchronises after every launch.
 bool sync_every_launch();
 
+// The stream this thread's backend work goes to: its own default stream (cudaStreamPerThread)
+// unless a LaunchStreamScope names another. Every launch (device_common.cuh launch()), copy, fill,
+// stream-ordered allocation and cuBLASLt call of the backend takes it.
+cudaStream_t launch_stream();
+// While it lives, this thread's backend work goes to `stream` (CudaBackend::moe's shared expert on
+// a stream of its own, beside the routed experts).
+class LaunchStreamScope {
+ public:
+  explicit LaunchStreamScope(cudaStream_t stream);
+  ~LaunchStreamScope();
+  LaunchStreamScope(const LaunchStreamScope&) = delete;
+  LaunchStreamScope& operator=(const LaunchStreamScope&) = delete;
+
+ private:
+  cudaStream_t previous_;
+};
+
 }  // namespace sparrow::cuda

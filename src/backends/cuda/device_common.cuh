@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/fp4_layout.h"
 #include "backends/cuda/kernels.h"
 
@@ -106,7 +107,8 @@ inline cudaLaunchAttribute cluster_attribute(unsigned cluster) {
   a.val.clusterDim.z = 1;
   return a;
 }
-// kernel<<<grid, block, smem>>>(args...) on the calling thread's default stream, as a programmatic
+// kernel<<<grid, block, smem>>>(args...) on launch_stream() (the calling thread's default stream
+// unless a LaunchStreamScope names another), as a programmatic
 // dependent of the grid before it (above) unless the "pdl" switch is off, and (cluster > 1) in
 // clusters of `cluster` blocks along x (grid.x a multiple of it). Errors show in launch_check as
 // with <<<>>>.
@@ -123,7 +125,7 @@ inline void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, s
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = 0;  // the per-thread default stream (the backend compiles with --default-stream per-thread)
+  cfg.stream = launch_stream();  // the thread's default stream, or a LaunchStreamScope's
   cfg.attrs = attr;
   cfg.numAttrs = n;
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);

@@ -246,7 +246,7 @@ bool Fp8Linear::run_cublaslt(float* d, const uint8_t* codes, const float* scales
   }
   const float alpha = 1.0f, beta = 0.0f;
   s = lt.matmul(static_cast<cublasLtHandle_t>(handle_), desc_->desc, &alpha, pw.codes.get(), o->a, codes, o->b, &beta, d,
-                o->d, d, o->d, &plan->algo, workspace_.get(), kWorkspaceBytes, cudaStreamPerThread);
+                o->d, d, o->d, &plan->algo, workspace_.get(), kWorkspaceBytes, launch_stream());
   if (s != CUBLAS_STATUS_SUCCESS) {
     last_detail_ = "cublasLtMatmul failed for " + dims(n_pad, m_pad, k_pad) + ": " + cublaslt_status_text(s);
     return false;
@@ -389,7 +389,7 @@ void Fp8Linear::run(const LinearFp8BlockParams& p, const std::function<DevWeight
     if (run_cublaslt(d, codes, scales, pw, m_pad)) {
       if (!direct)
         SPARROW_CUDA_CHECK(cudaMemcpy2DAsync(p.out.f32(), N * sizeof(float), d, pw.n_pad * sizeof(float),
-                                             N * sizeof(float), T, cudaMemcpyDeviceToDevice, cudaStream_t{nullptr}));
+                                             N * sizeof(float), T, cudaMemcpyDeviceToDevice, launch_stream()));
       launch_check("linear_fp8_block cuBLASLt");
       last_path_ = Fp8GemmPath::kTensorCores;
       last_wgmma_ = false;

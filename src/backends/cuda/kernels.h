@@ -167,7 +167,9 @@ struct DevView {
 // time within the spread on an H100, 2026-12-06: docs/perf.md, fifty-fifth session), "fp8_quant_in"
 // (the FP8 wgmma linears' 8-row form quantises its rows itself in each block where
 // fp8_wgmma_quant_in_takes, GroupedW4A8Args::x_f32; off: an act_quant launch first, the same codes,
-// scales and bits) and
+// scales and bits), "moe_shared_beside" (the MoE's shared expert, in calls of up to 64 tokens, on
+// a second stream beside the routed experts, forked before them and joined before the combine; off:
+// after them on the one stream, the same kernels and bits) and
 // "alloc_nofill" (tensors left unfilled at allocation; off: zero-filled). Read once per process.
 bool cuda_feature_on(const char* name);
 // SPARROW_CUDA_ENABLE, the same form, opts in to paths that are off by default: "kv_record" (under

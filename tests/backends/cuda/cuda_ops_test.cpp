@@ -3022,6 +3022,57 @@ TEST_F(CudaOps, MoeInputRoundedOnlyWhereReadGivesTheSameBits) {
   }
 }
 
+// The shared expert on a stream of its own beside the routed experts (cuda::set_moe_shared_beside):
+// the same kernels on the same inputs, so the same bits as one stream (whose output the other MoE
+// tests hold against the CPU), at 1, 5 and 64 tokens (100: past the row limit, one stream either
+// way), with the fast paths (W4A8 experts, the shared expert on the FP8 tensor cores), the routed
+// experts on the CUDA cores, the shared expert's projections on the CUDA cores (each frees scratch
+// of its own inside the fork, which the join must hold back; the shared expert makes the rounded
+// rows on its stream), and both on the CUDA cores (the routed experts then read those rows: the
+// default stream waits for the side stream's mark), with the rounded rows made lazily and before;
+// and twice in a row without a read between (the second call must not reuse memory the first
+// call's shared expert still reads). A race shows as other bits.
+TEST_F(CudaOps, MoeSharedExpertBesideTheRoutedGivesTheSameBits) {
+  SPARROW_SKIP_UNLESS_CUDA(gpu);
+  Rng rng(233);
+  cuda::set_w4a8_wgmma(*gpu, true);
+  const int64_t D = 256, F = 256, E = 6;
+  const MoeCase mc = make_released_moe(rng, E, D, F);
+  for (const int64_t T : {1, 5, 64, 100}) {
+    std::vector<float> x = rng.uniform(T * D, -1.6, 1.6);
+    for (float& v : x) v = bf16_round(v);
+    const Tensor xg = gpu->upload_f32(x, {T, D}), eg = gpu->upload_i32(two_experts_a_token(T, E), {T, 2}),
+                 wg = gpu->upload_f32(rng.uniform(2 * T, 0.1, 1.0), {T, 2});
+    for (const auto& [w4a8, fp8_gemm] :
+         {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}, std::pair{false, false}})
+      for (const bool lazy : {true, false}) {
+        cuda::set_w4a8_experts(*gpu, w4a8);
+        cuda::set_fp8_gemm_in_linear(*gpu, fp8_gemm);
+        cuda::set_moe_x_lazy(*gpu, lazy);
+        const std::string what = std::string(w4a8 ? " w4a8" : " routed on cuda cores") +
+                                 (fp8_gemm ? "" : ", shared on cuda cores") + (lazy ? "" : ", rows rounded first") +
+                                 " T=" + std::to_string(T);
+        std::vector<float> out[2][2];
+        for (const bool beside : {true, false}) {  // (beside first: buffers that never held the other's values)
+          cuda::set_moe_shared_beside(*gpu, beside);
+          const Tensor o1 = gpu->alloc(ElemType::kF32, {T, D}), o2 = gpu->alloc(ElemType::kF32, {T, D});
+          gpu->moe(w4a8_moe_params(mc, o1, xg, eg, wg));
+          EXPECT_EQ(cuda::last_moe_shared_beside(*gpu), beside && T <= 64) << what;
+          gpu->moe(w4a8_moe_params(mc, o2, xg, eg, wg));
+          out[beside][0] = gpu->download_f32(o1);
+          out[beside][1] = gpu->download_f32(o2);
+        }
+        expect_same_bits(out[1][0], out[0][0], "moe shared expert beside vs after the routed, first call" + what);
+        expect_same_bits(out[1][1], out[0][1], "moe shared expert beside vs after the routed, second call" + what);
+        EXPECT_GT(std::count_if(out[1][0].begin(), out[1][0].end(), [](float v) { return v != 0.0f; }), T * D / 2) << what;
+      }
+  }
+  cuda::set_moe_shared_beside(*gpu, cuda::cuda_feature_on("moe_shared_beside"));
+  cuda::set_moe_x_lazy(*gpu, cuda::cuda_feature_on("moe_x_lazy"));
+  cuda::set_w4a8_experts(*gpu, cuda::cuda_feature_on("w4a8"));
+  cuda::set_fp8_gemm_in_linear(*gpu, cuda::cuda_feature_on("fp8_gemm"));
+}
+
 // The small W4A8 kernel's width (16 or 32 output columns a block; chosen by the batch) is not part
 // of its arithmetic: the MoE's output is the same bits at either width, for the CUDA test's shapes
 // (N = 96 and 256: a partial 32-column block and a 16-column one past N), 7 to 16 rows an expert

@@ -509,6 +509,46 @@ TEST_F(CudaModelParity, StepGraphsGiveTheSameBits) {
   }
 }
 
+// The MoE's shared expert on a stream of its own beside the routed experts
+// (cuda::set_moe_shared_beside): with and without step graphs (captured, the fork and join are
+// edges of each layer's graph; a stream left unjoined fails the capture), token by token and in
+// chunks of 3, fp32 and fast, the logits are the bits of one stream, and the moe calls took the
+// second stream.
+TEST_F(CudaModelParity, SharedExpertBesideTheRoutedGivesTheSameBits) {
+  std::unique_ptr<Backend> gpu;
+  SPARROW_REQUIRE_CUDA(gpu);
+  const bool graphs_allowed = cuda::step_capture_allowed();
+  for (Precision precision : {Precision::kFp32, Precision::kFast}) {
+    auto loaded = Model::load(*dir_, {.index_topk = {}, .index_keys = {}, .precision = precision});
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    const Model& model = **loaded;
+    const std::vector<int32_t> ids = random_ids(40, model.config().vocab_size, 93);
+    for (const bool graphs : {false, true}) {
+      if (graphs && !graphs_allowed) continue;
+      cuda::set_step_graphs(*gpu, graphs);
+      const std::string what = std::string(precision_name(precision)) + (graphs ? ", step graphs" : ", op by op");
+      cuda::set_moe_shared_beside(*gpu, true);
+      const cuda::StepGraphStats before = cuda::step_graph_stats(*gpu);
+      auto on1 = Session(model, *gpu).logits(ids, 1);
+      auto on3 = Session(model, *gpu).logits(ids, 3);
+      const cuda::StepGraphStats after = cuda::step_graph_stats(*gpu);
+      EXPECT_TRUE(cuda::last_moe_shared_beside(*gpu)) << what;
+      cuda::set_moe_shared_beside(*gpu, false);
+      auto off1 = Session(model, *gpu).logits(ids, 1);
+      auto off3 = Session(model, *gpu).logits(ids, 3);
+      EXPECT_FALSE(cuda::last_moe_shared_beside(*gpu)) << what;
+      ASSERT_TRUE(off1.is_ok() && off3.is_ok() && on1.is_ok() && on3.is_ok()) << what;
+      EXPECT_EQ(*on1, *off1) << what << ": token by token, the second stream changed the logits";
+      EXPECT_EQ(*on3, *off3) << what << ": chunks of 3, the second stream changed the logits";
+      if (graphs) {
+        EXPECT_GT(after.captured, before.captured) << what << ": no step was captured";
+      }
+    }
+  }
+  cuda::set_moe_shared_beside(*gpu, cuda::cuda_feature_on("moe_shared_beside"));
+  cuda::set_step_graphs(*gpu, cuda::cuda_feature_on("graphs"));
+}
+
 // A captured decode step has no fill or upload nodes (copy_kernels: the step's fills and uploads
 // are kernels, so that every kernel keeps its programmatic edge to the one before), but in segments
 // run once while memory grows (long-lived fills and copies stay nodes). With
