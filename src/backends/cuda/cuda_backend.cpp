@@ -579,6 +579,7 @@ class SideStream {
   SideStream& operator=(const SideStream&) = delete;
 
   cudaStream_t stream() const { return stream_; }
+  bool forked() const { return forked_; }
   void fork() {
     SPARROW_CHECK(!forked_ && t_held_frees == nullptr);
     if (!stream_) {
@@ -1487,6 +1488,13 @@ class CudaBackend final : public Backend {
     };
     const bool beside = p.shared != nullptr && moe_shared_beside_ && T <= kSharedBesideRows && !profiler_.enabled();
     last_moe_shared_beside_ = beside;
+    // (An exception between the fork and the join still joins, so the next call can fork again.)
+    struct JoinOnExit {
+      SideStream& side;
+      ~JoinOnExit() {
+        if (side.forked()) side.join();
+      }
+    } join_on_exit{side_};
     if (beside) {
       side_.fork();
       const LaunchStreamScope on_side(side_.stream());
