@@ -27,8 +27,9 @@ void launch_check(const char* what);
 bool sync_every_launch();
 
 // The stream this thread's backend work goes to: its own default stream (cudaStreamPerThread)
-// unless a LaunchStreamScope names another. Every launch (device_common.cuh launch()), copy, fill,
-// stream-ordered allocation and cuBLASLt call of the backend takes it.
+// unless a LaunchStreamScope names another. Every kernel launch (device_common.cuh launch()), and
+// every copy, fill, stream-ordered allocation and cuBLASLt call an op makes, takes it; the step
+// graphs' own calls (capture, launch, the kernel trace's region) stay on the default stream.
 cudaStream_t launch_stream();
 // While it lives, this thread's backend work goes to `stream` (CudaBackend::moe's shared expert on
 // a stream of its own, beside the routed experts).

@@ -577,11 +577,12 @@ __global__ void hc_post4_kernel(HcPostArgs a) {
 // that block) reads the nmix values, writes X' from its registers, makes pre and post, then
 // u = sum_j pre_j X'[j] (hc_pre4_kernel's sums) and u's RMS norm with the sums of the kernel
 // launch_rms_norm picks for a row of D (a block's order above kNormWarpGroup, a warp's at or below
-// it), and comb (hc_pre_weights_s4's Sinkhorn): above kNormWarpGroup on warp 0 while the other warps
-// make their u and the norm's partial sums, below it before u. Each value's operations and their order are those of the three ops' kernels, for
-// the same bits (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the
-// norm's, bf16 or f32; the Sinkhorn warp's scales and bases) are loaded into registers before the
-// wait for the previous grid (weights are never written). Sizes, dtypes and the rounding are
+// it), and comb (hc_pre_weights_s4's Sinkhorn): above kNormWarpGroup on warp 0 while the other
+// warps make their u and the norm's partial sums, below it before u. Each value's operations and
+// their order are those of the three ops' kernels, for the same bits
+// (CudaOps.HcBoundaryIsItsThreeOpsBitForBit). The weights (the f32 mix row; the norm's, bf16 or
+// f32; the Sinkhorn warp's scales and bases) are loaded into registers before the wait for the
+// previous grid (weights are never written). Sizes, dtypes and the rounding are
 // compile-time: a first form with dev_load's switch over every stored dtype at each of its 80
 // weight loads, the column count and the roundings at run time was 9.7K instructions, and at one
 // block an SM its warps waited on instruction fetch (62 % of the stall samples; 38.5 us in ncu on
