@@ -3,6 +3,9 @@
 # on the same synthetic model with SPARROW_CUDA_DISABLE=$SWITCH ("off") and without ("on"),
 # alternated ROUNDS times in one call (the lent machines differ more between calls than most
 # changes), then `bench/report.py --compare` of each off record against the on record of its round.
+# The sides swap places every round (off first in odd rounds, on first in even ones): the first run
+# of a round has come out slower than the ones after it (docs/perf.md, sixty-seventh session), so
+# read an even number of rounds.
 #
 #   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but one of SWITCH, ENABLE, KNOB:)
 #     SWITCH=name          the SPARROW_CUDA_DISABLE name compared (docs/cuda.md lists them)
@@ -46,7 +49,9 @@ if [ ! -f "$model/config.json" ]; then
 fi
 status=0
 for r in $(seq 1 "$rounds"); do
-  for side in off on; do
+  sides="off on"
+  [ $((r % 2)) -eq 0 ] && sides="on off"
+  for side in $sides; do
     disable="" enabled="" knob_env=()
     [ "$side" = off ] && [ -n "${SWITCH:-}" ] && disable=$SWITCH
     [ "$side" = on ] && enabled=$enable
@@ -59,7 +64,7 @@ for r in $(seq 1 "$rounds"); do
       { echo "ab_device: round $r $side failed ($out/ab-$side-$r.txt)" >&2; status=1; }
   done
   if [ -f "$out/ab-off-$r.json" ] && [ -f "$out/ab-on-$r.json" ]; then
-    echo "== round $r: $label off -> on"
+    echo "== round $r: $label off -> on (run order: $sides)"
     python3 bench/report.py --compare "$out/ab-off-$r.json" "$out/ab-on-$r.json" | tee "$out/ab-compare-$r.md"
   fi
 done
