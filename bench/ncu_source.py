@@ -5,7 +5,8 @@
     ncu -i rep.ncu-rep --page source --csv --print-source sass > kernel.csv
     python3 bench/ncu_source.py kernel.csv [--warps N] [--top N] [--landmarks] [--part NAME:FIRST:END ...]
 
-(scripts/gpu-probe.sh's NCU_SOURCE=1 writes such a CSV.) Prints, from the SASS rows:
+(scripts/gpu-probe.sh's NCU_SOURCE=1 writes such a CSV, a listing for each profiled launch: the first
+is read, --kernel N reads the Nth.) Prints, from the SASS rows:
   - the instructions executed and the warp-state samples in all, and the samples' stall reasons;
   - the runs of consecutive instructions executed equally often (within 2 %): a loop's body shows as
     one run, the set-up and the stores as others; each with its share of the samples;
@@ -41,17 +42,31 @@ def opcode(source):
     return "?"
 
 
-def load(path):
+def is_header(row):
+    return "Source" in row and SAMPLES in row and EXECUTED in row
+
+
+def load(path, listing=1):
+    """Listing `listing` (1-based) of the file: ncu writes one for each profiled launch, each a
+    "Kernel Name" row, a header row (the first row with the columns read here) and its instructions.
+    Returns its kernel's name (with "listing i of n" where the file holds more than one) and rows."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    # The first row names the kernel; the header is the first row that has the columns read here.
-    kernel = rows[0][1] if rows and len(rows[0]) > 1 and rows[0][0] == "Kernel Name" else "?"
-    for i, row in enumerate(rows):
-        if "Source" in row and SAMPLES in row and EXECUTED in row:
-            header, body = row, rows[i + 1:]
-            break
-    else:
+    starts = [i for i, row in enumerate(rows) if is_header(row)]
+    if not starts:
         raise SystemExit(f"{path}: no header with Source, '{SAMPLES}' and '{EXECUTED}' (ncu --page source --csv)")
+    if not 1 <= listing <= len(starts):
+        raise SystemExit(f"{path}: listing {listing} asked for, the file holds {len(starts)}")
+    at = starts[listing - 1]
+    header = rows[at]
+    end = starts[listing] if listing < len(starts) else len(rows)
+    body = rows[at + 1:end]
+    if body and body[-1] and body[-1][0] == "Kernel Name":  # the next listing's name row
+        body = body[:-1]
+    name_row = rows[at - 1] if at > 0 else []
+    kernel = name_row[1] if len(name_row) > 1 and name_row[0] == "Kernel Name" else "?"
+    if len(starts) > 1:
+        kernel += f" (listing {listing} of {len(starts)}; --kernel picks another)"
     col = {name: j for j, name in enumerate(header)}
     stalls = [name for name in header if name.startswith("stall_") and "Not Issued" not in name]
     insts = []
@@ -137,8 +152,8 @@ def part_spec(text):
     return name, first, end
 
 
-def summarise(path, warps=0, top=20, landmarks=False, parts=()):
-    kernel, insts = load(path)
+def summarise(path, warps=0, top=20, landmarks=False, parts=(), listing=1):
+    kernel, insts = load(path, listing)
     total_exec = sum(i["executed"] for i in insts)
     total_samples = sum(i["samples"] for i in insts)
     out = [f"kernel: {kernel}",
@@ -188,10 +203,12 @@ def main(argv):
     p.add_argument("--landmarks", action="store_true", help="list the barriers, waits, HGMMAs, exits and branches")
     p.add_argument("--part", type=part_spec, action="append", default=[], metavar="NAME:FIRST:END",
                    help="a part's share of the samples and its stall reasons (END -1: to the last row)")
+    p.add_argument("--kernel", type=int, default=1, metavar="N",
+                   help="the file's Nth listing (ncu writes one a profiled launch; default the first)")
     a = p.parse_args(argv)
-    if a.warps < 0 or a.top < 0:
-        p.error("--warps and --top must not be negative")
-    print(summarise(a.csv, a.warps, a.top, a.landmarks, a.part))
+    if a.warps < 0 or a.top < 0 or a.kernel < 1:
+        p.error("--warps and --top must not be negative, --kernel at least 1")
+    print(summarise(a.csv, a.warps, a.top, a.landmarks, a.part, a.kernel))
 
 
 if __name__ == "__main__":

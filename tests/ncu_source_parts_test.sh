@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/ncu_source.py's --landmarks and --part on a small hand-made ncu source CSV: the landmarks
-# with the share of samples before each, a part's share and its largest stall reasons, and clear
-# errors.
+# with the share of samples before each, a part's share and its largest stall reasons, a file of
+# several kernels' listings (--kernel), and clear errors.
 set -euo pipefail
 script="$1/bench/ncu_source.py"
 dir="$2"
@@ -34,6 +34,25 @@ if python3 "$script" "$csv" --part back:3:1 2> "$dir/err"; then fail "a part end
 grep -q "'back:3:1': rows need 0 <= first < end" "$dir/err" || fail "the backward part's error"
 if python3 "$script" "$csv" --part neg:-2:-1 2> "$dir/err"; then fail "a part with a negative first row accepted"; fi
 grep -q "'neg:-2:-1': rows need" "$dir/err" || fail "the negative part's error"
+# A report of two launches (gpu-probe.sh with NCU_COUNT=2): a listing each, each under its own
+# kernel-name and header rows. The first is read unless --kernel picks another.
+two="$dir/two.csv"
+{ cat "$csv"; cat <<'CSV'
+"Kernel Name","void k2()",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_barrier","stall_wait","stall_barrier (Not Issued)"
+"0x0","      LDC R1, c[0x0][0x28]","6","6","2","0","6","0"
+"0x10","      EXIT","2","2","2","0","2","0"
+CSV
+} > "$two"
+first=$(python3 "$script" "$two")
+echo "$first" | grep -q "^kernel: void k() (listing 1 of 2; --kernel picks another)$" || fail "the first listing's name"
+echo "$first" | grep -q "^instructions: 5 in the SASS, 20 executed (warp instructions), 100 warp-state samples$" || fail "the first listing's totals"
+second=$(python3 "$script" "$two" --kernel 2)
+echo "$second" | grep -q "^kernel: void k2() (listing 2 of 2; --kernel picks another)$" || fail "the second listing's name"
+echo "$second" | grep -q "^instructions: 2 in the SASS, 4 executed (warp instructions), 8 warp-state samples$" || fail "the second listing's totals"
+python3 "$script" "$csv" | grep -q "^kernel: void k()$" || fail "one listing's name, without a count"
+if python3 "$script" "$two" --kernel 3 2> "$dir/err"; then fail "a third listing of two accepted"; fi
+grep -q "listing 3 asked for, the file holds 2" "$dir/err" || fail "the listing count's error"
 echo "not a csv" > "$dir/bad.csv"
 if python3 "$script" "$dir/bad.csv" 2> "$dir/err"; then fail "a file without the header accepted"; fi
 grep -q "no header with Source" "$dir/err" || fail "the header's error"
