@@ -3,9 +3,10 @@
 # on the same synthetic model with SPARROW_CUDA_DISABLE=$SWITCH ("off") and without ("on"),
 # alternated ROUNDS times in one call (the lent machines differ more between calls than most
 # changes), then `bench/report.py --compare` of each off record against the on record of its round.
-# The sides swap places every round (off first in odd rounds, on first in even ones): the first run
-# of a round has come out slower than the ones after it (docs/perf.md, sixty-seventh session), so
-# read an even number of rounds.
+# The sides swap places every round (off first in odd rounds, on first in even ones), so that a
+# place in the round cannot favour one side (in the sixty-seventh session the builds after a
+# round's first came out about 0.7 % faster; in the sixty-eighth every build moved between two bands
+# about 1.5 % apart from run to run: docs/perf.md): read an even number of rounds, by their means.
 #
 #   SWITCH=fp8_stack bash bench/ab_device.sh        (environment knobs, all optional but one of SWITCH, ENABLE, KNOB:)
 #     SWITCH=name          the SPARROW_CUDA_DISABLE name compared (docs/cuda.md lists them)
