@@ -1908,8 +1908,9 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
     }
   }
   // The fold ran (SWA and HCA tokens are one split here) wherever the tensor-core kernel does.
-  if (real && cuda::cuda_feature_on("attn_o_fold") && cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split"))
+  if (real && cuda::cuda_feature_on("attn_o_fold") && cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split")) {
     EXPECT_GT(o_folds, 0);
+  }
 }
 
 // The KV stored as FP8 KV records (LayerState::ring_rec, CompressorBuffer::entries_rec: what the
