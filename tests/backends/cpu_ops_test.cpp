@@ -320,19 +320,30 @@ TEST_F(CpuOps, AttentionSinkOnlyAddsToTheDenominator) {
   EXPECT_NEAR(o[1], 0.0, 1e-7);
 }
 
-// AttentionParams::q_rope: q given before its per-head norm and RoPE gives the attention of q after
-// rms_norm and rope (the model's order), bit for bit, with and without bf16 roundings; three tokens
-// of one sequence at positions 0-2, two heads of 6 dims, RoPE on the last 4.
-TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
-  const int64_t H = 2, Dh = 6, T = 3;
-  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+// The RoPE attention cases' inputs: three tokens of one sequence at positions 0-2, two heads of 6
+// dims, RoPE on the last 4.
+struct RopeAttentionCase {
+  static constexpr int64_t H = 2, Dh = 6, T = 3;
   RopeTable table{.inv_freq = {1.0, 0.5}};
-  const std::vector<float> raw = {0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 1.9f, 3.1f, 0.2f, -2.2f, 0.9f, 1.4f, -0.6f,
-                                  -0.8f, 1.1f, 0.5f, -1.7f, 2.0f, 0.1f, 0.6f, -0.9f, 1.3f, 2.4f, -1.5f, 0.8f,
-                                  1.0f, 0.0f, -0.3f, 0.4f, 1.6f, -2.1f, -1.1f, 0.7f, 0.2f, -0.5f, 0.9f, 1.8f};
-  const std::vector<float> kv = {0.5f, 1.0f, -0.5f, 0.25f, 2.0f, -1.0f, 1.5f, -0.75f, 0.1f, 0.3f, -0.2f, 0.6f,
-                                 -1.0f, 0.4f, 0.8f, -0.6f, 0.2f, 1.2f};
-  const std::vector<float> sink = {0.5f, -0.25f};
+  std::vector<float> q = {0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 1.9f, 3.1f, 0.2f, -2.2f, 0.9f, 1.4f, -0.6f,
+                          -0.8f, 1.1f, 0.5f, -1.7f, 2.0f, 0.1f, 0.6f, -0.9f, 1.3f, 2.4f, -1.5f, 0.8f,
+                          1.0f, 0.0f, -0.3f, 0.4f, 1.6f, -2.1f, -1.1f, 0.7f, 0.2f, -0.5f, 0.9f, 1.8f};
+  std::vector<float> kv = {0.5f, 1.0f, -0.5f, 0.25f, 2.0f, -1.0f, 1.5f, -0.75f, 0.1f, 0.3f, -0.2f, 0.6f,
+                           -1.0f, 0.4f, 0.8f, -0.6f, 0.2f, 1.2f};
+  std::vector<float> sink = {0.5f, -0.25f};
+};
+
+// AttentionParams::q_rope: q given before its per-head norm and RoPE gives the attention of q after
+// rms_norm and rope (the model's order), bit for bit, with and without bf16 roundings
+// (RopeAttentionCase).
+TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
+  const RopeAttentionCase rc;
+  const int64_t H = rc.H, Dh = rc.Dh, T = rc.T;
+  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+  const RopeTable& table = rc.table;
+  const std::vector<float>& raw = rc.q;
+  const std::vector<float>& kv = rc.kv;
+  const std::vector<float>& sink = rc.sink;
   for (bool round : {false, true}) {
     std::vector<float> outs[2];
     for (int folded = 0; folded < 2; ++folded) {
@@ -358,17 +369,16 @@ TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
 
 // AttentionParams::o_rope: the attention's output rotated back (inverse RoPE at each token's
 // position, the last 4 dims) is the attention followed by rope (the model's order), bit for bit,
-// with and without bf16 roundings, and differs from the output left as it is (the rotation ran).
+// with and without bf16 roundings, and differs from the output left as it is (the rotation ran;
+// RopeAttentionCase).
 TEST_F(CpuOps, AttentionRotatesItsOutputBackWhenGivenItsRope) {
-  const int64_t H = 2, Dh = 6, T = 3;
+  const RopeAttentionCase rc;
+  const int64_t H = rc.H, Dh = rc.Dh, T = rc.T;
   ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
-  RopeTable table{.inv_freq = {1.0, 0.5}};
-  const std::vector<float> q = {0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 1.9f, 3.1f, 0.2f, -2.2f, 0.9f, 1.4f, -0.6f,
-                                -0.8f, 1.1f, 0.5f, -1.7f, 2.0f, 0.1f, 0.6f, -0.9f, 1.3f, 2.4f, -1.5f, 0.8f,
-                                1.0f, 0.0f, -0.3f, 0.4f, 1.6f, -2.1f, -1.1f, 0.7f, 0.2f, -0.5f, 0.9f, 1.8f};
-  const std::vector<float> kv = {0.5f, 1.0f, -0.5f, 0.25f, 2.0f, -1.0f, 1.5f, -0.75f, 0.1f, 0.3f, -0.2f, 0.6f,
-                                 -1.0f, 0.4f, 0.8f, -0.6f, 0.2f, 1.2f};
-  const std::vector<float> sink = {0.5f, -0.25f};
+  const RopeTable& table = rc.table;
+  const std::vector<float>& q = rc.q;
+  const std::vector<float>& kv = rc.kv;
+  const std::vector<float>& sink = rc.sink;
   for (bool round : {false, true}) {
     std::vector<float> outs[3];  // the ops, the folded call, the output not rotated
     for (int way = 0; way < 3; ++way) {
