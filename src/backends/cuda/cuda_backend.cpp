@@ -1325,10 +1325,10 @@ class CudaBackend final : public Backend {
     DeviceBuffer scratch =
         DeviceBuffer::scratch(one_split ? 0 : static_cast<size_t>(per_pass * token_floats) * sizeof(float));
     // The output's inverse rope (AttentionParams::o_rope) in the tensor-core kernel's stores where it
-    // finishes every token (launch_attention says; `attn_o_fold` off: the rope kernel after, the same
-    // bits).
+    // finishes every token (launch_attention decides and says; `attn_o_fold` off: the rope kernel
+    // after, the same bits).
     static const bool o_fold_on = cuda_feature_on("attn_o_fold");
-    const bool o_fold = p.o_rope != nullptr && one_split && o_fold_on && p.o_rope->rope_dim() <= Dh;
+    const bool o_fold = p.o_rope != nullptr && o_fold_on;
     const bool o_done = launch_attention({.out = p.out.f32(), .scratch = parts ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
@@ -1340,7 +1340,7 @@ class CudaBackend final : public Backend {
                       .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{},
                       .o_rope = o_fold ? rope_arg(*p.o_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
     launch_check("attention");
-    last_attention_o_fold_ = o_fold && o_done;
+    last_attention_o_fold_ = o_done;
     if (p.o_rope != nullptr && !last_attention_o_fold_) attention_o_finish(p);
   }
 

@@ -3105,7 +3105,7 @@ int64_t attn_mma_split_candidates() {
 }
 
 bool launch_attention(const AttentionArgs& args) {
-  if (args.T * args.H == 0) return args.o_rope.pairs > 0;  // (nothing to rotate)
+  if (args.T * args.H == 0) return false;
   AttentionArgs a = args;
   a.mma_split = attn_mma_split_candidates();
   a.o_rope = RopeTableArg{};  // (kept below only where attention_mma_kernel finishes every token)
