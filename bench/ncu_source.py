@@ -5,8 +5,8 @@
     ncu -i rep.ncu-rep --page source --csv --print-source sass > kernel.csv
     python3 bench/ncu_source.py kernel.csv [--warps N] [--top N] [--landmarks] [--part NAME:FIRST:END ...]
 
-(scripts/gpu-probe.sh's NCU_SOURCE=1 writes such a CSV, a listing for each profiled launch: the first
-is read, --kernel N reads the Nth.) Prints, from the SASS rows:
+(scripts/gpu-probe.sh's NCU_SOURCE=1 writes such a CSV, with several listings where it profiled several
+launches: NCU_COUNT=2 gave four, each launch's twice. The first is read, --kernel N reads the Nth.) Prints, from the SASS rows:
   - the instructions executed and the warp-state samples in all, and the samples' stall reasons;
   - the runs of consecutive instructions executed equally often (within 2 %): a loop's body shows as
     one run, the set-up and the stores as others; each with its share of the samples;
@@ -47,8 +47,8 @@ def is_header(row):
 
 
 def load(path, listing=1):
-    """Listing `listing` (1-based) of the file: ncu writes one for each profiled launch, each a
-    "Kernel Name" row, a header row (the first row with the columns read here) and its instructions.
+    """Listing `listing` (1-based) of the file: each a "Kernel Name" row, a header row (a row with the
+    columns read here) and its instructions.
     Returns its kernel's name (with "listing i of n" where the file holds more than one) and rows."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
@@ -59,10 +59,9 @@ def load(path, listing=1):
         raise SystemExit(f"{path}: listing {listing} asked for, the file holds {len(starts)}")
     at = starts[listing - 1]
     header = rows[at]
-    end = starts[listing] if listing < len(starts) else len(rows)
-    body = rows[at + 1:end]
-    if body and body[-1] and body[-1][0] == "Kernel Name":  # the next listing's name row
-        body = body[:-1]
+    # (The next listing's "Kernel Name" row, shorter than a header, is skipped with the other short
+    # rows below.)
+    body = rows[at + 1:starts[listing] if listing < len(starts) else len(rows)]
     name_row = rows[at - 1] if at > 0 else []
     kernel = name_row[1] if len(name_row) > 1 and name_row[0] == "Kernel Name" else "?"
     if len(starts) > 1:
@@ -204,7 +203,7 @@ def main(argv):
     p.add_argument("--part", type=part_spec, action="append", default=[], metavar="NAME:FIRST:END",
                    help="a part's share of the samples and its stall reasons (END -1: to the last row)")
     p.add_argument("--kernel", type=int, default=1, metavar="N",
-                   help="the file's Nth listing (ncu writes one a profiled launch; default the first)")
+                   help="the file's Nth listing (default the first)")
     a = p.parse_args(argv)
     if a.warps < 0 or a.top < 0 or a.kernel < 1:
         p.error("--warps and --top must not be negative, --kernel at least 1")

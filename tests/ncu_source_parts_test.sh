@@ -34,7 +34,7 @@ if python3 "$script" "$csv" --part back:3:1 2> "$dir/err"; then fail "a part end
 grep -q "'back:3:1': rows need 0 <= first < end" "$dir/err" || fail "the backward part's error"
 if python3 "$script" "$csv" --part neg:-2:-1 2> "$dir/err"; then fail "a part with a negative first row accepted"; fi
 grep -q "'neg:-2:-1': rows need" "$dir/err" || fail "the negative part's error"
-# A report of two launches (gpu-probe.sh with NCU_COUNT=2): a listing each, each under its own
+# A report of several listings (gpu-probe.sh with NCU_COUNT=2 wrote four), each under its own
 # kernel-name and header rows. The first is read unless --kernel picks another.
 two="$dir/two.csv"
 { cat "$csv"; cat <<'CSV'
