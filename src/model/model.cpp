@@ -362,10 +362,12 @@ Tensor Model::attention_forward(Backend& be, const BatchInfo& batch, int64_t l, 
                  .kind = kind, .ratio = c.compress_ratio[l], .window = c.sliding_window,
                  .scale = 1.0 / std::sqrt(static_cast<double>(Dh)), .round_bf16 = ref,
                  .bf16_operands = attention_bf16_operands(nx), .kv_record = attention_bf16_operands(nx),
-                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps, .weights_bf16 = attn_weights_bf16_});
+                 .q_rope = q_in_attention ? &rope : nullptr, .q_norm_eps = eps,
+                 .o_rope = q_in_attention ? &rope : nullptr, .weights_bf16 = attn_weights_bf16_});
   be.window_append({.kv = kv, .batch = &batch, .layer = l, .kv_record = attention_bf16_operands(nx)});
-  // V carried rotated dims: undo the rotation at the query position (spec §3.3).
-  be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);
+  // V carried rotated dims: undo the rotation at the query position (spec §3.3); inside the
+  // attention call where no tap reads q (AttentionParams::o_rope: the same values).
+  if (!q_in_attention) be.rope({.x = o, .table = &rope, .direction = RopeDirection::kInverse, .round_bf16 = ref}, batch);
   tap(opt, l, "attn.core", o);
 
   // wo_a is a bf16 GEMM in the reference (dequantised at conversion), wo_b an FP8 one.

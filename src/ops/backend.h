@@ -301,6 +301,11 @@ struct AttentionParams {
   // the same bits). q may be overwritten.
   const RopeTable* q_rope = nullptr;
   double q_norm_eps = 0.0;
+  // Where set, the attention's output is rotated back afterwards: the inverse RoPE (o_rope, at each
+  // token's position) of each head's last 2 pairs dims, rounded to bf16 when round_bf16, with the
+  // values rope would give on out (Backend::attention_o_finish runs that op; a backend may fold it
+  // into its kernel's stores instead, the same bits).
+  const RopeTable* o_rope = nullptr;
   // The softmax weights rounded to bf16 before they weight the keys, as DeepSeek's sparse attention
   // kernel and flash-attention kernels with bf16 P do (`--attn-weights bf16`; the profiles' default
   // is precision_default_attn_weights_bf16): the candidates in chunks of 32 in order, each chunk's weights
@@ -431,6 +436,8 @@ class Backend {
  protected:
   // AttentionParams::q_rope's norm and rotation of q, in place, by this backend's rms_norm and rope.
   void attention_q_prep(const AttentionParams& p);
+  // AttentionParams::o_rope's rotation of out, in place, by this backend's rope.
+  void attention_o_finish(const AttentionParams& p);
 };
 
 // begin_step on construction, end_step on destruction.
@@ -458,6 +465,11 @@ inline void Backend::attention_q_prep(const AttentionParams& p) {
   if (p.q_rope == nullptr) return;
   rms_norm({.out = p.q, .in = p.q, .weight = {}, .group = p.q.dim(2), .eps = p.q_norm_eps, .round_bf16 = p.round_bf16});
   rope({.x = p.q, .table = p.q_rope, .direction = RopeDirection::kForward, .round_bf16 = p.round_bf16}, *p.batch);
+}
+
+inline void Backend::attention_o_finish(const AttentionParams& p) {
+  if (p.o_rope == nullptr) return;
+  rope({.x = p.out, .table = p.o_rope, .direction = RopeDirection::kInverse, .round_bf16 = p.round_bf16}, *p.batch);
 }
 
 inline Tensor Backend::gather_rows(const Tensor& in, const std::vector<int64_t>& rows) {

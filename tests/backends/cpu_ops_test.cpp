@@ -320,19 +320,30 @@ TEST_F(CpuOps, AttentionSinkOnlyAddsToTheDenominator) {
   EXPECT_NEAR(o[1], 0.0, 1e-7);
 }
 
-// AttentionParams::q_rope: q given before its per-head norm and RoPE gives the attention of q after
-// rms_norm and rope (the model's order), bit for bit, with and without bf16 roundings; three tokens
-// of one sequence at positions 0-2, two heads of 6 dims, RoPE on the last 4.
-TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
-  const int64_t H = 2, Dh = 6, T = 3;
-  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+// The RoPE attention cases' inputs: three tokens of one sequence at positions 0-2, two heads of 6
+// dims, RoPE on the last 4.
+struct RopeAttentionCase {
+  static constexpr int64_t H = 2, Dh = 6, T = 3;
   RopeTable table{.inv_freq = {1.0, 0.5}};
-  const std::vector<float> raw = {0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 1.9f, 3.1f, 0.2f, -2.2f, 0.9f, 1.4f, -0.6f,
-                                  -0.8f, 1.1f, 0.5f, -1.7f, 2.0f, 0.1f, 0.6f, -0.9f, 1.3f, 2.4f, -1.5f, 0.8f,
-                                  1.0f, 0.0f, -0.3f, 0.4f, 1.6f, -2.1f, -1.1f, 0.7f, 0.2f, -0.5f, 0.9f, 1.8f};
-  const std::vector<float> kv = {0.5f, 1.0f, -0.5f, 0.25f, 2.0f, -1.0f, 1.5f, -0.75f, 0.1f, 0.3f, -0.2f, 0.6f,
-                                 -1.0f, 0.4f, 0.8f, -0.6f, 0.2f, 1.2f};
-  const std::vector<float> sink = {0.5f, -0.25f};
+  std::vector<float> q = {0.3f, -1.2f, 2.5f, 0.7f, -0.4f, 1.9f, 3.1f, 0.2f, -2.2f, 0.9f, 1.4f, -0.6f,
+                          -0.8f, 1.1f, 0.5f, -1.7f, 2.0f, 0.1f, 0.6f, -0.9f, 1.3f, 2.4f, -1.5f, 0.8f,
+                          1.0f, 0.0f, -0.3f, 0.4f, 1.6f, -2.1f, -1.1f, 0.7f, 0.2f, -0.5f, 0.9f, 1.8f};
+  std::vector<float> kv = {0.5f, 1.0f, -0.5f, 0.25f, 2.0f, -1.0f, 1.5f, -0.75f, 0.1f, 0.3f, -0.2f, 0.6f,
+                           -1.0f, 0.4f, 0.8f, -0.6f, 0.2f, 1.2f};
+  std::vector<float> sink = {0.5f, -0.25f};
+};
+
+// AttentionParams::q_rope: q given before its per-head norm and RoPE gives the attention of q after
+// rms_norm and rope (the model's order), bit for bit, with and without bf16 roundings
+// (RopeAttentionCase).
+TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
+  const RopeAttentionCase rc;
+  const int64_t H = rc.H, Dh = rc.Dh, T = rc.T;
+  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+  const RopeTable& table = rc.table;
+  const std::vector<float>& raw = rc.q;
+  const std::vector<float>& kv = rc.kv;
+  const std::vector<float>& sink = rc.sink;
   for (bool round : {false, true}) {
     std::vector<float> outs[2];
     for (int folded = 0; folded < 2; ++folded) {
@@ -353,6 +364,38 @@ TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
     ASSERT_EQ(outs[0].size(), outs[1].size());
     for (size_t i = 0; i < outs[0].size(); ++i)
       EXPECT_EQ(std::bit_cast<uint32_t>(outs[0][i]), std::bit_cast<uint32_t>(outs[1][i])) << "value " << i << (round ? ", rounded" : "");
+  }
+}
+
+// AttentionParams::o_rope: the attention's output rotated back (inverse RoPE at each token's
+// position, the last 4 dims) is the attention followed by rope (the model's order), bit for bit,
+// with and without bf16 roundings, and differs from the output left as it is (the rotation ran;
+// RopeAttentionCase).
+TEST_F(CpuOps, AttentionRotatesItsOutputBackWhenGivenItsRope) {
+  const RopeAttentionCase rc;
+  const int64_t H = rc.H, Dh = rc.Dh, T = rc.T;
+  ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
+  const RopeTable& table = rc.table;
+  const std::vector<float>& q = rc.q;
+  const std::vector<float>& kv = rc.kv;
+  const std::vector<float>& sink = rc.sink;
+  for (bool round : {false, true}) {
+    std::vector<float> outs[3];  // the ops, the folded call, the output not rotated
+    for (int way = 0; way < 3; ++way) {
+      auto state = be->create_sequence_state(c);
+      const std::vector<int32_t> ids = {0, 1, 2};
+      BatchInfo b = batch_build({{state.get(), ids}});
+      Tensor out = be->alloc(ElemType::kF32, {T, H, Dh});
+      be->attention({.out = out, .q = be->upload_f32(q, {T, H, Dh}), .kv = be->upload_f32(kv, {T, Dh}), .selected = {},
+                     .sinks = view(sink, {H}), .batch = &b, .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0,
+                     .window = 4, .scale = 0.4, .round_bf16 = round, .o_rope = way == 1 ? &table : nullptr});
+      if (way == 0) be->rope({.x = out, .table = &table, .direction = RopeDirection::kInverse, .round_bf16 = round}, b);
+      outs[way] = be->download_f32(out);
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    for (size_t i = 0; i < outs[0].size(); ++i)
+      EXPECT_EQ(std::bit_cast<uint32_t>(outs[0][i]), std::bit_cast<uint32_t>(outs[1][i])) << "value " << i << (round ? ", rounded" : "");
+    EXPECT_NE(outs[1], outs[2]) << "the output was not rotated" << (round ? ", rounded" : "");
   }
 }
 

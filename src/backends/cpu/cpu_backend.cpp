@@ -493,6 +493,7 @@ class CpuBackend final : public Backend {
         }
       }
     });
+    attention_o_finish(p);
   }
 
   // AttentionParams::weights_bf16 for one head: flash-attention's order with bf16 weights. Chunks of

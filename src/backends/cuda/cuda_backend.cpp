@@ -91,7 +91,7 @@ std::vector<std::string> env_names(const char* var) { return split_names(std::ge
 // switches). CTest cuda_feature_names checks these lists against the names the sources ask about.
 constexpr std::string_view kCudaSwitches[] = {  // SPARROW_CUDA_DISABLE
     "act_quant_half", "act_quant_shared", "alloc_nofill", "argmax", "async_upload", "attn_bf16_kv", "attn_dims",
-    "attn_mma", "attn_narrow", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
+    "attn_mma", "attn_narrow", "attn_o_fold", "attn_overlap", "attn_q_fold", "attn_split", "attn_warp", "attn_wg_pair", "attn_wgmma", "bf16_f32_in",
     "bf16_fp8_w", "bf16_gemm", "bf16_tma", "bf16_wgmma", "compressor_parallel", "copy_kernels", "fp8_gemm", "fp8_stack",
     "fp8_quant_in", "fp8_tma", "fp8_wgmma", "fused_round", "graph_update", "graphs", "grouped_moe", "hc_fused", "hc_pre4", "hc_split",
     "hc_staged", "indexer_fast", "indexer_mma", "indexer_tiled", "moe_device_plan", "moe_fused_act", "moe_scatter_store", "moe_shared_beside",
@@ -1324,7 +1324,12 @@ class CudaBackend final : public Backend {
     // only the splits a token has; attention_kernel writes a candidate's logit before it reads it.)
     DeviceBuffer scratch =
         DeviceBuffer::scratch(one_split ? 0 : static_cast<size_t>(per_pass * token_floats) * sizeof(float));
-    launch_attention({.out = p.out.f32(), .scratch = parts ? nullptr : scratch.f32(), .q = p.q.f32(),
+    // The output's inverse rope (AttentionParams::o_rope) in the tensor-core kernel's stores where it
+    // finishes every token (launch_attention decides and says; `attn_o_fold` off: the rope kernel
+    // after, the same bits).
+    static const bool o_fold_on = cuda_feature_on("attn_o_fold");
+    const bool o_fold = p.o_rope != nullptr && o_fold_on;
+    const bool o_done = launch_attention({.out = p.out.f32(), .scratch = parts ? nullptr : scratch.f32(), .q = p.q.f32(),
                       .tokens = static_cast<const AttnTokenArgs*>(d_tokens.get()),
                       .selected = csa ? p.selected.i32() : nullptr, .sinks = dev_view(p.sinks), .T = T, .H = H, .Dh = Dh,
                       .window = p.window, .k = k, .max_candidates = max_candidates, .csa = csa,
@@ -1332,8 +1337,11 @@ class CudaBackend final : public Backend {
                       .split_tokens_per_pass = per_pass, .kernel_tokens_per_pass = parts ? 0 : per_pass, .mma = mma, .bf16_keys = bf16_keys, .records = records,
                       .rec = rec, .block_heads = attention_block_heads_, .round_bf16 = p.round_bf16,
                       .q_prep = q_fold, .q_eps = static_cast<float>(p.q_norm_eps),
-                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
+                      .q_rope = q_fold ? rope_arg(*p.q_rope) : RopeTableArg{},
+                      .o_rope = o_fold ? rope_arg(*p.o_rope) : RopeTableArg{}, .weights_bf16 = p.weights_bf16, .scale_f64 = p.scale});
     launch_check("attention");
+    last_attention_o_fold_ = o_done;
+    if (p.o_rope != nullptr && !last_attention_o_fold_) attention_o_finish(p);
   }
 
   // A token whose ring slot a later token of the same sequence in this batch overwrites is
@@ -2213,6 +2221,7 @@ class CudaBackend final : public Backend {
   bool last_attention_mma_ = false;  // test support
   int64_t last_attention_passes_ = 0;  // test support
   bool last_attention_q_fold_ = false;  // test support
+  bool last_attention_o_fold_ = false;  // test support
   bool last_attention_bf16_kv_ = false;  // test support
   bool last_attention_records_ = false;  // test support
   bool kv_records_ = cuda_feature_enabled("kv_record");  // set_kv_records; SPARROW_CUDA_ENABLE=kv_record
@@ -2249,6 +2258,7 @@ class CudaBackend final : public Backend {
   bool last_attention_mma() const { return last_attention_mma_; }
   int64_t last_attention_passes() const { return last_attention_passes_; }
   bool last_attention_q_fold() const { return last_attention_q_fold_; }
+  bool last_attention_o_fold() const { return last_attention_o_fold_; }
   bool last_attention_bf16_kv() const { return last_attention_bf16_kv_; }
   bool last_attention_records() const { return last_attention_records_; }
   void set_kv_records(bool on) { kv_records_ = on; }
@@ -2439,6 +2449,7 @@ void set_attention_scratch_cap(int64_t bytes) {
   g_attention_scratch_cap.store(bytes);
 }
 bool last_attention_q_fold(Backend& backend) { return cuda_backend(backend).last_attention_q_fold(); }
+bool last_attention_o_fold(Backend& backend) { return cuda_backend(backend).last_attention_o_fold(); }
 bool last_attention_bf16_kv(Backend& backend) { return cuda_backend(backend).last_attention_bf16_kv(); }
 bool last_attention_records(Backend& backend) { return cuda_backend(backend).last_attention_records(); }
 void set_kv_records(Backend& backend, bool on) { cuda_backend(backend).set_kv_records(on); }

@@ -305,6 +305,9 @@ int64_t last_attention_passes(Backend& backend);
 void set_attention_scratch_cap(int64_t bytes);
 // Whether it folded q's norm and rotation (AttentionParams::q_rope) into the tensor-core kernel.
 bool last_attention_q_fold(Backend& backend);
+// Whether it rotated its output back (AttentionParams::o_rope) in the tensor-core kernel's stores
+// (`attn_o_fold`: every token one split, the 16- or 32-head blocks), not by the rope kernel after.
+bool last_attention_o_fold(Backend& backend);
 // Whether that attention read the bf16 copies of the KV state (the ring's copy, kept since the
 // state was made; the entries', complete from the first; SPARROW_CUDA_DISABLE=attn_bf16_kv stops
 // keeping them), and a switch for tests: off, the kernel converts the fp32 state (the same bits).

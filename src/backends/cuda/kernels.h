@@ -124,7 +124,9 @@ struct DevView {
 // form reads FP8 weights as stored and makes them bf16 in registers, Bf16LinearArgs::w8; off: their
 // bf16 copy, the same bits), "attn_q_fold" (q's per-head norm and RoPE, AttentionParams::q_rope, done
 // by the tensor-core attention as it stages q, AttentionArgs::q_prep; off: the rms_norm and rope
-// kernels first, the same bits), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
+// kernels first, the same bits), "attn_o_fold" (the output's inverse RoPE, AttentionParams::o_rope,
+// done by the tensor-core attention's 16- and 32-head blocks in their stores where every token is one
+// split, AttentionArgs::o_rope; off: the rope kernel after, the same bits; not yet run on a GPU), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
 // warps when a call has fewer blocks than SMs; off: 32 heads and 8 warps, the same bits),
 // "router_warp" (the scored router's top-k by a warp's argmax rounds; off: a rank count a thread,
 // the same experts), "rope_spread" (rope at decode sizes over blocks of 8 heads; off: a block a
@@ -928,6 +930,13 @@ struct AttentionArgs {
   bool q_prep = false;
   float q_eps = 0.0f;
   RopeTableArg q_rope{};
+  // (AttentionParams::o_rope; `attn_o_fold`) With o_rope.pairs > 0, attention_mma_kernel rotates the
+  // last 2 o_rope.pairs dims of each output it finishes itself (a token of one split) back by the
+  // token's position as it stores them: rope_kernel's inverse rotation of the stored value and its
+  // rounding, so the same bits. launch_attention keeps it only where every token is finished so (the
+  // 16- and 32-head blocks, one split a token) and says whether it did; else it is the caller's to
+  // rotate (Backend::attention_o_finish).
+  RopeTableArg o_rope{};
   // AttentionParams::weights_bf16: each softmax weight rounded to bf16 where it weights its key. With
   // mma one bf16 term in the weighted sum's mma instead of three (every block shape); without, the
   // one-block-a-(token, head) attention_kernel (REQUIRES split_scratch null), whose running max
@@ -937,7 +946,8 @@ struct AttentionArgs {
   bool weights_bf16 = false;
   double scale_f64 = 0.0;  // AttentionParams::scale, for attention_kernel under weights_bf16
 };
-void launch_attention(const AttentionArgs& a);
+// Returns whether a.o_rope's rotation was done in the kernels (AttentionArgs::o_rope).
+bool launch_attention(const AttentionArgs& a);
 // The device's SM count (132 where it cannot be read), for launches sized to fill it.
 int sm_count();
 constexpr int64_t kAttnSplitCandidates = 64;

@@ -1687,7 +1687,18 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
   const int64_t j_begin = s * a.mma_split;
   if (j_begin >= n) {  // the whole block leaves; a token without candidates gets the combine's 0 / exp(0)
     if (n == 0 && s == 0 && blockIdx.z == 0)
-      for (int i = threadIdx.x; i < kH * kDh; i += kT) a.out[(t * a.H + h0) * a.Dh + i] = 0.0f;
+      for (int i = threadIdx.x; i < kH * kDh; i += kT) {
+        float v = 0.0f;
+        // (o_rope) rope_kernel's rotation of the stored 0, whose sign the cosine's may flip.
+        if (const int e = i % kDh, rope0 = kDh - 2 * a.o_rope.pairs; a.o_rope.pairs > 0 && e >= rope0) {
+          double c, sn;
+          rope_angle(static_cast<double>(tk.pos), a.o_rope, (e - rope0) / 2, true, c, sn);
+          const float2 r = rope_rotated(0.0f, 0.0f, c, sn);
+          v = (e & 1) ? r.y : r.x;
+          if (a.round_bf16) v = dev_bf16_round(v);
+        }
+        a.out[(t * a.H + h0) * a.Dh + i] = v;
+      }
     return;
   }
   const int64_t j_end = n - j_begin < a.mma_split ? n : j_begin + a.mma_split;
@@ -2094,12 +2105,21 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
     // and the combine skips the token). Per head ws = exp(m - M) and denom = exp(sink - M) + ws l,
     // M = max(sink, m); out = (0 + ws acc) / denom.
     __syncthreads();  // the last chunk's readers of st_alpha are done
+    // (o_rope) The token's inverse angles, rope_kernel's (rope_angle), after the denominators in the
+    // logits' space, made by the threads after the first kH beside them.
+    const int o_pairs = a.o_rope.pairs, o_rope0 = Dh - 2 * o_pairs;
+    static_assert(sizeof(float) * kH * (kAmChunk + 1) >= sizeof(float) * 2 * kH + 2 * sizeof(double) * kMaxRopePairs &&
+                      kT >= kH + kMaxRopePairs,
+                  "the output's angles fit after the denominators, a thread each");
+    double* const o_ang = reinterpret_cast<double*>(logits + 2 * kH);  // cosines [kMaxRopePairs], then sines
     if (tid < kH) {
       const float sink = dev_load(a.sinks, h0 + tid), m = st_m[tid];
       const float M = fmaxf(sink, m);
       const float ws = attn_split_weight(m, M);
       st_alpha[tid] = ws;
       logits[tid] = attn_combine_denom(expf(sink - M), ws, st_l[tid]);
+    } else if (tid - kH < o_pairs) {
+      rope_angle(static_cast<double>(tk.pos), a.o_rope, tid - kH, true, o_ang[tid - kH], o_ang[kMaxRopePairs + tid - kH]);
     }
     __syncthreads();
 #pragma unroll
@@ -2116,6 +2136,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1) attention_mm
           for (int c = 0; c < 2; ++c) {
             v[c] = attn_combine_term(0.0f, ws, acc[mt][nt][2 * h + c]) / denom;
             if (a.round_bf16) v[c] = dev_bf16_round(v[c]);
+          }
+          // (o_rope) A pair of rotated dims, (d, d + 1) with d even, rotated back as rope_kernel rotates
+          // the stored pair.
+          if (const int d = d0 + 8 * nt + 2 * tig; o_pairs > 0 && d >= o_rope0) {
+            const int i = (d - o_rope0) / 2;
+            const float2 r = rope_rotated(v[0], v[1], o_ang[i], o_ang[kMaxRopePairs + i]);
+            v[0] = a.round_bf16 ? dev_bf16_round(r.x) : r.x;
+            v[1] = a.round_bf16 ? dev_bf16_round(r.y) : r.y;
           }
           *reinterpret_cast<float2*>(a.out + (t * a.H + h0 + head) * a.Dh + d0 + 8 * nt + 2 * tig) = make_float2(v[0], v[1]);
         }
@@ -3076,12 +3104,17 @@ int64_t attn_mma_split_candidates() {
   return per;
 }
 
-void launch_attention(const AttentionArgs& args) {
-  if (args.T * args.H == 0) return;
+bool launch_attention(const AttentionArgs& args) {
+  if (args.T * args.H == 0) return false;
   AttentionArgs a = args;
   a.mma_split = attn_mma_split_candidates();
+  a.o_rope = RopeTableArg{};  // (kept below only where attention_mma_kernel finishes every token)
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
+    // The output's inverse rope in attention_mma_kernel's stores: every token one split, so that the
+    // kernel finishes it (the 64-head blocks and the combine leave it to the caller).
+    const bool o_rope = args.o_rope.pairs > 0 && max_splits == 1 && 2 * args.o_rope.pairs <= args.Dh;
+    bool o_rope_done = o_rope;
     const int keys = a.records ? kAmKeysRecord : a.bf16_keys ? kAmKeysBf16 : kAmKeysF32;
     const int64_t rec_bytes = a.records ? a.rec.bytes : 0;
     // The attribute is per kernel: the most any launch of it asks (records: at most 2 Dh bytes).
@@ -3171,6 +3204,7 @@ void launch_attention(const AttentionArgs& args) {
       const bool wide = keys == kAmKeysBf16 && a.H % kAwHeads == 0 &&
                         (a.block_heads == kAwHeads || (a.block_heads == 0 && wgmma_on && !narrow));
       if (wide) {
+        o_rope_done = false;
         g_last_attention_wgmma.store(true);
         g_last_attention_dim_slices.store(1);
         const dim3 grid(static_cast<unsigned>(tp * a.H / kAwHeads), static_cast<unsigned>(max_splits));
@@ -3199,6 +3233,7 @@ void launch_attention(const AttentionArgs& args) {
         continue;
       }
       const int heads = narrow ? 16 : kAmHeads;
+      a.o_rope = o_rope ? args.o_rope : RopeTableArg{};
       const size_t smem = attention_mma_smem(a.Dh, keys, rec_bytes, heads, narrow && overlap);
       // The dim slices of a 16-head block (grid z; the kernel reads gridDim.z).
       const int slices = narrow ? attention_dim_slices(tp * (a.H / heads) * max_splits) : 1;
@@ -3234,7 +3269,7 @@ void launch_attention(const AttentionArgs& args) {
         launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
                t_base, max_splits);
     }
-    return;
+    return o_rope_done;
   }
   if (a.split_scratch) {
     SPARROW_CHECK(!a.weights_bf16);  // (attention_kernel's: one running max over all of a token's candidates)
@@ -3252,7 +3287,7 @@ void launch_attention(const AttentionArgs& args) {
       launch(attention_combine_kernel, static_cast<unsigned>(tp * a.H), kAttnThreads, combine_smem(max_splits), a,
              t_base, max_splits);
     }
-    return;
+    return false;
   }
   const size_t q_bytes = static_cast<size_t>(a.Dh) * sizeof(float);
   static const bool warp_dots = cuda_feature_on("attn_warp");
@@ -3262,6 +3297,7 @@ void launch_attention(const AttentionArgs& args) {
     if (warp_dots && q_bytes <= 16 * 1024) launch(attention_kernel<true>, blocks, kAttnThreads, q_bytes, a, t_base);
     else launch(attention_kernel<false>, blocks, kAttnThreads, 0, a, t_base);
   }
+  return false;
 }
 
 // This translation unit's trace region (kernels.h set_kernel_trace).

@@ -1741,6 +1741,7 @@ TEST_F(CudaOps, AttentionInPassesGivesTheOnePassBits) {
 
 TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
   const bool real = std::string(gpu->name()) == "cuda";
+  int64_t o_folds = 0;  // calls that rotated their output back in the kernel (AttentionParams::o_rope)
   for (auto [H, Dh] : {std::pair<int64_t, int64_t>{32, 128}, std::pair<int64_t, int64_t>{32, 256}, std::pair<int64_t, int64_t>{64, 512},
                        std::pair<int64_t, int64_t>{64, 128}, std::pair<int64_t, int64_t>{64, 256}}) {
     for (AttentionKind kind : {AttentionKind::kSliding, AttentionKind::kHca, AttentionKind::kCsa}) {
@@ -1863,6 +1864,29 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
                           cuda::cuda_feature_on("attn_q_fold") && cuda::last_attention_tensor_cores(*gpu))
                     << tag;
                 expect_same_bits(gpu->download_f32(o_fold), gpu->download_f32(o_ops), tag);
+                // The output's inverse RoPE inside the attention (AttentionParams::o_rope: in the
+                // tensor-core kernel's stores where every token is one split, else the rope op after
+                // it) against the rope op after the attention: the same bits. (Folded only where every
+                // token of the call is one split: CSA calls here reach 670 candidates as the window
+                // fills, and are then not folded.)
+                const Tensor r_ops = gpu->alloc(ElemType::kF32, {T, H, Dh}), r_fold = gpu->alloc(ElemType::kF32, {T, H, Dh});
+                cuda::set_attention_block_heads(*gpu, heads);
+                AttentionParams ra = params(r_ops, q_ops, vg, sel_g, bg);
+                ra.round_bf16 = round;
+                gpu->attention(ra);
+                gpu->rope({.x = r_ops, .table = &qrope, .direction = RopeDirection::kInverse, .round_bf16 = round}, bg);
+                AttentionParams rf = params(r_fold, q_ops, vg, sel_g, bg);
+                rf.round_bf16 = round;
+                rf.o_rope = &qrope;
+                gpu->attention(rf);
+                const bool o_folded = cuda::last_attention_o_fold(*gpu);
+                cuda::set_attention_block_heads(*gpu, 0);
+                o_folds += o_folded ? 1 : 0;
+                if (o_folded) {
+                  EXPECT_TRUE(cuda::cuda_feature_on("attn_o_fold") && cuda::last_attention_tensor_cores(*gpu)) << tag;
+                  EXPECT_FALSE(cuda::last_attention_wgmma()) << tag << ": folded on the 64-head blocks, which do not rotate";
+                }
+                expect_same_bits(gpu->download_f32(r_fold), gpu->download_f32(r_ops), tag + ", output rotated back");
               }
           }
           // Sequence 1's tokens alone.
@@ -1883,6 +1907,10 @@ TEST_F(CudaOps, AttentionOnTensorCoresMatchesCpu) {
         seqs.advance(n0, n1);
       }
     }
+  }
+  // The fold ran (SWA and HCA tokens are one split here) wherever the tensor-core kernel does.
+  if (real && cuda::cuda_feature_on("attn_o_fold") && cuda::cuda_feature_on("attn_mma") && cuda::cuda_feature_on("attn_split")) {
+    EXPECT_GT(o_folds, 0);
   }
 }
 
