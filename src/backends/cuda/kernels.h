@@ -126,7 +126,7 @@ struct DevView {
 // by the tensor-core attention as it stages q, AttentionArgs::q_prep; off: the rms_norm and rope
 // kernels first, the same bits), "attn_o_fold" (the output's inverse RoPE, AttentionParams::o_rope,
 // done by the tensor-core attention's 16- and 32-head blocks in their stores where every token is one
-// split, AttentionArgs::o_rope; off: the rope kernel after, the same bits; not yet run on a GPU), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
+// split, AttentionArgs::o_rope; off: the rope kernel after, the same bits), "attn_narrow" (the tensor-core attention on blocks of 16 heads and 16
 // warps when a call has fewer blocks than SMs; off: 32 heads and 8 warps, the same bits),
 // "router_warp" (the scored router's top-k by a warp's argmax rounds; off: a rank count a thread,
 // the same experts), "rope_spread" (rope at decode sizes over blocks of 8 heads; off: a block a
