@@ -340,25 +340,21 @@ TEST_F(CpuOps, AttentionNormsAndRotatesQWhenGivenItsRope) {
   const RopeAttentionCase rc;
   const int64_t H = rc.H, Dh = rc.Dh, T = rc.T;
   ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
-  const RopeTable& table = rc.table;
-  const std::vector<float>& raw = rc.q;
-  const std::vector<float>& kv = rc.kv;
-  const std::vector<float>& sink = rc.sink;
   for (bool round : {false, true}) {
     std::vector<float> outs[2];
     for (int folded = 0; folded < 2; ++folded) {
       auto state = be->create_sequence_state(c);
       const std::vector<int32_t> ids = {0, 1, 2};
       BatchInfo b = batch_build({{state.get(), ids}});
-      Tensor q = be->upload_f32(raw, {T, H, Dh});
+      Tensor q = be->upload_f32(rc.q, {T, H, Dh});
       if (!folded) {
         be->rms_norm({.out = q, .in = q, .weight = {}, .group = Dh, .eps = 1e-6, .round_bf16 = round});
-        be->rope({.x = q, .table = &table, .direction = RopeDirection::kForward, .round_bf16 = round}, b);
+        be->rope({.x = q, .table = &rc.table, .direction = RopeDirection::kForward, .round_bf16 = round}, b);
       }
       Tensor out = be->alloc(ElemType::kF32, {T, H, Dh});
-      be->attention({.out = out, .q = q, .kv = be->upload_f32(kv, {T, Dh}), .selected = {}, .sinks = view(sink, {H}),
+      be->attention({.out = out, .q = q, .kv = be->upload_f32(rc.kv, {T, Dh}), .selected = {}, .sinks = view(rc.sink, {H}),
                      .batch = &b, .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0, .window = 4, .scale = 0.4,
-                     .round_bf16 = round, .q_rope = folded ? &table : nullptr, .q_norm_eps = 1e-6});
+                     .round_bf16 = round, .q_rope = folded ? &rc.table : nullptr, .q_norm_eps = 1e-6});
       outs[folded] = be->download_f32(out);
     }
     ASSERT_EQ(outs[0].size(), outs[1].size());
@@ -375,10 +371,6 @@ TEST_F(CpuOps, AttentionRotatesItsOutputBackWhenGivenItsRope) {
   const RopeAttentionCase rc;
   const int64_t H = rc.H, Dh = rc.Dh, T = rc.T;
   ModelConfig c = one_layer_config(AttentionKind::kSliding, 0, Dh);
-  const RopeTable& table = rc.table;
-  const std::vector<float>& q = rc.q;
-  const std::vector<float>& kv = rc.kv;
-  const std::vector<float>& sink = rc.sink;
   for (bool round : {false, true}) {
     std::vector<float> outs[3];  // the ops, the folded call, the output not rotated
     for (int way = 0; way < 3; ++way) {
@@ -386,10 +378,10 @@ TEST_F(CpuOps, AttentionRotatesItsOutputBackWhenGivenItsRope) {
       const std::vector<int32_t> ids = {0, 1, 2};
       BatchInfo b = batch_build({{state.get(), ids}});
       Tensor out = be->alloc(ElemType::kF32, {T, H, Dh});
-      be->attention({.out = out, .q = be->upload_f32(q, {T, H, Dh}), .kv = be->upload_f32(kv, {T, Dh}), .selected = {},
-                     .sinks = view(sink, {H}), .batch = &b, .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0,
-                     .window = 4, .scale = 0.4, .round_bf16 = round, .o_rope = way == 1 ? &table : nullptr});
-      if (way == 0) be->rope({.x = out, .table = &table, .direction = RopeDirection::kInverse, .round_bf16 = round}, b);
+      be->attention({.out = out, .q = be->upload_f32(rc.q, {T, H, Dh}), .kv = be->upload_f32(rc.kv, {T, Dh}), .selected = {},
+                     .sinks = view(rc.sink, {H}), .batch = &b, .layer = 0, .kind = AttentionKind::kSliding, .ratio = 0,
+                     .window = 4, .scale = 0.4, .round_bf16 = round, .o_rope = way == 1 ? &rc.table : nullptr});
+      if (way == 0) be->rope({.x = out, .table = &rc.table, .direction = RopeDirection::kInverse, .round_bf16 = round}, b);
       outs[way] = be->download_f32(out);
     }
     ASSERT_EQ(outs[0].size(), outs[1].size());

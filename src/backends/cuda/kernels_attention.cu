@@ -3112,8 +3112,11 @@ bool launch_attention(const AttentionArgs& args) {
   if (a.mma) {  // (split_scratch null when no token has two splits)
     const int64_t max_splits = attention_splits(a.max_candidates, true);
     // The output's inverse rope in attention_mma_kernel's stores: every token one split, so that the
-    // kernel finishes it (the 64-head blocks and the combine leave it to the caller).
-    const bool o_rope = args.o_rope.pairs > 0 && max_splits == 1 && 2 * args.o_rope.pairs <= args.Dh;
+    // kernel finishes it (the 64-head blocks and the combine leave it to the caller), and one pass, so
+    // that the call's tokens take one block shape and are rotated all or none (a pass on the 64-head
+    // blocks beside one on the 16-head blocks would leave the caller to rotate some twice).
+    const bool o_rope = args.o_rope.pairs > 0 && max_splits == 1 && a.split_tokens_per_pass >= a.T &&
+                        2 * args.o_rope.pairs <= args.Dh;
     bool o_rope_done = o_rope;
     const int keys = a.records ? kAmKeysRecord : a.bf16_keys ? kAmKeysBf16 : kAmKeysF32;
     const int64_t rec_bytes = a.records ? a.rec.bytes : 0;
